@@ -1,0 +1,69 @@
+// Element types: f32, f64, f16, bf16, i64. Half and BFloat16 are 16-bit storage types whose
+// conversions from float round to nearest, ties to even (like c10::Half / c10::BFloat16).
+// Thread-safety: value types, stateless functions.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace fsdp {
+
+enum class DType : uint8_t { kFloat32, kFloat64, kFloat16, kBFloat16, kInt64 };
+
+// PyTorch's spelling: "float32", "float64", "float16", "bfloat16", "int64".
+const char* DTypeName(DType dtype);
+// Parses PyTorch spellings and the short aliases f32, f64, f16, bf16, i64, fp32, fp16.
+DType ParseDType(const std::string& name);
+size_t ElementSize(DType dtype);
+bool IsFloatingPoint(DType dtype);
+
+// IEEE 754 binary16.
+struct Half {
+  uint16_t bits = 0;
+  Half() = default;
+  Half(float value);  // NOLINT(google-explicit-constructor): mirrors c10::Half
+  operator float() const;  // NOLINT(google-explicit-constructor)
+  static Half FromBits(uint16_t b) { Half h; h.bits = b; return h; }
+};
+
+// bfloat16: the upper 16 bits of an f32, rounded to nearest even; NaN stays NaN.
+struct BFloat16 {
+  uint16_t bits = 0;
+  BFloat16() = default;
+  BFloat16(float value);  // NOLINT(google-explicit-constructor)
+  operator float() const;  // NOLINT(google-explicit-constructor)
+  static BFloat16 FromBits(uint16_t b) { BFloat16 h; h.bits = b; return h; }
+};
+
+uint16_t FloatToHalfBits(float value);
+float HalfBitsToFloat(uint16_t bits);
+uint16_t FloatToBFloat16Bits(float value);
+float BFloat16BitsToFloat(uint16_t bits);
+
+template <typename T> struct DTypeOf;
+template <> struct DTypeOf<float> { static constexpr DType value = DType::kFloat32; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::kFloat64; };
+template <> struct DTypeOf<Half> { static constexpr DType value = DType::kFloat16; };
+template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::kBFloat16; };
+template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kInt64; };
+
+// Calls fn(T{}) with the C++ type of `dtype` (float, double, Half, BFloat16, int64_t).
+template <typename Fn>
+decltype(auto) DispatchDType(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32: return fn(float{});
+    case DType::kFloat64: return fn(double{});
+    case DType::kFloat16: return fn(Half{});
+    case DType::kBFloat16: return fn(BFloat16{});
+    case DType::kInt64: return fn(int64_t{});
+  }
+  return fn(float{});
+}
+
+// Converts `n` elements from `src` (dtype `src_dtype`) to `dst` (dtype `dst_dtype`).
+// Float→integer conversion truncates toward zero like a C++ cast; the buffers may not overlap
+// unless the dtypes are equal and the pointers are identical.
+void ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n);
+
+}  // namespace fsdp

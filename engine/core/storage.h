@@ -1,0 +1,43 @@
+// Storage: a device buffer that tensors view into. It can be freed (Resize(0)) and allocated
+// again (Resize(n)) without invalidating the tensors that view it, which is how FSDP frees and
+// re-materialises unsharded parameters (PyTorch's untyped_storage().resize_()). Allocations are
+// charged to the MemoryStats of the rank current at allocation time.
+// Ownership: shared by every tensor that views it (std::shared_ptr).
+// Thread-safety: not synchronised; one rank uses a storage at a time (collectives hand buffers
+// between ranks only under the process group's synchronisation).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "engine/core/allocator.h"
+#include "engine/core/device.h"
+
+namespace fsdp {
+
+class Storage {
+ public:
+  Storage(size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+  // Frees the buffer when nbytes is 0; otherwise frees and allocates nbytes of zeroed memory
+  // (contents are not preserved, as with resize_ in FSDP's free/alloc pattern). A no-op when
+  // the size is unchanged.
+  void Resize(size_t nbytes);
+
+ private:
+  void Allocate(size_t nbytes);
+  void Release();
+
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+  std::shared_ptr<MemoryStats> stats_;
+};
+
+}  // namespace fsdp
