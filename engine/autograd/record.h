@@ -9,9 +9,10 @@
 //
 // At backward, `backward` receives one gradient per output, undefined ones already
 // materialised as zeros of the output's shape/dtype/device, and must return one gradient per
-// input (an undefined Tensor for inputs that get no gradient). Saved tensors must be captured
-// DETACHED (x.detach()) so no reference cycle forms through grad_fn; the closure is destroyed
-// by Node::release_variables after a backward without retain_graph.
+// input (an undefined Tensor for inputs that get no gradient). Tensors needed by backward must
+// be captured as SavedTensor (never as a raw Tensor): that avoids reference cycles through
+// grad_fn and lets saved-tensor hooks (non-reentrant activation checkpointing) intercept them.
+// The closure is destroyed by Node::release_variables after a backward without retain_graph.
 // Thread-safety: like any op, called from the rank's own thread.
 #pragma once
 
@@ -24,6 +25,24 @@
 namespace fsdp::autograd {
 
 using TensorList = std::vector<Tensor>;
+
+struct SavedTensorState;
+
+// A tensor saved for backward (torch's SavedVariable). Constructing it packs the tensor,
+// through the innermost active saved-tensor hooks if any (activation checkpointing drops the
+// value and recomputes it on first unpack); unpack() returns the value detached from autograd.
+// unpack() after the graph was released throws FailedPrecondition ("Trying to backward through
+// the graph a second time ..." as PyTorch words it).
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  explicit SavedTensor(const Tensor& tensor);
+  Tensor unpack() const;
+  bool defined() const { return state_ != nullptr; }
+
+ private:
+  std::shared_ptr<SavedTensorState> state_;
+};
 using BackwardFn = std::function<TensorList(const TensorList& grad_outputs)>;
 
 TensorList record_function(const std::string& name, const TensorList& inputs, TensorList outputs,
