@@ -1,0 +1,154 @@
+#include "reference/data_parallel.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace fsdp::reference {
+namespace {
+
+void CheckWorld(int world_size) {
+  if (world_size <= 0) throw std::invalid_argument("world_size must be positive");
+}
+
+// Rows of dim 0 of the set members; throws when they disagree or there are none.
+template <typename T>
+int64_t BatchRows(const ModelInput<T>& in) {
+  std::optional<int64_t> rows;
+  auto take = [&rows](const Shape& shape, const char* what) {
+    if (shape.empty()) throw std::invalid_argument(std::string("RankSlice: 0-d ") + what);
+    if (rows && *rows != shape[0]) {
+      throw std::invalid_argument(std::string("RankSlice: ") + what + " has " +
+                                  std::to_string(shape[0]) + " rows, other inputs " +
+                                  std::to_string(*rows));
+    }
+    rows = shape[0];
+  };
+  if (in.features) take(in.features->shape, "features");
+  if (in.tokens) take(in.tokens->shape, "tokens");
+  if (in.decoder_tokens) take(in.decoder_tokens->shape, "decoder_tokens");
+  if (in.targets) take(in.targets->shape, "targets");
+  if (!rows) throw std::invalid_argument("RankSlice: the input has no members");
+  return *rows;
+}
+
+}  // namespace
+
+template <typename T>
+ModelInput<T> RankSlice(const ModelInput<T>& global, int rank, int world_size) {
+  CheckWorld(world_size);
+  if (rank < 0 || rank >= world_size) throw std::invalid_argument("RankSlice: bad rank");
+  const int64_t rows = BatchRows(global);
+  if (rows % world_size != 0) {
+    throw std::invalid_argument("RankSlice: global batch of " + std::to_string(rows) +
+                                " rows does not split over " + std::to_string(world_size) +
+                                " ranks");
+  }
+  const int64_t b = rows / world_size;
+  const int64_t begin = rank * b, end = (rank + 1) * b;
+  ModelInput<T> out;
+  if (global.features) out.features = SliceRows(*global.features, begin, end);
+  if (global.tokens) out.tokens = SliceRows(*global.tokens, begin, end);
+  if (global.decoder_tokens) out.decoder_tokens = SliceRows(*global.decoder_tokens, begin, end);
+  if (global.targets) out.targets = SliceRows(*global.targets, begin, end);
+  return out;
+}
+
+template <typename T>
+std::vector<ModelInput<T>> SplitBatch(const ModelInput<T>& global, int world_size) {
+  CheckWorld(world_size);
+  std::vector<ModelInput<T>> out;
+  for (int r = 0; r < world_size; ++r) out.push_back(RankSlice(global, r, world_size));
+  return out;
+}
+
+template <typename T>
+std::vector<ModelInput<T>> ReplicateInput(const ModelInput<T>& input, int world_size) {
+  CheckWorld(world_size);
+  return std::vector<ModelInput<T>>(static_cast<size_t>(world_size), input);
+}
+
+template <typename T>
+TensorMap<T> AverageGradients(const std::vector<TensorMap<T>>& per_rank) {
+  if (per_rank.empty()) throw std::invalid_argument("AverageGradients: no ranks");
+  TensorMap<T> sum;
+  for (const TensorMap<T>& g : per_rank) AccumulateGrads(&sum, g);
+  const T w = T(per_rank.size());
+  for (auto& [name, g] : sum) {
+    for (T& v : g.data) v /= w;
+  }
+  return sum;
+}
+
+template <typename T>
+std::vector<StepRecord<T>> RunDataParallelTraining(const Model<T>& model, TensorMap<T> params,
+                                                   const TensorMap<T>& buffers,
+                                                   const std::vector<TrainingStep<T>>& steps,
+                                                   Optimizer<T>* optimizer, StepLr<T>* scheduler) {
+  std::vector<StepRecord<T>> records;
+  if (steps.empty()) return records;
+  const size_t world = steps[0].rank_inputs.size();
+  if (world == 0) throw std::invalid_argument("RunDataParallelTraining: no ranks");
+  std::vector<TensorMap<T>> rank_buffers(world, buffers);
+  TensorMap<T> grads;  // the replicated `.grad`, persistent until zero_grad
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const TrainingStep<T>& step = steps[s];
+    if (step.rank_inputs.size() != world) {
+      throw std::invalid_argument("RunDataParallelTraining: step " + std::to_string(s) + " has " +
+                                  std::to_string(step.rank_inputs.size()) + " ranks, step 0 has " +
+                                  std::to_string(world));
+    }
+    StepRecord<T> rec;
+    for (size_t r = 0; r < world; ++r) {
+      LossAndGrads<T> lg =
+          ForwardBackward(model, params, rank_buffers[r], step.rank_inputs[r], step.loss);
+      rec.rank_losses.push_back(lg.loss);
+      rec.rank_grads.push_back(std::move(lg.grads));
+      rank_buffers[r] = std::move(lg.buffers);
+    }
+    AccumulateGrads(&grads, AverageGradients(rec.rank_grads));
+    rec.grads = grads;
+    if (step.optimizer_step) {
+      if (optimizer == nullptr)
+        throw std::invalid_argument("RunDataParallelTraining: no optimizer");
+      rec.lr = optimizer->lr();
+      optimizer->Step(&params, grads);
+      if (scheduler != nullptr) scheduler->Step();
+    }
+    if (step.zero_grad) ZeroGrad(&grads, step.set_to_none);
+    rec.params = params;
+    rec.rank_buffers = rank_buffers;
+    records.push_back(std::move(rec));
+  }
+  return records;
+}
+
+template <typename T>
+std::vector<StepRecord<T>> RunDataParallelTraining(
+    const Model<T>& model, const TensorMap<T>& params, const TensorMap<T>& buffers,
+    const ModelInput<T>& global_batch, int world_size, int num_steps, const LossSpec& loss,
+    Optimizer<T>* optimizer, StepLr<T>* scheduler) {
+  TrainingStep<T> step;
+  step.rank_inputs = SplitBatch(global_batch, world_size);
+  step.loss = loss;
+  return RunDataParallelTraining(model, params, buffers,
+                                 std::vector<TrainingStep<T>>(static_cast<size_t>(num_steps), step),
+                                 optimizer, scheduler);
+}
+
+#define FSDP_REFERENCE_INSTANTIATE(T)                                                            \
+  template ModelInput<T> RankSlice<T>(const ModelInput<T>&, int, int);                           \
+  template std::vector<ModelInput<T>> SplitBatch<T>(const ModelInput<T>&, int);                  \
+  template std::vector<ModelInput<T>> ReplicateInput<T>(const ModelInput<T>&, int);              \
+  template TensorMap<T> AverageGradients<T>(const std::vector<TensorMap<T>>&);                   \
+  template std::vector<StepRecord<T>> RunDataParallelTraining<T>(                                \
+      const Model<T>&, TensorMap<T>, const TensorMap<T>&, const std::vector<TrainingStep<T>>&,   \
+      Optimizer<T>*, StepLr<T>*);                                                                \
+  template std::vector<StepRecord<T>> RunDataParallelTraining<T>(                                \
+      const Model<T>&, const TensorMap<T>&, const TensorMap<T>&, const ModelInput<T>&, int, int, \
+      const LossSpec&, Optimizer<T>*, StepLr<T>*);
+
+FSDP_REFERENCE_INSTANTIATE(float)
+FSDP_REFERENCE_INSTANTIATE(double)
+#undef FSDP_REFERENCE_INSTANTIATE
+
+}  // namespace fsdp::reference

@@ -1,0 +1,600 @@
+#include "reference/models.h"
+
+#include <stdexcept>
+#include <utility>
+
+#include "reference/module_helpers.h"
+
+namespace fsdp::reference {
+namespace {
+
+template <typename T>
+using OutputGrads = std::vector<std::optional<BasicRefTensor<T>>>;
+
+// ---- MLP block (common_fsdp.py MLP) shared by Mlp and MlpStack ---------------------------------
+
+struct MlpBlock {
+  std::string prefix;
+  int64_t dim;
+  int64_t multiplier;
+  bool bias;
+  bool with_buffer;
+
+  std::vector<TensorSpec> Specs() const {
+    std::vector<TensorSpec> s =
+        LinearSpecs(JoinFqn(prefix, "in_proj"), dim, multiplier * dim, bias);
+    AppendSpecs(&s, LinearSpecs(JoinFqn(prefix, "out_proj"), multiplier * dim, dim, bias));
+    return s;
+  }
+};
+
+template <typename T>
+struct MlpActivations {
+  Matrix<T> x, z1, a1, z2, out;
+};
+
+template <typename T>
+MlpActivations<T> MlpBlockForward(const MlpBlock& block, const TensorMap<T>& params,
+                                  const TensorMap<T>& buffers, const Matrix<T>& x) {
+  MlpActivations<T> a;
+  a.x = x;
+  a.z1 = LinearAt(params, JoinFqn(block.prefix, "in_proj"), block.bias, x);
+  a.a1 = ReluForward<T>(a.z1);
+  a.z2 = LinearAt(params, JoinFqn(block.prefix, "out_proj"), block.bias, a.a1);
+  a.out = ReluForward<T>(a.z2);
+  if (block.with_buffer) {
+    a.out.rowwise() += ToVector(Lookup(buffers, JoinFqn(block.prefix, "buffer"))).transpose();
+  }
+  return a;
+}
+
+// Returns d/dx; the buffer is not a parameter and gets no gradient.
+template <typename T>
+Matrix<T> MlpBlockBackward(const MlpBlock& block, const TensorMap<T>& params,
+                           const MlpActivations<T>& a, const Matrix<T>& grad_out,
+                           TensorMap<T>* grads) {
+  const Matrix<T> dz2 = ReluBackward<T>(a.z2, grad_out);
+  const Matrix<T> da1 =
+      LinearAtBackward(params, JoinFqn(block.prefix, "out_proj"), block.bias, a.a1, dz2, grads);
+  const Matrix<T> dz1 = ReluBackward<T>(a.z1, da1);
+  return LinearAtBackward(params, JoinFqn(block.prefix, "in_proj"), block.bias, a.x, dz1, grads);
+}
+
+std::vector<MlpBlock> MlpStackBlocks(const MlpStackConfig& c) {
+  return {{"0", c.mlp_dim, 3, true, false},
+          {"1", c.mlp_dim, 4, true, false},
+          {"2", c.mlp_dim, 3, true, false}};
+}
+
+// ---- BatchNorm buffers <-> stats ---------------------------------------------------------------
+
+template <typename T>
+BatchNormStats<T> StatsFromBuffers(const TensorMap<T>& buffers, const std::string& prefix) {
+  BatchNormStats<T> s;
+  s.running_mean = ToVector(Lookup(buffers, JoinFqn(prefix, "running_mean")));
+  s.running_var = ToVector(Lookup(buffers, JoinFqn(prefix, "running_var")));
+  s.num_batches_tracked =
+      static_cast<int64_t>(Lookup(buffers, JoinFqn(prefix, "num_batches_tracked"))[0]);
+  return s;
+}
+
+template <typename T>
+void StatsToBuffers(const BatchNormStats<T>& s, const std::string& prefix, TensorMap<T>* buffers) {
+  const Shape c = {s.running_mean.size()};
+  (*buffers)[JoinFqn(prefix, "running_mean")] = FromVector<T>(s.running_mean, c);
+  (*buffers)[JoinFqn(prefix, "running_var")] = FromVector<T>(s.running_var, c);
+  (*buffers)[JoinFqn(prefix, "num_batches_tracked")] =
+      BasicRefTensor<T>(Shape{}, {static_cast<T>(s.num_batches_tracked)});
+}
+
+}  // namespace
+
+// ---- LinearChain -------------------------------------------------------------------------------
+
+template <typename T>
+LinearChain<T>::LinearChain(LinearChainConfig config) : config_(std::move(config)) {
+  if (config_.stages.empty()) throw std::invalid_argument(config_.model_name + ": no stages");
+  for (size_t i = 0; i < config_.stages.size(); ++i) {
+    const LinearStage& s = config_.stages[i];
+    if (s.in_features <= 0 || s.out_features <= 0) {
+      throw std::invalid_argument(config_.model_name + ": stage '" + s.name +
+                                  "' needs positive sizes");
+    }
+    if (i > 0 && s.in_features != config_.stages[i - 1].out_features) {
+      throw std::invalid_argument(config_.model_name + ": stage '" + s.name + "' takes " +
+                                  std::to_string(s.in_features) + " features but the previous " +
+                                  "stage produces " +
+                                  std::to_string(config_.stages[i - 1].out_features));
+    }
+  }
+}
+
+template <typename T>
+std::vector<TensorSpec> LinearChain<T>::ParameterSpecs() const {
+  std::vector<TensorSpec> specs;
+  for (const LinearStage& s : config_.stages) {
+    AppendSpecs(&specs, LinearSpecs(s.name, s.in_features, s.out_features, s.bias));
+  }
+  return specs;
+}
+
+template <typename T>
+ForwardResult<T> LinearChain<T>::Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                         const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  Matrix<T> x = FeaturesAsMatrix(input, config_.stages.front().in_features, Name(), &leading);
+  for (const LinearStage& s : config_.stages) {
+    x = LinearAt(params, s.name, s.bias, x);
+    if (s.relu_after) x = ReluForward<T>(x);
+  }
+  return {{FromMatrix<T>(x, WithLastDim(leading, config_.stages.back().out_features))}, buffers};
+}
+
+template <typename T>
+BackwardResult<T> LinearChain<T>::Backward(const TensorMap<T>& params,
+                                           const TensorMap<T>& /*buffers*/,
+                                           const ModelInput<T>& input,
+                                           const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  const Matrix<T> x0 =
+      FeaturesAsMatrix(input, config_.stages.front().in_features, Name(), &leading);
+  const std::optional<Matrix<T>> dout = OutputGrad(
+      output_grads, 0, 1, WithLastDim(leading, config_.stages.back().out_features), Name());
+  BackwardResult<T> r;
+  if (!dout) return r;
+  // Forward again, keeping each stage's input and pre-activation.
+  std::vector<Matrix<T>> inputs, pre;
+  Matrix<T> x = x0;
+  for (const LinearStage& s : config_.stages) {
+    inputs.push_back(x);
+    pre.push_back(LinearAt(params, s.name, s.bias, x));
+    x = s.relu_after ? ReluForward<T>(pre.back()) : pre.back();
+  }
+  Matrix<T> dy = *dout;
+  for (size_t i = config_.stages.size(); i-- > 0;) {
+    const LinearStage& s = config_.stages[i];
+    const Matrix<T> dz = s.relu_after ? ReluBackward<T>(pre[i], dy) : dy;
+    dy = LinearAtBackward(params, s.name, s.bias, inputs[i], dz, &r.grads);
+  }
+  r.input_grad = FromMatrix<T>(dy, input.features->shape);
+  return r;
+}
+
+LinearChainConfig MlpModuleChain(const MlpModuleConfig& config, const std::string& prefix) {
+  LinearChainConfig c;
+  c.model_name = "MLPModule";
+  c.stages = {{JoinFqn(prefix, "net1"), 10, 16, config.bias, true},
+              {JoinFqn(prefix, "net2"), 16, 10, config.bias, false}};
+  return c;
+}
+
+LinearChainConfig MlpStackedChain(const MlpStackedConfig& config) {
+  LinearChainConfig c;
+  c.model_name = "MLPStacked";
+  for (int i = 0; i < config.n_layers; ++i) {
+    const LinearChainConfig layer = MlpModuleChain({}, "layers." + std::to_string(i));
+    c.stages.insert(c.stages.end(), layer.stages.begin(), layer.stages.end());
+  }
+  return c;
+}
+
+LinearChainConfig TpSimpleModelChain() {
+  LinearChainConfig c;
+  c.model_name = "SimpleModel";
+  c.stages = {
+      {"net1", 5, 8, true, true}, {"net2", 8, 4, true, false}, {"net3", 4, 12, true, false}};
+  return c;
+}
+
+LinearChainConfig NestedWrappedModuleChain() {
+  LinearChainConfig c;
+  c.model_name = "NestedWrappedModule";
+  c.stages = {{"module.0", 8, 4, true, false},
+              {"module.1.0", 4, 16, true, false},
+              {"module.1.1", 16, 16, true, false},
+              {"module.2", 16, 4, true, false},
+              {"module.3", 4, 8, true, false}};
+  return c;
+}
+
+// ---- Mlp ---------------------------------------------------------------------------------------
+
+template <typename T>
+std::vector<TensorSpec> Mlp<T>::ParameterSpecs() const {
+  return MlpBlock{"", config_.dim, config_.dim_multiplier, config_.bias, false}.Specs();
+}
+
+template <typename T>
+std::vector<TensorSpec> Mlp<T>::BufferSpecs() const {
+  if (!config_.with_buffer) return {};
+  return {{"buffer", {config_.dim}}};
+}
+
+template <typename T>
+ForwardResult<T> Mlp<T>::Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                 const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  const MlpBlock block{"", config_.dim, config_.dim_multiplier, config_.bias, config_.with_buffer};
+  const MlpActivations<T> a = MlpBlockForward(block, params, buffers, x);
+  return {{FromMatrix<T>(a.out, WithLastDim(leading, config_.dim))}, buffers};
+}
+
+template <typename T>
+BackwardResult<T> Mlp<T>::Backward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                   const ModelInput<T>& input,
+                                   const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  const auto dout = OutputGrad(output_grads, 0, 1, WithLastDim(leading, config_.dim), Name());
+  BackwardResult<T> r;
+  if (!dout) return r;
+  const MlpBlock block{"", config_.dim, config_.dim_multiplier, config_.bias, config_.with_buffer};
+  const MlpActivations<T> a = MlpBlockForward(block, params, buffers, x);
+  r.input_grad =
+      FromMatrix<T>(MlpBlockBackward(block, params, a, *dout, &r.grads), input.features->shape);
+  return r;
+}
+
+// ---- MlpStack ----------------------------------------------------------------------------------
+
+template <typename T>
+std::vector<TensorSpec> MlpStack<T>::ParameterSpecs() const {
+  std::vector<TensorSpec> specs;
+  for (const MlpBlock& b : MlpStackBlocks(config_)) AppendSpecs(&specs, b.Specs());
+  if (config_.with_seq_parallel) AppendSpecs(&specs, NormSpecs("3", config_.mlp_dim, false));
+  return specs;
+}
+
+template <typename T>
+ForwardResult<T> MlpStack<T>::Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                      const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  Matrix<T> x = FeaturesAsMatrix(input, config_.mlp_dim, Name(), &leading);
+  for (const MlpBlock& b : MlpStackBlocks(config_)) x = MlpBlockForward(b, params, buffers, x).out;
+  if (config_.with_seq_parallel) x = LayerNormAt(params, "3", false, x);
+  return {{FromMatrix<T>(x, WithLastDim(leading, config_.mlp_dim))}, buffers};
+}
+
+template <typename T>
+BackwardResult<T> MlpStack<T>::Backward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                        const ModelInput<T>& input,
+                                        const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  Matrix<T> x = FeaturesAsMatrix(input, config_.mlp_dim, Name(), &leading);
+  const auto dout = OutputGrad(output_grads, 0, 1, WithLastDim(leading, config_.mlp_dim), Name());
+  BackwardResult<T> r;
+  if (!dout) return r;
+  const std::vector<MlpBlock> blocks = MlpStackBlocks(config_);
+  std::vector<MlpActivations<T>> acts;
+  for (const MlpBlock& b : blocks) {
+    acts.push_back(MlpBlockForward(b, params, buffers, x));
+    x = acts.back().out;
+  }
+  Matrix<T> dy = *dout;
+  if (config_.with_seq_parallel) dy = LayerNormAtBackward(params, "3", false, x, dy, &r.grads);
+  for (size_t i = blocks.size(); i-- > 0;) {
+    dy = MlpBlockBackward(blocks[i], params, acts[i], dy, &r.grads);
+  }
+  r.input_grad = FromMatrix<T>(dy, input.features->shape);
+  return r;
+}
+
+// ---- DoubleLinear ------------------------------------------------------------------------------
+
+template <typename T>
+std::string DoubleLinear<T>::Lin(const char* name) const {
+  return config_.preceded_by_linear ? std::string("1.") + name : std::string(name);
+}
+
+template <typename T>
+std::vector<TensorSpec> DoubleLinear<T>::ParameterSpecs() const {
+  std::vector<TensorSpec> specs;
+  if (config_.preceded_by_linear) specs = LinearSpecs("0", config_.dim, config_.dim, true);
+  AppendSpecs(&specs, LinearSpecs(Lin("lin1"), config_.dim, config_.dim, true));
+  AppendSpecs(&specs, LinearSpecs(Lin("lin2"), config_.dim, config_.dim, true));
+  return specs;
+}
+
+template <typename T>
+ForwardResult<T> DoubleLinear<T>::Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                          const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  Matrix<T> h = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  if (config_.preceded_by_linear) h = LinearAt(params, "0", true, h);
+  const Shape out_shape = WithLastDim(leading, config_.dim);
+  ForwardResult<T> r;
+  r.buffers = buffers;
+  r.outputs.push_back(
+      FromMatrix<T>(ReluForward<T>(LinearAt(params, Lin("lin1"), true, h)), out_shape));
+  if (config_.use_second_linear) {
+    r.outputs.push_back(
+        FromMatrix<T>(ReluForward<T>(LinearAt(params, Lin("lin2"), true, h)), out_shape));
+  }
+  return r;
+}
+
+template <typename T>
+BackwardResult<T> DoubleLinear<T>::Backward(const TensorMap<T>& params,
+                                            const TensorMap<T>& /*buffers*/,
+                                            const ModelInput<T>& input,
+                                            const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  const Shape out_shape = WithLastDim(leading, config_.dim);
+  const size_t n = static_cast<size_t>(NumOutputs());
+  BackwardResult<T> r;
+  if (!AnyGrad(output_grads)) {
+    OutputGrad(output_grads, 0, n, out_shape, Name());  // validates the slot count
+    return r;
+  }
+  const Matrix<T> h = config_.preceded_by_linear ? LinearAt(params, "0", true, x) : x;
+  Matrix<T> dh = Matrix<T>::Zero(h.rows(), h.cols());
+  const char* branches[] = {"lin1", "lin2"};
+  for (size_t i = 0; i < n; ++i) {
+    const auto g = OutputGrad(output_grads, i, n, out_shape, Name());
+    if (!g) continue;  // this output sends no gradient: its Linear stays without one
+    const Matrix<T> z = LinearAt(params, Lin(branches[i]), true, h);
+    dh += LinearAtBackward(params, Lin(branches[i]), true, h, ReluBackward<T>(z, *g), &r.grads);
+  }
+  const Matrix<T> dx =
+      config_.preceded_by_linear ? LinearAtBackward(params, "0", true, x, dh, &r.grads) : dh;
+  r.input_grad = FromMatrix<T>(dx, input.features->shape);
+  return r;
+}
+
+// ---- MlpWithRmsNorm ----------------------------------------------------------------------------
+
+template <typename T>
+std::vector<TensorSpec> MlpWithRmsNorm<T>::ParameterSpecs() const {
+  std::vector<TensorSpec> specs = LinearSpecs("mlp.net1", 10, 16, config_.mlp_bias);
+  AppendSpecs(&specs, LinearSpecs("mlp.net2", 16, 10, config_.mlp_bias));
+  AppendSpecs(&specs, NormSpecs("mlp_norm", 10, false));
+  return specs;
+}
+
+template <typename T>
+ForwardResult<T> MlpWithRmsNorm<T>::Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                            const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, 10, Name(), &leading);
+  const Matrix<T> n = RmsNormAt(params, "mlp_norm", x, config_.eps);
+  const Matrix<T> h = ReluForward<T>(LinearAt(params, "mlp.net1", config_.mlp_bias, n));
+  const Matrix<T> y = LinearAt(params, "mlp.net2", config_.mlp_bias, h);
+  return {{FromMatrix<T>(y, WithLastDim(leading, 10))}, buffers};
+}
+
+template <typename T>
+BackwardResult<T> MlpWithRmsNorm<T>::Backward(const TensorMap<T>& params,
+                                              const TensorMap<T>& /*buffers*/,
+                                              const ModelInput<T>& input,
+                                              const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, 10, Name(), &leading);
+  const auto dout = OutputGrad(output_grads, 0, 1, WithLastDim(leading, 10), Name());
+  BackwardResult<T> r;
+  if (!dout) return r;
+  const Matrix<T> n = RmsNormAt(params, "mlp_norm", x, config_.eps);
+  const Matrix<T> z = LinearAt(params, "mlp.net1", config_.mlp_bias, n);
+  const Matrix<T> h = ReluForward<T>(z);
+  const Matrix<T> dh = LinearAtBackward(params, "mlp.net2", config_.mlp_bias, h, *dout, &r.grads);
+  const Matrix<T> dn =
+      LinearAtBackward(params, "mlp.net1", config_.mlp_bias, n, ReluBackward<T>(z, dh), &r.grads);
+  const Matrix<T> dx = RmsNormAtBackward(params, "mlp_norm", x, dn, &r.grads, config_.eps);
+  r.input_grad = FromMatrix<T>(dx, input.features->shape);
+  return r;
+}
+
+// ---- StateDictModel ----------------------------------------------------------------------------
+
+template <typename T>
+std::vector<TensorSpec> StateDictModel<T>::ParameterSpecs() const {
+  std::vector<TensorSpec> specs = LinearSpecs("inner", 4, 4, true);
+  AppendSpecs(&specs, LinearSpecs("outer", 4, 5, true));
+  return specs;
+}
+
+template <typename T>
+std::vector<TensorSpec> StateDictModel<T>::BufferSpecs() const {
+  if (!config_.register_buffers) return {};
+  return {{"inner.buffer", {5, 5}, true},
+          {"inner.non_persistent_buffer", {5, 5}, false},
+          {"outer.buffer", {5, 5}, true},
+          {"outer.non_persistent_buffer", {5, 5}, false}};
+}
+
+template <typename T>
+ForwardResult<T> StateDictModel<T>::Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                            const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, 4, Name(), &leading);
+  const Matrix<T> i = LinearAt(params, "inner", true, x);
+  const Matrix<T> j = LinearAt(params, "inner", true, x);
+  const Matrix<T> y = LinearAt(params, "outer", true, Matrix<T>(i + j));
+  return {{FromMatrix<T>(y, WithLastDim(leading, 5))}, buffers};
+}
+
+template <typename T>
+BackwardResult<T> StateDictModel<T>::Backward(const TensorMap<T>& params,
+                                              const TensorMap<T>& buffers,
+                                              const ModelInput<T>& input,
+                                              const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, 4, Name(), &leading);
+  const auto dout = OutputGrad(output_grads, 0, 1, WithLastDim(leading, 5), Name());
+  BackwardResult<T> r;
+  if (!dout) return r;
+  const Matrix<T> s = LinearAt(params, "inner", true, x) + LinearAt(params, "inner", true, x);
+  const Matrix<T> ds = LinearAtBackward(params, "outer", true, s, *dout, &r.grads);
+  // i + j: both calls of `inner` receive ds and accumulate into the same parameters.
+  Matrix<T> dx = LinearAtBackward(params, "inner", true, x, ds, &r.grads);
+  dx += LinearAtBackward(params, "inner", true, x, ds, &r.grads);
+  r.input_grad = FromMatrix<T>(dx, input.features->shape);
+  return r;
+}
+
+// ---- SharedSubmoduleModel ----------------------------------------------------------------------
+
+template <typename T>
+std::vector<TensorSpec> SharedSubmoduleModel<T>::ParameterSpecs() const {
+  std::vector<TensorSpec> specs = LinearSpecs("net1.0", 8, 16, true);
+  AppendSpecs(&specs, LinearSpecs("net2.0", 16, 16, true));
+  specs.push_back({"random_parameter", {10}});
+  return specs;
+}
+
+template <typename T>
+ForwardResult<T> SharedSubmoduleModel<T>::Forward(const TensorMap<T>& params,
+                                                  const TensorMap<T>& buffers,
+                                                  const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, 8, Name(), &leading);
+  const Matrix<T> a1 = ReluForward<T>(LinearAt(params, "net1.0", true, x));
+  const Matrix<T> a2 = ReluForward<T>(LinearAt(params, "net2.0", true, a1));  // net2
+  const Matrix<T> a3 = ReluForward<T>(LinearAt(params, "net2.0", true, a2));  // net3 is net2
+  return {{FromMatrix<T>(a3, WithLastDim(leading, 16))}, buffers};
+}
+
+template <typename T>
+BackwardResult<T> SharedSubmoduleModel<T>::Backward(const TensorMap<T>& params,
+                                                    const TensorMap<T>& /*buffers*/,
+                                                    const ModelInput<T>& input,
+                                                    const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, 8, Name(), &leading);
+  const auto dout = OutputGrad(output_grads, 0, 1, WithLastDim(leading, 16), Name());
+  BackwardResult<T> r;
+  if (!dout) return r;
+  const Matrix<T> z1 = LinearAt(params, "net1.0", true, x);
+  const Matrix<T> a1 = ReluForward<T>(z1);
+  const Matrix<T> z2 = LinearAt(params, "net2.0", true, a1);
+  const Matrix<T> a2 = ReluForward<T>(z2);
+  const Matrix<T> z3 = LinearAt(params, "net2.0", true, a2);
+  const Matrix<T> da2 =
+      LinearAtBackward(params, "net2.0", true, a2, ReluBackward<T>(z3, *dout), &r.grads);
+  const Matrix<T> da1 =
+      LinearAtBackward(params, "net2.0", true, a1, ReluBackward<T>(z2, da2), &r.grads);
+  const Matrix<T> dx =
+      LinearAtBackward(params, "net1.0", true, x, ReluBackward<T>(z1, da1), &r.grads);
+  r.input_grad = FromMatrix<T>(dx, input.features->shape);
+  return r;  // random_parameter is never used: no gradient
+}
+
+// ---- LinearBatchNormLinear ---------------------------------------------------------------------
+
+template <typename T>
+std::vector<TensorSpec> LinearBatchNormLinear<T>::ParameterSpecs() const {
+  std::vector<TensorSpec> specs = LinearSpecs("0", config_.dim, config_.dim, false);
+  AppendSpecs(&specs, NormSpecs("1", config_.dim, true));
+  AppendSpecs(&specs, LinearSpecs("2", config_.dim, config_.dim, false));
+  return specs;
+}
+
+template <typename T>
+std::vector<TensorSpec> LinearBatchNormLinear<T>::BufferSpecs() const {
+  return {{"1.running_mean", {config_.dim}},
+          {"1.running_var", {config_.dim}},
+          {"1.num_batches_tracked", {}}};
+}
+
+template <typename T>
+TensorMap<T> LinearBatchNormLinear<T>::DefaultBuffers() const {
+  TensorMap<T> b;
+  b["1.running_mean"] = BasicRefTensor<T>({config_.dim});
+  b["1.running_var"] = Full<T>({config_.dim}, T(1));
+  b["1.num_batches_tracked"] = BasicRefTensor<T>(Shape{});
+  return b;
+}
+
+template <typename T>
+ForwardResult<T> LinearBatchNormLinear<T>::Forward(const TensorMap<T>& params,
+                                                   const TensorMap<T>& buffers,
+                                                   const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const Shape shape = WithLastDim(leading, config_.dim);
+  const Matrix<T> h = LinearAt(params, "0", false, x);
+  BatchNormStats<T> stats = StatsFromBuffers(buffers, "1");
+  const Vector<T> w = ToVector(Lookup(params, "1.weight"));
+  const Vector<T> b = ToVector(Lookup(params, "1.bias"));
+  const BatchNormOptions opts{config_.eps, config_.momentum, config_.training};
+  const BasicRefTensor<T> n = BatchNormForward<T>(FromMatrix<T>(h, shape), &w, &b, &stats, opts);
+  const Matrix<T> y = LinearAt(params, "2", false, ToMatrix(n));
+  ForwardResult<T> r;
+  r.outputs.push_back(FromMatrix<T>(y, shape));
+  r.buffers = buffers;
+  StatsToBuffers(stats, "1", &r.buffers);
+  return r;
+}
+
+template <typename T>
+BackwardResult<T> LinearBatchNormLinear<T>::Backward(const TensorMap<T>& params,
+                                                     const TensorMap<T>& buffers,
+                                                     const ModelInput<T>& input,
+                                                     const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const Shape shape = WithLastDim(leading, config_.dim);
+  const auto dout = OutputGrad(output_grads, 0, 1, shape, Name());
+  BackwardResult<T> r;
+  if (!dout) return r;
+  const Matrix<T> h = LinearAt(params, "0", false, x);
+  const BatchNormStats<T> stats = StatsFromBuffers(buffers, "1");
+  BatchNormStats<T> scratch = stats;  // the forward's update, not reported by Backward
+  const Vector<T> w = ToVector(Lookup(params, "1.weight"));
+  const Vector<T> b = ToVector(Lookup(params, "1.bias"));
+  const BatchNormOptions opts{config_.eps, config_.momentum, config_.training};
+  const BasicRefTensor<T> hn = FromMatrix<T>(h, shape);
+  const Matrix<T> n = ToMatrix(BatchNormForward<T>(hn, &w, &b, &scratch, opts));
+  const Matrix<T> dn = LinearAtBackward(params, "2", false, n, *dout, &r.grads);
+  const BatchNormGrads<T> g =
+      BatchNormBackward<T>(hn, &w, true, &stats, opts, FromMatrix<T>(dn, shape));
+  AccumulateInto(&r.grads, "1.weight", FromVector<T>(g.weight, {config_.dim}));
+  AccumulateInto(&r.grads, "1.bias", FromVector<T>(g.bias, {config_.dim}));
+  const Matrix<T> dx = LinearAtBackward(params, "0", false, x, ToMatrix(g.input), &r.grads);
+  r.input_grad = FromMatrix<T>(dx, input.features->shape);
+  return r;
+}
+
+template class LinearChain<float>;
+template class LinearChain<double>;
+template class Mlp<float>;
+template class Mlp<double>;
+template class MlpStack<float>;
+template class MlpStack<double>;
+template class DoubleLinear<float>;
+template class DoubleLinear<double>;
+template class MlpWithRmsNorm<float>;
+template class MlpWithRmsNorm<double>;
+template class StateDictModel<float>;
+template class StateDictModel<double>;
+template class SharedSubmoduleModel<float>;
+template class SharedSubmoduleModel<double>;
+template class LinearBatchNormLinear<float>;
+template class LinearBatchNormLinear<double>;
+
+}  // namespace fsdp::reference
