@@ -4,6 +4,9 @@ PRESET ?= default
 BUILD_DIR := build/$(PRESET)
 JOBS ?= 2
 SCENARIOS ?= *
+# Relative paths in ccache's hash, so fresh clones in other directories reuse the cache.
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
 
 .PHONY: setup configure build test conform tsan clean
 

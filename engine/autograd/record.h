@@ -37,14 +37,39 @@ class SavedTensor {
  public:
   SavedTensor() = default;
   explicit SavedTensor(const Tensor& tensor);
+  // keep_history=true (PyTorch's SavedVariable for a non-output, used by custom Function
+  // inputs and the checkpoint input saver): without saved-tensor hooks the tensor itself is
+  // kept and unpack() returns it with its autograd history; with hooks, unpack() returns the
+  // unpack hook's value with the history re-attached (the original grad_fn and output_nr, or
+  // requires_grad for a leaf), as SavedVariable does.
+  SavedTensor(const Tensor& tensor, bool keep_history);
   Tensor unpack() const;
   bool defined() const { return state_ != nullptr; }
+  // Frees the saved value (every copy shares it); a later unpack() throws.
+  void release();
 
  private:
   std::shared_ptr<SavedTensorState> state_;
 };
 using BackwardFn = std::function<TensorList(const TensorList& grad_outputs)>;
 
+// The message PyTorch raises when a released graph is used again.
+extern const char kBackwardTwiceMessage[];
+
+// True when record_function would record history for `inputs` (grad mode on and an input
+// requires grad). Ops must build their SavedTensors only in that case: a SavedTensor built
+// otherwise still goes through the saved-tensor hooks (a checkpoint region would count it).
+bool compute_requires_grad(const TensorList& inputs);
+
+// Details beyond the summary above:
+//  * if no grad_output is defined, `backward` is not called and every input gets an
+//    undefined gradient (PyTorch's generated formulas do the same), so "no gradient" reaches
+//    AccumulateGrad as undefined and leaves .grad untouched;
+//  * outputs that are not floating point get no grad_fn (non-differentiable);
+//  * an output that is one of the inputs is an in-place op: it gets the new node as its
+//    grad_fn (edges were taken first), its tensor hooks stay on the old node and its
+//    retains-grad hook moves; a leaf that requires grad cannot be modified in place;
+//  * an output that already carries autograd history is replaced by a detached alias.
 TensorList record_function(const std::string& name, const TensorList& inputs, TensorList outputs,
                            BackwardFn backward);
 Tensor record_function(const std::string& name, const TensorList& inputs, Tensor output,

@@ -12,10 +12,17 @@ namespace fsdp {
 class Generator {
  public:
   explicit Generator(uint64_t seed = 0) : seed_(seed) {}
-  void manual_seed(uint64_t seed) { seed_ = seed; offset_ = 0; }
+  void manual_seed(uint64_t seed) {
+    seed_ = seed;
+    offset_ = 0;
+    buffered_ = 0;
+  }
   uint64_t seed() const { return seed_; }
   uint64_t offset() const { return offset_; }
-  void set_offset(uint64_t offset) { offset_ = offset; }
+  void set_offset(uint64_t offset) {
+    offset_ = offset;
+    buffered_ = 0;
+  }
 
   // Next four 32-bit words; advances the counter by one.
   std::array<uint32_t, 4> next4();

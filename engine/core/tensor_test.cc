@@ -136,6 +136,14 @@ TEST(CoreRng, PhiloxIsDeterministicAndCounterBased) {
   EXPECT_NEAR(sq / n, 1.0, 0.05);
 }
 
+TEST(CoreRng, ManualSeedDropsBufferedWords) {
+  Generator g(5);
+  g.next_u32();  // leaves three buffered words
+  g.manual_seed(9);
+  Generator fresh(9);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(g.next_u32(), fresh.next_u32());
+}
+
 TEST(CoreRng, RandomFactoriesUseTheRankGenerator) {
   RankContext ctx(0, 1, Device::CPU(), 123);
   RankContextGuard guard(ctx);

@@ -1,0 +1,234 @@
+#include "engine/fsdp/fsdp_collectives.h"
+
+#include <set>
+#include <sstream>
+
+#include "engine/core/error.h"
+#include "engine/fsdp/fsdp_param.h"
+#include "engine/ops/elementwise.h"
+
+namespace fsdp::fsdp2 {
+namespace {
+
+// In-place `t /= factor` without autograd (PyTorch's _div_if_needed); factor 1 is skipped.
+void DivIfNeeded(const Tensor& t, double factor) {
+  if (factor == 1.0 || t.numel() == 0) return;
+  Tensor out = t;
+  out.copy_(ops::kernels::DivScalar(t, factor));
+}
+
+dist::ReduceOptions ToReduceOptions(const DivideFactors& factors) {
+  switch (factors.op) {
+    case DivideFactors::Op::kAvg: return dist::Avg();
+    case DivideFactors::Op::kSum: return dist::Sum();
+    case DivideFactors::Op::kPremulSum: return dist::PremulSum(factors.premul);
+  }
+  return dist::Sum();
+}
+
+std::string DTypeSetStr(const std::set<DType>& dtypes) {
+  std::ostringstream os;
+  os << "{";
+  bool first = true;
+  for (DType d : dtypes) {
+    os << (first ? "" : ", ") << "torch." << DTypeName(d);
+    first = false;
+  }
+  os << "}";
+  return os.str();
+}
+
+}  // namespace
+
+std::shared_ptr<AllGatherResult> foreach_all_gather(
+    const std::vector<FsdpParam*>& fsdp_params, const std::shared_ptr<dist::ProcessGroup>& group,
+    bool async_op, CommStream& all_gather_copy_in_stream, CommStream& all_gather_stream,
+    Device device) {
+  FSDP_CHECK(group != nullptr, "foreach_all_gather: null process group");
+  const int world_size = group->size();
+  const int rank = group->rank();
+  auto result = std::make_shared<AllGatherResult>();
+  std::vector<Tensor> inputs;
+  std::set<DType> dtypes;
+  for (FsdpParam* fsdp_param : fsdp_params) {
+    std::vector<Tensor> param_inputs = fsdp_param->all_gather_inputs();
+    std::vector<DType> param_dtypes;
+    std::vector<int64_t> param_numels;
+    for (const Tensor& t : param_inputs) {
+      param_dtypes.push_back(t.dtype());
+      param_numels.push_back(t.numel());
+      result->all_gather_input_split_sizes.push_back(t.numel());
+      dtypes.insert(t.dtype());
+      inputs.push_back(t);
+    }
+    result->param_all_gather_input_dtypes.push_back(std::move(param_dtypes));
+    result->param_all_gather_input_numels.push_back(std::move(param_numels));
+  }
+  FSDP_CHECK(dtypes.size() <= 1,
+             "FSDP all-gather of parameters with different all-gather dtypes ",
+             DTypeSetStr(dtypes), " is not supported by this engine (PyTorch E2+ all-gathers "
+             "them as uint8 bytes)");
+  const DType dtype = dtypes.empty() ? DType::kFloat32 : *dtypes.begin();
+  int64_t per_rank_numel = 0;
+  for (int64_t n : result->all_gather_input_split_sizes) per_rank_numel += n;
+
+  // Copy-in (on the copy-in stream): the inputs back to back in this rank's slice.
+  all_gather_copy_in_stream.wait_stream(CommStream());
+  result->all_gather_output = Tensor::empty({per_rank_numel * world_size}, dtype, device);
+  Tensor all_gather_input = result->all_gather_output.narrow(0, per_rank_numel * rank,
+                                                            per_rank_numel);
+  int64_t offset = 0;
+  for (const Tensor& t : inputs) {
+    if (t.numel() > 0) all_gather_input.narrow(0, offset, t.numel()).copy_(t.flatten());
+    offset += t.numel();
+  }
+  // The collective (on the all-gather stream), in place.
+  all_gather_stream.wait_stream(all_gather_copy_in_stream);
+  if (world_size > 1) {
+    auto work = group->all_gather_into_tensor(result->all_gather_output, all_gather_input,
+                                              async_op);
+    if (async_op) result->all_gather_work = std::move(work);
+  }
+  result->all_gather_event.record();
+  return result;
+}
+
+void foreach_all_gather_copy_out(AllGatherResult& all_gather_result,
+                                 const std::vector<FsdpParam*>& fsdp_params,
+                                 const std::shared_ptr<dist::ProcessGroup>& group) {
+  const int world_size = group->size();
+  if (all_gather_result.all_gather_work) {
+    all_gather_result.all_gather_work->wait();
+    all_gather_result.all_gather_work.reset();
+  }
+  all_gather_result.all_gather_event.synchronize();
+  FSDP_INTERNAL_ASSERT(all_gather_result.param_all_gather_input_numels.size() ==
+                       fsdp_params.size());
+  int64_t per_rank_numel = 0;
+  for (int64_t n : all_gather_result.all_gather_input_split_sizes) per_rank_numel += n;
+  const Tensor& output = all_gather_result.all_gather_output;
+  int64_t column = 0;
+  for (size_t i = 0; i < fsdp_params.size(); ++i) {
+    FsdpParam* fsdp_param = fsdp_params[i];
+    fsdp_param->init_all_gather_outputs(all_gather_result.param_all_gather_input_numels[i],
+                                        all_gather_result.param_all_gather_input_dtypes[i],
+                                        world_size);
+    fsdp_param->alloc_all_gather_outputs();
+    const auto& numels = all_gather_result.param_all_gather_input_numels[i];
+    for (size_t j = 0; j < numels.size(); ++j) {
+      const int64_t n = numels[j];
+      Tensor param_output = fsdp_param->all_gather_outputs()[j];
+      // Row k of the [W, L] view, columns [column, column + n) → rows [k*n, (k+1)*n).
+      for (int k = 0; k < world_size && n > 0; ++k) {
+        param_output.narrow(0, k * n, n).copy_(output.narrow(0, k * per_rank_numel + column, n));
+      }
+      column += n;
+    }
+  }
+}
+
+void foreach_reduce_scatter_copy_in(const std::vector<Tensor>& grads, const Tensor& out,
+                                    int world_size) {
+  std::vector<Shape> shapes;
+  for (const Tensor& g : grads) shapes.push_back(g.sizes());
+  const GroupLayout layout = ComputeGroupLayout(shapes, world_size);
+  FSDP_CHECK(out.numel() == layout.total_numel(world_size), "reduce-scatter copy-in: output has ",
+             out.numel(), " elements but the padded gradients need ",
+             layout.total_numel(world_size));
+  Tensor dst = out;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const ShardInfo info = ComputeShardInfo(grads[i].sizes(), 0, world_size);
+    const Tensor flat = grads[i].flatten();
+    const int64_t d0 = grads[i].size(0);
+    for (int k = 0; k < world_size; ++k) {
+      const int64_t begin = std::min<int64_t>(d0, info.chunk_rows * k);
+      const int64_t end = std::min<int64_t>(d0, info.chunk_rows * (k + 1));
+      const int64_t n = (end - begin) * info.row_numel;
+      if (n == 0) continue;
+      dst.narrow(0, k * layout.per_rank_numel + layout.offsets[i], n)
+          .copy_(flat.narrow(0, begin * info.row_numel, n));
+    }
+  }
+}
+
+ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
+                                   std::vector<Tensor> unsharded_grads,
+                                   const std::shared_ptr<dist::ProcessGroup>& reduce_scatter_group,
+                                   const ForeachReduceOptions& options) {
+  FSDP_CHECK(fsdp_params.size() == unsharded_grads.size(), "foreach_reduce: ",
+             fsdp_params.size(), " parameters but ", unsharded_grads.size(), " gradients");
+  FSDP_CHECK(!unsharded_grads.empty(), "foreach_reduce: no gradients to reduce");
+  std::set<DType> grad_dtypes;
+  for (const Tensor& g : unsharded_grads) grad_dtypes.insert(g.dtype());
+  FSDP_CHECK(grad_dtypes.size() == 1, "FSDP reduce-scatter expects uniform gradient dtype but got ",
+             DTypeSetStr(grad_dtypes));
+  for (size_t i = 0; i < fsdp_params.size(); ++i) {
+    FSDP_CHECK(unsharded_grads[i].sizes() == fsdp_params[i]->global_shape(), "foreach_reduce: ",
+               "gradient of ", fsdp_params[i]->fqn(), " has shape ",
+               ShapeStr(unsharded_grads[i].sizes()), " but the parameter has shape ",
+               ShapeStr(fsdp_params[i]->global_shape()));
+  }
+  const DType grad_dtype = unsharded_grads[0].dtype();
+  const DType reduce_dtype = options.reduce_dtype.value_or(grad_dtype);
+  const int world_size = reduce_scatter_group->size();
+  const int replicate_size = options.all_reduce_group ? options.all_reduce_group->size() : 1;
+  ForeachReduceResult result;
+  result.divide_factors =
+      ComputeDivideFactors(reduce_dtype, world_size * replicate_size,
+                           options.gradient_divide_factor, options.force_sum_reduction_for_comms);
+  const DivideFactors& factors = result.divide_factors;
+
+  std::vector<Shape> shapes;
+  for (const Tensor& g : unsharded_grads) shapes.push_back(g.sizes());
+  const GroupLayout layout = ComputeGroupLayout(shapes, world_size);
+  result.reduce_scatter_input =
+      Tensor::zeros({layout.total_numel(world_size)}, reduce_dtype, options.device);
+  foreach_reduce_scatter_copy_in(unsharded_grads, result.reduce_scatter_input, world_size);
+  unsharded_grads.clear();  // only after the copy-in may the unsharded grads be freed
+
+  CommStream current;
+  CommStream& reduce_scatter_stream =
+      options.reduce_scatter_stream ? *options.reduce_scatter_stream : current;
+  reduce_scatter_stream.wait_stream(current);
+  Tensor reduce_output = Tensor::empty({layout.per_rank_numel}, reduce_dtype, options.device);
+  DivIfNeeded(result.reduce_scatter_input, factors.pre_divide);
+  reduce_scatter_group->reduce_scatter_tensor(reduce_output, result.reduce_scatter_input,
+                                              ToReduceOptions(factors));
+  result.reduce_scatter_event.record();
+  if (options.all_reduce_group) {
+    if (!options.all_reduce_grads) {
+      // Deferred all-reduce: keep the partial sums; no gradient is assigned this time.
+      if (options.partial_reduce_output.defined()) {
+        result.partial_reduce_output = options.partial_reduce_output;
+        result.partial_reduce_output.copy_(
+            ops::kernels::Add(options.partial_reduce_output, reduce_output));
+      } else {
+        result.partial_reduce_output = reduce_output;
+      }
+      return result;
+    }
+    if (options.partial_reduce_output.defined()) {
+      reduce_output.copy_(ops::kernels::Add(reduce_output, options.partial_reduce_output));
+    }
+    // HSDP: AVG when the reduce-scatter averaged, otherwise SUM (fsdp-semantics §1.8).
+    const dist::ReduceOptions all_reduce_op =
+        factors.op == DivideFactors::Op::kAvg ? dist::Avg() : dist::Sum();
+    options.all_reduce_group->all_reduce(reduce_output, all_reduce_op);
+  }
+  DivIfNeeded(reduce_output, factors.post_divide);
+  if (reduce_output.dtype() != options.orig_dtype) reduce_output = reduce_output.to(options.orig_dtype);
+  result.reduce_output = reduce_output;
+
+  // View-out at padded offsets, accumulate, post-accumulate-grad hooks.
+  for (size_t i = 0; i < fsdp_params.size(); ++i) {
+    FsdpParam* fsdp_param = fsdp_params[i];
+    const ShardInfo& info = fsdp_param->shard_info();
+    Tensor new_sharded_grad =
+        reduce_output.narrow(0, layout.offsets[i], info.sharded_numel()).view(info.sharded_shape);
+    fsdp_param->accumulate_sharded_grad(new_sharded_grad);
+  }
+  result.post_reduce_event.record();
+  return result;
+}
+
+}  // namespace fsdp::fsdp2

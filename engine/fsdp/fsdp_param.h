@@ -1,0 +1,186 @@
+// FsdpParam: one parameter managed by fully_shard (PyTorch's FSDPParam), in its three forms
+// (fsdp-semantics §1.2–§1.7, §3.12):
+//
+//  * sharded: a zero-padded buffer of [c, *rest] rows (c = ceil(d0 / W)) holding this rank's
+//    torch.chunk rows at the top; the registered sharded parameter is a leaf view of its first
+//    `rows` rows (shape [rows, *rest], possibly [0, *rest]). It carries DTensor-like metadata:
+//    shard group, placement Shard(0), global shape; full_tensor() all-gathers it. Optimizers
+//    step it in place, which writes the padded buffer (padding rows stay zero).
+//  * unsharded: one persistent 1-D all-gather output of W * c * rest elements (param dtype)
+//    and the unsharded parameter, a leaf view of its first d0 rows with the original shape.
+//    Both are created on the first all-gather and keep their identity forever: freeing and
+//    re-allocating is done by resizing their shared Storage to 0 bytes and back, so anything
+//    autograd saved keeps aliasing the same tensor. Copy-out never bumps the version counter.
+//  * sharded post-forward (int reshard_after_forward = k): slice (post-forward rank) of the k
+//    equal slices of the padded unsharded buffer, cloned, used as the all-gather input over the
+//    k-rank post-forward group.
+//
+// It also records where it is registered: the owning (module, attribute) and every shared
+// location of a tied weight; every swap (sharded ↔ unsharded) sets all of them.
+//
+// Ownership: owned by its FsdpParamGroup (std::unique_ptr). Holds raw pointers to the modules
+// it is registered on (the modules own the group through their FSDP state, so they outlive
+// it). Registers its sharded parameter in the rank's sharded-parameter registry
+// (LookupFsdpParam) for its lifetime.
+// Thread-safety: used by its rank's thread only.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/core/tensor.h"
+#include "engine/fsdp/fsdp_api.h"
+#include "engine/fsdp/mesh_info.h"
+#include "engine/fsdp/shard_layout.h"
+#include "engine/fsdp/training_state.h"
+
+namespace fsdp::nn {
+class Module;
+}
+
+namespace fsdp::fsdp2 {
+
+// Where a parameter is registered: module.param_name, plus shared (tied) locations.
+struct ParamModuleInfo {
+  nn::Module* module = nullptr;
+  std::string param_name;
+  std::vector<nn::Module*> shared_modules;
+  std::vector<std::string> shared_param_names;
+};
+
+namespace internal {
+struct ShardedParamRegistry;
+}
+
+class FsdpParam {
+ public:
+  // Shards `param` (the original leaf) immediately: allocates the padded sharded buffer on
+  // `device` (the CPU with CPU offload), copies this rank's rows and creates the sharded
+  // parameter, which it registers on every location of `module_info`. Rejects 0-dim
+  // parameters with PyTorch's message.
+  FsdpParam(const Tensor& param, ParamModuleInfo module_info, const FsdpMeshInfo& mesh_info,
+            std::optional<FsdpMeshInfo> post_forward_mesh_info, Device device,
+            const OffloadPolicy& offload_policy);
+  ~FsdpParam();
+  FsdpParam(const FsdpParam&) = delete;
+  FsdpParam& operator=(const FsdpParam&) = delete;
+
+  // ---- Identity ----
+  // The parameter FQN from the lazy-init root ("layers.0.attention.wq.weight"); before lazy
+  // init, the attribute name.
+  const std::string& fqn() const { return fqn_; }
+  void set_fqn(std::string fqn) { fqn_ = std::move(fqn); }
+  const ParamModuleInfo& module_info() const { return module_info_; }
+
+  // ---- Sharded form ----
+  const Tensor& sharded_param() const { return sharded_param_; }
+  // The padded sharded buffer, flattened ([c * rest] elements).
+  const Tensor& sharded_param_data() const { return sharded_param_data_; }
+  const Shape& global_shape() const { return global_shape_; }
+  const ShardInfo& shard_info() const { return shard_info_; }
+  Shape padded_sharded_size() const { return shard_info_.padded_shard_shape; }
+  const FsdpMeshInfo& mesh_info() const { return mesh_info_; }
+  const std::optional<FsdpMeshInfo>& post_forward_mesh_info() const {
+    return post_forward_mesh_info_;
+  }
+  void set_post_forward_mesh_info(std::optional<FsdpMeshInfo> info);
+  ShardedState sharded_state() const { return sharded_state_; }
+  bool offload_to_cpu() const { return offload_policy_.offload_to_cpu; }
+
+  // DTensor.full_tensor(): all-gathers the sharded parameter over the shard group (a
+  // collective: every rank of the group must call it) and returns the global tensor.
+  Tensor full_tensor() const;
+  // The same for the sharded gradient (undefined when this rank has none; all ranks must
+  // agree on whether it exists).
+  Tensor full_grad() const;
+
+  // `reset_sharded_param`: if the module slot holds a different tensor than sharded_param()
+  // (load_state_dict(assign=True), Module::to), adopts it as the sharded parameter and
+  // re-pads it into a fresh padded buffer (the tensor is rebound to view that buffer).
+  void reset_sharded_param();
+
+  // ---- Dtypes (fsdp-semantics §1.4; computed at lazy init) ----
+  void init_dtype_attrs(const MixedPrecisionPolicy& mp_policy);
+  DType orig_dtype() const { return orig_dtype_; }
+  // Unset when equal to the original dtype or when the parameter is not floating point.
+  const std::optional<DType>& param_dtype() const { return param_dtype_; }
+  // Unset when equal to param_dtype.
+  const std::optional<DType>& reduce_dtype() const { return reduce_dtype_; }
+  DType unsharded_dtype() const { return param_dtype_.value_or(orig_dtype_); }
+
+  // ---- All-gather ----
+  // The all-gather inputs (one tensor, flat, on the compute device, in the param dtype): the
+  // padded sharded data when SHARDED, the post-forward shard when SHARDED_POST_FORWARD.
+  std::vector<Tensor> all_gather_inputs() const;
+  // Creates the persistent all-gather outputs (once; same numels and dtypes afterwards).
+  void init_all_gather_outputs(const std::vector<int64_t>& input_numels,
+                               const std::vector<DType>& input_dtypes, int world_size);
+  const std::vector<Tensor>& all_gather_outputs() const { return all_gather_outputs_; }
+  // Re-allocates the (freed) storage of the all-gather outputs.
+  void alloc_all_gather_outputs();
+  // Frees the storage of the all-gather outputs (and so of the unsharded parameter).
+  void free_unsharded_param();
+  // Creates the unsharded parameter on the first call (a view of all_gather_outputs()[0]);
+  // later calls keep the same tensor.
+  void init_unsharded_param();
+  bool has_unsharded_param() const { return unsharded_param_.defined(); }
+  const Tensor& unsharded_param() const;
+
+  // ---- Transitions (the group keeps its own state equal to its params') ----
+  void to_sharded();
+  void to_sharded_post_forward();
+  void to_unsharded();
+
+  // ---- Gradients ----
+  // The unsharded gradient of the last backward(s) (undefined when none).
+  Tensor unsharded_grad() const;
+  // Gradient accumulation without reduction with a reduce dtype (fsdp-semantics §1.9).
+  const Tensor& unsharded_accumulated_grad() const { return unsharded_accumulated_grad_; }
+  void clear_unsharded_accumulated_grad() { unsharded_accumulated_grad_ = Tensor(); }
+  void to_accumulated_grad_if_needed();
+  void accumulate_unsharded_grad_if_needed();
+  // Sets or accumulates the new gradient shard (shape = sharded_param's) into the sharded
+  // parameter's .grad (moved to the CPU with offload), then runs the sharded parameter's
+  // post-accumulate-grad hooks once.
+  void accumulate_sharded_grad(const Tensor& new_sharded_grad);
+
+ private:
+  // Sets `tensor` into every registered location of this parameter.
+  void setattr_on_modules(const Tensor& tensor);
+  void register_sharded_param();
+  void unregister_sharded_param();
+  // Creates the padded buffer for `local` (this rank's rows) and rebinds `target` to view it.
+  void init_sharded_data(const Tensor& local, const Tensor& target);
+
+  std::string fqn_;
+  ParamModuleInfo module_info_;
+  FsdpMeshInfo mesh_info_;
+  std::optional<FsdpMeshInfo> post_forward_mesh_info_;
+  Device device_;
+  OffloadPolicy offload_policy_;
+  Shape global_shape_;
+  ShardInfo shard_info_;
+  ShardedState sharded_state_ = ShardedState::kSharded;
+
+  Tensor sharded_param_;
+  Tensor sharded_param_data_;
+  DType orig_dtype_ = DType::kFloat32;
+  std::optional<DType> param_dtype_;
+  std::optional<DType> reduce_dtype_;
+
+  std::vector<Tensor> all_gather_outputs_;
+  std::vector<int64_t> all_gather_output_numels_;
+  Tensor unsharded_param_;
+  Tensor sharded_post_forward_param_data_;
+  Tensor sharded_post_forward_param_;
+  Tensor unsharded_accumulated_grad_;
+
+  std::shared_ptr<internal::ShardedParamRegistry> registry_;
+};
+
+// The FsdpParam whose sharded parameter is `tensor` on the calling rank (nullptr if none).
+FsdpParam* LookupFsdpParam(const Tensor& tensor);
+
+}  // namespace fsdp::fsdp2

@@ -1,0 +1,267 @@
+#include "engine/fsdp/fsdp_state.h"
+
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "engine/autograd/engine.h"
+#include "engine/autograd/grad_mode.h"
+#include "engine/autograd/variable.h"
+#include "engine/core/error.h"
+#include "engine/nn/module.h"
+#include "engine/ops/functional.h"
+
+namespace fsdp::fsdp2 {
+namespace {
+
+using nn::Value;
+
+constexpr const char* kFsdpAttachment = "fully_shard";
+
+// `_cast_fp_tensor`: floating-point tensors not already in `dtype` go through a
+// differentiable cast; anything else is returned as is.
+Value CastFloatingTensors(const Value& value, DType dtype) {
+  if (value.num_tensors() == 0) return value;
+  return value.map_tensors([dtype](const Tensor& t) {
+    if (!t.defined() || !IsFloatingPoint(t.dtype()) || t.dtype() == dtype) return t;
+    return ::fsdp::to(t, dtype);
+  });
+}
+
+}  // namespace
+
+FsdpState* GetFsdpState(const nn::Module& module) {
+  return static_cast<FsdpState*>(module.attachment(kFsdpAttachment).get());
+}
+
+FsdpState::FsdpState(nn::Module* module, Device device, MixedPrecisionPolicy mp_policy)
+    : module_(module),
+      device_(device),
+      mp_policy_(mp_policy),
+      state_ctx_(std::make_shared<StateContext>()),
+      comm_ctx_(std::make_shared<CommContext>()) {}
+
+FsdpState::~FsdpState() {
+  pre_forward_hook_handle_.remove();
+  post_forward_hook_handle_.remove();
+}
+
+void FsdpState::register_hooks() {
+  std::weak_ptr<FsdpState> weak = weak_from_this();
+  pre_forward_hook_handle_ = module_->register_forward_pre_hook_with_kwargs(
+      [weak](nn::Module& module, const Value& args,
+             const Value& kwargs) -> std::optional<std::pair<Value, Value>> {
+        auto state = weak.lock();
+        if (!state) return std::nullopt;
+        return state->pre_forward(module, args, kwargs);
+      },
+      nn::ForwardPreHookOptions{/*prepend=*/true});
+  post_forward_hook_handle_ = module_->register_forward_hook(
+      [weak](nn::Module& module, const Value& /*args*/,
+             const Value& output) -> std::optional<Value> {
+        auto state = weak.lock();
+        if (!state) return std::nullopt;
+        return state->post_forward(module, output);
+      },
+      nn::ForwardHookOptions{/*prepend=*/false, /*always_call=*/false});
+}
+
+void FsdpState::check_module(const nn::Module& module) const {
+  // Module::deep_copy copies hooks but not attachments: the copy's hooks would drive this
+  // state. PyTorch refuses deepcopy of an FSDP module.
+  FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, &module == module_,
+                  "FSDP does not support deepcopy. Please use state dict for serialization.");
+}
+
+// ---- Forward -----------------------------------------------------------------------------
+
+std::optional<std::pair<Value, Value>> FsdpState::pre_forward(nn::Module& module,
+                                                              const Value& args,
+                                                              const Value& kwargs) {
+  check_module(module);
+  // Activation-checkpoint recompute: the pre-backward already unsharded the parameters.
+  if (training_state_ == TrainingState::kPreBackward) return std::nullopt;
+  training_state_ = TrainingState::kForward;
+  root_pre_forward();
+  Value new_args = args;
+  Value new_kwargs = kwargs;
+  if (state_ctx_->iter_forward_root == this && device_.is_cuda()) {
+    auto to_device = [this](const Tensor& t) { return t.defined() ? t.to(device_) : t; };
+    new_args = new_args.map_tensors(to_device);
+    new_kwargs = new_kwargs.map_tensors(to_device);
+  }
+  if (mp_policy_.cast_forward_inputs && mp_policy_.param_dtype) {
+    new_args = CastFloatingTensors(new_args, *mp_policy_.param_dtype);
+    new_kwargs = CastFloatingTensors(new_kwargs, *mp_policy_.param_dtype);
+  }
+  if (param_group_) {
+    std::tie(new_args, new_kwargs) = param_group_->pre_forward(new_args, new_kwargs);
+  }
+  for (FsdpState* state : states_to_forward_prefetch) {
+    if (state->param_group_) {
+      FsdpParamGroup::prefetch_unshard(*state->param_group_, TrainingState::kForward);
+    }
+  }
+  return std::make_pair(new_args, new_kwargs);
+}
+
+std::optional<Value> FsdpState::post_forward(nn::Module& module, const Value& output) {
+  check_module(module);
+  if (training_state_ == TrainingState::kPreBackward) return std::nullopt;
+  Value new_output = output;
+  if (param_group_) new_output = param_group_->post_forward(new_output);
+  new_output = register_pre_backward_hook(new_output);
+  training_state_ = TrainingState::kIdle;
+  if (state_ctx_->iter_forward_root == this) {
+    if (comm_ctx_->all_gather_state) {
+      // Free the last all-gather result ([Note: implicit forward prefetch]).
+      comm_ctx_->all_gather_copy_in_stream().wait_event(comm_ctx_->all_gather_state->event);
+      comm_ctx_->all_gather_stream().wait_event(comm_ctx_->all_gather_state->event);
+      comm_ctx_->all_gather_state.reset();
+    }
+    state_ctx_->iter_forward_root = nullptr;
+  }
+  if (mp_policy_.output_dtype) new_output = CastFloatingTensors(new_output, *mp_policy_.output_dtype);
+  return new_output;
+}
+
+void FsdpState::root_pre_forward() {
+  lazy_init();
+  if (state_ctx_->iter_forward_root != nullptr) return;
+  state_ctx_->iter_forward_root = this;
+  // The all-gather streams wait for the current stream (optimizer step) before prefetching.
+  comm_ctx_->all_gather_copy_in_stream().wait_stream(comm_ctx_->current_stream());
+  comm_ctx_->all_gather_stream().wait_stream(comm_ctx_->current_stream());
+}
+
+// ---- Lazy init ---------------------------------------------------------------------------
+
+void FsdpState::lazy_init() {
+  if (is_root_.has_value()) return;  // already initialized
+  is_root_ = true;
+  std::set<FsdpState*> visited;
+  for (const auto& [name, module] : module_->named_modules()) {
+    FsdpState* state = GetFsdpState(*module);
+    if (state == nullptr) continue;
+    if (module.get() != module_) {
+      FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition,
+                      visited.count(state) || !state->is_root_.has_value(),
+                      "FSDP state has already been lazily initialized for ", name,
+                      "\nFSDP requires running forward through the root module first");
+      state->is_root_ = false;
+    }
+    state_ctx_->all_states.push_back(state);
+    visited.insert(state);
+  }
+  if (param_group_) {
+    // E1–E3: the root does not reshard after forward, since for training its parameters
+    // would be freed and all-gathered again immediately.
+    param_group_->set_post_forward_mesh_info(std::nullopt);
+  }
+  init_fqns();
+  init_shared_state();
+  for (FsdpState* state : state_ctx_->all_states) {
+    if (state->param_group_) state->param_group_->lazy_init();
+  }
+}
+
+void FsdpState::init_fqns() {
+  std::unordered_map<const TensorImpl*, FsdpParam*> param_to_fsdp_param;
+  std::map<const nn::Module*, FsdpParamGroup*> module_to_group;
+  for (FsdpState* state : state_ctx_->all_states) {
+    if (!state->param_group_) continue;
+    for (const auto& p : state->param_group_->fsdp_params()) {
+      param_to_fsdp_param[p->sharded_param().impl()] = p.get();
+      if (p->has_unsharded_param()) param_to_fsdp_param[p->unsharded_param().impl()] = p.get();
+    }
+    module_to_group[state->param_group_->module()] = state->param_group_.get();
+  }
+  for (const auto& [name, param] : module_->named_parameters()) {
+    auto it = param_to_fsdp_param.find(param.impl());
+    if (it != param_to_fsdp_param.end()) it->second->set_fqn(name);
+  }
+  for (const auto& [name, module] : module_->named_modules()) {
+    auto it = module_to_group.find(module.get());
+    if (it != module_to_group.end()) it->second->append_module_fqn(name);
+  }
+}
+
+void FsdpState::init_shared_state() {
+  comm_ctx_->lazy_init(device_);
+  for (FsdpState* state : state_ctx_->all_states) {
+    state->state_ctx_ = state_ctx_;
+    state->comm_ctx_ = comm_ctx_;
+    if (state->param_group_) state->param_group_->set_comm_ctx(comm_ctx_);
+  }
+}
+
+// ---- Backward ----------------------------------------------------------------------------
+
+Value FsdpState::register_pre_backward_hook(const Value& output) {
+  if (!autograd::GradMode::is_enabled()) return output;
+  std::weak_ptr<FsdpState> weak = weak_from_this();
+  for (const Tensor& t : output.tensors()) {
+    if (!t.defined() || !t.requires_grad()) continue;
+    // One hook per output tensor; the group-level pre-backward is guarded, so the first
+    // gradient w.r.t. any output of this use triggers it once.
+    autograd::register_hook(t, [weak](const Tensor& /*grad*/) {
+      if (auto state = weak.lock()) state->pre_backward();
+    });
+  }
+  return output;
+}
+
+void FsdpState::pre_backward() {
+  training_state_ = TrainingState::kPreBackward;
+  register_root_post_backward_final_callback();
+  if (param_group_) {
+    const bool default_prefetch = states_to_backward_prefetch.empty();
+    param_group_->pre_backward(default_prefetch);
+  }
+  backward_prefetch();
+}
+
+void FsdpState::backward_prefetch() {
+  for (FsdpState* state : states_to_backward_prefetch) {
+    if (state->param_group_) {
+      FsdpParamGroup::prefetch_unshard(*state->param_group_, TrainingState::kPreBackward);
+    }
+  }
+}
+
+void FsdpState::register_root_post_backward_final_callback() {
+  if (state_ctx_->post_backward_final_callback_queued) return;
+  state_ctx_->post_backward_final_callback_queued = true;
+  std::weak_ptr<FsdpState> weak = weak_from_this();
+  autograd::Engine::queue_callback([weak] {
+    if (auto state = weak.lock()) state->root_post_backward_final_callback();
+  });
+}
+
+void FsdpState::root_post_backward_final_callback() {
+  const bool is_last_backward = state_ctx_->is_last_backward;
+  for (FsdpState* state : state_ctx_->all_states) {
+    FsdpParamGroup* group = state->param_group_.get();
+    // [Note: end-of-backward sweep] E2 / early E3: only groups still UNSHARDED get the
+    // post-backward they missed (inputs without grad, e.g. the root fed token ids). Groups
+    // with only a pending (mistargeted) prefetch, or unused, are skipped.
+    if (group != nullptr && group->is_unsharded()) group->post_backward();
+    state->training_state_ = TrainingState::kIdle;
+    if (group != nullptr) group->set_training_state(TrainingState::kIdle);
+    if (is_last_backward) state->finalize_backward();
+  }
+  if (is_last_backward) {
+    comm_ctx_->post_forward_order.clear();
+    if (comm_ctx_->reduce_scatter_state) {
+      comm_ctx_->current_stream().wait_event(comm_ctx_->reduce_scatter_state->event);
+      comm_ctx_->reduce_scatter_state.reset();
+    }
+  }
+  state_ctx_->post_backward_final_callback_queued = false;
+}
+
+void FsdpState::finalize_backward() {
+  if (param_group_) param_group_->finalize_backward();
+}
+
+}  // namespace fsdp::fsdp2

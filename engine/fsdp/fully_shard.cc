@@ -1,0 +1,227 @@
+#include "engine/fsdp/fully_shard.h"
+
+#include <map>
+#include <set>
+
+#include "engine/core/error.h"
+#include "engine/core/rank_context.h"
+
+namespace fsdp::fsdp2 {
+namespace {
+
+constexpr const char* kFsdpAttachment = "fully_shard";
+
+// `_get_managed_modules`: post-order DFS from `root`, not descending into modules that
+// already have an FSDP state (nested fully_shard), each module once.
+void CollectManagedModules(nn::Module* module, nn::Module* root, std::set<nn::Module*>* visited,
+                           std::vector<nn::Module*>* out) {
+  if (module != root && GetFsdpState(*module) != nullptr) return;
+  visited->insert(module);
+  for (const nn::ModulePtr& child : module->children()) {
+    if (!visited->count(child.get())) CollectManagedModules(child.get(), root, visited, out);
+  }
+  out->push_back(module);
+}
+
+Device DeviceFor(const FullyShardOptions& options) {
+  if (options.mesh && options.mesh->device_type() == "cpu") return Device::CPU();
+  return RankContext::Current().device();
+}
+
+// `tensor.data = tensor.to(device)`: moves the data while keeping the tensor's identity.
+void MoveDataToDevice(const Tensor& tensor, Device device) {
+  if (!tensor.defined() || tensor.device() == device) return;
+  Tensor moved = tensor.to(device);
+  tensor.impl()->storage = moved.storage();
+  tensor.impl()->storage_offset = moved.storage_offset();
+}
+
+}  // namespace
+
+bool IsFsdpModule(const nn::Module& module) { return GetFsdpState(module) != nullptr; }
+
+FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& options) {
+  FSDP_CHECK(module != nullptr, "fully_shard: null module");
+  FSDP_CHECK(module->type_name() != "ModuleList" && module->type_name() != "ModuleDict",
+             "fully_shard does not support containers that do not implement forward: ",
+             module->type_name());
+  FSDP_CHECK(!IsFsdpModule(*module),
+             "Each distinct composable distributed API can only be applied to a module once. "
+             "fully_shard has already been applied to the following module: ",
+             module->type_name());
+  FsdpMeshInfo mesh_info =
+      options.mesh ? FsdpMeshInfo::FromMesh(options.mesh)
+                   : FsdpMeshInfo::FromProcessGroup(options.process_group
+                                                        ? options.process_group
+                                                        : dist::GetDefaultProcessGroup());
+  const Device device = DeviceFor(options);
+  std::optional<FsdpMeshInfo> post_forward_mesh_info =
+      GetPostForwardMeshInfo(options.reshard_after_forward, mesh_info);
+
+  auto state = std::make_shared<FsdpState>(module.get(), device, options.mp_policy);
+
+  // Managed modules (post-order) and their parameters: direct parameters in registration
+  // order, tied parameters once, ignored ones skipped.
+  std::vector<nn::Module*> managed_modules;
+  std::set<nn::Module*> visited;
+  CollectManagedModules(module.get(), module.get(), &visited, &managed_modules);
+  std::set<const TensorImpl*> ignored;
+  for (const Tensor& t : options.ignored_params) {
+    if (t.defined()) ignored.insert(t.impl());
+  }
+  std::vector<Tensor> params;
+  std::set<const TensorImpl*> seen_params;
+  std::set<const TensorImpl*> seen_buffers;
+  for (nn::Module* m : managed_modules) {
+    for (const auto& [name, param] : m->parameter_slots()) {
+      if (!param.defined() || ignored.count(param.impl())) continue;
+      if (seen_params.insert(param.impl()).second) params.push_back(param);
+    }
+    for (const auto& [name, buffer] : m->buffer_slots()) {
+      if (!buffer.defined() || !seen_buffers.insert(buffer.impl()).second) continue;
+      MoveDataToDevice(buffer, device);
+    }
+  }
+
+  if (!params.empty()) {
+    // `_get_param_module_infos`: the owning (module, name) is the first location in a
+    // pre-order walk with duplicates; every further location is a shared one.
+    std::map<const TensorImpl*, ParamModuleInfo> infos;
+    for (const auto& [name, submodule] : module->named_modules("", /*remove_duplicate=*/false)) {
+      for (const auto& [param_name, param] : submodule->parameter_slots()) {
+        if (!param.defined() || !seen_params.count(param.impl()) || ignored.count(param.impl())) {
+          continue;
+        }
+        auto it = infos.find(param.impl());
+        if (it == infos.end()) {
+          infos[param.impl()] = ParamModuleInfo{submodule.get(), param_name, {}, {}};
+        } else {
+          it->second.shared_modules.push_back(submodule.get());
+          it->second.shared_param_names.push_back(param_name);
+        }
+      }
+    }
+    FSDP_CHECK(infos.size() == params.size(), "Some parameters are not in the module tree of ",
+               module->type_name());
+    std::vector<ParamToShard> to_shard;
+    for (const Tensor& p : params) to_shard.push_back({p, infos.at(p.impl())});
+    auto group = std::make_shared<FsdpParamGroup>(std::move(to_shard), module.get(), mesh_info,
+                                                  post_forward_mesh_info, device,
+                                                  options.mp_policy, options.offload_policy);
+    state->set_param_group(std::move(group));
+  }
+  module->set_attachment(kFsdpAttachment, state);
+  state->register_hooks();
+  return FSDPModule(module);
+}
+
+// ---- UnshardHandle -----------------------------------------------------------------------
+
+void UnshardHandle::wait() {
+  if (auto group = group_.lock()) group->wait_for_unshard();
+}
+
+// ---- FSDPModule --------------------------------------------------------------------------
+
+FSDPModule::FSDPModule(nn::ModulePtr module) : module_(std::move(module)) {
+  FSDP_CHECK(module_ != nullptr, "FSDPModule: null module");
+  state_ = GetFsdpState(*module_);
+  FSDP_CHECK(state_ != nullptr, "FSDPModule: fully_shard was not applied to this ",
+             module_->type_name());
+}
+
+std::vector<FsdpState*> FSDPModule::states(bool recurse) const {
+  if (!recurse) return {state_};
+  std::vector<FsdpState*> out;
+  for (const nn::ModulePtr& m : module_->modules()) {
+    if (FsdpState* s = GetFsdpState(*m)) out.push_back(s);
+  }
+  return out;
+}
+
+UnshardHandle FSDPModule::unshard(bool async_op) {
+  const auto& group = state_->param_group();
+  if (group) {
+    group->lazy_init();
+    group->unshard(async_op);
+  }
+  UnshardHandle handle(group);
+  if (!async_op) handle.wait();
+  return handle;
+}
+
+void FSDPModule::reshard() {
+  if (const auto& group = state_->param_group()) group->reshard();
+}
+
+void FSDPModule::set_is_last_backward(bool is_last_backward) {
+  state_->state_ctx()->is_last_backward = is_last_backward;
+}
+
+void FSDPModule::set_requires_gradient_sync(bool requires_gradient_sync, bool recurse) {
+  for (FsdpState* s : states(recurse)) {
+    if (const auto& group = s->param_group()) {
+      group->reduce_grads = requires_gradient_sync;
+      group->all_reduce_grads = requires_gradient_sync;
+    }
+  }
+}
+
+void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse) {
+  for (FsdpState* s : states(recurse)) {
+    if (const auto& group = s->param_group()) group->all_reduce_grads = requires_all_reduce;
+  }
+}
+
+void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {
+  for (FsdpState* s : states(recurse)) {
+    if (const auto& group = s->param_group()) group->reshard_after_backward = reshard_after_backward;
+  }
+}
+
+void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recurse) {
+  for (FsdpState* s : states(recurse)) {
+    if (const auto& group = s->param_group()) {
+      group->set_post_forward_mesh_info(
+          GetPostForwardMeshInfo(reshard_after_forward, group->mesh_info()));
+    }
+  }
+}
+
+namespace {
+std::vector<FsdpState*> StatesOf(const std::vector<nn::ModulePtr>& modules, const char* api) {
+  std::vector<FsdpState*> out;
+  for (const nn::ModulePtr& m : modules) {
+    FSDP_CHECK(m != nullptr && IsFsdpModule(*m), api, ": expects FSDPModule but got ",
+               m ? m->type_name() : std::string("None"));
+    out.push_back(GetFsdpState(*m));
+  }
+  return out;
+}
+}  // namespace
+
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<nn::ModulePtr>& modules) {
+  state_->states_to_forward_prefetch = StatesOf(modules, "set_modules_to_forward_prefetch");
+}
+
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<nn::ModulePtr>& modules) {
+  state_->states_to_backward_prefetch = StatesOf(modules, "set_modules_to_backward_prefetch");
+}
+
+void FSDPModule::set_gradient_divide_factor(double factor) {
+  if (const auto& group = state_->param_group()) group->gradient_divide_factor = factor;
+}
+
+void FSDPModule::set_force_sum_reduction_for_comms(bool enable) {
+  if (const auto& group = state_->param_group()) group->force_sum_reduction_for_comms = enable;
+}
+
+void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {
+  if (const auto& group = state_->param_group()) group->unshard_in_backward = unshard_in_backward;
+}
+
+void FSDPModule::set_unshard_async_op(bool async_op) {
+  if (const auto& group = state_->param_group()) group->unshard_async_op = async_op;
+}
+
+}  // namespace fsdp::fsdp2

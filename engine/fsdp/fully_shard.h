@@ -1,0 +1,112 @@
+// The FSDP2 API: fully_shard(module, options) and the FSDPModule facet (PyTorch's
+// torch.distributed.fsdp.fully_shard and FSDPModule; fsdp-semantics §3.1, §3.11–§3.13).
+//
+//   auto model = std::make_shared<nn::Transformer>(nn::ModelArgs{});
+//   for (const auto& block : model->layers()) fsdp2::fully_shard(block);
+//   fsdp2::FSDPModule root = fsdp2::fully_shard(model);  // children before parents
+//   Tensor loss = model->forward(tokens).tensor();         // or (*model)(tokens)
+//   root.set_is_last_backward(true);
+//
+// fully_shard claims the parameters of `module` and of its submodules that are not already
+// managed (post-order, tied weights once, ignored_params skipped), shards them immediately
+// (the module's parameter slots then hold the sharded parameters), attaches an FsdpState to
+// the module (Module attachment "fully_shard") and registers its forward hooks. A module is
+// "an FSDP module" iff it carries that attachment: IsFsdpModule / FSDPModule(module).
+//
+// Ownership: the module owns its state; FSDPModule and UnshardHandle are cheap handles that
+// share the module / group. Thread-safety: a rank's modules are used by its thread.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/core/tensor.h"
+#include "engine/dist/device_mesh.h"
+#include "engine/dist/process_group.h"
+#include "engine/fsdp/fsdp_api.h"
+#include "engine/fsdp/fsdp_param_group.h"
+#include "engine/fsdp/fsdp_state.h"
+#include "engine/fsdp/mesh_info.h"
+#include "engine/nn/module.h"
+
+namespace fsdp::fsdp2 {
+
+struct FullyShardOptions {
+  // The FSDP mesh: 1-D (FSDP) or 2-D (HSDP: dim 0 replicate, dim 1 shard). Default: null
+  // (use `process_group`).
+  std::shared_ptr<dist::DeviceMesh> mesh;
+  // A 1-D FSDP group, used when `mesh` is null. Default: null (the rank's default group,
+  // dist::GetDefaultProcessGroup()).
+  std::shared_ptr<dist::ProcessGroup> process_group;
+  // true: reshard after forward; false: keep unsharded until post-backward; int k: reshard to
+  // groups of k ranks after forward (1 <= k <= W, W % k == 0). The lazy-init root never
+  // reshards after forward. Default: true.
+  ReshardAfterForward reshard_after_forward = true;
+  MixedPrecisionPolicy mp_policy;  // Default: no mixed precision
+  OffloadPolicy offload_policy;    // Default: no offload
+  // Parameters left unmanaged (not sharded). Default: none.
+  std::vector<Tensor> ignored_params;
+};
+
+// FSDPModule.unshard(async_op=True)'s handle: wait() finishes the unshard (idempotent; a
+// no-op for a module without parameters or after the module's own pre-forward waited).
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  explicit UnshardHandle(std::weak_ptr<FsdpParamGroup> group) : group_(std::move(group)) {}
+  void wait();
+
+ private:
+  std::weak_ptr<FsdpParamGroup> group_;
+};
+
+// The FSDPModule methods of a module fully_shard was applied to.
+class FSDPModule {
+ public:
+  // Throws InvalidArgument when fully_shard was not applied to `module`.
+  explicit FSDPModule(nn::ModulePtr module);
+
+  const nn::ModulePtr& module() const { return module_; }
+  nn::Module* operator->() const { return module_.get(); }
+  FsdpState& state() const { return *state_; }
+  // The module's parameter group (null when it manages no parameters).
+  FsdpParamGroup* param_group() const { return state_->param_group().get(); }
+
+  // Runs the group's lazy init and all-gathers its parameters (non-recursive). With
+  // async_op=false waits before returning; with true the caller (or the module's next
+  // pre-forward) waits through the handle.
+  UnshardHandle unshard(bool async_op = false);
+  // Reshards the module's parameters (non-recursive); outside forward always to SHARDED.
+  void reshard();
+
+  void set_is_last_backward(bool is_last_backward);
+  void set_requires_gradient_sync(bool requires_gradient_sync, bool recurse = true);
+  void set_requires_all_reduce(bool requires_all_reduce, bool recurse = true);
+  void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
+  // Bool only: recomputes the post-forward mesh of this module's (and with recurse every FSDP
+  // submodule's) group; can also make the root reshard after forward.
+  void set_reshard_after_forward(bool reshard_after_forward, bool recurse = true);
+  void set_modules_to_forward_prefetch(const std::vector<nn::ModulePtr>& modules);
+  void set_modules_to_backward_prefetch(const std::vector<nn::ModulePtr>& modules);
+  void set_gradient_divide_factor(double factor);
+  void set_force_sum_reduction_for_comms(bool enable);
+  void set_unshard_in_backward(bool unshard_in_backward);
+  // `_set_unshard_async_op`.
+  void set_unshard_async_op(bool async_op);
+
+ private:
+  // This module and, with recurse, every FSDP submodule's state.
+  std::vector<FsdpState*> states(bool recurse) const;
+
+  nn::ModulePtr module_;
+  FsdpState* state_;
+};
+
+// Applies FSDP to `module` (see the file comment) and returns its FSDPModule facet.
+FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& options = {});
+
+// True when fully_shard was applied to `module`.
+bool IsFsdpModule(const nn::Module& module);
+
+}  // namespace fsdp::fsdp2
