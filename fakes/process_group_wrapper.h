@@ -1,0 +1,54 @@
+// ProcessGroupWrapper: the base of process-group decorators (RecordingProcessGroup,
+// FaultInjectingProcessGroup). Every *_impl forwards to the wrapped group's public API (whose
+// front validates and runs the backend; nested front calls are not recorded twice by
+// CommDebugMode or the flight recorder). new_group wraps the inner subgroup with Wrap(), so a
+// decorator stays in place on subgroups and mesh groups.
+//
+// Ownership: holds the wrapped group (shared_ptr).
+// Thread-safety: like any ProcessGroup, used by its rank's thread only.
+#pragma once
+
+#include <memory>
+
+#include "engine/dist/process_group.h"
+
+namespace fsdp::fakes {
+
+class ProcessGroupWrapper : public dist::ProcessGroup {
+ public:
+  explicit ProcessGroupWrapper(std::shared_ptr<dist::ProcessGroup> inner);
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend_name() const override { return inner_->backend_name(); }
+  std::vector<int> global_ranks() const override { return inner_->global_ranks(); }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  std::string group_name() const override { return inner_->group_name(); }
+  const std::shared_ptr<dist::ProcessGroup>& inner() const { return inner_; }
+
+ protected:
+  // The same decorator around a subgroup of the inner group.
+  virtual std::shared_ptr<dist::ProcessGroup> Wrap(std::shared_ptr<dist::ProcessGroup> inner) = 0;
+
+  std::shared_ptr<dist::Work> all_gather_into_tensor_impl(
+      const Tensor& output, const Tensor& input, const dist::CollectiveInfo& info) override;
+  std::shared_ptr<dist::Work> reduce_scatter_tensor_impl(const Tensor& output, const Tensor& input,
+                                                         const dist::ReduceOptions& options,
+                                                         const dist::CollectiveInfo& info) override;
+  std::shared_ptr<dist::Work> all_reduce_impl(const Tensor& tensor,
+                                              const dist::ReduceOptions& options,
+                                              const dist::CollectiveInfo& info) override;
+  std::shared_ptr<dist::Work> broadcast_impl(const Tensor& tensor, int root,
+                                             const dist::CollectiveInfo& info) override;
+  std::shared_ptr<dist::Work> all_gather_impl(const std::vector<Tensor>& outputs,
+                                              const Tensor& input,
+                                              const dist::CollectiveInfo& info) override;
+  void barrier_impl(const dist::CollectiveInfo& info) override;
+  std::shared_ptr<dist::ProcessGroup> new_group_impl(const std::vector<int>& ranks,
+                                                     const dist::CollectiveInfo& info) override;
+
+ private:
+  std::shared_ptr<dist::ProcessGroup> inner_;
+};
+
+}  // namespace fsdp::fakes

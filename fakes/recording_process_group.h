@@ -1,0 +1,71 @@
+// RecordingProcessGroup: a decorator that appends every collective its rank issues (op,
+// group, sequence number, dtype, shapes/numels, reduce op, root, in place, async) to a
+// CollectiveTrace, then forwards to the wrapped group. One trace is usually shared by all
+// ranks of a run (entries carry the global rank), so a test can compare the ranks' sequences
+// or assert an exact per-rank sequence.
+//
+// Ownership: the trace is shared (shared_ptr) by every decorator that writes to it;
+// subgroups created through the decorator share their parent's trace.
+// Thread-safety: CollectiveTrace is synchronised; the decorator is used by its rank's thread.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/dist/collective_info.h"
+#include "fakes/process_group_wrapper.h"
+
+namespace fsdp::fakes {
+
+class CollectiveTrace {
+ public:
+  void Add(const dist::CollectiveInfo& info);
+  // Every entry, in the order they were recorded (interleaving of ranks is not specified).
+  std::vector<dist::CollectiveInfo> All() const;
+  // The entries of one global rank, in its issue order.
+  std::vector<dist::CollectiveInfo> ForRank(int global_rank) const;
+  // One line per entry of `global_rank`: "allreduce_ group=0 float32 numel=4 SUM".
+  std::vector<std::string> OpLines(int global_rank) const;
+  void Clear();
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<dist::CollectiveInfo> entries_;
+};
+
+// "allreduce_ group=0 float32 numel=4 SUM" (stable, for expectations).
+std::string TraceLine(const dist::CollectiveInfo& info);
+
+class RecordingProcessGroup final : public ProcessGroupWrapper {
+ public:
+  explicit RecordingProcessGroup(
+      std::shared_ptr<dist::ProcessGroup> inner,
+      std::shared_ptr<CollectiveTrace> trace = std::make_shared<CollectiveTrace>());
+  const std::shared_ptr<CollectiveTrace>& trace() const { return trace_; }
+
+ protected:
+  std::shared_ptr<dist::ProcessGroup> Wrap(std::shared_ptr<dist::ProcessGroup> inner) override;
+  std::shared_ptr<dist::Work> all_gather_into_tensor_impl(
+      const Tensor& output, const Tensor& input, const dist::CollectiveInfo& info) override;
+  std::shared_ptr<dist::Work> reduce_scatter_tensor_impl(const Tensor& output, const Tensor& input,
+                                                         const dist::ReduceOptions& options,
+                                                         const dist::CollectiveInfo& info) override;
+  std::shared_ptr<dist::Work> all_reduce_impl(const Tensor& tensor,
+                                              const dist::ReduceOptions& options,
+                                              const dist::CollectiveInfo& info) override;
+  std::shared_ptr<dist::Work> broadcast_impl(const Tensor& tensor, int root,
+                                             const dist::CollectiveInfo& info) override;
+  std::shared_ptr<dist::Work> all_gather_impl(const std::vector<Tensor>& outputs,
+                                              const Tensor& input,
+                                              const dist::CollectiveInfo& info) override;
+  void barrier_impl(const dist::CollectiveInfo& info) override;
+  std::shared_ptr<dist::ProcessGroup> new_group_impl(const std::vector<int>& ranks,
+                                                     const dist::CollectiveInfo& info) override;
+
+ private:
+  std::shared_ptr<CollectiveTrace> trace_;
+};
+
+}  // namespace fsdp::fakes
