@@ -1,0 +1,315 @@
+#include "conformance/cli.h"
+
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <set>
+
+#include "conformance/driver_protocol.h"
+#include "conformance/report.h"
+#include "conformance/runner.h"
+#include "engine/core/error.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr const char* kUsage = R"(usage: fsdp-conform <command> [arguments]
+
+Runs the FSDP conformance scenarios (mirrors of PyTorch's FSDP tests) against an engine.
+
+commands:
+  list [PATTERN...] [--json]
+      List scenarios (all, or those matching the glob patterns) with their parameters,
+      world sizes and backends, then the backends and subjects of this build.
+  run PATTERN... [options]
+      Run every scenario matching a glob pattern ('*' and '?', e.g. 'fully_shard_comm/*').
+      Unfixed parameter axes run every value (each combination is one case).
+  help
+      Print this text.
+
+run options:
+  --backend NAME       threaded (default), gloo or nccl; for --subject external the
+                       default is gloo
+  --world N            world size instead of each scenario's default (scenarios whose
+                       range excludes N are skipped)
+  --param KEY=VALUE    fix a parameter (repeatable); KEY must belong to a matched scenario
+  --json FILE|-        write the results as JSON to FILE, or to stdout with '-' (the table
+                       then goes to stderr)
+  --timeout SECONDS    deadline per case (default 300); stragglers are stopped
+  --subject NAME       implementation under test: engine (default), a registered subject,
+                       or external (with --driver)
+  --driver PATH        program run once per rank under the driver protocol
+                       (docs/scenarios.md) when --subject external
+
+The run table ends with the line "N passed, N failed, N skipped".
+Exit status: 0 nothing failed, 1 a case failed, 2 usage or name error.
+)";
+
+// A parsed "--name value" / "--name=value" list. Strict: every flag must be known, valued
+// flags need a value, single flags appear once.
+class FlagParser {
+ public:
+  FlagParser(std::string command, std::set<std::string> valued, std::set<std::string> repeated,
+             std::set<std::string> switches)
+      : command_(std::move(command)),
+        valued_(std::move(valued)),
+        repeated_(std::move(repeated)),
+        switches_(std::move(switches)) {}
+
+  void Parse(const std::vector<std::string>& args, size_t first) {
+    for (size_t i = first; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      if (a.size() < 2 || a[0] != '-' || a == "-") {
+        positional_.push_back(a);
+        continue;
+      }
+      std::string name = a;
+      std::optional<std::string> value;
+      if (const size_t eq = a.find('='); eq != std::string::npos) {
+        name = a.substr(0, eq);
+        value = a.substr(eq + 1);
+      }
+      if (switches_.count(name)) {
+        FSDP_CHECK(!value, command_, ": ", name, " takes no value");
+        FSDP_CHECK(!seen_.count(name), command_, ": ", name, " given twice");
+        seen_.insert(name);
+        continue;
+      }
+      FSDP_CHECK(valued_.count(name) || repeated_.count(name), command_, ": unknown option '", name,
+                 "' (see fsdp-conform --help)");
+      if (!value) {
+        FSDP_CHECK(i + 1 < args.size(), command_, ": ", name, " needs a value");
+        value = args[++i];
+      }
+      if (repeated_.count(name)) {
+        multi_[name].push_back(*value);
+      } else {
+        FSDP_CHECK(!values_.count(name), command_, ": ", name, " given twice");
+        values_[name] = *value;
+      }
+    }
+  }
+
+  bool Has(const std::string& name) const { return seen_.count(name) || values_.count(name); }
+  std::optional<std::string> Value(const std::string& name) const {
+    auto it = values_.find(name);
+    return it == values_.end() ? std::nullopt : std::optional<std::string>(it->second);
+  }
+  std::vector<std::string> Values(const std::string& name) const {
+    auto it = multi_.find(name);
+    return it == multi_.end() ? std::vector<std::string>{} : it->second;
+  }
+  const std::vector<std::string>& positional() const { return positional_; }
+
+ private:
+  std::string command_;
+  std::set<std::string> valued_, repeated_, switches_, seen_;
+  std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> multi_;
+  std::vector<std::string> positional_;
+};
+
+nlohmann::json ParamJson(const ParamSpec& p) {
+  return {{"name", p.name},
+          {"description", p.description},
+          {"kind", ParamKindName(p.kind)},
+          {"type", ParamTypeName(p.type)},
+          {"values", p.values},
+          {"default",
+           p.kind == ParamKind::kAxis ? nlohmann::json("all") : nlohmann::json(p.default_value())}};
+}
+
+nlohmann::json ScenarioJson(const Scenario& s) {
+  const ScenarioInfo& i = s.info;
+  nlohmann::json params = nlohmann::json::array();
+  for (const auto& p : i.params) params.push_back(ParamJson(p));
+  return {{"name", i.name},
+          {"family", i.family()},
+          {"description", i.description},
+          {"seed_test", i.seed_test},
+          {"default_world", i.default_world},
+          {"min_world", i.min_world},
+          {"max_world", i.max_world},
+          {"backends", i.backends},
+          {"requires_gpu", i.requires_gpu},
+          {"params", params}};
+}
+
+std::string Join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : sep) + i;
+  return out;
+}
+
+int List(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& out) {
+  FlagParser flags("list", {}, {}, {"--json"});
+  flags.Parse(args, 1);
+  std::vector<const Scenario*> scenarios = flags.positional().empty()
+                                               ? catalog.scenarios.All()
+                                               : catalog.scenarios.Match(flags.positional());
+  if (flags.Has("--json")) {
+    nlohmann::json doc;
+    doc["scenarios"] = nlohmann::json::array();
+    for (const Scenario* s : scenarios) doc["scenarios"].push_back(ScenarioJson(*s));
+    doc["backends"] = nlohmann::json::array();
+    for (const auto& name : catalog.backends.Names()) {
+      const Backend& b = catalog.backends.Get(name);
+      auto why = catalog.backends.Unavailable(name);
+      nlohmann::json bj = {{"name", name},
+                           {"description", b.description},
+                           {"mode", LaunchModeName(b.mode)},
+                           {"requires_gpu", b.requires_gpu},
+                           {"available", !why.has_value()}};
+      if (why) bj["unavailable_reason"] = *why;
+      doc["backends"].push_back(bj);
+    }
+    std::vector<std::string> subjects = catalog.subjects.Names();
+    subjects.push_back(kExternalSubject);
+    doc["subjects"] = subjects;
+    out << doc.dump(2) << "\n";
+    return kExitOk;
+  }
+  if (scenarios.empty()) out << "no scenarios are registered\n";
+  for (const Scenario* s : scenarios) {
+    const ScenarioInfo& i = s->info;
+    out << i.name << "\n";
+    out << "    " << i.description << "\n";
+    out << "    seed: " << i.seed_test << "\n";
+    out << "    world " << i.default_world << " (range " << i.min_world << ".." << i.max_world
+        << "), backends " << Join(i.backends, ",") << (i.requires_gpu ? ", needs a GPU" : "")
+        << "\n";
+    size_t width = 0;
+    for (const auto& p : i.params) width = std::max(width, p.name.size());
+    for (const auto& p : i.params) {
+      out << "    --param " << p.name << std::string(width - p.name.size(), ' ') << "  "
+          << ParamKindName(p.kind) << "  " << p.ValuesText();
+      if (p.kind == ParamKind::kAxis) out << " (all unless fixed)";
+      out << "  " << p.description << "\n";
+    }
+  }
+  out << scenarios.size() << " scenario(s)\n\nbackends:\n";
+  for (const auto& name : catalog.backends.Names()) {
+    const Backend& b = catalog.backends.Get(name);
+    auto why = catalog.backends.Unavailable(name);
+    out << "  " << name << " (" << LaunchModeName(b.mode) << "): " << b.description << "; "
+        << (why ? "unavailable: " + *why : std::string("available")) << "\n";
+  }
+  std::vector<std::string> subjects = catalog.subjects.Names();
+  subjects.push_back(std::string(kExternalSubject) + " (--driver PATH)");
+  out << "subjects: " << Join(subjects, ", ") << "\n";
+  return kExitOk;
+}
+
+int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& out,
+        std::ostream& err) {
+  FlagParser flags("run", {"--backend", "--world", "--json", "--timeout", "--subject", "--driver"},
+                   {"--param"}, {});
+  flags.Parse(args, 1);
+  RunOptions options;
+  options.patterns = flags.positional();
+  FSDP_CHECK(!options.patterns.empty(),
+             "run: give at least one scenario pattern, e.g. "
+             "'fully_shard_comm/*' or '*' (see fsdp-conform list)");
+  options.backend = flags.Value("--backend");
+  if (auto w = flags.Value("--world")) {
+    auto v = ParseInt(*w);
+    FSDP_CHECK(v.has_value() && *v >= 1 && *v <= 4096,
+               "run: --world expects an integer in "
+               "[1, 4096], got '",
+               *w, "'");
+    options.world = static_cast<int>(*v);
+  }
+  if (auto t = flags.Value("--timeout")) {
+    auto v = ParseDouble(*t);
+    FSDP_CHECK(v.has_value() && *v > 0 && *v <= 86400,
+               "run: --timeout expects seconds in "
+               "(0, 86400], got '",
+               *t, "'");
+    options.timeout = std::chrono::milliseconds(static_cast<int64_t>(*v * 1000 + 0.5));
+    if (options.timeout.count() == 0) options.timeout = std::chrono::milliseconds(1);
+  }
+  for (const auto& p : flags.Values("--param")) {
+    auto [k, v] = ParseParamAssignment(p);
+    FSDP_CHECK(!options.params.count(k), "run: --param ", k, " given twice");
+    options.params[k] = v;
+  }
+  if (auto s = flags.Value("--subject")) options.subject = *s;
+  if (auto d = flags.Value("--driver")) options.driver = *d;
+  const std::optional<std::string> json_path = flags.Value("--json");
+  if (json_path) FSDP_CHECK(!json_path->empty(), "run: --json needs a FILE or '-'");
+
+  Runner runner(catalog, options);
+  std::vector<PlannedCase> plan = runner.Plan();  // name errors surface here
+
+  std::ostream& table = json_path && *json_path == "-" ? err : out;
+  TableWriter writer(table, plan, runner.backend());
+  writer.Header();
+  std::vector<CaseResult> results;
+  for (const PlannedCase& pc : plan) {
+    results.push_back(runner.RunCase(pc));
+    writer.Row(results.back());
+  }
+  const Tally tally = CountResults(results);
+  table << SummaryLine(tally) << "\n";
+  table.flush();
+
+  if (json_path) {
+    const std::string doc = ResultsJson(results).dump(2) + "\n";
+    if (*json_path == "-") {
+      out << doc;
+      out.flush();
+    } else {
+      std::ofstream f(*json_path, std::ios::trunc);
+      f << doc;
+      f.flush();
+      if (!f.good()) {
+        err << "fsdp-conform: error: cannot write " << *json_path << "\n";
+        return kExitUsage;
+      }
+    }
+  }
+  return tally.failed > 0 ? kExitFailed : kExitOk;
+}
+
+}  // namespace
+
+std::string CliUsage() { return kUsage; }
+
+int RunCli(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& out,
+           std::ostream& err) {
+  if (args.empty()) {
+    out << kUsage;
+    return kExitUsage;
+  }
+  const std::string& command = args[0];
+  if (command == "help" || command == "--help" || command == "-h") {
+    out << kUsage;
+    return kExitOk;
+  }
+  for (size_t i = 1; i < args.size() && command != kWorkerCommand; ++i) {
+    if (args[i] == "--help" || args[i] == "-h") {
+      out << kUsage;
+      return kExitOk;
+    }
+  }
+  try {
+    if (command == "list") return List(args, catalog, out);
+    if (command == "run") return Run(args, catalog, out, err);
+    if (command == kWorkerCommand) {
+      return RunWorker(std::vector<std::string>(args.begin() + 1, args.end()), catalog, err);
+    }
+    err << "fsdp-conform: error: unknown command '" << command << "' (commands: list, run, help)\n";
+    return kExitUsage;
+  } catch (const Error& e) {
+    err << "fsdp-conform: error: " << e.message() << "\n";
+    return kExitUsage;
+  }
+}
+
+int CliMain(int argc, char** argv, const Catalog& catalog) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  return RunCli(args, catalog, std::cout, std::cerr);
+}
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,276 @@
+#include "conformance/driver_protocol.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <ostream>
+#include <set>
+
+#include "conformance/observations.h"
+#include "conformance/threaded_launcher.h"
+#include "engine/core/error.h"
+#include "engine/core/rank_context.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr ErrorCode kAllCodes[] = {
+    ErrorCode::kInvalidArgument, ErrorCode::kFailedPrecondition, ErrorCode::kDeadlineExceeded,
+    ErrorCode::kDataLoss,        ErrorCode::kUnavailable,        ErrorCode::kNotFound,
+    ErrorCode::kAborted,         ErrorCode::kInternal,
+};
+
+int ParseIntFlag(const std::string& flag, const std::string& value) {
+  auto v = ParseInt(value);
+  FSDP_CHECK(v.has_value() && *v >= 0 && *v <= 1 << 20, "driver protocol: ", flag,
+             " expects a non-negative integer, got '", value, "'");
+  return static_cast<int>(*v);
+}
+
+}  // namespace
+
+std::optional<ErrorCode> ParseErrorCode(const std::string& name) {
+  for (ErrorCode c : kAllCodes) {
+    if (name == ErrorCodeName(c)) return c;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> DriverRequest::ToArgs() const {
+  char timeout[32];
+  std::snprintf(timeout, sizeof(timeout), "%.3f", timeout_s);
+  std::vector<std::string> args = {"--protocol",  std::to_string(protocol),
+                                   "--scenario",  scenario,
+                                   "--rank",      std::to_string(rank),
+                                   "--world",     std::to_string(world),
+                                   "--backend",   backend,
+                                   "--store-dir", store_dir,
+                                   "--output",    output,
+                                   "--request",   request_file,
+                                   "--timeout-s", timeout};
+  if (!subject.empty()) {
+    args.push_back("--subject");
+    args.push_back(subject);
+  }
+  for (const auto& [k, v] : params) {
+    args.push_back("--param");
+    args.push_back(k + "=" + v);
+  }
+  return args;
+}
+
+DriverRequest DriverRequest::FromArgs(const std::vector<std::string>& args) {
+  DriverRequest r;
+  std::set<std::string> seen;
+  const std::set<std::string> known = {"--protocol",  "--scenario",  "--rank",   "--world",
+                                       "--backend",   "--store-dir", "--output", "--request",
+                                       "--timeout-s", "--subject",   "--param"};
+  for (size_t i = 0; i < args.size(); i += 2) {
+    const std::string& flag = args[i];
+    FSDP_CHECK(known.count(flag), "driver protocol: unknown flag '", flag, "'");
+    FSDP_CHECK(i + 1 < args.size(), "driver protocol: ", flag, " needs a value");
+    const std::string& value = args[i + 1];
+    if (flag == "--param") {
+      auto [k, v] = ParseParamAssignment(value);
+      FSDP_CHECK(r.params.count(k) == 0, "driver protocol: --param ", k, " given twice");
+      r.params[k] = v;
+      continue;
+    }
+    FSDP_CHECK(seen.insert(flag).second, "driver protocol: ", flag, " given twice");
+    if (flag == "--protocol") {
+      r.protocol = ParseIntFlag(flag, value);
+      FSDP_CHECK(r.protocol == kDriverProtocolVersion, "driver protocol version ", r.protocol,
+                 " is not supported (this build speaks ", kDriverProtocolVersion, ")");
+    } else if (flag == "--scenario") {
+      r.scenario = value;
+    } else if (flag == "--rank") {
+      r.rank = ParseIntFlag(flag, value);
+    } else if (flag == "--world") {
+      r.world = ParseIntFlag(flag, value);
+    } else if (flag == "--backend") {
+      r.backend = value;
+    } else if (flag == "--store-dir") {
+      r.store_dir = value;
+    } else if (flag == "--output") {
+      r.output = value;
+    } else if (flag == "--request") {
+      r.request_file = value;
+    } else if (flag == "--timeout-s") {
+      auto t = ParseDouble(value);
+      FSDP_CHECK(t.has_value() && *t > 0,
+                 "driver protocol: --timeout-s expects a positive "
+                 "number, got '",
+                 value, "'");
+      r.timeout_s = *t;
+    } else if (flag == "--subject") {
+      r.subject = value;
+    }
+  }
+  for (const char* required : {"--protocol", "--scenario", "--rank", "--world", "--backend",
+                               "--store-dir", "--output", "--request", "--timeout-s"}) {
+    FSDP_CHECK(seen.count(required), "driver protocol: missing ", required);
+  }
+  FSDP_CHECK(r.world >= 1 && r.rank < r.world, "driver protocol: rank ", r.rank,
+             " is outside world ", r.world);
+  return r;
+}
+
+nlohmann::json DriverRequest::ToJson() const {
+  nlohmann::json j = {{"protocol", protocol},   {"scenario", scenario}, {"params", params},
+                      {"rank", rank},           {"world", world},       {"backend", backend},
+                      {"store_dir", store_dir}, {"output", output},     {"timeout_s", timeout_s}};
+  if (!subject.empty()) j["subject"] = subject;
+  return j;
+}
+
+nlohmann::json ResultJson(const RankOutcome& outcome) {
+  switch (outcome.status) {
+    case RankOutcome::Status::kOk:
+      return {{"protocol", kDriverProtocolVersion},
+              {"status", "ok"},
+              {"observations", outcome.observations}};
+    case RankOutcome::Status::kSkipped:
+      return {
+          {"protocol", kDriverProtocolVersion}, {"status", "skipped"}, {"reason", outcome.message}};
+    case RankOutcome::Status::kError:
+      return {{"protocol", kDriverProtocolVersion},
+              {"status", "error"},
+              {"error", {{"code", ErrorCodeName(outcome.code)}, {"message", outcome.message}}}};
+  }
+  return nullptr;
+}
+
+RankOutcome ParseResult(const nlohmann::json& result, const std::string& who) {
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, result.is_object(), who,
+                  ": the result must be a JSON object, got ", result.type_name());
+  if (result.contains("protocol")) {
+    FSDP_CHECK_CODE(ErrorCode::kDataLoss,
+                    result["protocol"].is_number_integer() &&
+                        result["protocol"].get<int>() == kDriverProtocolVersion,
+                    who, ": result protocol ", result["protocol"].dump(),
+                    " is not supported (expected ", kDriverProtocolVersion, ")");
+  }
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, result.contains("status") && result["status"].is_string(),
+                  who, ": the result has no \"status\" string (ok, error or skipped)");
+  const std::string status = result["status"].get<std::string>();
+  if (status == "ok") {
+    FSDP_CHECK_CODE(ErrorCode::kDataLoss, result.contains("observations"), who,
+                    ": status \"ok\" without \"observations\"");
+    return RankOutcome::Ok(result["observations"], 0);
+  }
+  if (status == "skipped") {
+    FSDP_CHECK_CODE(ErrorCode::kDataLoss,
+                    result.contains("reason") && result["reason"].is_string() &&
+                        !result["reason"].get<std::string>().empty(),
+                    who, ": status \"skipped\" without a \"reason\" string");
+    return RankOutcome::Skipped(result["reason"].get<std::string>(), 0);
+  }
+  if (status == "error") {
+    FSDP_CHECK_CODE(ErrorCode::kDataLoss,
+                    result.contains("error") && result["error"].is_object() &&
+                        result["error"].contains("message") &&
+                        result["error"]["message"].is_string(),
+                    who, ": status \"error\" without {\"error\": {\"code\", \"message\"}}");
+    ErrorCode code = ErrorCode::kInternal;
+    if (result["error"].contains("code") && result["error"]["code"].is_string()) {
+      code = ParseErrorCode(result["error"]["code"].get<std::string>()).value_or(code);
+    }
+    return RankOutcome::Failed(code, result["error"]["message"].get<std::string>(), 0);
+  }
+  FSDP_THROW(ErrorCode::kDataLoss, who, ": unknown result status \"", status,
+             "\" (expected ok, error or skipped)");
+}
+
+void WriteFileAtomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    FSDP_CHECK_CODE(ErrorCode::kUnavailable, out.good(), "cannot open ", tmp, " for writing");
+    out << text;
+    out.flush();
+    FSDP_CHECK_CODE(ErrorCode::kUnavailable, out.good(), "cannot write ", tmp);
+  }
+  FSDP_CHECK_CODE(ErrorCode::kUnavailable, std::rename(tmp.c_str(), path.c_str()) == 0,
+                  "cannot rename ", tmp, " to ", path);
+}
+
+int RunWorker(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& err) {
+  DriverRequest request;
+  try {
+    request = DriverRequest::FromArgs(args);
+  } catch (const Error& e) {
+    err << "fsdp-conform " << kWorkerCommand << ": " << e.message() << "\n";
+    return 2;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  RankOutcome outcome = RunGuarded([&]() -> nlohmann::json {
+    const Scenario& scenario = catalog.scenarios.Get(request.scenario);
+    std::vector<CaseParams> cases =
+        ExpandCases(scenario.info.name, scenario.info.params, request.params);
+    FSDP_CHECK(cases.size() == 1 && request.params.size() == scenario.info.params.size(),
+               "driver protocol: every parameter of ", scenario.info.name,
+               " must be given with --param (got ", request.params.size(), " of ",
+               scenario.info.params.size(), ")");
+    const Backend& backend = catalog.backends.Get(request.backend);
+    const std::string subject_name =
+        request.subject.empty() ? std::string(kEngineSubject) : request.subject;
+    std::shared_ptr<Subject> subject = catalog.subjects.Create(subject_name);
+
+    const Device device = backend.DeviceOf(request.rank);
+    RankContext context(request.rank, request.world, device);
+    RankContextGuard guard(context);
+    RankEnv env;  // destroyed (group included) before the context is uninstalled
+    env.scenario = scenario.info.name;
+    env.rank = request.rank;
+    env.world = request.world;
+    env.params = cases.front();
+    env.backend = backend.name;
+    env.device = device;
+    if (backend.process_group) {
+      ProcessGroupSpec spec;
+      spec.rank = request.rank;
+      spec.world = request.world;
+      spec.store_dir = request.store_dir;
+      spec.timeout = std::chrono::milliseconds(static_cast<int64_t>(request.timeout_s * 1000));
+      spec.device = env.device;
+      env.pg = backend.process_group(spec);
+      FSDP_CHECK_CODE(ErrorCode::kInternal,
+                      env.pg && env.pg->rank() == request.rank && env.pg->size() == request.world,
+                      "the '", backend.name, "' group factory returned a bad group for rank ",
+                      request.rank, " of ", request.world);
+    } else {
+      FSDP_CHECK_CODE(ErrorCode::kUnavailable, request.world == 1, "backend '", backend.name,
+                      "' has no process-group factory in this build; it can run one rank only");
+    }
+    if (auto reason = subject->Unsupported(scenario, env.params, backend.name)) {
+      SkipCase(*reason);
+    }
+    // The world group is also the rank's default group, as under fakes::RunRanks.
+    struct DefaultGroup {
+      explicit DefaultGroup(std::shared_ptr<dist::ProcessGroup> pg) {
+        dist::SetDefaultProcessGroup(std::move(pg));
+      }
+      ~DefaultGroup() { dist::SetDefaultProcessGroup(nullptr); }
+    } default_group(env.pg);
+    nlohmann::json observations = subject->RunRank(scenario, env);
+    ValidateObservations(observations, "rank " + std::to_string(request.rank));
+    return observations;
+  });
+  outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  try {
+    WriteFileAtomically(request.output, ResultJson(outcome).dump());
+  } catch (const Error& e) {
+    err << "fsdp-conform " << kWorkerCommand << ": " << e.message() << "\n";
+    return 2;
+  }
+  if (outcome.status == RankOutcome::Status::kError) {
+    err << "fsdp-conform " << kWorkerCommand << ": " << outcome.Describe(request.rank) << "\n";
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,75 @@
+// The out-of-process driver protocol (docs/scenarios.md, "The driver protocol"): how one rank
+// of one scenario case runs as its own process and reports back through a file. It is used
+//   * by the process backends (gloo, nccl): the runner re-executes its own binary as
+//     `<binary> __worker --subject NAME <flags>` once per rank (RunWorker is that side), and
+//   * by third parties: `fsdp-conform run --subject external --driver PATH` runs
+//     `PATH <flags>` once per rank; the driver runs the scenario in its own framework.
+//
+// Flags (all given, in this order; values never empty except as noted):
+//   --protocol 1 --scenario NAME --rank R --world W --backend B --store-dir DIR
+//   --output FILE --request FILE --timeout-s SECONDS [--param KEY=VALUE]...
+// FILE of --request holds the same as JSON (DriverRequest::ToJson) plus the scenario's
+// description and seed test. The driver writes FILE of --output, one JSON object:
+//   {"status": "ok", "observations": {...}}
+//   {"status": "error", "error": {"code": "InvalidArgument", "message": "..."}}
+//   {"status": "skipped", "reason": "..."}
+// and exits 0 (ok, skipped) or non-zero (error). The runner judges the observations exactly
+// like an in-process subject's.
+//
+// Thread-safety: stateless functions; value types.
+#pragma once
+
+#include <iosfwd>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "conformance/catalog.h"
+#include "conformance/launcher.h"
+
+namespace fsdp::conformance {
+
+inline constexpr int kDriverProtocolVersion = 1;
+inline constexpr const char* kWorkerCommand = "__worker";
+
+struct DriverRequest {
+  int protocol = kDriverProtocolVersion;
+  std::string scenario;
+  std::map<std::string, std::string> params;  // every parameter of the case
+  int rank = 0;
+  int world = 1;
+  std::string backend;
+  std::string store_dir;     // fresh empty directory shared by the case's ranks (rendezvous)
+  std::string output;        // where the driver writes its result JSON
+  std::string request_file;  // this request as JSON
+  double timeout_s = 300;    // the case's deadline; the runner kills the rank after it
+  std::string subject;       // __worker only: the in-process subject to run ("" otherwise)
+
+  std::vector<std::string> ToArgs() const;
+  // Strict: every required flag exactly once, no unknown flags; InvalidArgument otherwise.
+  static DriverRequest FromArgs(const std::vector<std::string>& args);
+  nlohmann::json ToJson() const;
+};
+
+// The result file of a rank for an outcome, and back. ParseResult throws DataLoss naming
+// `who` when the JSON does not follow the protocol.
+nlohmann::json ResultJson(const RankOutcome& outcome);
+RankOutcome ParseResult(const nlohmann::json& result, const std::string& who);
+
+// Parses "InvalidArgument" etc. (ErrorCodeName's spellings); nullopt for anything else.
+std::optional<ErrorCode> ParseErrorCode(const std::string& name);
+
+// Writes `text` to `path` atomically (temporary file in the same directory, then rename).
+// Throws Unavailable naming the path on failure.
+void WriteFileAtomically(const std::string& path, const std::string& text);
+
+// The `__worker` side: parses the flags (args exclude the program name and "__worker"),
+// builds the rank's RankContext and world group from `catalog`, runs the subject and writes
+// the result file. Returns the process exit code: 0 when the result is ok or skipped, 1 when
+// it is an error, 2 when the flags are unusable (then nothing is written; the reason goes to
+// `err`).
+int RunWorker(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& err);
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,59 @@
+// RankLauncher: runs one case of a scenario on `world` ranks and returns each rank's outcome
+// (its observations, an error, or a skip). Implementations: ThreadedLauncher (ranks as
+// threads, threaded_launcher.h) and ProcessLauncher (ranks as processes under the driver
+// protocol, process_launcher.h). The runner picks one by the backend's LaunchMode, or the
+// ProcessLauncher with an external driver for `--subject external`.
+//
+// Launchers never judge, and never let a rank's exception escape: every failure becomes that
+// rank's outcome. Every wait has a deadline; a rank still running past it is reported as
+// DeadlineExceeded, and once a rank has failed the others get a short grace period before
+// they are stopped and reported as Aborted.
+//
+// Thread-safety: a launcher runs one case at a time.
+#pragma once
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "conformance/params.h"
+#include "conformance/scenario.h"
+#include "engine/core/error.h"
+
+namespace fsdp::conformance {
+
+struct RankOutcome {
+  enum class Status { kOk, kError, kSkipped };
+  Status status = Status::kError;
+  nlohmann::json observations;            // kOk: the rank's observations
+  ErrorCode code = ErrorCode::kInternal;  // kError
+  std::string message;                    // kError: the error; kSkipped: the reason
+  double seconds = 0;                     // wall time of the rank
+
+  static RankOutcome Ok(nlohmann::json observations, double seconds);
+  static RankOutcome Failed(ErrorCode code, std::string message, double seconds);
+  static RankOutcome Skipped(std::string reason, double seconds);
+  // "rank 2: DeadlineExceeded: ..." style one-liner for reports.
+  std::string Describe(int rank) const;
+};
+
+struct LaunchRequest {
+  const Scenario* scenario = nullptr;  // required; outlives the launch
+  CaseParams params;                   // the case
+  int world = 1;
+  std::string backend;                        // backend name passed to ranks
+  std::chrono::milliseconds timeout{300000};  // Default: 300 s for the whole case
+  // After the first failing rank, the others get this long to finish on their own (a peer
+  // blocked in a collective with the failed rank would otherwise wait for the deadline).
+  std::chrono::milliseconds failure_grace{5000};  // Default: 5 s
+};
+
+class RankLauncher {
+ public:
+  virtual ~RankLauncher() = default;
+  // Returns exactly request.world outcomes, element r for rank r.
+  virtual std::vector<RankOutcome> Launch(const LaunchRequest& request) = 0;
+};
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,677 @@
+#include "conformance/model_zoo.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+
+#include "conformance/observations.h"
+#include "engine/autograd/grad_mode.h"
+#include "engine/core/error.h"
+#include "engine/core/rng.h"
+#include "engine/nn/layers.h"
+#include "engine/nn/models.h"
+#include "engine/ops/functional.h"
+#include "engine/optim/adam.h"
+#include "engine/optim/sgd.h"
+#include "reference/models.h"
+#include "reference/transformer.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+// Counter offset of stream s (see [Note: zoo randomness]).
+constexpr int kStreamShift = 40;
+constexpr uint64_t kWeightStream = 0;
+constexpr uint64_t kBufferStream = 1;
+constexpr uint64_t kFirstInputStream = 2;
+
+Generator StreamGenerator(uint64_t seed, uint64_t stream) {
+  Generator gen(seed);
+  gen.set_offset(stream << kStreamShift);
+  return gen;
+}
+
+double Symmetric(Generator& gen) { return 2.0 * gen.uniform_double() - 1.0; }
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The scale of a weight's uniform draws (see [Note: zoo randomness]).
+std::pair<double, double> InitOf(const reference::TensorSpec& spec) {
+  if (spec.shape.size() == 2) {
+    if (spec.name.find("embeddings") != std::string::npos) return {0.0, 1.0};
+    return {0.0, 1.0 / std::sqrt(static_cast<double>(spec.shape[1]))};
+  }
+  if (spec.shape.size() == 1 && EndsWith(spec.name, "weight")) return {1.0, 0.2};
+  return {0.0, 0.1};
+}
+
+// ---- The TP integration test's TestModel (MLPModule + RMSNormPython) ---------------------------
+
+// test_fsdp_tp_integration.py's local `TestModel`: mlp = MLPModule, mlp_norm = RMSNormPython(10);
+// forward mlp(mlp_norm(x)). Configuration-only members; thread-safety as nn::Module.
+class TpTestModel : public nn::Cloneable<TpTestModel> {
+ public:
+  TpTestModel() : nn::Cloneable<TpTestModel>("TestModel") {
+    register_module("mlp", std::make_shared<nn::MLPModule>());
+    register_module("mlp_norm", std::make_shared<nn::RMSNormPython>(10));
+  }
+  nn::Value forward(const nn::Value& x) override {
+    return call_child("mlp", call_child("mlp_norm", x));
+  }
+};
+
+// ---- Kinds -------------------------------------------------------------------------------------
+
+ParamSpec Batch(int64_t rows) {
+  return ParamSpec::SizeInt("batch", "rows of each step's input (per rank)", rows);
+}
+
+std::vector<ZooModelKind> MakeKinds() {
+  std::vector<ZooModelKind> kinds;
+  kinds.push_back(
+      {"transformer",
+       "common_dtensor.py Transformer(ModelArgs(dropout_p=0)) on randint tokens, loss out.sum()",
+       "test_fully_shard_comm.py::TestFullyShardCommunication::"
+       "test_fully_shard_communication_count",
+       {ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 2),
+        ParamSpec::SizeInt("vocab_size", "ModelArgs.vocab_size", 8),
+        ParamSpec::SizeInt("max_seq_len", "ModelArgs.max_seq_len", 16),
+        ParamSpec::SizeInt("dim", "ModelArgs.dim", 16),
+        ParamSpec::SizeInt("n_heads", "ModelArgs.n_heads", 4),
+        ParamSpec::SizeBool("weight_tying", "ModelArgs.weight_tying", true),
+        ParamSpec::SizeInt("seq_len", "tokens per input row (<= max_seq_len)", 16), Batch(2)},
+       /*sgd_lr=*/3e-4});
+  kinds.push_back({"mlp",
+                   "common_fsdp.py MLP(dim), loss out.sum()",
+                   "test_fully_shard_autograd.py::TestFullyShardPostAccGradHookMultiThread::"
+                   "test_post_acc_grad_hook_runs",
+                   {ParamSpec::SizeInt("dim", "MLP dim", 8),
+                    ParamSpec::SizeInt("dim_multiplier", "MLP dim_multiplier", 4),
+                    ParamSpec::SizeBool("with_buffer", "MLP with_buffer", false), Batch(2)}});
+  kinds.push_back({"mlp_stack",
+                   "common_fsdp.py MLPStack(mlp_dim), loss out.sum()",
+                   "common_fsdp.py::MLPStack",
+                   {ParamSpec::SizeInt("mlp_dim", "MLPStack mlp_dim", 8), Batch(2)}});
+  kinds.push_back(
+      {"double_linear",
+       "common_fsdp.py DoubleLinear(dim); two outputs: loss (out1 * out2).sum() before "
+       "loss_switch_step, out1.sum() from it on",
+       "test_fully_shard_autograd.py::TestFullyShardAutograd::test_unused_forward_output",
+       {ParamSpec::Axis("use_second_linear", "DoubleLinear use_second_linear", {"True", "False"}),
+        ParamSpec::SizeInt("dim", "DoubleLinear dim", 24),
+        ParamSpec::SizeInt("loss_switch_step", "first step whose loss is out1.sum()", 3),
+        Batch(2)}});
+  kinds.push_back({"mlp_module",
+                   "common_dtensor.py MLPModule (10 -> 16 -> 10), loss out.sum()",
+                   "test_fsdp_tp_integration.py::TestTPFSDPIntegration::"
+                   "test_fsdp_tp_extension_grad",
+                   {ParamSpec::SizeBool("bias", "MLPModule bias", true), Batch(2)}});
+  kinds.push_back({"mlp_rms_norm",
+                   "TestModel: MLPModule after RMSNormPython(10), loss out.sum()",
+                   "test_fsdp_tp_integration.py::TestTPFSDPIntegration::"
+                   "test_fsdp_tp_extension_grad",
+                   {Batch(2)}});
+  kinds.push_back({"tp_simple_model",
+                   "SimpleModel of the TP integration test (5 -> 8 -> 4 -> 12) on [batch, 3, 5]",
+                   "test_fsdp_tp_integration.py::TestTPFSDPIntegration::test_fsdp_tp_integration",
+                   {Batch(2)}});
+  kinds.push_back(
+      {"state_dict_model",
+       "the state-dict seed's Model: outer(inner(x) + inner(x))",
+       "test_fsdp_state_dict.py::TestFSDPStateDict::test_local_state_dict_reshard",
+       {ParamSpec::SizeBool("register_buffers", "Model register_buffers", false), Batch(4)}});
+  return kinds;
+}
+
+// The value of `key` in `params`, or the kind's default.
+const std::string& ValueOf(const ZooModelKind& kind, const CaseParams& params,
+                           const std::string& key) {
+  if (params.has(key)) return params.GetString(key);
+  for (const ParamSpec& p : kind.params) {
+    if (p.name == key) return p.default_value();
+  }
+  FSDP_THROW(ErrorCode::kInternal, "zoo model ", kind.name, " has no parameter ", key);
+}
+
+}  // namespace
+
+// ---- Conversions -------------------------------------------------------------------------------
+
+std::vector<double> RoundTo(std::vector<double> values, DType dtype) {
+  switch (dtype) {
+    case DType::kFloat64:
+      break;
+    case DType::kFloat32:
+      for (double& v : values) v = static_cast<float>(v);
+      break;
+    case DType::kFloat16:
+      for (double& v : values) v = static_cast<float>(Half(static_cast<float>(v)));
+      break;
+    case DType::kBFloat16:
+      for (double& v : values) v = static_cast<float>(BFloat16(static_cast<float>(v)));
+      break;
+    case DType::kInt64:
+      FSDP_THROW(ErrorCode::kInvalidArgument, "RoundTo: int64 is not a floating dtype");
+  }
+  return values;
+}
+
+reference::RefTensor RoundTo(reference::RefTensor tensor, DType dtype) {
+  tensor.data = RoundTo(std::move(tensor.data), dtype);
+  return tensor;
+}
+
+reference::RefTensorMap RoundTo(reference::RefTensorMap tensors, DType dtype) {
+  for (auto& [name, t] : tensors) t = RoundTo(std::move(t), dtype);
+  return tensors;
+}
+
+Tensor ToTensor(const reference::RefTensor& t, DType dtype, Device device) {
+  return Tensor::from_doubles(t.data, t.shape, dtype, device);
+}
+
+Tensor ToTensor(const reference::IndexTensor& t, Device device) {
+  return Tensor::from_int64s(t.data, t.shape, device);
+}
+
+reference::RefTensor ToRef(const Tensor& t) {
+  FSDP_CHECK(t.defined(), "ToRef: undefined tensor");
+  return reference::RefTensor(t.sizes(), t.to(Device::CPU()).to_doubles());
+}
+
+reference::RefTensorMap ParametersOf(const nn::Module& module) {
+  reference::RefTensorMap out;
+  for (const auto& [name, p] : module.named_parameters()) {
+    if (p.defined()) out[name] = ToRef(p);
+  }
+  return out;
+}
+
+std::vector<std::string> ParameterNamesOf(const nn::Module& module) {
+  std::vector<std::string> names;
+  for (const auto& [name, p] : module.named_parameters()) names.push_back(name);
+  return names;
+}
+
+reference::RefTensorMap GradientsOf(const nn::Module& module) {
+  reference::RefTensorMap out;
+  for (const auto& [name, p] : module.named_parameters()) {
+    if (p.defined() && p.grad().defined()) out[name] = ToRef(p.grad());
+  }
+  return out;
+}
+
+std::vector<std::string> ParametersWithoutGrad(const nn::Module& module) {
+  std::vector<std::string> names;
+  for (const auto& [name, p] : module.named_parameters()) {
+    if (p.defined() && !p.grad().defined()) names.push_back(name);
+  }
+  return names;
+}
+
+nn::StateDict MakeStateDict(nn::Module& module, const reference::RefTensorMap& params,
+                            const reference::RefTensorMap& buffers, DType dtype, Device device) {
+  // Canonical FQN of every parameter tensor (first name wins, as named_parameters() dedupes).
+  std::vector<std::pair<const TensorImpl*, std::string>> canonical;
+  for (const auto& [name, p] : module.named_parameters()) {
+    if (p.defined()) canonical.emplace_back(p.impl(), name);
+  }
+  nn::StateDict out;
+  const nn::StateDict current = module.state_dict("", /*keep_vars=*/true);
+  for (const auto& [key, tensor] : current) {
+    std::string source = key;
+    for (const auto& [impl, name] : canonical) {
+      if (impl == tensor.impl()) {
+        source = name;
+        break;
+      }
+    }
+    const reference::RefTensor* value = nullptr;
+    if (auto it = params.find(source); it != params.end()) {
+      value = &it->second;
+    } else if (auto jt = buffers.find(source); jt != buffers.end()) {
+      value = &jt->second;
+    }
+    FSDP_CHECK_CODE(ErrorCode::kNotFound, value != nullptr, "MakeStateDict: no value for '", key,
+                    "' of ", module.type_name(),
+                    source == key ? std::string() : " (tied to '" + source + "')");
+    const DType entry_dtype = IsFloatingPoint(tensor.dtype()) ? dtype : tensor.dtype();
+    out.insert(key, ToTensor(*value, entry_dtype, device));
+  }
+  return out;
+}
+
+void LoadWeights(nn::Module& module, const reference::RefTensorMap& params,
+                 const reference::RefTensorMap& buffers, DType dtype) {
+  Device device = Device::CPU();
+  const auto all = module.named_parameters();
+  if (!all.empty() && all.front().second.defined()) device = all.front().second.device();
+  module.load_state_dict(MakeStateDict(module, params, buffers, dtype, device));
+}
+
+nlohmann::json MapToJson(const reference::RefTensorMap& tensors, const std::string& dtype,
+                         const std::string& prefix) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, t] : tensors) out[prefix + name] = TensorJson(t.shape, dtype, t.data);
+  return out;
+}
+
+reference::RefTensorMap MapFromObservations(const std::vector<nlohmann::json>& per_rank, int rank,
+                                            const std::string& prefix) {
+  const nlohmann::json& tensors = RankObservation(per_rank, rank, kTensors);
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, tensors.is_object(), "rank ", rank,
+                  ": tensors must be an object");
+  reference::RefTensorMap out;
+  for (auto it = tensors.begin(); it != tensors.end(); ++it) {
+    if (it.key().compare(0, prefix.size(), prefix) != 0) continue;
+    std::vector<double> data = TensorData(per_rank, rank, it.key());
+    std::vector<int64_t> shape = TensorShape(per_rank, rank, it.key());
+    out[it.key().substr(prefix.size())] = reference::RefTensor(std::move(shape), std::move(data));
+  }
+  return out;
+}
+
+// ---- Judging helpers ---------------------------------------------------------------------------
+
+void ErrorStats::Merge(const ErrorStats& other) {
+  max_abs = std::max(max_abs, other.max_abs);
+  max_rel = std::max(max_rel, other.max_rel);
+  tolerance_used = std::max(tolerance_used, other.tolerance_used);
+}
+
+ErrorStats CompareValues(const std::vector<double>& expected, const std::vector<double>& actual,
+                         Tolerance tolerance) {
+  ErrorStats s;
+  const size_t n = std::min(expected.size(), actual.size());
+  for (size_t i = 0; i < n; ++i) {
+    double abs_err = std::fabs(actual[i] - expected[i]);
+    if (std::isnan(abs_err)) abs_err = INFINITY;
+    s.max_abs = std::max(s.max_abs, abs_err);
+    const double magnitude = std::fabs(expected[i]);
+    if (magnitude >= tolerance.atol && magnitude != 0) {
+      s.max_rel = std::max(s.max_rel, abs_err / magnitude);
+    }
+    const double allowed = tolerance.atol + tolerance.rtol * magnitude;
+    const double used = allowed > 0 ? abs_err / allowed : (abs_err == 0 ? 0 : INFINITY);
+    s.tolerance_used = std::max(s.tolerance_used, used);
+  }
+  return s;
+}
+
+ErrorStats CheckMapsClose(CheckList& checks, const std::string& name,
+                          const reference::RefTensorMap& expected,
+                          const reference::RefTensorMap& actual, Tolerance tolerance) {
+  std::vector<std::string> missing, extra;
+  for (const auto& [k, v] : expected) {
+    if (!actual.count(k)) missing.push_back(k);
+  }
+  for (const auto& [k, v] : actual) {
+    if (!expected.count(k)) extra.push_back(k);
+  }
+  if (!missing.empty() || !extra.empty()) {
+    auto join = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+      return s.empty() ? std::string("none") : s;
+    };
+    checks.Fail(name + " FQNs", "missing: " + join(missing) + "; unexpected: " + join(extra));
+  }
+  std::vector<double> e_all, a_all;
+  ErrorStats stats;
+  std::vector<std::string> mismatched;
+  for (const auto& [k, e] : expected) {
+    auto it = actual.find(k);
+    if (it == actual.end()) continue;
+    const reference::RefTensor& a = it->second;
+    if (a.shape != e.shape) {
+      checks.Fail(name + " " + k + " shape", "shape " + reference::ShapeToString(a.shape) +
+                                                 ", expected " + reference::ShapeToString(e.shape));
+      continue;
+    }
+    stats.Merge(CompareValues(e.data, a.data, tolerance));
+    bool ok = true;
+    for (size_t i = 0; i < e.data.size(); ++i) {
+      const double err = std::fabs(a.data[i] - e.data[i]);
+      if (!(err <= tolerance.atol + tolerance.rtol * std::fabs(e.data[i]))) ok = false;
+    }
+    if (!ok) mismatched.push_back(k);
+    e_all.insert(e_all.end(), e.data.begin(), e.data.end());
+    a_all.insert(a_all.end(), a.data.begin(), a.data.end());
+  }
+  checks.CheckClose(name, e_all, a_all, tolerance);
+  for (const std::string& k : mismatched) {
+    checks.CheckClose(name + " " + k, expected.at(k).data, actual.at(k).data, tolerance);
+  }
+  return stats;
+}
+
+// ---- Optimizers --------------------------------------------------------------------------------
+
+std::unique_ptr<optim::Optimizer> MakeEngineOptimizer(
+    const OptimConfig& config, std::vector<std::pair<std::string, Tensor>> named_params) {
+  if (config.kind == "sgd") {
+    optim::SGDOptions o;
+    o.lr = config.lr;
+    o.momentum = config.momentum;
+    o.weight_decay = config.weight_decay;
+    return std::make_unique<optim::SGD>(std::move(named_params), o);
+  }
+  if (config.kind == "adam") {
+    optim::AdamOptions o;
+    o.lr = config.lr;
+    o.weight_decay = config.weight_decay;
+    return std::make_unique<optim::Adam>(std::move(named_params), o);
+  }
+  if (config.kind == "adamw") {
+    optim::AdamWOptions o;
+    o.lr = config.lr;
+    o.weight_decay = config.weight_decay;
+    return std::make_unique<optim::AdamW>(std::move(named_params), o);
+  }
+  FSDP_THROW(ErrorCode::kInvalidArgument, "unknown optimizer '", config.kind,
+             "'; optimizers: sgd, adam, adamw");
+}
+
+std::unique_ptr<reference::Optimizer<double>> MakeOracleOptimizer(const OptimConfig& config) {
+  if (config.kind == "sgd") {
+    reference::SgdOptions o;
+    o.lr = config.lr;
+    o.momentum = config.momentum;
+    o.weight_decay = config.weight_decay;
+    return std::make_unique<reference::Sgd<double>>(o);
+  }
+  if (config.kind == "adam" || config.kind == "adamw") {
+    reference::AdamOptions o;
+    o.lr = config.lr;
+    o.weight_decay = config.weight_decay;
+    return std::make_unique<reference::Adam<double>>(o, config.kind == "adamw");
+  }
+  FSDP_THROW(ErrorCode::kInvalidArgument, "unknown optimizer '", config.kind,
+             "'; optimizers: sgd, adam, adamw");
+}
+
+bool SetToNoneAfterStep(int64_t step) { return step % 2 == 0; }
+
+// ---- ZooInput ----------------------------------------------------------------------------------
+
+Tensor ZooInput::ToEngine(Device device) const {
+  if (oracle.tokens) return ToTensor(*oracle.tokens, device);
+  FSDP_CHECK(oracle.features.has_value(), "ZooInput holds neither features nor tokens");
+  return ToTensor(*oracle.features, dtype, device);
+}
+
+ZooInput ZooInput::RankSlice(int rank, int world) const {
+  ZooInput out;
+  out.oracle = reference::RankSlice(oracle, rank, world);
+  out.dtype = dtype;
+  return out;
+}
+
+int64_t ZooInput::rows() const {
+  if (oracle.tokens) return oracle.tokens->shape.at(0);
+  return oracle.features ? oracle.features->shape.at(0) : 0;
+}
+
+// ---- ZooModel ----------------------------------------------------------------------------------
+
+const std::vector<ZooModelKind>& ZooModel::Kinds() {
+  static const std::vector<ZooModelKind>* kinds = new std::vector<ZooModelKind>(MakeKinds());
+  return *kinds;
+}
+
+const ZooModelKind& ZooModel::Kind(const std::string& name) {
+  std::string names;
+  for (const ZooModelKind& k : Kinds()) {
+    if (k.name == name) return k;
+    names += (names.empty() ? "" : ", ") + k.name;
+  }
+  FSDP_THROW(ErrorCode::kNotFound, "no zoo model '", name, "'; models: ", names);
+}
+
+ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) {
+  const ZooModelKind& kind = Kind(kind_name);
+  CaseParams p;
+  for (const ParamSpec& spec : kind.params) p.set(spec.name, ValueOf(kind, params, spec.name));
+
+  ZooModel m;
+  m.kind_ = kind_name;
+  m.batch_ = p.GetInt("batch");
+  FSDP_CHECK(m.batch_ >= 1, "zoo model ", kind_name, ": batch must be positive, got ", m.batch_);
+
+  if (kind_name == "transformer") {
+    nn::ModelArgs args;
+    args.n_layers = p.GetInt("n_layers");
+    args.vocab_size = p.GetInt("vocab_size");
+    args.max_seq_len = p.GetInt("max_seq_len");
+    args.dim = p.GetInt("dim");
+    args.n_heads = p.GetInt("n_heads");
+    args.dropout_p = 0.0;
+    args.weight_tying = p.GetBool("weight_tying");
+    reference::ModelArgs rargs;
+    rargs.n_layers = args.n_layers;
+    rargs.vocab_size = args.vocab_size;
+    rargs.max_seq_len = args.max_seq_len;
+    rargs.dim = args.dim;
+    rargs.n_heads = args.n_heads;
+    rargs.weight_tying = args.weight_tying;
+    const int64_t seq_len = p.GetInt("seq_len");
+    FSDP_CHECK(seq_len >= 1 && seq_len <= args.max_seq_len, "zoo transformer: seq_len ", seq_len,
+               " must be in [1, max_seq_len = ", args.max_seq_len, "]");
+    m.oracle_ = std::make_shared<reference::Transformer<double>>(rargs);
+    m.build_engine_ = [args] { return std::make_shared<nn::Transformer>(args); };
+    m.uses_tokens_ = true;
+    m.vocab_size_ = args.vocab_size;
+    m.input_row_shape_ = {seq_len};
+    m.fd_output_module_ = "output";
+  } else if (kind_name == "mlp") {
+    reference::MlpConfig c;
+    c.dim = p.GetInt("dim");
+    c.dim_multiplier = p.GetInt("dim_multiplier");
+    c.with_buffer = p.GetBool("with_buffer");
+    m.oracle_ = std::make_shared<reference::Mlp<double>>(c);
+    m.build_engine_ = [c] {
+      return std::make_shared<nn::MLP>(c.dim, c.bias, c.with_buffer, c.dim_multiplier);
+    };
+    m.input_row_shape_ = {c.dim};
+  } else if (kind_name == "mlp_stack") {
+    reference::MlpStackConfig c;
+    c.mlp_dim = p.GetInt("mlp_dim");
+    m.oracle_ = std::make_shared<reference::MlpStack<double>>(c);
+    m.build_engine_ = [c] { return std::make_shared<nn::MLPStack>(c.mlp_dim); };
+    m.input_row_shape_ = {c.mlp_dim};
+  } else if (kind_name == "double_linear") {
+    reference::DoubleLinearConfig c;
+    c.dim = p.GetInt("dim");
+    c.use_second_linear = p.GetBool("use_second_linear");
+    m.oracle_ = std::make_shared<reference::DoubleLinear<double>>(c);
+    m.build_engine_ = [c] {
+      return std::make_shared<nn::DoubleLinear>(c.dim, c.use_second_linear);
+    };
+    m.input_row_shape_ = {c.dim};
+    if (c.use_second_linear) m.loss_switch_step_ = p.GetInt("loss_switch_step");
+  } else if (kind_name == "mlp_module") {
+    reference::MlpModuleConfig c;
+    c.bias = p.GetBool("bias");
+    m.oracle_ = std::make_shared<reference::MlpModule<double>>(c);
+    m.build_engine_ = [c] { return std::make_shared<nn::MLPModule>(c.bias); };
+    m.input_row_shape_ = {10};
+  } else if (kind_name == "mlp_rms_norm") {
+    m.oracle_ = std::make_shared<reference::MlpWithRmsNorm<double>>();
+    m.build_engine_ = [] { return std::make_shared<TpTestModel>(); };
+    m.input_row_shape_ = {10};
+  } else if (kind_name == "tp_simple_model") {
+    m.oracle_ = std::make_shared<reference::TpSimpleModel<double>>();
+    m.build_engine_ = [] { return std::make_shared<nn::SimpleModel>(); };
+    m.input_row_shape_ = {3, 5};
+  } else if (kind_name == "state_dict_model") {
+    reference::StateDictModelConfig c;
+    c.register_buffers = p.GetBool("register_buffers");
+    m.oracle_ = std::make_shared<reference::StateDictModel<double>>(c);
+    m.build_engine_ = [c] { return std::make_shared<nn::StateDictModel>(c.register_buffers); };
+    m.input_row_shape_ = {4};
+  } else {
+    FSDP_THROW(ErrorCode::kInternal, "zoo model ", kind_name, " has no construction");
+  }
+  return m;
+}
+
+std::vector<std::string> ZooModel::ParameterNames() const {
+  std::vector<std::string> names;
+  for (const reference::TensorSpec& s : oracle_->ParameterSpecs()) names.push_back(s.name);
+  return names;
+}
+
+nn::ModulePtr ZooModel::BuildEngine() const { return build_engine_(); }
+
+nn::ModulePtr ZooModel::BuildEngineWithWeights(uint64_t seed, DType dtype) const {
+  nn::ModulePtr module = BuildEngine();
+  module->to(dtype);
+  LoadWeights(*module, MakeParameters(seed, dtype), MakeBuffers(seed, dtype), dtype);
+  return module;
+}
+
+reference::RefTensorMap ZooModel::MakeParameters(uint64_t seed, DType dtype) const {
+  Generator gen = StreamGenerator(seed, kWeightStream);
+  reference::RefTensorMap out;
+  for (const reference::TensorSpec& spec : oracle_->ParameterSpecs()) {
+    const auto [center, scale] = InitOf(spec);
+    reference::RefTensor t(spec.shape);
+    for (double& v : t.data) v = center + scale * Symmetric(gen);
+    out[spec.name] = RoundTo(std::move(t), dtype);
+  }
+  return out;
+}
+
+reference::RefTensorMap ZooModel::MakeBuffers(uint64_t seed, DType dtype) const {
+  Generator gen = StreamGenerator(seed, kBufferStream);
+  reference::RefTensorMap out;
+  for (const reference::TensorSpec& spec : oracle_->BufferSpecs()) {
+    reference::RefTensor t(spec.shape);
+    for (double& v : t.data) v = Symmetric(gen);
+    out[spec.name] = RoundTo(std::move(t), dtype);
+  }
+  return out;
+}
+
+ZooInput ZooModel::MakeInput(uint64_t seed, int64_t step, DType dtype, int64_t rows) const {
+  FSDP_CHECK(step >= 0, "MakeInput: step must be non-negative, got ", step);
+  Generator gen = StreamGenerator(seed, kFirstInputStream + static_cast<uint64_t>(step));
+  reference::Shape shape = {rows > 0 ? rows : batch_};
+  shape.insert(shape.end(), input_row_shape_.begin(), input_row_shape_.end());
+  ZooInput in;
+  in.dtype = dtype;
+  if (uses_tokens_) {
+    std::vector<int64_t> ids(static_cast<size_t>(reference::NumelOf(shape)));
+    for (int64_t& id : ids) {
+      id = std::min<int64_t>(vocab_size_ - 1,
+                             static_cast<int64_t>(gen.uniform_double() * vocab_size_));
+    }
+    in.oracle.tokens = reference::IndexTensor(shape, std::move(ids));
+  } else {
+    reference::RefTensor x(shape);
+    for (double& v : x.data) v = Symmetric(gen);
+    in.oracle.features = RoundTo(std::move(x), dtype);
+  }
+  return in;
+}
+
+reference::LossSpec ZooModel::LossAt(int64_t step) const {
+  if (oracle_->NumOutputs() == 2) {
+    if (loss_switch_step_ >= 0 && step >= loss_switch_step_) return reference::SumLoss({0});
+    return reference::ProductSumLoss(0, 1);
+  }
+  return reference::SumLoss({0});
+}
+
+std::vector<Tensor> ZooModel::Forward(nn::Module& module, const Tensor& input) const {
+  return module(nn::Value(input)).tensors();
+}
+
+Tensor ZooModel::Loss(const std::vector<Tensor>& outputs, const reference::LossSpec& spec) {
+  auto output = [&](int i) -> const Tensor& {
+    FSDP_CHECK(i >= 0 && i < static_cast<int>(outputs.size()), "loss reads output ", i,
+               " of a model with ", outputs.size(), " outputs");
+    return outputs[static_cast<size_t>(i)];
+  };
+  switch (spec.kind) {
+    case reference::LossKind::kSum:
+    case reference::LossKind::kMean: {
+      Tensor total;
+      for (int i : spec.outputs) {
+        Tensor term = spec.kind == reference::LossKind::kSum ? sum(output(i)) : mean(output(i));
+        total = total.defined() ? total + term : term;
+      }
+      FSDP_CHECK(total.defined(), "a sum/mean loss needs at least one output");
+      return total;
+    }
+    case reference::LossKind::kSumOfProduct:
+      FSDP_CHECK(spec.outputs.size() == 2, "(a * b).sum() reads two outputs, got ",
+                 spec.outputs.size());
+      return sum(output(spec.outputs[0]) * output(spec.outputs[1]));
+    case reference::LossKind::kCrossEntropy:
+      break;
+  }
+  FSDP_THROW(ErrorCode::kInvalidArgument,
+             "the zoo's seed losses are sums and products of outputs; cross-entropy needs "
+             "targets, which ZooModel inputs do not carry");
+}
+
+// ---- Training ----------------------------------------------------------------------------------
+
+EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
+                                 const OptimConfig& optim_config, uint64_t seed, int64_t steps,
+                                 DType dtype, int rank, int world,
+                                 const ParameterSnapshot& snapshot) {
+  FSDP_CHECK(world >= 1 && rank >= 0 && rank < world, "TrainEngine: rank ", rank, " outside world ",
+             world);
+  EngineTrainingRecord record;
+  auto optimizer = MakeEngineOptimizer(optim_config, module.named_parameters());
+  Device device = Device::CPU();
+  for (const auto& [name, p] : module.named_parameters()) {
+    if (p.defined()) {
+      device = p.device();
+      break;
+    }
+  }
+  for (int64_t step = 0; step < steps; ++step) {
+    const Tensor input = model.MakeInput(seed, step, dtype, world * model.batch())
+                             .RankSlice(rank, world)
+                             .ToEngine(device);
+    Tensor loss = ZooModel::Loss(model.Forward(module, input), model.LossAt(step));
+    loss.backward();
+    record.losses.push_back(loss.item());
+    record.loss_dtype = loss.dtype();
+    optimizer->step();
+    optimizer->zero_grad(SetToNoneAfterStep(step));
+    record.parameters.push_back(snapshot ? snapshot(module) : ParametersOf(module));
+  }
+  return record;
+}
+
+std::vector<reference::StepRecord<double>> TrainOracle(const ZooModel& model,
+                                                       const OptimConfig& optim_config,
+                                                       uint64_t seed, int64_t steps, DType dtype,
+                                                       int world) {
+  std::vector<reference::TrainingStep<double>> plan;
+  for (int64_t step = 0; step < steps; ++step) {
+    reference::TrainingStep<double> s;
+    const ZooInput global = model.MakeInput(seed, step, dtype, world * model.batch());
+    s.rank_inputs = reference::SplitBatch(global.oracle, world);
+    s.loss = model.LossAt(step);
+    s.set_to_none = SetToNoneAfterStep(step);
+    plan.push_back(std::move(s));
+  }
+  auto optimizer = MakeOracleOptimizer(optim_config);
+  return reference::RunDataParallelTraining<double>(
+      model.oracle(), model.MakeParameters(seed, dtype), model.MakeBuffers(seed, dtype), plan,
+      optimizer.get());
+}
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,214 @@
+#include "conformance/model_zoo.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "conformance/observations.h"
+#include "engine/core/error.h"
+
+namespace fsdp::conformance {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+CaseParams Defaults(const std::string& kind) {
+  CaseParams p;
+  for (const ParamSpec& spec : ZooModel::Kind(kind).params) p.set(spec.name, spec.default_value());
+  return p;
+}
+
+TEST(ModelZoo, EngineAndOracleAgreeOnFqnsAndShapes) {
+  for (const ZooModelKind& kind : ZooModel::Kinds()) {
+    SCOPED_TRACE(kind.name);
+    const ZooModel model = ZooModel::Make(kind.name, Defaults(kind.name));
+    nn::ModulePtr module = model.BuildEngine();
+    const auto named = module->named_parameters();
+    const auto specs = model.oracle().ParameterSpecs();
+    ASSERT_EQ(named.size(), specs.size());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      EXPECT_EQ(named[i].first, specs[i].name);
+      EXPECT_EQ(named[i].second.sizes(), specs[i].shape) << specs[i].name;
+    }
+  }
+}
+
+TEST(ModelZoo, WeightsAreDeterministicAndRoundedToTheDtype) {
+  const ZooModel model = ZooModel::Make("mlp", Defaults("mlp"));
+  const reference::RefTensorMap a = model.MakeParameters(7, DType::kFloat32);
+  EXPECT_EQ(a, model.MakeParameters(7, DType::kFloat32));
+  EXPECT_NE(a, model.MakeParameters(8, DType::kFloat32));
+  const reference::RefTensorMap exact = model.MakeParameters(7, DType::kFloat64);
+  for (const auto& [name, t] : a) {
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      EXPECT_EQ(t[i], static_cast<double>(static_cast<float>(exact.at(name)[i])));
+    }
+  }
+  // Linear weights lie in +-1/sqrt(in); biases in +-0.1.
+  const double bound = 1.0 / std::sqrt(8.0);
+  for (double v : exact.at("in_proj.weight").data) EXPECT_LE(std::fabs(v), bound);
+  for (double v : exact.at("in_proj.bias").data) EXPECT_LE(std::fabs(v), 0.1);
+}
+
+TEST(ModelZoo, InputsDependOnTheStepAndSliceByRank) {
+  const ZooModel model = ZooModel::Make("tp_simple_model", Defaults("tp_simple_model"));
+  const ZooInput x0 = model.MakeInput(0, 0, DType::kFloat32);
+  const ZooInput x1 = model.MakeInput(0, 1, DType::kFloat32);
+  ASSERT_TRUE(x0.oracle.features.has_value());
+  EXPECT_EQ(x0.oracle.features->shape, (reference::Shape{2, 3, 5}));
+  EXPECT_NE(x0.oracle.features->data, x1.oracle.features->data);
+  const ZooInput global = model.MakeInput(0, 0, DType::kFloat32, 4);
+  const ZooInput r1 = global.RankSlice(1, 2);
+  EXPECT_EQ(r1.rows(), 2);
+  EXPECT_EQ(r1.oracle.features->data[0], global.oracle.features->data[30]);
+  const Tensor t = r1.ToEngine();
+  EXPECT_EQ(t.dtype(), DType::kFloat32);
+  EXPECT_EQ(t.to_doubles(), r1.oracle.features->data);
+
+  const ZooModel tf = ZooModel::Make("transformer", Defaults("transformer"));
+  const ZooInput tokens = tf.MakeInput(3, 0, DType::kFloat32);
+  ASSERT_TRUE(tokens.oracle.tokens.has_value());
+  EXPECT_EQ(tokens.oracle.tokens->shape, (reference::Shape{2, 16}));
+  for (int64_t id : tokens.oracle.tokens->data) {
+    EXPECT_GE(id, 0);
+    EXPECT_LT(id, 8);
+  }
+  EXPECT_EQ(tokens.ToEngine().dtype(), DType::kInt64);
+}
+
+TEST(ModelZoo, LoadWeightsGivesTheEngineTheSameBytes) {
+  for (const ZooModelKind& kind : ZooModel::Kinds()) {
+    SCOPED_TRACE(kind.name);
+    const ZooModel model = ZooModel::Make(kind.name, Defaults(kind.name));
+    for (DType dtype : {DType::kFloat32, DType::kFloat64}) {
+      nn::ModulePtr module = model.BuildEngineWithWeights(11, dtype);
+      EXPECT_EQ(ParametersOf(*module), model.MakeParameters(11, dtype));
+      for (const auto& [name, p] : module->named_parameters()) EXPECT_EQ(p.dtype(), dtype);
+    }
+  }
+}
+
+TEST(ModelZoo, TiedOutputWeightLoadsFromTheEmbedding) {
+  const ZooModel model = ZooModel::Make("transformer", Defaults("transformer"));
+  nn::ModulePtr module = model.BuildEngine();
+  const reference::RefTensorMap params = model.MakeParameters(1, DType::kFloat32);
+  const nn::StateDict sd = MakeStateDict(*module, params, {}, DType::kFloat32);
+  ASSERT_TRUE(sd.contains("output.weight"));
+  EXPECT_EQ(sd.at("output.weight").to_doubles(), params.at("tok_embeddings.weight").data);
+  reference::RefTensorMap missing = params;
+  missing.erase("norm.bias");
+  try {
+    MakeStateDict(*module, missing, {}, DType::kFloat32);
+    FAIL() << "expected NotFound";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("norm.bias"));
+  }
+}
+
+TEST(ModelZoo, ForwardAndBackwardMatchTheOracleInFloat64) {
+  for (const ZooModelKind& kind : ZooModel::Kinds()) {
+    SCOPED_TRACE(kind.name);
+    const ZooModel model = ZooModel::Make(kind.name, Defaults(kind.name));
+    nn::ModulePtr module = model.BuildEngineWithWeights(2, DType::kFloat64);
+    const ZooInput input = model.MakeInput(2, 0, DType::kFloat64);
+    Tensor loss = ZooModel::Loss(model.Forward(*module, input.ToEngine()), model.LossAt(0));
+    loss.backward();
+    const auto expected = reference::ForwardBackward(
+        model.oracle(), model.MakeParameters(2, DType::kFloat64),
+        model.MakeBuffers(2, DType::kFloat64), input.oracle, model.LossAt(0));
+    // The Transformer's logits are cast to float32 at the end of its forward.
+    EXPECT_NEAR(loss.item(), expected.loss, 1e-5 * (1 + std::fabs(expected.loss)));
+    std::string why;
+    EXPECT_TRUE(reference::AllCloseMaps(GradientsOf(*module), expected.grads, 1e-9, 1e-10, &why))
+        << why;
+  }
+}
+
+TEST(ModelZoo, DoubleLinearLossSwitchesToTheFirstOutput) {
+  CaseParams p = Defaults("double_linear");
+  const ZooModel two = ZooModel::Make("double_linear", p);
+  EXPECT_EQ(two.num_outputs(), 2);
+  EXPECT_EQ(two.LossAt(2).kind, reference::LossKind::kSumOfProduct);
+  EXPECT_EQ(two.LossAt(3).kind, reference::LossKind::kSum);
+  EXPECT_THAT(two.LossAt(3).outputs, ElementsAre(0));
+  p.set("use_second_linear", "False");
+  const ZooModel one = ZooModel::Make("double_linear", p);
+  EXPECT_EQ(one.num_outputs(), 1);
+  EXPECT_EQ(one.LossAt(0).kind, reference::LossKind::kSum);
+  // lin2 is unused: its gradients stay None.
+  nn::ModulePtr module = one.BuildEngineWithWeights(0, DType::kFloat32);
+  Tensor loss = ZooModel::Loss(
+      one.Forward(*module, one.MakeInput(0, 0, DType::kFloat32).ToEngine()), one.LossAt(0));
+  loss.backward();
+  EXPECT_THAT(ParametersWithoutGrad(*module), ElementsAre("lin2.weight", "lin2.bias"));
+}
+
+TEST(ModelZoo, SingleRankTrainingMatchesTheOracle) {
+  const ZooModel model = ZooModel::Make("mlp_module", Defaults("mlp_module"));
+  for (const char* kind : {"sgd", "adam"}) {
+    SCOPED_TRACE(kind);
+    OptimConfig optim;
+    optim.kind = kind;
+    nn::ModulePtr module = model.BuildEngineWithWeights(5, DType::kFloat64);
+    const EngineTrainingRecord engine = TrainEngine(model, *module, optim, 5, 4, DType::kFloat64);
+    const auto oracle = TrainOracle(model, optim, 5, 4, DType::kFloat64);
+    ASSERT_EQ(engine.losses.size(), 4u);
+    ASSERT_EQ(oracle.size(), 4u);
+    for (size_t k = 0; k < 4; ++k) {
+      EXPECT_NEAR(engine.losses[k], oracle[k].rank_losses[0], 1e-10);
+      std::string why;
+      EXPECT_TRUE(
+          reference::AllCloseMaps(engine.parameters[k], oracle[k].params, 1e-10, 1e-12, &why))
+          << why;
+    }
+  }
+}
+
+TEST(ModelZoo, MapsRoundTripThroughObservations) {
+  reference::RefTensorMap m;
+  m["a.weight"] = reference::RefTensor({2, 2}, {1, 2, 3, 4});
+  m["b"] = reference::RefTensor({1}, {5});
+  nlohmann::json obs;
+  obs[kTensors] = MapToJson(m, "float32", "grad/");
+  obs[kTensors]["other"] = TensorJson({1}, "float32", {9});
+  const std::vector<nlohmann::json> per_rank = {obs};
+  EXPECT_EQ(MapFromObservations(per_rank, 0, "grad/"), m);
+}
+
+TEST(ModelZoo, CheckMapsCloseNamesTheMismatchingFqn) {
+  reference::RefTensorMap e, a;
+  e["x"] = reference::RefTensor({2}, {1, 2});
+  e["y"] = reference::RefTensor({1}, {3});
+  a = e;
+  CheckList ok;
+  const ErrorStats none = CheckMapsClose(ok, "params", e, a, {1e-6, 1e-6});
+  EXPECT_TRUE(ok.all_passed());
+  EXPECT_EQ(ok.checks().size(), 1u);
+  EXPECT_EQ(none.max_abs, 0);
+  a["y"] = reference::RefTensor({1}, {3.5});
+  a["z"] = reference::RefTensor({1}, {0});
+  CheckList bad;
+  const ErrorStats s = CheckMapsClose(bad, "params", e, a, {1e-6, 1e-6});
+  EXPECT_DOUBLE_EQ(s.max_abs, 0.5);
+  EXPECT_NEAR(s.max_rel, 0.5 / 3, 1e-12);
+  EXPECT_EQ(bad.failed_count(), 3);  // FQN sets, the aggregate, and "params y"
+  EXPECT_THAT(bad.Table(), HasSubstr("params y"));
+  EXPECT_THAT(bad.Table(), HasSubstr("unexpected: z"));
+}
+
+TEST(ModelZoo, UnknownKindsAndOptimizersAreNamed) {
+  try {
+    ZooModel::Kind("resnet");
+    FAIL() << "expected NotFound";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("models: transformer, mlp"));
+  }
+  OptimConfig c;
+  c.kind = "lbfgs";
+  EXPECT_THROW(MakeOracleOptimizer(c), Error);
+}
+
+}  // namespace
+}  // namespace fsdp::conformance

@@ -1,0 +1,62 @@
+// Observations: what a subject reports for one rank of one scenario case, as JSON, by the
+// conventions of docs/scenarios.md ("Observation conventions"):
+//
+//   comm_counts  {"forward": {OP: n}, "backward": {OP: n}}   c10d / funcol op names
+//   events       [[kind, fqn, training_state], ...]          e.g. ["unshard", "layers.0",
+//   "FORWARD"] losses       [loss of step 0, loss of step 1, ...] tensors      {name: {"shape":
+//   [..], "dtype": "float32", "data": [..]}} anything else: free-form extras the scenario's judge
+//   reads.
+//
+// Subjects build these with the helpers below; judges read them with the accessors, which
+// throw DataLoss naming the rank and the missing or malformed key (the runner turns a
+// throwing judge into a failed case with that message).
+// Thread-safety: stateless functions.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "engine/core/tensor.h"
+
+namespace fsdp::conformance {
+
+inline constexpr const char* kCommCounts = "comm_counts";
+inline constexpr const char* kEvents = "events";
+inline constexpr const char* kLosses = "losses";
+inline constexpr const char* kTensors = "tensors";
+
+// {"shape": [...], "dtype": "float32", "data": [...]} with the values in row-major order
+// (floating types as doubles, int64 as integers). The tensor must have storage.
+nlohmann::json TensorToJson(const Tensor& tensor);
+// The same from plain values, for subjects that do not use fsdp::Tensor.
+nlohmann::json TensorJson(const std::vector<int64_t>& shape, const std::string& dtype,
+                          const std::vector<double>& data);
+
+// ["unshard", "layers.0", "FORWARD"].
+nlohmann::json EventJson(const std::string& kind, const std::string& fqn,
+                         const std::string& training_state);
+
+// Throws DataLoss when a conventional key is present with the wrong shape (so that a
+// third-party driver's malformed output is reported as such, not as a wrong answer).
+// `who` names the source in messages, e.g. "rank 2".
+void ValidateObservations(const nlohmann::json& observations, const std::string& who);
+
+// Accessors for judges. `per_rank[rank]` must be an object holding `key`.
+const nlohmann::json& RankObservation(const std::vector<nlohmann::json>& per_rank, int rank,
+                                      const std::string& key);
+// The "data" of tensors[name] as doubles, checked against its shape.
+std::vector<double> TensorData(const std::vector<nlohmann::json>& per_rank, int rank,
+                               const std::string& name);
+std::vector<int64_t> TensorShape(const std::vector<nlohmann::json>& per_rank, int rank,
+                                 const std::string& name);
+// comm_counts[phase][op], 0 when the op is absent from a present phase.
+int64_t CommCount(const std::vector<nlohmann::json>& per_rank, int rank, const std::string& phase,
+                  const std::string& op);
+std::vector<double> Losses(const std::vector<nlohmann::json>& per_rank, int rank);
+
+// Keeps only the conventional keys that the --json report carries (comm_counts, events,
+// losses); null when none is present.
+nlohmann::json ReportedObservations(const nlohmann::json& observations);
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,39 @@
+// ProcessLauncher: runs a case's ranks as child processes under the driver protocol
+// (driver_protocol.h). For every case it makes a fresh run directory (mkdtemp) holding an
+// empty `store/` directory for rendezvous and, per rank, `rankR.request.json`,
+// `rankR.result.json` and `rankR.log` (the child's stdout and stderr). Each child runs in its
+// own process group; the launcher waits with the case's deadline, stops stragglers with
+// SIGKILL to their process group, reads the result files and returns the outcomes. The run
+// directory is removed when every rank succeeded and kept (its path named in the errors)
+// otherwise.
+//
+// The same launcher serves the process backends (command = this binary + `__worker
+// --subject NAME`) and third-party drivers (command = the driver program).
+//
+// Ownership: holds the command. Thread-safety: one Launch at a time.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "conformance/launcher.h"
+
+namespace fsdp::conformance {
+
+class ProcessLauncher final : public RankLauncher {
+ public:
+  // `command`: the program (a path) and its leading arguments; the protocol flags follow.
+  // `subject`: passed as --subject (for `__worker`); empty for external drivers.
+  explicit ProcessLauncher(std::vector<std::string> command, std::string subject = "");
+
+  std::vector<RankOutcome> Launch(const LaunchRequest& request) override;
+
+ private:
+  std::vector<std::string> command_;
+  std::string subject_;
+};
+
+// The path of the running executable (/proc/self/exe), for re-executing it as a worker.
+std::string SelfExecutable();
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,272 @@
+#include "conformance/runner.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <set>
+
+#include "conformance/driver_protocol.h"
+#include "conformance/observations.h"
+#include "conformance/process_launcher.h"
+#include "conformance/threaded_launcher.h"
+#include "engine/core/error.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+std::string Join(const std::vector<std::string>& items, const std::string& sep = ", ") {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : sep) + i;
+  return out;
+}
+
+// "a/b: x, y; c/d: (none)" over the matched scenarios, for unknown --param keys.
+std::string ParamsOfScenarios(const std::vector<const Scenario*>& scenarios) {
+  std::vector<std::string> parts;
+  for (const Scenario* s : scenarios) {
+    std::vector<std::string> names;
+    for (const auto& p : s->info.params) names.push_back(p.name);
+    parts.push_back(s->info.name + ": " + (names.empty() ? "(none)" : Join(names)));
+  }
+  return Join(parts, "; ");
+}
+
+}  // namespace
+
+const char* CaseStatusName(CaseStatus status) {
+  switch (status) {
+    case CaseStatus::kPassed:
+      return "passed";
+    case CaseStatus::kFailed:
+      return "failed";
+    case CaseStatus::kSkipped:
+      return "skipped";
+  }
+  return "?";
+}
+
+nlohmann::json CaseResult::ToJson() const {
+  nlohmann::json j;
+  j["name"] = scenario;
+  j["subject"] = subject;
+  j["backend"] = backend;
+  j["world"] = world;
+  j["params"] = params.values();
+  j["status"] = CaseStatusName(status);
+  j["seconds"] = seconds;
+  j["checks"] = nlohmann::json::array();
+  for (const auto& c : checks.checks()) j["checks"].push_back(c.ToJson());
+  j["figures"] = checks.figures();
+  j["errors"] = errors;
+  if (status == CaseStatus::kSkipped) j["skip_reason"] = skip_reason;
+  bool any = false;
+  nlohmann::json per_rank = nlohmann::json::array();
+  for (const auto& o : observations) {
+    nlohmann::json reported = ReportedObservations(o);
+    any = any || !reported.is_null();
+    per_rank.push_back(std::move(reported));
+  }
+  if (any) j["observations"] = std::move(per_rank);
+  return j;
+}
+
+Runner::Runner(const Catalog& catalog, RunOptions options)
+    : catalog_(catalog), options_(std::move(options)) {}
+
+std::vector<PlannedCase> Runner::Plan() {
+  const bool external = options_.subject == kExternalSubject;
+  backend_ = options_.backend.value_or(external ? kBackendGloo : kBackendThreaded);
+
+  // Names first: scenarios, backend, subject, then parameters.
+  std::vector<const Scenario*> scenarios = catalog_.scenarios.Match(options_.patterns);
+  const Backend& backend = catalog_.backends.Get(backend_);
+  if (external) {
+    FSDP_CHECK(!options_.driver.empty(),
+               "--subject external needs --driver PATH (the program run once per rank)");
+    FSDP_CHECK(::access(options_.driver.c_str(), X_OK) == 0, "--driver ", options_.driver,
+               " is not an executable file");
+    subject_.reset();
+  } else {
+    FSDP_CHECK(options_.driver.empty(),
+               "--driver is only used with --subject external (the "
+               "subject is '",
+               options_.subject, "')");
+    subject_ = catalog_.subjects.Create(options_.subject);
+  }
+  if (options_.world) {
+    FSDP_CHECK(*options_.world >= 1, "--world must be at least 1, got ", *options_.world);
+  }
+  FSDP_CHECK(options_.timeout.count() > 0, "--timeout must be positive");
+  for (const auto& [key, value] : options_.params) {
+    bool any = false;
+    for (const Scenario* s : scenarios) {
+      for (const auto& p : s->info.params) any = any || p.name == key;
+    }
+    FSDP_CHECK(any, "no matched scenario has parameter '", key,
+               "'; parameters: ", ParamsOfScenarios(scenarios));
+  }
+
+  std::optional<std::string> backend_unavailable;
+  if (!external) backend_unavailable = catalog_.backends.Unavailable(backend_);
+  const bool gpu_visible = VisibleGpuCount() > 0;
+
+  std::vector<PlannedCase> plan;
+  for (const Scenario* s : scenarios) {
+    const ScenarioInfo& info = s->info;
+    std::map<std::string, std::string> fixed;
+    for (const auto& p : info.params) {
+      if (auto it = options_.params.find(p.name); it != options_.params.end()) {
+        fixed[p.name] = it->second;
+      }
+    }
+    // Validates and canonicalises the values even when the scenario is then skipped.
+    std::vector<CaseParams> cases = ExpandCases(info.name, info.params, fixed);
+    std::map<std::string, std::string> canonical_fixed;
+    for (const auto& [k, v] : fixed) canonical_fixed[k] = cases.front().GetString(k);
+    const int world = options_.world.value_or(info.default_world);
+
+    std::optional<std::string> whole;
+    if (!info.SupportsBackend(backend_)) {
+      whole = "scenario runs on backends " + Join(info.backends) + ", not " + backend_;
+    } else if (world < info.min_world || world > info.max_world) {
+      whole = "world " + std::to_string(world) + " is outside the scenario's range [" +
+              std::to_string(info.min_world) + ", " + std::to_string(info.max_world) + "]";
+    } else if ((info.requires_gpu || backend.requires_gpu) && !gpu_visible) {
+      whole = "needs a GPU and none is visible";
+    } else if (backend_unavailable) {
+      whole = *backend_unavailable;
+    }
+    if (whole) {
+      plan.push_back(PlannedCase{s, CaseParams(canonical_fixed), world, whole});
+      continue;
+    }
+
+    std::vector<PlannedCase> kept;
+    std::string excluded_reason;
+    for (auto& c : cases) {
+      if (s->excluded) {
+        if (auto why = s->excluded(c, world)) {
+          if (excluded_reason.empty()) excluded_reason = c.Label() + ": " + *why;
+          continue;
+        }
+      }
+      PlannedCase pc{s, c, world, std::nullopt};
+      if (s->skip) pc.skip_reason = s->skip(c, world);
+      if (!pc.skip_reason && subject_) pc.skip_reason = subject_->Unsupported(*s, c, backend_);
+      kept.push_back(std::move(pc));
+    }
+    if (kept.empty()) {
+      plan.push_back(
+          PlannedCase{s, CaseParams(canonical_fixed), world,
+                      "the seed runs none of the selected cases (" + excluded_reason + ")"});
+      continue;
+    }
+    for (auto& pc : kept) plan.push_back(std::move(pc));
+  }
+  planned_ = true;
+  return plan;
+}
+
+std::unique_ptr<RankLauncher> Runner::MakeLauncher() const {
+  if (!subject_)
+    return std::make_unique<ProcessLauncher>(std::vector<std::string>{options_.driver});
+  const Backend& backend = catalog_.backends.Get(backend_);
+  if (backend.mode == LaunchMode::kThreads) {
+    return std::make_unique<ThreadedLauncher>(backend.threaded_groups, subject_, backend.device);
+  }
+  std::vector<std::string> command = options_.worker_command;
+  if (command.empty()) command = {SelfExecutable(), kWorkerCommand};
+  return std::make_unique<ProcessLauncher>(command, subject_->name());
+}
+
+CaseResult Runner::RunCase(const PlannedCase& planned) const {
+  FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, planned_ && planned.scenario != nullptr,
+                  "Runner::RunCase needs a case from Plan()");
+  const Scenario& scenario = *planned.scenario;
+  CaseResult result;
+  result.scenario = scenario.info.name;
+  result.subject = options_.subject;
+  result.backend = backend_;
+  result.world = planned.world;
+  result.params = planned.params;
+  if (planned.skip_reason) {
+    result.status = CaseStatus::kSkipped;
+    result.skip_reason = *planned.skip_reason;
+    return result;
+  }
+
+  const auto start = std::chrono::steady_clock::now();
+  auto finish = [&](CaseStatus status) {
+    result.status = status;
+    result.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return result;
+  };
+
+  LaunchRequest request;
+  request.scenario = &scenario;
+  request.params = planned.params;
+  request.world = planned.world;
+  request.backend = backend_;
+  request.timeout = options_.timeout;
+  request.failure_grace = options_.failure_grace;
+  std::vector<RankOutcome> outcomes;
+  try {
+    outcomes = MakeLauncher()->Launch(request);
+  } catch (const Error& e) {
+    result.errors.push_back(std::string("launcher: ") + ErrorCodeName(e.code()) + ": " +
+                            e.message());
+    return finish(CaseStatus::kFailed);
+  }
+
+  result.observations.assign(outcomes.size(), nullptr);
+  std::string skipped;
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    const RankOutcome& o = outcomes[r];
+    if (o.status == RankOutcome::Status::kError) {
+      result.errors.push_back(o.Describe(static_cast<int>(r)));
+    } else if (o.status == RankOutcome::Status::kSkipped) {
+      if (skipped.empty()) skipped = "rank " + std::to_string(r) + ": " + o.message;
+    } else {
+      result.observations[r] = o.observations;
+      try {
+        ValidateObservations(o.observations, "rank " + std::to_string(r));
+      } catch (const Error& e) {
+        result.errors.push_back(std::string(ErrorCodeName(e.code())) + ": " + e.message());
+      }
+    }
+  }
+  if (!result.errors.empty()) return finish(CaseStatus::kFailed);
+  if (!skipped.empty()) {
+    result.skip_reason = skipped;
+    return finish(CaseStatus::kSkipped);
+  }
+
+  try {
+    scenario.judge(planned.params, planned.world, result.observations, result.checks);
+  } catch (const CaseSkipped& e) {
+    result.skip_reason = "judge: " + e.reason();
+    return finish(CaseStatus::kSkipped);
+  } catch (const Error& e) {
+    result.errors.push_back(std::string("judge: ") + ErrorCodeName(e.code()) + ": " + e.message());
+  } catch (const std::exception& e) {
+    result.errors.push_back(std::string("judge: uncaught exception: ") + e.what());
+  }
+  if (result.errors.empty() && result.checks.empty()) {
+    result.errors.push_back("judge: recorded no checks");
+  }
+  const bool passed = result.errors.empty() && result.checks.all_passed();
+  return finish(passed ? CaseStatus::kPassed : CaseStatus::kFailed);
+}
+
+std::vector<CaseResult> Runner::RunAll(const std::function<void(const CaseResult&)>& on_result) {
+  std::vector<CaseResult> results;
+  for (const PlannedCase& pc : Plan()) {
+    results.push_back(RunCase(pc));
+    if (on_result) on_result(results.back());
+  }
+  return results;
+}
+
+}  // namespace fsdp::conformance

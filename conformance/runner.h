@@ -1,0 +1,97 @@
+// Runner: the one generic executor of scenarios. It resolves what to run (patterns, backend,
+// world, --param values, subject) against a Catalog, plans the cases (the cartesian product of
+// unfixed axes, minus excluded combinations, with skips decided up front), launches each case
+// on the backend's launcher (or the external driver), validates the observations and calls the
+// scenario's judge.
+//
+// Every name error (pattern matching nothing, unknown backend, subject or parameter, invalid
+// value) is raised by Plan() before anything runs, with the valid choices listed.
+//
+// Ownership: borrows the catalog (must outlive the runner). Thread-safety: one thread.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "conformance/catalog.h"
+#include "conformance/checks.h"
+#include "conformance/launcher.h"
+
+namespace fsdp::conformance {
+
+struct RunOptions {
+  std::vector<std::string> patterns;  // globs over scenario names; at least one
+  // Default: "threaded" for in-process subjects, "gloo" for the external subject.
+  std::optional<std::string> backend;
+  std::optional<int> world;                       // Default: each scenario's default world
+  std::map<std::string, std::string> params;      // --param KEY=VALUE; Default: none
+  std::chrono::milliseconds timeout{300000};      // Default: 300 s per case
+  std::chrono::milliseconds failure_grace{5000};  // Default: 5 s (see LaunchRequest)
+  std::string subject = kEngineSubject;           // Default: "engine"; or "external"
+  std::string driver;                             // the driver program for "external"
+  // The program and arguments that run a rank in process backends. Default (empty): this
+  // executable followed by "__worker".
+  std::vector<std::string> worker_command;
+};
+
+enum class CaseStatus { kPassed, kFailed, kSkipped };
+const char* CaseStatusName(CaseStatus status);  // "passed", "failed", "skipped"
+
+// One unit of work: a scenario at one combination of parameters.
+struct PlannedCase {
+  const Scenario* scenario = nullptr;
+  CaseParams params;  // all parameters; for a whole-scenario skip only the --param ones
+  int world = 1;
+  std::optional<std::string> skip_reason;  // set: reported skipped without running
+};
+
+struct CaseResult {
+  std::string scenario;
+  std::string subject;
+  std::string backend;
+  int world = 1;
+  CaseParams params;
+  CaseStatus status = CaseStatus::kFailed;
+  std::string skip_reason;          // kSkipped
+  std::vector<std::string> errors;  // rank errors, judge errors ("rank 1: Internal: ...")
+  CheckList checks;
+  std::vector<nlohmann::json> observations;  // per rank; null for ranks that did not report
+  double seconds = 0;
+
+  // {name, subject, backend, world, params, status, seconds, checks, figures, errors,
+  //  [skip_reason], [observations]} (docs/cli.md, "JSON output").
+  nlohmann::json ToJson() const;
+};
+
+class Runner {
+ public:
+  Runner(const Catalog& catalog, RunOptions options);
+
+  // Validates the options and returns the cases in run order (scenario name, then the axes'
+  // product order). Throws InvalidArgument / NotFound with the valid choices listed.
+  std::vector<PlannedCase> Plan();
+  // Runs one planned case (Plan() must have succeeded). Never throws for subject failures.
+  CaseResult RunCase(const PlannedCase& planned) const;
+  // Plan() then RunCase() for each; `on_result` sees each result as it completes.
+  std::vector<CaseResult> RunAll(const std::function<void(const CaseResult&)>& on_result = {});
+
+  const std::string& backend() const { return backend_; }
+  const RunOptions& options() const { return options_; }
+
+ private:
+  std::unique_ptr<RankLauncher> MakeLauncher() const;
+
+  const Catalog& catalog_;
+  RunOptions options_;
+  std::string backend_;
+  std::shared_ptr<Subject> subject_;  // null for the external subject
+  bool planned_ = false;
+};
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,112 @@
+// Scenario: one mirrored seed test, as data plus two functions.
+//
+//   ScenarioInfo  name ("family/case"), description, the seed test it mirrors, parameters,
+//                 world sizes, backends, GPU requirement
+//   run_rank      the per-rank body: runs on every rank of a case (on the rank's own thread or
+//                 in the rank's own process) and returns that rank's OBSERVATIONS as JSON
+//                 (conventions in observations.h and docs/scenarios.md). Bodies report; they
+//                 never judge.
+//   judge         runs once per case in the parent, over all ranks' observations, and adds
+//                 checks to a CheckList.
+//
+// See docs/scenarios.md ("How to add a scenario"). Families register their scenarios with an
+// explicit function (e.g. RegisterFullyShardCommScenarios(ScenarioRegistry&)) that
+// conformance/all_scenarios.cc calls.
+//
+// Thread-safety: a registered Scenario is immutable; run_rank is called concurrently for the
+// ranks of a case and must not share mutable state between calls; judge is called once.
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "conformance/checks.h"
+#include "conformance/params.h"
+#include "engine/core/device.h"
+#include "engine/dist/process_group.h"
+
+namespace fsdp::conformance {
+
+// What a rank's body gets. Built by the launcher for each rank of a case.
+struct RankEnv {
+  std::string scenario;  // "family/case"
+  int rank = 0;
+  int world = 1;
+  CaseParams params;    // every declared parameter resolved to one value
+  std::string backend;  // "threaded", "gloo", "nccl", ...
+  Device device;        // the rank's device (CPU, or cuda:<local index> on GPU backends)
+  // The world group (rank() == rank, size() == world). Null only when world == 1 and the
+  // backend provides no group (a single rank that does not communicate).
+  std::shared_ptr<dist::ProcessGroup> pg;
+
+  // The world group, or FailedPrecondition naming the scenario when there is none.
+  dist::ProcessGroup& group() const;
+};
+
+using RankBody = std::function<nlohmann::json(RankEnv& env)>;
+using JudgeFn = std::function<void(const CaseParams& params, int world,
+                                   const std::vector<nlohmann::json>& per_rank, CheckList& checks)>;
+// Returns a reason when a case must not run (see Scenario::excluded and Scenario::skip).
+using CaseFilter = std::function<std::optional<std::string>(const CaseParams& params, int world)>;
+
+inline constexpr const char* kBackendThreaded = "threaded";
+inline constexpr const char* kBackendGloo = "gloo";
+inline constexpr const char* kBackendNccl = "nccl";
+
+struct ScenarioInfo {
+  std::string name;         // "family/case", see docs/seed-matrix.md
+  std::string description;  // one line
+  // The seed test mirrored, as file::Class::test, e.g.
+  // "test_fully_shard_comm.py::TestFullyShardCommunication::test_fully_shard_communication_count"
+  std::string seed_test;
+  std::vector<ParamSpec> params;  // Default: none
+  int default_world = 2;          // Default: 2; the seed's world size
+  int min_world = 1;              // Default: 1
+  int max_world = 8;              // Default: 8
+  // Backends the scenario can run on. Default: all three.
+  std::vector<std::string> backends = {kBackendThreaded, kBackendGloo, kBackendNccl};
+  bool requires_gpu = false;  // Default: false
+
+  std::string family() const;     // the part before '/'
+  std::string case_name() const;  // the part after '/'
+  bool SupportsBackend(const std::string& backend) const;
+};
+
+struct Scenario {
+  ScenarioInfo info;
+  RankBody run_rank;  // required
+  JudgeFn judge;      // required
+  // Optional. Combinations the seed never runs (e.g. an int reshard_after_forward with
+  // async_op): dropped from the product of unfixed axes; when every case of a run is excluded,
+  // the scenario is reported skipped with the reason.
+  CaseFilter excluded;
+  // Optional. Cases that cannot run in this configuration (e.g. world not divisible by the
+  // reshard_after_forward int): reported as skipped with the reason.
+  CaseFilter skip;
+};
+
+// Thrown by a body (or a subject) that cannot run a case here: the case is reported SKIPPED
+// with the reason. Use SkipCase().
+class CaseSkipped : public std::exception {
+ public:
+  explicit CaseSkipped(std::string reason) : reason_(std::move(reason)) {}
+  const char* what() const noexcept override { return reason_.c_str(); }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string reason_;
+};
+
+[[noreturn]] void SkipCase(const std::string& reason);
+
+// Checks a scenario before registration: name "family/case" of [a-z0-9_], info consistent
+// (1 <= min_world <= default_world <= max_world, backends non-empty), parameters valid,
+// run_rank and judge set. Throws InvalidArgument naming the scenario.
+void ValidateScenario(const Scenario& scenario);
+
+}  // namespace fsdp::conformance

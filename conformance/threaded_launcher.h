@@ -1,0 +1,48 @@
+// ThreadedLauncher: runs a case's ranks as std::threads of this process (named
+// "fsdp-rank-N" for debuggers). Each rank thread gets its own fsdp::RankContext (installed
+// with RankContextGuard, so per-rank state such as the RNG, memory statistics and observers is
+// separate) and its world group from the backend's factory, which is also the rank's default
+// group (dist::GetDefaultProcessGroup), then calls the subject's RunRank. Collective waits get
+// 90% of the case's deadline.
+//
+// With fakes::ThreadedProcessGroup groups the launcher also keeps the ThreadedWorld informed
+// (AttachRankContext, MarkRankReturned, MarkRankFailed), as fakes::RunRanks does: when a rank
+// throws, peers blocked in a collective fail at once with Aborted naming it.
+//
+// A rank still running at the deadline (or after the failure grace period, once another rank
+// failed) cannot be killed: its thread is detached and keeps only state it owns (shared with
+// the thread), and the rank is reported as DeadlineExceeded or Aborted. The process-group
+// timeout of the fake process group normally ends such a thread soon after.
+//
+// Ownership: holds the factory and shares the subject. Thread-safety: one Launch at a time.
+#pragma once
+
+#include <memory>
+
+#include "conformance/backend.h"
+#include "conformance/launcher.h"
+#include "conformance/subject.h"
+
+namespace fsdp::conformance {
+
+class ThreadedLauncher final : public RankLauncher {
+ public:
+  // `groups` may be unset only for single-rank cases (the rank then gets no group).
+  // `device` gives rank r's device (unset: the CPU).
+  ThreadedLauncher(TimedThreadedGroupsFactory groups, std::shared_ptr<const Subject> subject,
+                   std::function<Device(int rank)> device = {});
+
+  std::vector<RankOutcome> Launch(const LaunchRequest& request) override;
+
+ private:
+  TimedThreadedGroupsFactory groups_;
+  std::shared_ptr<const Subject> subject_;
+  std::function<Device(int rank)> device_;
+};
+
+// Runs `body` on the calling thread, turning what it throws into the outcome (fsdp::Error keeps
+// its code; CaseSkipped becomes a skip; anything else is Internal). Shared by the launchers and
+// the worker process.
+RankOutcome RunGuarded(const std::function<nlohmann::json()>& body);
+
+}  // namespace fsdp::conformance
