@@ -70,6 +70,13 @@ TEST(ScenarioRegistry, UnknownPatternListsTheScenarios) {
   EXPECT_THAT(ErrorOf([&] { r.Get("fam/three"); }), HasSubstr("unknown scenario 'fam/three'"));
 }
 
+TEST(ScenarioRegistry, FamiliesMayNest) {
+  ScenarioRegistry r;
+  r.Add(Make("nested/fam/three"));
+  EXPECT_EQ(r.Get("nested/fam/three").info.family(), "nested/fam");
+  EXPECT_EQ(r.Get("nested/fam/three").info.case_name(), "three");
+}
+
 TEST(ScenarioRegistry, RejectsBadScenarios) {
   ScenarioRegistry r;
   r.Add(Make("fam/one"));
@@ -78,9 +85,6 @@ TEST(ScenarioRegistry, RejectsBadScenarios) {
   EXPECT_THAT(ErrorOf([&] { r.Add(Make("Fam/Upper")); }), HasSubstr("lowercase"));
   EXPECT_THAT(ErrorOf([&] { r.Add(Make("a//c")); }), HasSubstr("'family/case'"));
   EXPECT_THAT(ErrorOf([&] { r.Add(Make("fam/")); }), HasSubstr("'family/case'"));
-  r.Add(Make("nested/fam/three"));  // families may nest
-  EXPECT_EQ(r.Get("nested/fam/three").info.family(), "nested/fam");
-  EXPECT_EQ(r.Get("nested/fam/three").info.case_name(), "three");
   Scenario worlds = Make("fam/worlds");
   worlds.info.min_world = 4;
   worlds.info.default_world = 2;
