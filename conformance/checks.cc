@@ -16,7 +16,7 @@ std::string Sci(double v) {
 }
 
 // Flat number array from JSON; false (with a reason) otherwise.
-bool ToDoubles(const nlohmann::json& j, std::vector<double>* out, std::string* why) {
+bool JsonNumbers(const nlohmann::json& j, std::vector<double>* out, std::string* why) {
   if (j.is_number()) {
     out->assign(1, j.get<double>());
     return true;
@@ -118,11 +118,11 @@ bool CheckList::CheckClose(const std::string& name, const nlohmann::json& expect
                            const nlohmann::json& actual, Tolerance tolerance) {
   std::vector<double> e, a;
   std::string why;
-  if (!ToDoubles(expected, &e, &why)) {
+  if (!JsonNumbers(expected, &e, &why)) {
     checks_.push_back(Check{name, expected, actual, false, "expected value is " + why});
     return false;
   }
-  if (!ToDoubles(actual, &a, &why)) {
+  if (!JsonNumbers(actual, &a, &why)) {
     checks_.push_back(Check{name, expected, actual, false, "actual value is " + why});
     return false;
   }
