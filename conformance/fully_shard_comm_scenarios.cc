@@ -1,6 +1,7 @@
 // Family `fully_shard_comm` (seed 000, test_fully_shard_comm.py), the collective-count part:
 //   communication_count   TestFullyShardCommunication.test_fully_shard_communication_count
 //   manual_reshard_with_reshard_after_forward_false   ...test_manual_reshard_with_reshard_after_forward_false
+//   backward_prefetch_forward_backward   TestFullyShardPrefetch, _test_backward_prefetch_forward_backward
 // Each rank shards Transformer(ModelArgs(n_layers)) block by block and then the root, runs one
 // forward under a CommDebugMode and one `loss.sum().backward()` under another, and reports the
 // two count tables as comm_counts {"forward": {op: n}, "backward": {op: n}}. The judge derives
@@ -9,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <variant>
@@ -19,6 +21,9 @@
 #include "engine/core/rng.h"
 #include "engine/dist/comm_debug_mode.h"
 #include "engine/fsdp/fully_shard.h"
+#include "engine/fsdp/observer.h"
+#include "engine/nn/checkpoint.h"
+#include "engine/optim/sgd.h"
 #include "engine/nn/models.h"
 #include "engine/ops/functional.h"
 
@@ -43,16 +48,23 @@ nlohmann::json CountsJson(const std::map<std::string, int64_t>& counts) {
 }
 
 // `_init_transformer`-style model: every TransformerBlock sharded, then the root.
+// checkpoint_impl: "none", "utils" (per-block checkpoint inside the Transformer) or
+// "composable" (nn::checkpoint on each block before fully_shard).
 std::shared_ptr<nn::Transformer> ShardedTransformer(const RankEnv& env,
-                                                    fsdp2::ReshardAfterForward raf) {
+                                                    fsdp2::ReshardAfterForward raf,
+                                                    const std::string& checkpoint_impl = "none") {
   nn::ModelArgs args;
   args.n_layers = env.params.GetInt("n_layers");
   args.dropout_p = 0.0;
+  args.checkpoint_activations = checkpoint_impl == "utils";
   auto model = std::make_shared<nn::Transformer>(args);
   fsdp2::FullyShardOptions options;
   options.process_group = env.pg;
   options.reshard_after_forward = raf;
-  for (const nn::ModulePtr& block : model->layers()) fsdp2::fully_shard(block, options);
+  for (const nn::ModulePtr& block : model->layers()) {
+    if (checkpoint_impl == "composable") nn::checkpoint(block);
+    fsdp2::fully_shard(block, options);
+  }
   fsdp2::fully_shard(model, options);
   return model;
 }
@@ -179,11 +191,118 @@ Scenario ManualReshard() {
   return s;
 }
 
+nlohmann::json EventsJson(const std::vector<fsdp2::FsdpEvent>& events) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const fsdp2::FsdpEvent& e : events) {
+    out.push_back(EventJson(fsdp2::EventKindName(e.kind), e.fqn, fsdp2::TrainingStateName(e.state)));
+  }
+  return out;
+}
+
+Scenario BackwardPrefetchForwardBackward() {
+  Scenario s;
+  s.info = CommonInfo("fully_shard_backward_prefetch",
+                      "Transformer(n_layers) fully sharded, `iterations` x (forward, backward, "
+                      "optimizer step): the exact unshard / post_backward event order, identical "
+                      "with and without activation checkpointing");
+  s.info.name = "fully_shard_comm/backward_prefetch_forward_backward";
+  s.info.seed_test =
+      "test_fully_shard_comm.py::TestFullyShardPrefetch::test_fully_shard_backward_prefetch "
+      "(_test_backward_prefetch_forward_backward)";
+  s.info.params = {
+      ParamSpec::Axis("reshard_after_forward", "fully_shard reshard_after_forward",
+                      {"True", "False", "2"}),
+      ParamSpec::Axis("checkpoint_impl", "activation checkpointing of each block",
+                      {"none", "utils", "composable"}),
+      ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 3),
+      ParamSpec::SizeInt("iterations", "forward/backward/step iterations", 3),
+      ParamSpec::SizeInt("seed", "seed of the token batch", 0)};
+  s.skip = [](const CaseParams& params, int world) -> std::optional<std::string> {
+    const std::string raf = params.GetString("reshard_after_forward");
+    if (raf == "True" || raf == "False") return std::nullopt;
+    const int k = std::stoi(raf);
+    if (k < 1 || k > world || world % k != 0) {
+      return "reshard_after_forward=" + raf + " is not a factor of world size " +
+             std::to_string(world);
+    }
+    return std::nullopt;
+  };
+  s.run_rank = [](RankEnv& env) {
+    auto model = ShardedTransformer(
+        env, ParseReshardAfterForward(env.params.GetString("reshard_after_forward")),
+        env.params.GetString("checkpoint_impl"));
+    optim::SGD optim(model->parameters(), optim::SGDOptions{.lr = 1e-2});
+    const Tensor tokens = Tokens(env);
+    fsdp2::RecordingObserver observer;
+    fsdp2::ScopedObserver install(observer);
+    const std::set<fsdp2::EventKind> kinds = {fsdp2::EventKind::kUnshard,
+                                              fsdp2::EventKind::kPostBackward};
+    nlohmann::json forward = nlohmann::json::array();
+    nlohmann::json backward = nlohmann::json::array();
+    nlohmann::json all = nlohmann::json::array();
+    for (int64_t iter = 0; iter < env.params.GetInt("iterations"); ++iter) {
+      Tensor loss = (*model)(tokens).tensor();
+      forward.push_back(EventsJson(observer.events(kinds)));
+      observer.clear();
+      sum(loss).backward();
+      backward.push_back(EventsJson(observer.events(kinds)));
+      observer.clear();
+      for (const auto& e : forward.back()) all.push_back(e);
+      for (const auto& e : backward.back()) all.push_back(e);
+      optim.step();
+      optim.zero_grad(/*set_to_none=*/iter % 2 == 0);
+    }
+    nlohmann::json obs;
+    obs[kEvents] = all;
+    obs["forward_events"] = forward;
+    obs["backward_events"] = backward;
+    return obs;
+  };
+  s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    // fsdp-semantics §3.9: forward unshards the root, then every block in order; backward:
+    // the root (never resharded after forward) prefetches the last block, each block i
+    // prefetches block i-1 before its post_backward, and the root's post_backward comes from
+    // the end-of-backward callback. Without reshard after forward no unshard is issued.
+    const int64_t n = params.GetInt("n_layers");
+    const bool raf_false = params.GetString("reshard_after_forward") == "False";
+    auto layer = [](int64_t i) { return "layers." + std::to_string(i); };
+    nlohmann::json fwd = nlohmann::json::array({EventJson("unshard", "", "FORWARD")});
+    for (int64_t i = 0; i < n; ++i) fwd.push_back(EventJson("unshard", layer(i), "FORWARD"));
+    nlohmann::json bwd = nlohmann::json::array();
+    auto unshard = [&](int64_t i) {
+      if (!raf_false) bwd.push_back(EventJson("unshard", layer(i), "PRE_BACKWARD"));
+    };
+    if (n > 0) unshard(n - 1);
+    for (int64_t i = n - 1; i >= 1; --i) {
+      unshard(i - 1);
+      bwd.push_back(EventJson("post_backward", layer(i), "POST_BACKWARD"));
+    }
+    if (n > 0) bwd.push_back(EventJson("post_backward", layer(0), "POST_BACKWARD"));
+    bwd.push_back(EventJson("post_backward", "", "POST_BACKWARD"));
+    const int64_t iterations = params.GetInt("iterations");
+    for (int r = 0; r < world; ++r) {
+      const nlohmann::json& f = RankObservation(per_rank, r, "forward_events");
+      const nlohmann::json& b = RankObservation(per_rank, r, "backward_events");
+      for (int64_t it = 0; it < iterations; ++it) {
+        const std::string where = "rank " + std::to_string(r) + " iteration " + std::to_string(it);
+        checks.CheckEqual(where + " forward events", fwd,
+                          it < static_cast<int64_t>(f.size()) ? f[it] : nlohmann::json());
+        checks.CheckEqual(where + " backward events", bwd,
+                          it < static_cast<int64_t>(b.size()) ? b[it] : nlohmann::json());
+      }
+    }
+    checks.SetFigure("events_per_iteration", fwd.size() + bwd.size());
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFullyShardCommScenarios(ScenarioRegistry& registry) {
   registry.Add(CommunicationCount());
   registry.Add(ManualReshard());
+  registry.Add(BackwardPrefetchForwardBackward());
 }
 
 }  // namespace fsdp::conformance
