@@ -125,6 +125,54 @@ ScenarioInfo CommonInfo(const std::string& case_name, const std::string& descrip
   return info;
 }
 
+std::string Layer(int64_t i) { return "layers." + std::to_string(i); }
+
+// Forward of the sharded Transformer: (the root,) then every block, each unsharded in FORWARD.
+nlohmann::json ForwardUnshards(int64_t n_layers, bool with_root) {
+  nlohmann::json events = nlohmann::json::array();
+  if (with_root) events.push_back(EventJson("unshard", "", "FORWARD"));
+  for (int64_t i = 0; i < n_layers; ++i) events.push_back(EventJson("unshard", Layer(i), "FORWARD"));
+  return events;
+}
+
+// One use of the blocks in backward (fsdp-semantics §3.9): the last block is unsharded first
+// (prefetched by whoever precedes it in reverse post-forward order), then each block i
+// prefetches block i-1 before its own post_backward. `with_unshard` false: the blocks were
+// still unsharded, so no unshard is issued.
+nlohmann::json BlockBackwardEvents(int64_t n_layers, bool with_unshard) {
+  nlohmann::json events = nlohmann::json::array();
+  auto unshard = [&](int64_t i) {
+    if (with_unshard) events.push_back(EventJson("unshard", Layer(i), "PRE_BACKWARD"));
+  };
+  if (n_layers > 0) unshard(n_layers - 1);
+  for (int64_t i = n_layers - 1; i >= 1; --i) {
+    unshard(i - 1);
+    events.push_back(EventJson("post_backward", Layer(i), "POST_BACKWARD"));
+  }
+  if (n_layers > 0) events.push_back(EventJson("post_backward", Layer(0), "POST_BACKWARD"));
+  return events;
+}
+
+std::vector<ParamSpec> PrefetchParams() {
+  return {ParamSpec::Axis("reshard_after_forward", "fully_shard reshard_after_forward",
+                          {"True", "False", "2"}),
+          ParamSpec::Axis("checkpoint_impl", "activation checkpointing of each block",
+                          {"none", "utils", "composable"}),
+          ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 3),
+          ParamSpec::SizeInt("seed", "seed of the token batch", 0)};
+}
+
+std::optional<std::string> SkipIntNotAFactor(const CaseParams& params, int world) {
+  const std::string raf = params.GetString("reshard_after_forward");
+  if (raf == "True" || raf == "False") return std::nullopt;
+  const int k = std::stoi(raf);
+  if (k < 1 || k > world || world % k != 0) {
+    return "reshard_after_forward=" + raf + " is not a factor of world size " +
+           std::to_string(world);
+  }
+  return std::nullopt;
+}
+
 Scenario CommunicationCount() {
   Scenario s;
   s.info = CommonInfo("fully_shard_communication_count",
@@ -135,16 +183,7 @@ Scenario CommunicationCount() {
                        ParamSpec::Axis("reshard_after_forward",
                                        "fully_shard reshard_after_forward (bool or int factor)",
                                        {"True", "False", "2"}));
-  s.skip = [](const CaseParams& params, int world) -> std::optional<std::string> {
-    const std::string raf = params.GetString("reshard_after_forward");
-    if (raf == "True" || raf == "False") return std::nullopt;
-    const int k = std::stoi(raf);
-    if (k < 1 || k > world || world % k != 0) {
-      return "reshard_after_forward=" + raf + " is not a factor of world size " +
-             std::to_string(world);
-    }
-    return std::nullopt;
-  };
+  s.skip = SkipIntNotAFactor;
   s.run_rank = [](RankEnv& env) {
     auto model = ShardedTransformer(env, ParseReshardAfterForward(env.params.GetString("reshard_after_forward")));
     return ForwardBackwardCounts(*model, Tokens(env), [] {});
@@ -199,6 +238,62 @@ nlohmann::json EventsJson(const std::vector<fsdp2::FsdpEvent>& events) {
   return out;
 }
 
+Scenario BackwardPrefetchMultiForward() {
+  Scenario s;
+  s.info = CommonInfo("fully_shard_backward_prefetch",
+                      "two forwards of Transformer(n_layers), then one backward of the summed "
+                      "losses: the per-use prefetch pattern twice, the root's post_backward once");
+  s.info.name = "fully_shard_comm/backward_prefetch_multi_forward";
+  s.info.seed_test =
+      "test_fully_shard_comm.py::TestFullyShardPrefetch::test_fully_shard_backward_prefetch "
+      "(_test_backward_prefetch_multi_forward; seed body truncated, fsdp-semantics §3.15)";
+  s.info.params = PrefetchParams();
+  s.skip = SkipIntNotAFactor;
+  s.run_rank = [](RankEnv& env) {
+    auto model = ShardedTransformer(
+        env, ParseReshardAfterForward(env.params.GetString("reshard_after_forward")),
+        env.params.GetString("checkpoint_impl"));
+    const Tensor tokens = Tokens(env);
+    fsdp2::RecordingObserver observer;
+    fsdp2::ScopedObserver install(observer);
+    const std::set<fsdp2::EventKind> kinds = {fsdp2::EventKind::kUnshard,
+                                              fsdp2::EventKind::kPostBackward};
+    Tensor loss1 = (*model)(tokens).tensor();
+    Tensor loss2 = (*model)(tokens).tensor();
+    nlohmann::json obs;
+    obs["forward_events"] = EventsJson(observer.events(kinds));
+    observer.clear();
+    sum(add(loss1, loss2)).backward();
+    obs["backward_events"] = EventsJson(observer.events(kinds));
+    obs[kEvents] = obs["forward_events"];
+    for (const auto& e : obs["backward_events"]) obs[kEvents].push_back(e);
+    return obs;
+  };
+  s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    // §3.15: forward 2 re-unshards the blocks only when they were resharded after forward
+    // (the root never is). Backward runs the block pattern once per use; with False the first
+    // use finds the blocks unsharded, and the second needs all-gathers again because
+    // post_backward resharded them. The root's post_backward comes once, at the end.
+    const int64_t n = params.GetInt("n_layers");
+    const bool raf_false = params.GetString("reshard_after_forward") == "False";
+    nlohmann::json fwd = ForwardUnshards(n, /*with_root=*/true);
+    if (!raf_false) {
+      for (const auto& e : ForwardUnshards(n, /*with_root=*/false)) fwd.push_back(e);
+    }
+    nlohmann::json bwd = BlockBackwardEvents(n, /*with_unshard=*/!raf_false);
+    for (const auto& e : BlockBackwardEvents(n, /*with_unshard=*/true)) bwd.push_back(e);
+    bwd.push_back(EventJson("post_backward", "", "POST_BACKWARD"));
+    for (int r = 0; r < world; ++r) {
+      const std::string who = "rank " + std::to_string(r);
+      checks.CheckEqual(who + " forward events", fwd, RankObservation(per_rank, r, "forward_events"));
+      checks.CheckEqual(who + " backward events", bwd, RankObservation(per_rank, r, "backward_events"));
+    }
+    checks.SetFigure("events", fwd.size() + bwd.size());
+  };
+  return s;
+}
+
 Scenario BackwardPrefetchForwardBackward() {
   Scenario s;
   s.info = CommonInfo("fully_shard_backward_prefetch",
@@ -209,24 +304,9 @@ Scenario BackwardPrefetchForwardBackward() {
   s.info.seed_test =
       "test_fully_shard_comm.py::TestFullyShardPrefetch::test_fully_shard_backward_prefetch "
       "(_test_backward_prefetch_forward_backward)";
-  s.info.params = {
-      ParamSpec::Axis("reshard_after_forward", "fully_shard reshard_after_forward",
-                      {"True", "False", "2"}),
-      ParamSpec::Axis("checkpoint_impl", "activation checkpointing of each block",
-                      {"none", "utils", "composable"}),
-      ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 3),
-      ParamSpec::SizeInt("iterations", "forward/backward/step iterations", 3),
-      ParamSpec::SizeInt("seed", "seed of the token batch", 0)};
-  s.skip = [](const CaseParams& params, int world) -> std::optional<std::string> {
-    const std::string raf = params.GetString("reshard_after_forward");
-    if (raf == "True" || raf == "False") return std::nullopt;
-    const int k = std::stoi(raf);
-    if (k < 1 || k > world || world % k != 0) {
-      return "reshard_after_forward=" + raf + " is not a factor of world size " +
-             std::to_string(world);
-    }
-    return std::nullopt;
-  };
+  s.info.params = PrefetchParams();
+  s.info.params.push_back(ParamSpec::SizeInt("iterations", "forward/backward/step iterations", 3));
+  s.skip = SkipIntNotAFactor;
   s.run_rank = [](RankEnv& env) {
     auto model = ShardedTransformer(
         env, ParseReshardAfterForward(env.params.GetString("reshard_after_forward")),
@@ -266,19 +346,8 @@ Scenario BackwardPrefetchForwardBackward() {
     // the end-of-backward callback. Without reshard after forward no unshard is issued.
     const int64_t n = params.GetInt("n_layers");
     const bool raf_false = params.GetString("reshard_after_forward") == "False";
-    auto layer = [](int64_t i) { return "layers." + std::to_string(i); };
-    nlohmann::json fwd = nlohmann::json::array({EventJson("unshard", "", "FORWARD")});
-    for (int64_t i = 0; i < n; ++i) fwd.push_back(EventJson("unshard", layer(i), "FORWARD"));
-    nlohmann::json bwd = nlohmann::json::array();
-    auto unshard = [&](int64_t i) {
-      if (!raf_false) bwd.push_back(EventJson("unshard", layer(i), "PRE_BACKWARD"));
-    };
-    if (n > 0) unshard(n - 1);
-    for (int64_t i = n - 1; i >= 1; --i) {
-      unshard(i - 1);
-      bwd.push_back(EventJson("post_backward", layer(i), "POST_BACKWARD"));
-    }
-    if (n > 0) bwd.push_back(EventJson("post_backward", layer(0), "POST_BACKWARD"));
+    const nlohmann::json fwd = ForwardUnshards(n, /*with_root=*/true);
+    nlohmann::json bwd = BlockBackwardEvents(n, /*with_unshard=*/!raf_false);
     bwd.push_back(EventJson("post_backward", "", "POST_BACKWARD"));
     const int64_t iterations = params.GetInt("iterations");
     for (int r = 0; r < world; ++r) {
@@ -303,6 +372,7 @@ void RegisterFullyShardCommScenarios(ScenarioRegistry& registry) {
   registry.Add(CommunicationCount());
   registry.Add(ManualReshard());
   registry.Add(BackwardPrefetchForwardBackward());
+  registry.Add(BackwardPrefetchMultiForward());
 }
 
 }  // namespace fsdp::conformance
