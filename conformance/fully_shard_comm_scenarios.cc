@@ -2,6 +2,8 @@
 //   communication_count   TestFullyShardCommunication.test_fully_shard_communication_count
 //   manual_reshard_with_reshard_after_forward_false   ...test_manual_reshard_with_reshard_after_forward_false
 //   backward_prefetch_forward_backward   TestFullyShardPrefetch, _test_backward_prefetch_forward_backward
+//   backward_prefetch_multi_forward      TestFullyShardPrefetch, _test_backward_prefetch_multi_forward
+//   unshard_no_param_group, unshard_without_lazy_init   TestFullyShardUnshardMultiThread
 // Each rank shards Transformer(ModelArgs(n_layers)) block by block and then the root, runs one
 // forward under a CommDebugMode and one `loss.sum().backward()` under another, and reports the
 // two count tables as comm_counts {"forward": {op: n}, "backward": {op: n}}. The judge derives
@@ -23,6 +25,7 @@
 #include "engine/fsdp/fully_shard.h"
 #include "engine/fsdp/observer.h"
 #include "engine/nn/checkpoint.h"
+#include "engine/nn/layers.h"
 #include "engine/optim/sgd.h"
 #include "engine/nn/models.h"
 #include "engine/ops/functional.h"
@@ -366,6 +369,100 @@ Scenario BackwardPrefetchForwardBackward() {
   return s;
 }
 
+ScenarioInfo UnshardInfo(const std::string& case_name, const std::string& description) {
+  ScenarioInfo info;
+  info.name = "fully_shard_comm/" + case_name;
+  info.description = description;
+  info.seed_test = "test_fully_shard_comm.py::TestFullyShardUnshardMultiThread::test_" + case_name;
+  info.default_world = 2;
+  info.min_world = 1;
+  info.max_world = 8;
+  info.backends = {kBackendThreaded, kBackendGloo};
+  return info;
+}
+
+Scenario UnshardNoParamGroup() {
+  Scenario s;
+  s.info = UnshardInfo("unshard_no_param_group",
+                       "Sequential(Linear(4,4), Linear(4,4)) with each Linear and the param-less "
+                       "root sharded: root.unshard(async_op=True).wait() succeeds");
+  s.run_rank = [](RankEnv& env) {
+    auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+        std::make_shared<nn::Linear>(4, 4), std::make_shared<nn::Linear>(4, 4)});
+    fsdp2::FullyShardOptions options;
+    options.process_group = env.pg;
+    for (const nn::ModulePtr& lin : model->children()) fsdp2::fully_shard(lin, options);
+    fsdp2::FSDPModule root = fsdp2::fully_shard(model, options);
+    fsdp2::UnshardHandle handle = root.unshard(/*async_op=*/true);
+    handle.wait();
+    nlohmann::json obs;
+    obs["root_has_param_group"] = root.param_group() != nullptr;
+    obs["unshard_completed"] = true;
+    return obs;
+  };
+  s.judge = [](const CaseParams&, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    for (int r = 0; r < world; ++r) {
+      const std::string who = "rank " + std::to_string(r);
+      checks.CheckEqual(who + " root has no param group", false,
+                        RankObservation(per_rank, r, "root_has_param_group"));
+      checks.CheckEqual(who + " unshard handle waited", true,
+                        RankObservation(per_rank, r, "unshard_completed"));
+    }
+  };
+  return s;
+}
+
+Scenario UnshardWithoutLazyInit() {
+  Scenario s;
+  s.info = UnshardInfo("unshard_without_lazy_init",
+                       "MLP(dim) broadcast from rank 0 and fully sharded: unshard() before any "
+                       "forward registers unsharded parameters equal to the reference copy");
+  s.info.params = {ParamSpec::SizeInt("dim", "MLP dim", 4)};
+  s.run_rank = [](RankEnv& env) {
+    auto model = std::make_shared<nn::MLP>(env.params.GetInt("dim"));
+    if (env.pg) {
+      for (Tensor& param : model->parameters()) env.pg->broadcast(param, 0);
+    }
+    nlohmann::json obs;
+    nlohmann::json& tensors = obs[kTensors];
+    for (const auto& [name, param] : model->named_parameters()) {
+      tensors["reference/" + name] = TensorToJson(param);
+    }
+    fsdp2::FullyShardOptions options;
+    options.process_group = env.pg;
+    fsdp2::FSDPModule fsdp_model = fsdp2::fully_shard(model, options);
+    fsdp_model.unshard();
+    for (const auto& [name, param] : model->named_parameters()) {
+      tensors["unsharded/" + name] = TensorToJson(param);
+    }
+    return obs;
+  };
+  s.judge = [](const CaseParams&, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    for (int r = 0; r < world; ++r) {
+      const nlohmann::json& tensors = RankObservation(per_rank, r, kTensors);
+      int compared = 0;
+      for (const auto& [key, value] : tensors.items()) {
+        if (key.rfind("reference/", 0) != 0) continue;
+        const std::string name = key.substr(std::string("reference/").size());
+        const std::string unsharded = "unsharded/" + name;
+        const std::string who = "rank " + std::to_string(r) + " " + name;
+        if (!tensors.contains(unsharded)) {
+          checks.Fail(who, "no unsharded parameter reported");
+          continue;
+        }
+        checks.CheckEqual(who + " shape", value.at("shape"), tensors.at(unsharded).at("shape"));
+        checks.CheckClose(who + " values", value.at("data"), tensors.at(unsharded).at("data"),
+                          Tolerance{0.0, 0.0});
+        ++compared;
+      }
+      checks.CheckTrue("rank " + std::to_string(r) + " reported parameters", compared > 0);
+    }
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFullyShardCommScenarios(ScenarioRegistry& registry) {
@@ -373,6 +470,8 @@ void RegisterFullyShardCommScenarios(ScenarioRegistry& registry) {
   registry.Add(ManualReshard());
   registry.Add(BackwardPrefetchForwardBackward());
   registry.Add(BackwardPrefetchMultiForward());
+  registry.Add(UnshardNoParamGroup());
+  registry.Add(UnshardWithoutLazyInit());
 }
 
 }  // namespace fsdp::conformance
