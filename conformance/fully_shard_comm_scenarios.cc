@@ -3,6 +3,7 @@
 //   manual_reshard_with_reshard_after_forward_false   ...test_manual_reshard_with_reshard_after_forward_false
 //   backward_prefetch_forward_backward   TestFullyShardPrefetch, _test_backward_prefetch_forward_backward
 //   backward_prefetch_multi_forward      TestFullyShardPrefetch, _test_backward_prefetch_multi_forward
+//   backward_prefetch_unused_in_backward _test_backward_prefetch_unused_in_backward (mistargeted)
 //   unshard_no_param_group, unshard_without_lazy_init   TestFullyShardUnshardMultiThread
 // Each rank shards Transformer(ModelArgs(n_layers)) block by block and then the root, runs one
 // forward under a CommDebugMode and one `loss.sum().backward()` under another, and reports the
@@ -369,6 +370,89 @@ Scenario BackwardPrefetchForwardBackward() {
   return s;
 }
 
+Scenario BackwardPrefetchUnusedInBackward() {
+  Scenario s;
+  s.info = CommonInfo("fully_shard_backward_prefetch",
+                      "Sequential(Linear, DoubleLinear): backward through lin2 only "
+                      "(set_is_last_backward(False)) mistargets a prefetch of lin1, kept pending "
+                      "and consumed by the last backward through lin1");
+  s.info.name = "fully_shard_comm/backward_prefetch_unused_in_backward";
+  s.info.seed_test =
+      "test_fully_shard_comm.py::TestFullyShardPrefetch::test_fully_shard_backward_prefetch "
+      "(_test_backward_prefetch_unused_in_backward)";
+  s.info.params = {ParamSpec::Axis("reshard_after_forward", "fully_shard reshard_after_forward",
+                                   {"True"}),
+                   ParamSpec::SizeInt("dim", "Linear / DoubleLinear dim", 8),
+                   ParamSpec::SizeInt("seed", "seed of the input batch", 0)};
+  s.run_rank = [](RankEnv& env) {
+    const int64_t dim = env.params.GetInt("dim");
+    auto lin0 = std::make_shared<nn::Linear>(dim, dim);
+    auto double_linear = std::make_shared<nn::DoubleLinear>(dim);
+    auto model =
+        std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{lin0, double_linear});
+    fsdp2::FullyShardOptions options;
+    options.process_group = env.pg;
+    options.reshard_after_forward =
+        ParseReshardAfterForward(env.params.GetString("reshard_after_forward"));
+    fsdp2::fully_shard(lin0, options);
+    fsdp2::fully_shard(double_linear->child("lin1"), options);
+    fsdp2::fully_shard(double_linear->child("lin2"), options);
+    fsdp2::FSDPModule root = fsdp2::fully_shard(model, options);
+    Generator generator(static_cast<uint64_t>(env.params.GetInt("seed")));
+    const Tensor inp = Tensor::randn({4, dim}, DType::kFloat32, &generator);
+    fsdp2::RecordingObserver observer;
+    fsdp2::ScopedObserver install(observer);
+    const std::set<fsdp2::EventKind> kinds = {fsdp2::EventKind::kUnshard,
+                                              fsdp2::EventKind::kPostBackward};
+    nlohmann::json obs;
+    nn::Value out = (*model)(inp);
+    obs["forward_events"] = EventsJson(observer.events(kinds));
+    observer.clear();
+    root.set_is_last_backward(false);
+    sum(out[1].tensor()).backward(Tensor(), /*retain_graph=*/true);
+    obs["backward1_events"] = EventsJson(observer.events(kinds));
+    observer.clear();
+    root.set_is_last_backward(true);
+    sum(out[0].tensor()).backward();
+    obs["backward2_events"] = EventsJson(observer.events(kinds));
+    obs[kEvents] = nlohmann::json::array();
+    for (const char* key : {"forward_events", "backward1_events", "backward2_events"}) {
+      for (const auto& e : obs[key]) obs[kEvents].push_back(e);
+    }
+    return obs;
+  };
+  s.judge = [](const CaseParams&, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    // fsdp-semantics §3.9 (E2 / early E3, as the seed asserts): post_forward_order is
+    // [0, 1.lin1, 1.lin2]; lin2's pre-backward prefetches its predecessor lin1 although lin1
+    // is not in that backward; the pending all-gather is kept (not the last backward) and
+    // consumed by lin1's own unshard in the second backward, which then prefetches 0.
+    const nlohmann::json expected_forward = {EventJson("unshard", "0", "FORWARD"),
+                                             EventJson("unshard", "1.lin1", "FORWARD"),
+                                             EventJson("unshard", "1.lin2", "FORWARD")};
+    const nlohmann::json expected_backward1 = {
+        EventJson("unshard", "1.lin2", "PRE_BACKWARD"),
+        EventJson("unshard", "1.lin1", "PRE_BACKWARD"),
+        EventJson("post_backward", "1.lin2", "POST_BACKWARD"),
+        EventJson("unshard", "0", "PRE_BACKWARD"),
+        EventJson("post_backward", "0", "POST_BACKWARD")};
+    const nlohmann::json expected_backward2 = {
+        EventJson("unshard", "0", "PRE_BACKWARD"),
+        EventJson("post_backward", "1.lin1", "POST_BACKWARD"),
+        EventJson("post_backward", "0", "POST_BACKWARD")};
+    for (int r = 0; r < world; ++r) {
+      const std::string who = "rank " + std::to_string(r);
+      checks.CheckEqual(who + " forward events", expected_forward,
+                        RankObservation(per_rank, r, "forward_events"));
+      checks.CheckEqual(who + " backward through lin2 (not last)", expected_backward1,
+                        RankObservation(per_rank, r, "backward1_events"));
+      checks.CheckEqual(who + " backward through lin1 (last)", expected_backward2,
+                        RankObservation(per_rank, r, "backward2_events"));
+    }
+  };
+  return s;
+}
+
 ScenarioInfo UnshardInfo(const std::string& case_name, const std::string& description) {
   ScenarioInfo info;
   info.name = "fully_shard_comm/" + case_name;
@@ -470,6 +554,7 @@ void RegisterFullyShardCommScenarios(ScenarioRegistry& registry) {
   registry.Add(ManualReshard());
   registry.Add(BackwardPrefetchForwardBackward());
   registry.Add(BackwardPrefetchMultiForward());
+  registry.Add(BackwardPrefetchUnusedInBackward());
   registry.Add(UnshardNoParamGroup());
   registry.Add(UnshardWithoutLazyInit());
 }
