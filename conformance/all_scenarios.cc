@@ -10,11 +10,13 @@ namespace fsdp::conformance {
 void RegisterModelsScenarios(ScenarioRegistry& registry);
 void RegisterParitySingleScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardCommScenarios(ScenarioRegistry& registry);
+void RegisterParityFsdpScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
   RegisterParitySingleScenarios(registry);
   RegisterFullyShardCommScenarios(registry);
+  RegisterParityFsdpScenarios(registry);
 }
 
 }  // namespace fsdp::conformance
