@@ -19,6 +19,7 @@
 
 #include "conformance/model_zoo.h"
 #include "conformance/observations.h"
+#include "conformance/parity_common.h"
 #include "conformance/scenario_registry.h"
 #include "engine/fsdp/fsdp_param.h"
 #include "engine/fsdp/fully_shard.h"
@@ -30,16 +31,6 @@ namespace fsdp::conformance {
 namespace {
 
 constexpr const char* kFamily = "parity/fsdp";
-
-std::string StepPrefix(int64_t step) { return "step" + std::to_string(step) + "/"; }
-
-OptimConfig OptimOf(const CaseParams& p) {
-  OptimConfig c;
-  c.kind = p.GetString("optim");
-  c.lr = p.GetDouble(c.kind == "sgd" ? "sgd_lr" : "adam_lr");
-  c.momentum = p.GetDouble("momentum");
-  return c;
-}
 
 // The parameters of `module`'s subtree, by identity.
 std::set<const TensorImpl*> ParamIds(const nn::Module& module) {
@@ -97,7 +88,7 @@ nlohmann::json RunRank(const std::string& kind, RankEnv& env) {
   FSDP_CHECK(steps >= 1, "steps must be positive, got ", steps);
   nn::ModulePtr module = model.BuildEngineWithWeights(seed, dtype);
   ShardModel(module, env.pg);
-  const EngineTrainingRecord record = TrainEngine(model, *module, OptimOf(p), seed, steps, dtype,
+  const EngineTrainingRecord record = TrainEngine(model, *module, ParityOptim(p), seed, steps, dtype,
                                                   env.rank, env.world, LocalShards);
   nlohmann::json obs;
   obs[kLosses] = record.losses;
@@ -118,10 +109,8 @@ void Judge(const std::string& kind, const CaseParams& p, int world,
   const uint64_t seed = static_cast<uint64_t>(p.GetInt("seed"));
   const DType dtype = ParseDType(p.GetString("dtype"));
   const int64_t steps = p.GetInt("steps");
-  const Tolerance tol = dtype == DType::kFloat64
-                            ? Tolerance{p.GetDouble("atol_float64"), p.GetDouble("rtol_float64")}
-                            : Tolerance{p.GetDouble("atol"), p.GetDouble("rtol")};
-  const auto expected = TrainOracle(model, OptimOf(p), seed, steps, dtype, world);
+  const Tolerance tol = ParityTolerance(p, dtype);
+  const auto expected = TrainOracle(model, ParityOptim(p), seed, steps, dtype, world);
   ErrorStats param_err;
   for (int r = 0; r < world; ++r) {
     const std::string who = "rank " + std::to_string(r);
@@ -129,10 +118,7 @@ void Judge(const std::string& kind, const CaseParams& p, int world,
     for (const auto& step : expected) expected_losses.push_back(step.rank_losses.at(r));
     const DType loss_dtype =
         ParseDType(RankObservation(per_rank, r, "loss_dtype").get<std::string>());
-    const Tolerance loss_tol =
-        loss_dtype == DType::kFloat64
-            ? Tolerance{p.GetDouble("atol_float64"), p.GetDouble("rtol_float64")}
-            : Tolerance{p.GetDouble("atol"), p.GetDouble("rtol")};
+    const Tolerance loss_tol = ParityTolerance(p, loss_dtype);
     checks.CheckClose(who + " losses vs oracle", expected_losses, Losses(per_rank, r), loss_tol);
     for (int64_t k = 0; k < steps; ++k) {
       const reference::RefTensorMap expected_shards =
@@ -157,19 +143,8 @@ Scenario MakeScenario(const ZooModelKind& kind) {
                        ": fully sharded on `world` ranks vs the oracle's data-parallel run, every "
                        "rank's losses and parameter shards at every step";
   s.info.seed_test = kind.seed_test;
-  s.info.params = {
-      ParamSpec::Axis("optim", "optimizer: SGD with momentum, or Adam", {"sgd", "adam"}),
-      ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float32"),
-      ParamSpec::SizeInt("seed", "seed of the zoo's weights and inputs", 0),
-      ParamSpec::SizeInt("steps", "training steps", 10),
-      ParamSpec::SizeDouble("sgd_lr", "SGD learning rate (ZooModelKind::sgd_lr)", kind.sgd_lr),
-      ParamSpec::SizeDouble("adam_lr", "Adam learning rate (the seeds' 1e-2)", 1e-2),
-      ParamSpec::SizeDouble("momentum", "SGD momentum", 0.9),
-      ParamSpec::SizeDouble("atol", "atol of losses and parameters, float32", 1e-5),
-      ParamSpec::SizeDouble("rtol", "rtol of losses and parameters, float32", 1e-4),
-      ParamSpec::SizeDouble("atol_float64", "atol of losses and parameters, float64", 1e-12),
-      ParamSpec::SizeDouble("rtol_float64", "rtol of losses and parameters, float64", 1e-10)};
-  s.info.params.insert(s.info.params.end(), kind.params.begin(), kind.params.end());
+  s.info.params = ParityParams(
+      kind, ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float32"));
   s.info.default_world = 2;
   s.info.min_world = 1;
   s.info.max_world = 8;

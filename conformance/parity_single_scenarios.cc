@@ -27,6 +27,7 @@
 
 #include "conformance/model_zoo.h"
 #include "conformance/observations.h"
+#include "conformance/parity_common.h"
 #include "conformance/scenario_registry.h"
 #include "engine/core/error.h"
 
@@ -35,23 +36,6 @@ namespace fsdp::conformance {
 namespace {
 
 constexpr const char* kFamily = "parity/single";
-
-std::string StepPrefix(int64_t step) { return "step" + std::to_string(step) + "/"; }
-
-OptimConfig OptimOf(const CaseParams& p) {
-  OptimConfig c;
-  c.kind = p.GetString("optim");
-  c.lr = p.GetDouble(c.kind == "sgd" ? "sgd_lr" : "adam_lr");
-  c.momentum = p.GetDouble("momentum");
-  return c;
-}
-
-Tolerance ToleranceOf(const CaseParams& p, DType dtype) {
-  if (dtype == DType::kFloat64) {
-    return {p.GetDouble("atol_float64"), p.GetDouble("rtol_float64")};
-  }
-  return {p.GetDouble("atol"), p.GetDouble("rtol")};
-}
 
 nlohmann::json RunParityRank(const std::string& kind, RankEnv& env) {
   const CaseParams& p = env.params;
@@ -62,7 +46,7 @@ nlohmann::json RunParityRank(const std::string& kind, RankEnv& env) {
   FSDP_CHECK(steps >= 1, "steps must be positive, got ", steps);
 
   nn::ModulePtr module = model.BuildEngineWithWeights(seed, dtype);
-  const EngineTrainingRecord record = TrainEngine(model, *module, OptimOf(p), seed, steps, dtype);
+  const EngineTrainingRecord record = TrainEngine(model, *module, ParityOptim(p), seed, steps, dtype);
   nlohmann::json obs;
   obs["param_names"] = ParameterNamesOf(*module);
   obs[kLosses] = record.losses;
@@ -81,12 +65,12 @@ void JudgeParity(const std::string& kind, const CaseParams& p,
   const uint64_t seed = static_cast<uint64_t>(p.GetInt("seed"));
   const DType dtype = ParseDType(p.GetString("dtype"));
   const int64_t steps = p.GetInt("steps");
-  const Tolerance tol = ToleranceOf(p, dtype);
+  const Tolerance tol = ParityTolerance(p, dtype);
 
   checks.CheckEqual("parameter FQNs (named_parameters order)", model.ParameterNames(),
                     RankObservation(per_rank, 0, "param_names"));
   const std::vector<reference::StepRecord<double>> expected =
-      TrainOracle(model, OptimOf(p), seed, steps, dtype, /*world=*/1);
+      TrainOracle(model, ParityOptim(p), seed, steps, dtype, /*world=*/1);
 
   std::vector<double> expected_losses;
   for (const auto& record : expected) expected_losses.push_back(record.rank_losses.at(0));
@@ -95,7 +79,7 @@ void JudgeParity(const std::string& kind, const CaseParams& p,
   // output is float32 even with float64 parameters).
   const DType loss_dtype =
       ParseDType(RankObservation(per_rank, 0, "loss_dtype").get<std::string>());
-  const Tolerance loss_tol = ToleranceOf(p, loss_dtype);
+  const Tolerance loss_tol = ParityTolerance(p, loss_dtype);
   checks.CheckClose("losses vs oracle", expected_losses, losses, loss_tol);
   const ErrorStats loss_err = CompareValues(expected_losses, losses, loss_tol);
 
@@ -121,19 +105,9 @@ Scenario MakeParityScenario(const ZooModelKind& kind) {
   s.info.description =
       kind.description + ": engine on one rank vs the oracle, every step's loss and parameters";
   s.info.seed_test = kind.seed_test;
-  s.info.params = {
-      ParamSpec::Axis("optim", "optimizer: SGD with momentum, or Adam", {"sgd", "adam"}),
-      ParamSpec::Axis("dtype", "the engine's parameter and input dtype", {"float32", "float64"}),
-      ParamSpec::SizeInt("seed", "seed of the zoo's weights and inputs", 0),
-      ParamSpec::SizeInt("steps", "training steps", 10),
-      ParamSpec::SizeDouble("sgd_lr", "SGD learning rate (ZooModelKind::sgd_lr)", kind.sgd_lr),
-      ParamSpec::SizeDouble("adam_lr", "Adam learning rate (the seeds' 1e-2)", 1e-2),
-      ParamSpec::SizeDouble("momentum", "SGD momentum", 0.9),
-      ParamSpec::SizeDouble("atol", "atol of losses and parameters, float32", 1e-5),
-      ParamSpec::SizeDouble("rtol", "rtol of losses and parameters, float32", 1e-4),
-      ParamSpec::SizeDouble("atol_float64", "atol of losses and parameters, float64", 1e-12),
-      ParamSpec::SizeDouble("rtol_float64", "rtol of losses and parameters, float64", 1e-10)};
-  s.info.params.insert(s.info.params.end(), kind.params.begin(), kind.params.end());
+  s.info.params = ParityParams(
+      kind, ParamSpec::Axis("dtype", "the engine's parameter and input dtype",
+                            {"float32", "float64"}));
   s.info.default_world = 1;
   s.info.min_world = 1;
   s.info.max_world = 1;

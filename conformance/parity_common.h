@@ -1,0 +1,27 @@
+// Parameters and helpers shared by the train-parity families (parity/single/*, parity/fsdp/*):
+// the optimizer axis, learning rates, tolerances per dtype, and the tensor-name prefix of
+// each step's observations. Stateless; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "conformance/checks.h"
+#include "conformance/model_zoo.h"
+#include "conformance/params.h"
+#include "engine/core/dtype.h"
+
+namespace fsdp::conformance {
+
+// The parameters of a parity scenario for zoo model `kind`: optim axis, `dtype_param` (an axis
+// or a size), seed, steps, learning rates, momentum, tolerances, then the model's own knobs.
+std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_param);
+// The optimizer of a case (optim, sgd_lr / adam_lr, momentum).
+OptimConfig ParityOptim(const CaseParams& params);
+// atol/rtol for values computed in `dtype` (float64 has its own pair).
+Tolerance ParityTolerance(const CaseParams& params, DType dtype);
+// "step<k>/": the prefix of step k's tensors in the observations.
+std::string StepPrefix(int64_t step);
+
+}  // namespace fsdp::conformance
