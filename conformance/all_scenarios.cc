@@ -11,12 +11,14 @@ void RegisterModelsScenarios(ScenarioRegistry& registry);
 void RegisterParitySingleScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardCommScenarios(ScenarioRegistry& registry);
 void RegisterParityFsdpScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardAutogradScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
   RegisterParitySingleScenarios(registry);
   RegisterFullyShardCommScenarios(registry);
   RegisterParityFsdpScenarios(registry);
+  RegisterFullyShardAutogradScenarios(registry);
 }
 
 }  // namespace fsdp::conformance
