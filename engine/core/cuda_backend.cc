@@ -1,6 +1,7 @@
 // CUDA device backend on the CUDA runtime API, compiled only with CUDA; without CUDA the
 // functions below report that no device exists.
 #include "engine/core/allocator.h"
+#include "engine/core/cuda_stream.h"
 #include "engine/core/error.h"
 #include "fsdp/config.h"
 
@@ -19,7 +20,11 @@ void CudaCheck(cudaError_t err, const char* what) {
                   cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
 }
 
-// Device memory through cudaMalloc; copies are synchronous on the current stream's device.
+// Device memory through cudaMalloc. Zero-filling and copies are issued on the calling thread's
+// current stream of the device (engine/core/cuda_stream.h), so they are ordered with the
+// kernels launched there; copies that touch host memory wait for that stream before returning
+// (the host buffer is pageable and the caller reads it next). A device-to-device copy between
+// two devices first waits for the source device's current stream.
 // Thread-safety: the CUDA runtime is thread-safe; this class holds no state.
 class CudaDeviceBackend final : public DeviceBackend {
  public:
@@ -27,25 +32,35 @@ class CudaDeviceBackend final : public DeviceBackend {
     CudaCheck(cudaSetDevice(index), "cudaSetDevice");
     void* p = nullptr;
     CudaCheck(cudaMalloc(&p, nbytes), "cudaMalloc");
-    CudaCheck(cudaMemset(p, 0, nbytes), "cudaMemset");
+    CudaCheck(cudaMemsetAsync(p, 0, nbytes, Stream(index)), "cudaMemsetAsync");
     return p;
   }
   void Free(void* ptr, size_t /*nbytes*/, int index) override {
+    // cudaFree waits for the device's outstanding work that may still use the buffer.
     cudaSetDevice(index);
     cudaFree(ptr);
   }
   void Copy(void* dst, Device dst_device, const void* src, Device src_device,
             size_t nbytes) override {
     if (nbytes == 0) return;
-    cudaMemcpyKind kind = cudaMemcpyDefault;
-    if (dst_device.is_cuda()) CudaCheck(cudaSetDevice(dst_device.index), "cudaSetDevice");
-    else if (src_device.is_cuda()) CudaCheck(cudaSetDevice(src_device.index), "cudaSetDevice");
-    CudaCheck(cudaMemcpy(dst, src, nbytes, kind), "cudaMemcpy");
+    const Device on = dst_device.is_cuda() ? dst_device : src_device;
+    CudaCheck(cudaSetDevice(on.index), "cudaSetDevice");
+    if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device) {
+      CudaCheck(cudaStreamSynchronize(Stream(src_device.index)), "cudaStreamSynchronize");
+    }
+    cudaStream_t stream = Stream(on.index);
+    CudaCheck(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
+    if (!dst_device.is_cuda() || !src_device.is_cuda() || dst_device != src_device) {
+      CudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    }
   }
   void Zero(void* ptr, size_t nbytes, int index) override {
     CudaCheck(cudaSetDevice(index), "cudaSetDevice");
-    CudaCheck(cudaMemset(ptr, 0, nbytes), "cudaMemset");
+    CudaCheck(cudaMemsetAsync(ptr, 0, nbytes, Stream(index)), "cudaMemsetAsync");
   }
+
+ private:
+  static cudaStream_t Stream(int index) { return CurrentCudaStream(Device::CUDA(index)).handle; }
 };
 
 }  // namespace

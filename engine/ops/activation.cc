@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/ops/cuda/dispatch.h"
 #include "engine/ops/kernel_util.h"
 
 namespace fsdp::ops::kernels {
@@ -12,6 +13,7 @@ namespace {
 
 using internal::HostAs;
 using internal::Restore;
+using cuda::BinaryOp;
 
 void CheckApproximate(const char* op, const std::string& approximate) {
   FSDP_CHECK(approximate == "none" || approximate == "tanh", op,
@@ -19,10 +21,12 @@ void CheckApproximate(const char* op, const std::string& approximate) {
 }
 
 // out = f(a[i]) or f(a[i], b[i]) elementwise on same-shaped tensors, in compute dtype of `dt`.
+// `code` names the same computation for the CUDA kernel.
 template <typename F>
-Tensor Map2(const char* op, const Tensor& a, const Tensor& b, DType dt, F f) {
+Tensor Map2(const char* op, BinaryOp code, const Tensor& a, const Tensor& b, DType dt, F f) {
   FSDP_CHECK(a.sizes() == b.sizes(), op, ": shape mismatch between ", ShapeStr(a.sizes()), " and ",
              ShapeStr(b.sizes()));
+  if (internal::OnCuda(op, {&a, &b})) return FSDP_CUDA_KERNEL(op, Binary(op, code, 0.0, a, b, dt));
   const DType cd = internal::ComputeDType(dt);
   const Tensor ha = HostAs(a, cd), hb = HostAs(b, cd);
   Tensor out = internal::DispatchFloat(cd, op, [&](auto tag) {
@@ -63,6 +67,9 @@ template <bool kLog>
 Tensor SoftmaxImpl(const char* op, const Tensor& x, int64_t dim) {
   internal::CheckFloating(op, "self", x);
   const RowLayout l = Layout(x, dim, op);
+  if (internal::OnCuda(op, {&x})) {
+    return FSDP_CUDA_KERNEL(op, Softmax(x, internal::WrapDim(dim, x.dim(), op), kLog));
+  }
   const DType cd = internal::ComputeDType(x.dtype());
   const Tensor hx = HostAs(x, cd);
   Tensor out = internal::DispatchFloat(cd, op, [&](auto tag) {
@@ -98,6 +105,9 @@ Tensor SoftmaxBackwardImpl(const char* op, const Tensor& grad, const Tensor& res
   FSDP_CHECK(grad.sizes() == result.sizes(), op, ": gradient ", ShapeStr(grad.sizes()),
              " does not match output ", ShapeStr(result.sizes()));
   const RowLayout l = Layout(result, dim, op);
+  if (internal::OnCuda(op, {&grad, &result})) {
+    return FSDP_CUDA_KERNEL(op, SoftmaxBackward(grad, result, internal::WrapDim(dim, result.dim(), op), kLog));
+  }
   const DType cd = internal::ComputeDType(result.dtype());
   const Tensor hg = HostAs(grad, cd), hy = HostAs(result, cd);
   Tensor out = internal::DispatchFloat(cd, op, [&](auto tag) {
@@ -132,14 +142,14 @@ constexpr double kKappa = 0.044715;
 Tensor Relu(const Tensor& x) {
   internal::CheckDefined("relu", "self", x);
   FSDP_CHECK(IsFloatingPoint(x.dtype()), "relu: expected a floating-point tensor, got ", x.str());
-  return Map2("relu", x, x, x.dtype(), [](auto v, auto) {
+  return Map2("relu", BinaryOp::kRelu, x, x, x.dtype(), [](auto v, auto) {
     using T = decltype(v);
     return v > T(0) ? v : (std::isnan(v) ? v : T(0));
   });
 }
 
 Tensor ReluBackward(const Tensor& grad, const Tensor& result) {
-  return Map2("relu_backward", grad, result, result.dtype(), [](auto g, auto y) {
+  return Map2("relu_backward", BinaryOp::kReluBackward, grad, result, result.dtype(), [](auto g, auto y) {
     using T = decltype(g);
     return y > T(0) ? g : T(0);
   });
@@ -149,13 +159,13 @@ Tensor Gelu(const Tensor& x, const std::string& approximate) {
   internal::CheckFloating("gelu", "self", x);
   CheckApproximate("gelu", approximate);
   if (approximate == "tanh") {
-    return Map2("gelu", x, x, x.dtype(), [](auto v, auto) {
+    return Map2("gelu", BinaryOp::kGeluTanh, x, x, x.dtype(), [](auto v, auto) {
       using T = decltype(v);
       const T inner = T(kSqrt2OverPi) * (v + T(kKappa) * v * v * v);
       return T(0.5) * v * (T(1) + std::tanh(inner));
     });
   }
-  return Map2("gelu", x, x, x.dtype(), [](auto v, auto) {
+  return Map2("gelu", BinaryOp::kGelu, x, x, x.dtype(), [](auto v, auto) {
     using T = decltype(v);
     return v * T(0.5) * (T(1) + std::erf(v * T(kSqrt1_2)));
   });
@@ -164,7 +174,7 @@ Tensor Gelu(const Tensor& x, const std::string& approximate) {
 Tensor GeluBackward(const Tensor& grad, const Tensor& x, const std::string& approximate) {
   CheckApproximate("gelu_backward", approximate);
   if (approximate == "tanh") {
-    return Map2("gelu_backward", grad, x, x.dtype(), [](auto g, auto v) {
+    return Map2("gelu_backward", BinaryOp::kGeluTanhBackward, grad, x, x.dtype(), [](auto g, auto v) {
       using T = decltype(g);
       const T x_sq = v * v;
       const T inner = T(kSqrt2OverPi) * (v + T(kKappa) * x_sq * v);
@@ -177,7 +187,7 @@ Tensor GeluBackward(const Tensor& grad, const Tensor& x, const std::string& appr
       return g * (left_derivative + left * tanh_derivative * inner_derivative);
     });
   }
-  return Map2("gelu_backward", grad, x, x.dtype(), [](auto g, auto v) {
+  return Map2("gelu_backward", BinaryOp::kGeluBackward, grad, x, x.dtype(), [](auto g, auto v) {
     using T = decltype(g);
     const T cdf = T(0.5) * (T(1) + std::erf(v * T(kSqrt1_2)));
     const T pdf = T(kInvSqrt2Pi) * std::exp(T(-0.5) * v * v);

@@ -8,6 +8,7 @@
 
 #include "engine/ops/broadcast.h"
 #include "engine/ops/dropout.h"
+#include "engine/ops/cuda/dispatch.h"
 #include "engine/ops/kernel_util.h"
 
 namespace fsdp::ops::kernels {
@@ -76,6 +77,10 @@ AttentionResult ScaledDotProductAttention(const Tensor& q, const Tensor& k, cons
     internal::CheckFloating(op, "attn_mask", attn_mask);
     FSDP_CHECK(BroadcastShapes(attn_mask.sizes(), score_shape, op) == score_shape, op, ": attn_mask ",
                ShapeStr(attn_mask.sizes()), " cannot be broadcast to ", ShapeStr(score_shape));
+  }
+  if (internal::OnCuda(op, {&q, &k, &v, &attn_mask})) {
+    const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(dims.d));
+    return FSDP_CUDA_KERNEL(op, ScaledDotProductAttention(q, k, v, attn_mask, dropout_p, is_causal, s, generator));
   }
   const DType dt = PromoteTypes(PromoteTypes(q.dtype(), k.dtype()), v.dtype());
   const DType cd = internal::ComputeDType(dt);
@@ -147,6 +152,10 @@ AttentionGrads ScaledDotProductAttentionBackward(const Tensor& grad, const Tenso
   FSDP_CHECK(grad.sizes() == WithTail(dims.batch, dims.sq, dims.dv) && attn.sizes() == score_shape, op,
              ": gradient ", ShapeStr(grad.sizes()), " or attention ", ShapeStr(attn.sizes()),
              " does not match query ", ShapeStr(q.sizes()), " / value ", ShapeStr(v.sizes()));
+  if (internal::OnCuda(op, {&grad, &q, &k, &v, &attn, &dropout_mask})) {
+    return FSDP_CUDA_KERNEL(op, ScaledDotProductAttentionBackward(grad, q, k, v, attn, dropout_mask, scale, need_q,
+                                                                  need_k, need_v, need_mask, mask_shape, mask_dtype));
+  }
   const DType dt = PromoteTypes(PromoteTypes(q.dtype(), k.dtype()), v.dtype());
   const DType cd = internal::ComputeDType(dt);
   const Tensor hg = HostAs(grad, cd), hq = HostAs(q, cd), hk = HostAs(k, cd), hv = HostAs(v, cd);

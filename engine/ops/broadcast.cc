@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine/ops/cuda/dispatch.h"
 #include "engine/ops/kernel_util.h"
 
 namespace fsdp::ops::kernels {
@@ -69,7 +70,7 @@ Tensor Expand(const Tensor& x, const Shape& shape) {
              x.dim(), "); ", ShapeStr(x.sizes()), " to ", ShapeStr(shape));
   FSDP_CHECK(BroadcastShapes(x.sizes(), shape, "expand") == shape, "expand: cannot expand ",
              ShapeStr(x.sizes()), " to ", ShapeStr(shape));
-  if (!x.device().is_cpu()) return Expand(x.to(Device::CPU()), shape).to(x.device());
+  if (internal::OnCuda("expand", {&x})) return FSDP_CUDA_KERNEL("expand", Expand(x, shape));
   Tensor out = Tensor::empty(shape, x.dtype());
   const size_t es = x.element_size();
   const char* src = static_cast<const char*>(x.data_ptr());
@@ -94,6 +95,7 @@ Tensor SumToShape(const Tensor& grad, const Shape& shape) {
   if (grad.sizes() == shape) return grad;
   FSDP_CHECK(BroadcastShapes(shape, grad.sizes(), "sum_to_size") == grad.sizes(), "sum_to_size: size ",
              ShapeStr(shape), " is not expandable to size ", ShapeStr(grad.sizes()));
+  if (internal::OnCuda("sum_to_size", {&grad})) return FSDP_CUDA_KERNEL("sum_to_size", SumToShape(grad, shape));
   if (!internal::IsNative(grad)) return internal::RestoreLike(SumToShape(internal::ToCompute(grad), shape), grad);
   return internal::DispatchNumeric(grad.dtype(), "sum_to_size", [&](auto tag) {
     using T = decltype(tag);

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "engine/ops/elementwise.h"
+#include "engine/ops/cuda/dispatch.h"
 #include "engine/ops/kernel_util.h"
 
 namespace fsdp::ops::kernels {
@@ -29,6 +30,8 @@ Tensor DropoutMask(const Shape& shape, double p, DType dtype, Generator& generat
 
 DropoutResult Dropout(const Tensor& x, double p, Generator& generator) {
   internal::CheckFloating("dropout", "input", x);
+  FSDP_CHECK(p >= 0.0 && p <= 1.0, "dropout probability has to be between 0 and 1, but got ", p);
+  if (internal::OnCuda("dropout", {&x})) return FSDP_CUDA_KERNEL("dropout", Dropout(x, p, generator));
   DropoutResult r;
   r.mask = DropoutMask(x.sizes(), p, x.dtype(), generator);
   if (!x.device().is_cpu()) r.mask = r.mask.to(x.device());

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "engine/ops/broadcast.h"
+#include "engine/ops/cuda/dispatch.h"
 #include "engine/ops/kernel_util.h"
 
 namespace fsdp::ops::kernels {
@@ -14,6 +15,8 @@ using internal::ComputeDType;
 using internal::ForEachRow;
 using internal::HostAs;
 using internal::Restore;
+using cuda::BinaryOp;
+using cuda::UnaryOp;
 
 // out[i] = f(a[i], b[i]) with broadcasting; a and b are CPU tensors of compute dtype `cd`.
 template <typename T, typename F>
@@ -47,14 +50,19 @@ Tensor BinaryNative(const Tensor& a, const Tensor& b, const Shape& out_shape, F 
 
 // Binary op with broadcasting computing in ComputeDType(out_dtype); the result has dtype
 // `out_dtype` and lives on a's device.
+// `code` and `s` (the op's scalar) name the same computation for the CUDA kernel.
 template <typename F>
-Tensor Binary(const char* op, const Tensor& a, const Tensor& b, DType out_dtype, bool allow_int, F f) {
+Tensor Binary(const char* op, BinaryOp code, double s, const Tensor& a, const Tensor& b, DType out_dtype,
+              bool allow_int, F f) {
   internal::CheckDefined(op, "self", a);
   internal::CheckDefined(op, "other", b);
-  FSDP_CHECK(a.device() == b.device() || a.dim() == 0 || b.dim() == 0, op,
-             ": expected all tensors to be on the same device, got ", a.str(), " and ", b.str());
   FSDP_CHECK(allow_int || IsFloatingPoint(out_dtype), op, ": int64 inputs are not supported, got ",
              a.str(), " and ", b.str());
+  if (internal::OnCuda(op, {&a, &b}, /*allow_cpu_scalars=*/true)) {
+    return FSDP_CUDA_KERNEL(op, Binary(op, code, s, a, b, out_dtype));
+  }
+  FSDP_CHECK(a.device() == b.device() || a.dim() == 0 || b.dim() == 0, op,
+             ": expected all tensors to be on the same device, got ", a.str(), " and ", b.str());
   const Shape out_shape = BroadcastShapes(a.sizes(), b.sizes(), op);
   const DType cd = ComputeDType(out_dtype);
   const Tensor ha = HostAs(a, cd), hb = HostAs(b, cd);
@@ -67,8 +75,9 @@ Tensor Binary(const char* op, const Tensor& a, const Tensor& b, DType out_dtype,
 }
 
 template <typename F>
-Tensor Unary(const char* op, const Tensor& x, DType out_dtype, F f) {
+Tensor Unary(const char* op, UnaryOp code, double s, const Tensor& x, DType out_dtype, F f) {
   internal::CheckDefined(op, "self", x);
+  if (internal::OnCuda(op, {&x})) return FSDP_CUDA_KERNEL(op, Unary(op, code, s, x, out_dtype));
   const DType cd = ComputeDType(out_dtype);
   const Tensor hx = HostAs(x, cd);
   Tensor out = internal::DispatchNumeric(cd, op, [&](auto tag) {
@@ -103,8 +112,8 @@ Tensor Add(const Tensor& a, const Tensor& b, double alpha) {
   const DType dt = ResultType(a, b);
   FSDP_CHECK(IsFloatingPoint(dt) || IsIntegral(alpha), "add: alpha ", alpha,
              " must be integral for int64 inputs");
-  if (alpha == 1.0) return Binary("add", a, b, dt, true, [](auto x, auto y) { return x + y; });
-  return Binary("add", a, b, dt, true, [alpha](auto x, auto y) {
+  if (alpha == 1.0) return Binary("add", BinaryOp::kAdd, 1.0, a, b, dt, true, [](auto x, auto y) { return x + y; });
+  return Binary("add", BinaryOp::kAdd, alpha, a, b, dt, true, [alpha](auto x, auto y) {
     using T = decltype(x);
     return x + static_cast<T>(alpha) * y;
   });
@@ -114,21 +123,21 @@ Tensor Sub(const Tensor& a, const Tensor& b, double alpha) {
   const DType dt = ResultType(a, b);
   FSDP_CHECK(IsFloatingPoint(dt) || IsIntegral(alpha), "sub: alpha ", alpha,
              " must be integral for int64 inputs");
-  if (alpha == 1.0) return Binary("sub", a, b, dt, true, [](auto x, auto y) { return x - y; });
-  return Binary("sub", a, b, dt, true, [alpha](auto x, auto y) {
+  if (alpha == 1.0) return Binary("sub", BinaryOp::kSub, 1.0, a, b, dt, true, [](auto x, auto y) { return x - y; });
+  return Binary("sub", BinaryOp::kSub, alpha, a, b, dt, true, [alpha](auto x, auto y) {
     using T = decltype(x);
     return x - static_cast<T>(alpha) * y;
   });
 }
 
 Tensor Mul(const Tensor& a, const Tensor& b) {
-  return Binary("mul", a, b, ResultType(a, b), true, [](auto x, auto y) { return x * y; });
+  return Binary("mul", BinaryOp::kMul, 1.0, a, b, ResultType(a, b), true, [](auto x, auto y) { return x * y; });
 }
 
 Tensor Div(const Tensor& a, const Tensor& b) {
   DType dt = ResultType(a, b);
   if (!IsFloatingPoint(dt)) dt = DType::kFloat32;
-  return Binary("div", a, b, dt, false, [](auto x, auto y) { return x / y; });
+  return Binary("div", BinaryOp::kDiv, 1.0, a, b, dt, false, [](auto x, auto y) { return x / y; });
 }
 
 BinaryGrads AddBackward(const Tensor& grad, const Tensor& a, const Tensor& b, double alpha,
@@ -165,7 +174,7 @@ BinaryGrads DivBackward(const Tensor& grad, const Tensor& a, const Tensor& b, bo
 
 Tensor AddScalar(const Tensor& x, double s) {
   internal::CheckDefined("add", "self", x);
-  return Unary("add", x, ResultTypeWithScalar(x, s), [s](auto v) {
+  return Unary("add", UnaryOp::kAddScalar, s, x, ResultTypeWithScalar(x, s), [s](auto v) {
     using T = decltype(v);
     return v + static_cast<T>(s);
   });
@@ -173,7 +182,7 @@ Tensor AddScalar(const Tensor& x, double s) {
 
 Tensor MulScalar(const Tensor& x, double s) {
   internal::CheckDefined("mul", "self", x);
-  return Unary("mul", x, ResultTypeWithScalar(x, s), [s](auto v) {
+  return Unary("mul", UnaryOp::kMulScalar, s, x, ResultTypeWithScalar(x, s), [s](auto v) {
     using T = decltype(v);
     return v * static_cast<T>(s);
   });
@@ -183,7 +192,7 @@ Tensor DivScalar(const Tensor& x, double s) {
   internal::CheckDefined("div", "self", x);
   DType dt = ResultTypeWithScalar(x, s);
   if (!IsFloatingPoint(dt)) dt = DType::kFloat32;
-  return Unary("div", x, dt, [s](auto v) {
+  return Unary("div", UnaryOp::kDivScalar, s, x, dt, [s](auto v) {
     using T = decltype(v);
     return v / static_cast<T>(s);
   });
@@ -191,7 +200,7 @@ Tensor DivScalar(const Tensor& x, double s) {
 
 Tensor RSubScalar(const Tensor& x, double s) {
   internal::CheckDefined("rsub", "self", x);
-  return Unary("rsub", x, ResultTypeWithScalar(x, s), [s](auto v) {
+  return Unary("rsub", UnaryOp::kRSubScalar, s, x, ResultTypeWithScalar(x, s), [s](auto v) {
     using T = decltype(v);
     return static_cast<T>(s) - v;
   });
@@ -215,13 +224,13 @@ T PowValue(T x, double e) {
 
 Tensor PowScalar(const Tensor& x, double exponent) {
   internal::CheckFloating("pow", "self", x);
-  return Unary("pow", x, x.dtype(), [exponent](auto v) { return PowValue(v, exponent); });
+  return Unary("pow", UnaryOp::kPow, exponent, x, x.dtype(), [exponent](auto v) { return PowValue(v, exponent); });
 }
 
 Tensor PowScalarBackward(const Tensor& grad, const Tensor& x, double exponent) {
   if (exponent == 0.0) return Tensor::zeros(x.sizes(), x.dtype(), x.device());
   const DType dt = PromoteTypes(grad.dtype(), x.dtype());
-  Tensor out = Binary("pow_backward", grad, x, dt, false, [exponent](auto g, auto v) {
+  Tensor out = Binary("pow_backward", BinaryOp::kPowBackward, exponent, grad, x, dt, false, [exponent](auto g, auto v) {
     using T = decltype(g);
     return g * (static_cast<T>(exponent) * PowValue(v, exponent - 1.0));
   });
@@ -230,29 +239,29 @@ Tensor PowScalarBackward(const Tensor& grad, const Tensor& x, double exponent) {
 
 // ---- Unary -----------------------------------------------------------------------------------
 
-Tensor Neg(const Tensor& x) { return Unary("neg", x, x.dtype(), [](auto v) { return -v; }); }
+Tensor Neg(const Tensor& x) { return Unary("neg", UnaryOp::kNeg, 0.0, x, x.dtype(), [](auto v) { return -v; }); }
 
 Tensor Exp(const Tensor& x) {
-  return Unary("exp", x, FloatResult(x), [](auto v) { return std::exp(v); });
+  return Unary("exp", UnaryOp::kExp, 0.0, x, FloatResult(x), [](auto v) { return std::exp(v); });
 }
 
 Tensor Log(const Tensor& x) {
-  return Unary("log", x, FloatResult(x), [](auto v) { return std::log(v); });
+  return Unary("log", UnaryOp::kLog, 0.0, x, FloatResult(x), [](auto v) { return std::log(v); });
 }
 
 Tensor Sqrt(const Tensor& x) {
-  return Unary("sqrt", x, FloatResult(x), [](auto v) { return std::sqrt(v); });
+  return Unary("sqrt", UnaryOp::kSqrt, 0.0, x, FloatResult(x), [](auto v) { return std::sqrt(v); });
 }
 
 Tensor Rsqrt(const Tensor& x) {
-  return Unary("rsqrt", x, FloatResult(x), [](auto v) {
+  return Unary("rsqrt", UnaryOp::kRsqrt, 0.0, x, FloatResult(x), [](auto v) {
     using T = decltype(v);
     return T(1) / std::sqrt(v);
   });
 }
 
 Tensor Reciprocal(const Tensor& x) {
-  return Unary("reciprocal", x, FloatResult(x), [](auto v) {
+  return Unary("reciprocal", UnaryOp::kReciprocal, 0.0, x, FloatResult(x), [](auto v) {
     using T = decltype(v);
     return T(1) / v;
   });
@@ -264,7 +273,7 @@ Tensor LogBackward(const Tensor& grad, const Tensor& x) { return CastTo(Div(grad
 
 Tensor SqrtBackward(const Tensor& grad, const Tensor& result) {
   const DType dt = PromoteTypes(grad.dtype(), result.dtype());
-  return CastTo(Binary("sqrt_backward", grad, result, dt, false, [](auto g, auto r) {
+  return CastTo(Binary("sqrt_backward", BinaryOp::kSqrtBackward, 0.0, grad, result, dt, false, [](auto g, auto r) {
                   using T = decltype(g);
                   return g / (T(2) * r);
                 }),
@@ -273,7 +282,7 @@ Tensor SqrtBackward(const Tensor& grad, const Tensor& result) {
 
 Tensor RsqrtBackward(const Tensor& grad, const Tensor& result) {
   const DType dt = PromoteTypes(grad.dtype(), result.dtype());
-  return CastTo(Binary("rsqrt_backward", grad, result, dt, false, [](auto g, auto r) {
+  return CastTo(Binary("rsqrt_backward", BinaryOp::kRsqrtBackward, 0.0, grad, result, dt, false, [](auto g, auto r) {
                   using T = decltype(g);
                   return T(-0.5) * g * (r * r * r);
                 }),
@@ -282,7 +291,7 @@ Tensor RsqrtBackward(const Tensor& grad, const Tensor& result) {
 
 Tensor ReciprocalBackward(const Tensor& grad, const Tensor& result) {
   const DType dt = PromoteTypes(grad.dtype(), result.dtype());
-  return CastTo(Binary("reciprocal_backward", grad, result, dt, false, [](auto g, auto r) { return -g * (r * r); }),
+  return CastTo(Binary("reciprocal_backward", BinaryOp::kReciprocalBackward, 0.0, grad, result, dt, false, [](auto g, auto r) { return -g * (r * r); }),
                 result);
 }
 

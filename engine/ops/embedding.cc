@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "engine/ops/cuda/dispatch.h"
 #include "engine/ops/kernel_util.h"
 
 namespace fsdp::ops::kernels {
@@ -13,6 +14,11 @@ Tensor Embedding(const Tensor& indices, const Tensor& weight) {
   FSDP_CHECK(weight.dim() == 2, "embedding: 'weight' must be 2-D, got ", ShapeStr(weight.sizes()));
   const int64_t num = weight.size(0), d = weight.size(1);
   const std::vector<int64_t> idx = indices.to_int64s();
+  for (int64_t i : idx) {
+    FSDP_CHECK(i >= 0 && i < num, "embedding: index ", i, " out of range for weight ", ShapeStr(weight.sizes()),
+               " (index out of range in self)");
+  }
+  if (internal::OnCuda("embedding", {&indices, &weight})) return FSDP_CUDA_KERNEL("embedding", Embedding(indices, weight));
   Shape out_shape = indices.sizes();
   out_shape.push_back(d);
   const Tensor hw = weight.device().is_cpu() ? weight : weight.to(Device::CPU());
@@ -21,8 +27,6 @@ Tensor Embedding(const Tensor& indices, const Tensor& weight) {
   const char* src = static_cast<const char*>(hw.data_ptr());
   char* dst = static_cast<char*>(out.data_ptr());
   for (size_t i = 0; i < idx.size(); ++i) {
-    FSDP_CHECK(idx[i] >= 0 && idx[i] < num, "embedding: index ", idx[i], " out of range for weight ",
-               ShapeStr(weight.sizes()), " (index out of range in self)");
     if (row_bytes > 0) std::memcpy(dst + i * row_bytes, src + static_cast<size_t>(idx[i]) * row_bytes, row_bytes);
   }
   return out.device() == weight.device() ? out : out.to(weight.device());
@@ -38,6 +42,13 @@ Tensor EmbeddingBackward(const Tensor& grad, const Tensor& indices, int64_t num_
              ShapeStr(indices.sizes()));
   const int64_t d = grad.size(-1);
   const std::vector<int64_t> idx = indices.to_int64s();
+  for (int64_t i : idx) {
+    FSDP_CHECK(i >= 0 && i < num_weights, "embedding_backward: index ", i, " out of range for ", num_weights,
+               " embeddings");
+  }
+  if (internal::OnCuda("embedding_backward", {&grad, &indices})) {
+    return FSDP_CUDA_KERNEL("embedding_backward", EmbeddingBackward(grad, idx, num_weights, padding_idx));
+  }
   const DType cd = internal::ComputeDType(grad.dtype());
   const Tensor hg = internal::HostAs(grad, cd);
   Tensor out = internal::DispatchFloat(cd, "embedding_backward", [&](auto tag) {
@@ -46,8 +57,6 @@ Tensor EmbeddingBackward(const Tensor& grad, const Tensor& indices, int64_t num_
     const T* pg = hg.data<T>();
     T* pw = gw.data<T>();
     for (size_t i = 0; i < idx.size(); ++i) {
-      FSDP_CHECK(idx[i] >= 0 && idx[i] < num_weights, "embedding_backward: index ", idx[i],
-                 " out of range for ", num_weights, " embeddings");
       if (padding_idx.has_value() && idx[i] == *padding_idx) continue;
       T* row = pw + idx[i] * d;
       const T* g = pg + static_cast<int64_t>(i) * d;

@@ -13,8 +13,11 @@
 #include <vector>
 
 #include "engine/core/tensor.h"
+#include "engine/ops/shape_ops.h"
 
 namespace fsdp::ops::kernels::internal {
+
+using kernels::Cast;
 
 inline bool IsReducedFloat(DType dtype) {
   return dtype == DType::kFloat16 || dtype == DType::kBFloat16;
@@ -43,10 +46,11 @@ inline Tensor ToCompute(const Tensor& t) {
   return HostAs(t, ComputeDType(t.dtype()));
 }
 
-// Converts a kernel result back to `dtype` on `device`.
+// Converts a kernel result back to `dtype` on `device` (the dtype conversion runs on the
+// result's device: kernels::Cast dispatches CUDA tensors to the CUDA cast kernel).
 inline Tensor Restore(const Tensor& result, DType dtype, Device device) {
   if (!result.defined()) return result;
-  Tensor out = result.to(dtype);
+  Tensor out = Cast(result, dtype);
   return out.device() == device ? out : out.to(device);
 }
 inline Tensor RestoreLike(const Tensor& result, const Tensor& like) {

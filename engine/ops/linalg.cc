@@ -7,6 +7,7 @@
 #include <Eigen/Core>
 
 #include "engine/ops/broadcast.h"
+#include "engine/ops/cuda/dispatch.h"
 #include "engine/ops/kernel_util.h"
 
 namespace fsdp::ops::kernels {
@@ -76,6 +77,7 @@ Tensor Mm(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b) 
   const MatDims da = Dims(a, transpose_a), db = Dims(b, transpose_b);
   FSDP_CHECK(da.k == db.m, "mm: mat1 and mat2 shapes cannot be multiplied (", da.m, "x", da.k, " and ",
              db.m, "x", db.k, "; operands ", MatStr(a, transpose_a), " and ", MatStr(b, transpose_b), ")");
+  if (internal::OnCuda("mm", {&a, &b})) return FSDP_CUDA_KERNEL("mm", Mm(a, b, transpose_a, transpose_b, dt));
   const DType cd = internal::ComputeDType(dt);
   const Tensor ha = HostAs(a, cd), hb = HostAs(b, cd);
   Tensor out = internal::DispatchFloat(cd, "mm", [&](auto tag) {
@@ -99,6 +101,7 @@ Tensor Bmm(const Tensor& a, const Tensor& b, bool transpose_a, bool transpose_b)
   FSDP_CHECK(da.k == db.m, "bmm: batch1 and batch2 shapes cannot be multiplied (", da.m, "x", da.k,
              " and ", db.m, "x", db.k, "; operands ", MatStr(a, transpose_a), " and ",
              MatStr(b, transpose_b), ")");
+  if (internal::OnCuda("bmm", {&a, &b})) return FSDP_CUDA_KERNEL("bmm", Bmm(a, b, transpose_a, transpose_b, dt));
   const DType cd = internal::ComputeDType(dt);
   const Tensor ha = HostAs(a, cd), hb = HostAs(b, cd);
   Shape out_shape = batch;
@@ -130,6 +133,9 @@ Tensor Addmm(const Tensor& bias, const Tensor& a, const Tensor& b, bool transpos
   const Shape out_shape = {da.m, db.k};
   FSDP_CHECK(bias.dim() <= 2 && BroadcastShapes(bias.sizes(), out_shape, "addmm") == out_shape,
              "addmm: bias ", ShapeStr(bias.sizes()), " cannot be broadcast to ", ShapeStr(out_shape));
+  if (internal::OnCuda("addmm", {&bias, &a, &b})) {
+    return FSDP_CUDA_KERNEL("addmm", Addmm(bias, a, b, transpose_a, transpose_b, dt));
+  }
   const DType cd = internal::ComputeDType(dt);
   const Tensor ha = HostAs(a, cd), hb = HostAs(b, cd);
   Tensor out = Expand(HostAs(bias, cd), out_shape).clone();
@@ -193,6 +199,7 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
              ShapeStr(x.sizes()), ", weight ", ShapeStr(weight.sizes()), ")");
   FSDP_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == out_features), "linear: bias ",
              bias.defined() ? ShapeStr(bias.sizes()) : "", " does not match weight ", ShapeStr(weight.sizes()));
+  if (internal::OnCuda("linear", {&x, &weight, &bias})) return FSDP_CUDA_KERNEL("linear", Linear(x, weight, bias, dt));
   const int64_t nrows = internal::ProdRange(x.sizes(), 0, x.dim() - 1);
   Shape out_shape = x.sizes();
   out_shape.back() = out_features;

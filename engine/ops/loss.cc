@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "engine/ops/activation.h"
+#include "engine/ops/cuda/dispatch.h"
 #include "engine/ops/kernel_util.h"
 
 namespace fsdp::ops::kernels {
@@ -49,6 +50,10 @@ Reduction ParseReduction(const std::string& reduction) {
 Tensor NllLoss(const Tensor& log_probs, const Tensor& target, Reduction reduction, int64_t ignore_index) {
   std::vector<int64_t> targets;
   const LossDims d = CheckLoss("nll_loss", log_probs, target, ignore_index, &targets);
+  if (internal::OnCuda("nll_loss", {&log_probs, &target})) {
+    return FSDP_CUDA_KERNEL("nll_loss", NllLoss(log_probs, target, reduction, ignore_index,
+                                                CountValid(targets, ignore_index)));
+  }
   const DType cd = internal::ComputeDType(log_probs.dtype());
   const Tensor hx = internal::HostAs(log_probs, cd);
   Tensor out = internal::DispatchFloat(cd, "nll_loss", [&](auto tag) {
@@ -81,6 +86,10 @@ Tensor NllLossBackward(const Tensor& grad, const Tensor& log_probs, const Tensor
   const LossDims d = CheckLoss("nll_loss_backward", log_probs, target, ignore_index, &targets);
   FSDP_CHECK(reduction == Reduction::kNone ? grad.numel() == d.n : grad.numel() == 1,
              "nll_loss_backward: gradient ", grad.str(), " does not match the reduction");
+  if (internal::OnCuda("nll_loss_backward", {&grad, &log_probs, &target}, /*allow_cpu_scalars=*/true)) {
+    return FSDP_CUDA_KERNEL("nll_loss_backward", NllLossBackward(grad, log_probs, target, reduction, ignore_index,
+                                                                 CountValid(targets, ignore_index)));
+  }
   const DType cd = internal::ComputeDType(log_probs.dtype());
   const std::vector<double> g = grad.to_doubles();
   const double denom = reduction == Reduction::kMean ? static_cast<double>(CountValid(targets, ignore_index)) : 1.0;

@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "engine/ops/cuda/dispatch.h"
 #include "engine/ops/kernel_util.h"
 
 namespace fsdp::ops::kernels {
@@ -57,6 +58,9 @@ DType ParamGradDType(const Tensor& weight, const Tensor& grad) {
 LayerNormResult LayerNorm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                           const Tensor& bias, double eps) {
   const NormLayout l = CheckNormalized("layer_norm", x, normalized_shape, weight, bias);
+  if (internal::OnCuda("layer_norm", {&x, &weight, &bias})) {
+    return FSDP_CUDA_KERNEL("layer_norm", LayerNorm(x, l.rows, l.cols, l.stat_shape, weight, bias, eps));
+  }
   const DType cd = internal::ComputeDType(x.dtype());
   const Tensor hx = HostAs(x, cd), hw = HostAs(weight, cd), hb = HostAs(bias, cd);
   LayerNormResult r;
@@ -103,6 +107,11 @@ NormGrads LayerNormBackward(const Tensor& grad, const Tensor& x, const Shape& no
              " does not match input ", ShapeStr(x.sizes()));
   FSDP_CHECK(mean.numel() == l.rows && rstd.numel() == l.rows, "layer_norm_backward: mean ",
              ShapeStr(mean.sizes()), " / rstd ", ShapeStr(rstd.sizes()), " do not have ", l.rows, " rows");
+  if (internal::OnCuda("layer_norm_backward", {&grad, &x, &mean, &rstd, &weight})) {
+    return FSDP_CUDA_KERNEL("layer_norm_backward",
+                            LayerNormBackward(grad, x, l.rows, l.cols, normalized_shape, mean, rstd, weight,
+                                              need_input, need_weight, need_bias));
+  }
   const DType cd = internal::ComputeDType(x.dtype());
   const Tensor hg = HostAs(grad, cd), hx = HostAs(x, cd), hw = HostAs(weight, cd);
   const Tensor hm = HostAs(mean, cd), hs = HostAs(rstd, cd);
@@ -166,6 +175,9 @@ RmsNormResult RmsNorm(const Tensor& x, const Shape& normalized_shape, const Tens
     e = x.dtype() == DType::kFloat64 ? std::numeric_limits<double>::epsilon()
                                      : static_cast<double>(std::numeric_limits<float>::epsilon());
   }
+  if (internal::OnCuda("rms_norm", {&x, &weight})) {
+    return FSDP_CUDA_KERNEL("rms_norm", RmsNorm(x, l.rows, l.cols, l.stat_shape, weight, e));
+  }
   const DType cd = internal::ComputeDType(x.dtype());
   const Tensor hx = HostAs(x, cd), hw = HostAs(weight, cd);
   RmsNormResult r;
@@ -198,6 +210,10 @@ NormGrads RmsNormBackward(const Tensor& grad, const Tensor& x, const Shape& norm
   FSDP_CHECK(grad.sizes() == x.sizes() && rstd.numel() == l.rows, "rms_norm_backward: gradient ",
              ShapeStr(grad.sizes()), " / rstd ", ShapeStr(rstd.sizes()), " do not match input ",
              ShapeStr(x.sizes()));
+  if (internal::OnCuda("rms_norm_backward", {&grad, &x, &rstd, &weight})) {
+    return FSDP_CUDA_KERNEL("rms_norm_backward", RmsNormBackward(grad, x, l.rows, l.cols, normalized_shape, rstd,
+                                                                 weight, need_input, need_weight));
+  }
   const DType cd = internal::ComputeDType(x.dtype());
   const Tensor hg = HostAs(grad, cd), hx = HostAs(x, cd), hw = HostAs(weight, cd), hs = HostAs(rstd, cd);
   const bool want_w = need_weight && weight.defined();
@@ -289,6 +305,10 @@ BatchNormResult BatchNorm(const Tensor& x, const Tensor& weight, const Tensor& b
     FSDP_CHECK(momentum.has_value() || !training || !running_mean.defined(),
                "batch_norm: momentum=None (cumulative average) needs num_batches_tracked");
   }
+  if (internal::OnCuda("batch_norm", {&x, &weight, &bias, &running_mean, &running_var})) {
+    return FSDP_CUDA_KERNEL("batch_norm", BatchNorm(x, l.n, l.c, l.l, weight, bias, running_mean, running_var,
+                                                    training, factor, eps));
+  }
   const DType cd = internal::ComputeDType(x.dtype());
   const Tensor hx = HostAs(x, cd), hw = HostAs(weight, cd), hb = HostAs(bias, cd);
   const Tensor hrm = HostAs(running_mean, cd), hrv = HostAs(running_var, cd);
@@ -361,6 +381,11 @@ NormGrads BatchNormBackward(const Tensor& grad, const Tensor& x, const Tensor& w
   const BnLayout l = CheckBatchNorm("batch_norm_backward", x, weight, Tensor(), save_mean, save_invstd);
   FSDP_CHECK(grad.sizes() == x.sizes(), "batch_norm_backward: gradient ", ShapeStr(grad.sizes()),
              " does not match input ", ShapeStr(x.sizes()));
+  if (internal::OnCuda("batch_norm_backward", {&grad, &x, &weight, &save_mean, &save_invstd})) {
+    return FSDP_CUDA_KERNEL("batch_norm_backward", BatchNormBackward(grad, x, l.n, l.c, l.l, weight, save_mean,
+                                                                     save_invstd, training, need_input, need_weight,
+                                                                     need_bias));
+  }
   const int64_t count = l.n * l.l;
   const DType cd = internal::ComputeDType(x.dtype());
   const Tensor hg = HostAs(grad, cd), hx = HostAs(x, cd), hw = HostAs(weight, cd);

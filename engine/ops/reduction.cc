@@ -6,6 +6,7 @@
 
 #include "engine/ops/broadcast.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/cuda/dispatch.h"
 #include "engine/ops/kernel_util.h"
 
 namespace fsdp::ops::kernels {
@@ -92,6 +93,7 @@ Tensor Sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   internal::CheckDefined("sum", "self", x);
   const std::vector<int64_t> nd = NormalizeDims(dims, x.dim(), "sum");
   const Shape out_shape = ReducedShape(x.sizes(), nd, keepdim, "sum");
+  if (internal::OnCuda("sum", {&x})) return FSDP_CUDA_KERNEL("sum", SumDims(x, nd, x.dtype())).view(out_shape);
   if (!internal::IsNative(x)) {
     return internal::RestoreLike(Sum(internal::ToCompute(x), dims, keepdim), x);
   }
@@ -111,6 +113,9 @@ Tensor Mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   const std::vector<int64_t> nd = NormalizeDims(dims, x.dim(), "mean");
   int64_t count = 1;
   for (int64_t d : nd) count *= x.sizes()[static_cast<size_t>(d)];
+  if (internal::OnCuda("mean", {&x})) {
+    return FSDP_CUDA_KERNEL("mean", Mean(x, nd, ReducedShape(x.sizes(), nd, keepdim, "mean")));
+  }
   if (!internal::IsNative(x)) {
     return internal::RestoreLike(Mean(internal::ToCompute(x), dims, keepdim), x);
   }
@@ -119,6 +124,7 @@ Tensor Mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor Mean(const Tensor& x) {
   internal::CheckFloating("mean", "self", x);
+  if (internal::OnCuda("mean", {&x})) return Mean(x.dim() > 0 ? x.view({x.numel()}) : x, {}, false);
   if (!internal::IsNative(x)) return internal::RestoreLike(Mean(internal::ToCompute(x)), x);
   return DivScalar(Sum(x), static_cast<double>(x.numel()));
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "engine/ops/broadcast.h"
+#include "engine/ops/cuda/dispatch.h"
 #include "engine/ops/kernel_util.h"
 
 namespace fsdp::ops::kernels {
@@ -49,6 +50,7 @@ Tensor Permute(const Tensor& x, const std::vector<int64_t>& dims) {
   bool identity = true;
   for (int64_t i = 0; i < nd; ++i) identity = identity && wrapped[static_cast<size_t>(i)] == i;
   if (identity) return x.clone();
+  if (internal::OnCuda("permute", {&x})) return FSDP_CUDA_KERNEL("permute", Permute(x, wrapped));
   // Input strides, then output shape and the input stride of each output dim.
   std::vector<int64_t> in_strides(static_cast<size_t>(nd), 1);
   for (int64_t i = nd - 2; i >= 0; --i) {
@@ -126,6 +128,14 @@ Tensor Cat(const std::vector<Tensor>& tensors, int64_t dim) {
                ShapeStr(ref.sizes()), " and tensor ", i, " has shape ", ShapeStr(t.sizes()));
     total += t.sizes()[static_cast<size_t>(d)];
   }
+  // OnCuda takes a fixed list; cat's inputs are a vector, so the same rule is spelled out here.
+  if (std::any_of(parts.begin(), parts.end(), [](const Tensor& t) { return t.device().is_cuda(); })) {
+    for (const Tensor& t : parts) {
+      FSDP_CHECK(t.device() == ref.device(), "cat: expected all tensors to be on the same device, but found at least "
+                 "two devices, ", ref.device().str(), " and ", t.device().str());
+    }
+    return FSDP_CUDA_KERNEL("cat", Cat(parts, d, dt));
+  }
   Shape out_shape = ref.sizes();
   out_shape[static_cast<size_t>(d)] = total;
   Tensor out = Tensor::empty(out_shape, dt);
@@ -151,6 +161,7 @@ Tensor Narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   if (start < 0) start += size;
   FSDP_CHECK(start >= 0 && length >= 0 && start + length <= size, "narrow: start (", start, ") + length (",
              length, ") exceeds dimension size (", size, ") of ", ShapeStr(x.sizes()), " at dim ", d);
+  if (internal::OnCuda("narrow", {&x})) return FSDP_CUDA_KERNEL("narrow", Narrow(x, d, start, length));
   Shape out_shape = x.sizes();
   out_shape[static_cast<size_t>(d)] = length;
   const Tensor hx = OnHost(x);
@@ -170,6 +181,9 @@ Tensor NarrowBackward(const Tensor& grad, const Shape& input_shape, int64_t dim,
   FSDP_CHECK(grad.dim() == nd && start >= 0 && start + grad.size(d) <= size, "narrow_backward: gradient ",
              ShapeStr(grad.sizes()), " does not fit input ", ShapeStr(input_shape), " at offset ", start,
              " of dim ", d);
+  if (internal::OnCuda("narrow_backward", {&grad})) {
+    return FSDP_CUDA_KERNEL("narrow_backward", NarrowBackward(grad, input_shape, d, start));
+  }
   const int64_t len = grad.size(d);
   const Tensor hg = OnHost(grad);
   Tensor out = Tensor::zeros(input_shape, grad.dtype());
@@ -181,6 +195,7 @@ Tensor NarrowBackward(const Tensor& grad, const Shape& input_shape, int64_t dim,
 
 Tensor Cast(const Tensor& x, DType dtype) {
   internal::CheckDefined("to", "self", x);
+  if (internal::OnCuda("to", {&x})) return FSDP_CUDA_KERNEL("to", Cast(x, dtype));
   return x.to(dtype);
 }
 
