@@ -4,7 +4,9 @@
 #include "engine/core/allocator.h"
 #include "engine/core/error.h"
 #include "engine/dist/gloo/gloo_process_group.h"
+#include "engine/dist/nccl/nccl_process_group.h"
 #include "fakes/threaded_process_group.h"
+#include "fsdp/config.h"
 
 namespace fsdp::conformance {
 
@@ -81,10 +83,13 @@ std::optional<std::string> BackendRegistry::Unavailable(const std::string& name)
   if (!has_factory) {
     return "backend " + name + " has no process-group factory in this build";
   }
+  // The backend's own reason first: it is more specific than the generic GPU check.
+  if (b.unavailable) {
+    if (auto why = b.unavailable()) return why;
+  }
   if (b.requires_gpu && VisibleGpuCount() == 0) {
     return "backend " + name + " needs a GPU and none is visible";
   }
-  if (b.unavailable) return b.unavailable();
   return std::nullopt;
 }
 
@@ -115,10 +120,29 @@ void RegisterDefaultBackends(BackendRegistry& registry) {
   nccl.description = "one process per rank, NCCL on CUDA devices";
   nccl.mode = LaunchMode::kProcesses;
   nccl.requires_gpu = true;
+  // Rank r runs on cuda:r (the process launcher starts every rank on this host, so the rank
+  // is the local rank; NCCL needs a distinct GPU per rank).
   nccl.device = [](int rank) {
     const int count = VisibleGpuCount();
     return Device::CUDA(count > 0 ? rank % count : 0);
   };
+  nccl.unavailable = []() -> std::optional<std::string> {
+    if (VisibleGpuCount() == 0) return std::string("backend nccl: no CUDA device visible");
+    return std::nullopt;
+  };
+#if FSDP_HAVE_NCCL
+  nccl.process_group = [](const ProcessGroupSpec& spec) -> std::shared_ptr<dist::ProcessGroup> {
+    const int gpus = VisibleGpuCount();
+    if (spec.world > gpus) {
+      SkipCase("backend nccl needs one GPU per rank: world " + std::to_string(spec.world) +
+               ", " + std::to_string(gpus) + " CUDA device(s) visible");
+    }
+    dist::NcclOptions options;
+    options.timeout = spec.timeout;
+    return dist::NcclProcessGroup::Create(dist::GlooStore::File(spec.store_dir), spec.rank,
+                                          spec.world, spec.device, options);
+  };
+#endif
   registry.Add(std::move(nccl));
 }
 

@@ -91,7 +91,10 @@ class BackendRegistry {
 
 // Declares threaded (threads: fakes::ThreadedProcessGroup), gloo (processes:
 // dist::GlooProcessGroup over a FileStore in the case's store directory) and nccl (processes,
-// GPU; no factory in this build yet, so unavailable).
+// one GPU per rank: dist::NcclProcessGroup on cuda:<rank>, its unique id exchanged through a
+// FileStore in the case's store directory; the factory exists only in builds with NCCL, and
+// the backend is unavailable with "no CUDA device visible" when there is no GPU; a world
+// larger than the visible GPU count is skipped).
 void RegisterDefaultBackends(BackendRegistry& registry);
 
 // Number of visible CUDA devices (0 in CPU-only builds).

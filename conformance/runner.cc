@@ -132,10 +132,11 @@ std::vector<PlannedCase> Runner::Plan() {
     } else if (world < info.min_world || world > info.max_world) {
       whole = "world " + std::to_string(world) + " is outside the scenario's range [" +
               std::to_string(info.min_world) + ", " + std::to_string(info.max_world) + "]";
+    } else if (backend_unavailable) {
+      // The backend's own reason ("backend nccl: no CUDA device visible") is the most specific.
+      whole = *backend_unavailable;
     } else if ((info.requires_gpu || backend.requires_gpu) && !gpu_visible) {
       whole = "needs a GPU and none is visible";
-    } else if (backend_unavailable) {
-      whole = *backend_unavailable;
     }
     if (whole) {
       plan.push_back(PlannedCase{s, CaseParams(canonical_fixed), world, whole});

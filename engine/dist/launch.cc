@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "engine/dist/nccl/nccl_process_group.h"
+#include "fsdp/config.h"
+
 namespace fsdp::dist {
 
 std::string LaunchEnvironment::str() const {
@@ -20,7 +23,12 @@ std::string LaunchEnvironment::str() const {
   } else {
     os << "(none)";
   }
+  if (backend != "gloo") os << ", backend " << backend;
   return os.str();
+}
+
+Device LaunchEnvironment::device() const {
+  return backend == "nccl" ? Device::CUDA(local_rank) : Device::CPU();
 }
 
 EnvLookup ProcessEnvironment() {
@@ -84,7 +92,7 @@ LaunchEnvironment ReadLaunchEnvironment(const EnvLookup& env) {
     if (auto v = env(l.local_world)) {
       // Slurm may write "4(x2)"; take the leading count.
       std::string s = *v;
-      s = s.substr(0, s.find('('));
+      if (const size_t paren = s.find('('); paren != std::string::npos) s.resize(paren);
       launch.local_world_size = ParseInt(l.local_world, s, 1);
     } else if (env(l.local_rank)) {
       launch.local_world_size = 0;  // unknown: the launcher gave a local rank but no count
@@ -102,6 +110,11 @@ LaunchEnvironment ReadLaunchEnvironment(const EnvLookup& env) {
   if (auto v = env("FSDP_PG_TIMEOUT_MS")) {
     launch.timeout = std::chrono::milliseconds(ParseInt("FSDP_PG_TIMEOUT_MS", *v, 1));
   }
+  if (auto v = env("FSDP_BACKEND")) {
+    FSDP_CHECK(*v == "gloo" || *v == "nccl", "launch environment: FSDP_BACKEND='", *v,
+               "' is not a backend; use gloo or nccl");
+    launch.backend = *v;
+  }
   if (launch.world_size > 1) {
     FSDP_CHECK(
         !launch.store_path.empty() || (!launch.master_addr.empty() && launch.master_port > 0),
@@ -113,8 +126,41 @@ LaunchEnvironment ReadLaunchEnvironment(const EnvLookup& env) {
   return launch;
 }
 
+namespace {
+
+// The rendezvous store for `launch`: a file store, the in-process store for a world of one,
+// or the TCP store hosted by rank 0.
+std::shared_ptr<GlooStore> MakeLaunchStore(const LaunchEnvironment& launch,
+                                           std::chrono::milliseconds timeout) {
+  if (!launch.store_path.empty()) return GlooStore::File(launch.store_path);
+  if (launch.world_size == 1) return GlooStore::InProcess();
+  return GlooStore::Tcp(launch.master_addr, launch.master_port, launch.rank == 0, timeout);
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> InitNcclProcessGroup(const LaunchEnvironment& launch,
+                                                   std::chrono::milliseconds timeout) {
+  if (launch.timeout) timeout = *launch.timeout;
+#if FSDP_HAVE_NCCL
+  NcclOptions options;
+  options.timeout = timeout;
+  auto world = NcclProcessGroup::Create(MakeLaunchStore(launch, timeout), launch.rank,
+                                        launch.world_size, Device::CUDA(launch.local_rank),
+                                        options);
+  SetDefaultProcessGroup(world);
+  return world;
+#else
+  (void)timeout;
+  FSDP_THROW(ErrorCode::kUnavailable, "InitNcclProcessGroup (", launch.str(),
+             "): this build has no NCCL (FSDP_HAVE_NCCL is 0: configured without CUDA, with "
+             "FSDP_ENABLE_CUDA=OFF, or NCCL was not found)");
+#endif
+}
+
 std::shared_ptr<ProcessGroup> InitProcessGroup(const LaunchEnvironment& launch,
                                                GlooOptions options) {
+  if (launch.backend == "nccl") return InitNcclProcessGroup(launch, options.timeout);
   if (launch.timeout) options.timeout = *launch.timeout;
   if (!launch.iface.empty()) {
     options.iface = launch.iface;
@@ -123,16 +169,8 @@ std::shared_ptr<ProcessGroup> InitProcessGroup(const LaunchEnvironment& launch,
     char host[256] = {0};
     if (::gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') options.hostname = host;
   }
-  std::shared_ptr<GlooStore> store;
-  if (!launch.store_path.empty()) {
-    store = GlooStore::File(launch.store_path);
-  } else if (launch.world_size == 1) {
-    store = GlooStore::InProcess();
-  } else {
-    store =
-        GlooStore::Tcp(launch.master_addr, launch.master_port, launch.rank == 0, options.timeout);
-  }
-  auto world = GlooProcessGroup::Create(store, launch.rank, launch.world_size, options);
+  auto world = GlooProcessGroup::Create(MakeLaunchStore(launch, options.timeout), launch.rank,
+                                        launch.world_size, options);
   SetDefaultProcessGroup(world);
   return world;
 }
@@ -152,7 +190,7 @@ std::unique_ptr<DistributedSession> DistributedSession::Create(const LaunchEnvir
 
 DistributedSession::DistributedSession(LaunchEnvironment launch, uint64_t seed)
     : launch_(std::move(launch)),
-      context_(launch_.rank, launch_.world_size, Device::CPU(), seed),
+      context_(launch_.rank, launch_.world_size, launch_.device(), seed),
       guard_(context_) {}
 
 DistributedSession::~DistributedSession() {

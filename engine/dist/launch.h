@@ -6,7 +6,10 @@
 // run, shared by all ranks), otherwise through a TCP store hosted by rank 0 at
 // MASTER_ADDR:MASTER_PORT. GLOO_SOCKET_IFNAME (or FSDP_GLOO_IFACE) picks the network
 // interface; otherwise ranks bind 127.0.0.1 when all ranks are on one host and the host name
-// when not. FSDP_PG_TIMEOUT_MS overrides the collective deadline.
+// when not. FSDP_PG_TIMEOUT_MS overrides the collective deadline. FSDP_BACKEND picks the
+// world's backend: "gloo" (the default) or "nccl" (NcclProcessGroup on cuda:LOCAL_RANK, the
+// unique id exchanged through the same store; needs a build with NCCL and one GPU per local
+// rank). The session's RankContext device is then cuda:LOCAL_RANK.
 //
 //   int main() {
 //     auto session = fsdp::dist::DistributedSession::FromEnvironment();
@@ -41,11 +44,15 @@ struct LaunchEnvironment {
   std::string store_path;    // Default: "" (FSDP_STORE_PATH)
   std::string iface;         // Default: "" (GLOO_SOCKET_IFNAME / FSDP_GLOO_IFACE)
   std::optional<std::chrono::milliseconds> timeout;  // Default: none (FSDP_PG_TIMEOUT_MS)
+  std::string backend = "gloo";  // Default: "gloo" (FSDP_BACKEND: "gloo" or "nccl")
   // Which variables supplied the layout: "torchrun", "openmpi", "pmi", "slurm" or "default".
   std::string source = "default";
 
-  // "rank 1/4 (local 1/4) from torchrun, store tcp://host:29500".
+  // "rank 1/4 (local 1/4) from torchrun, store tcp://host:29500" (", backend nccl" appended
+  // when the backend is not gloo).
   std::string str() const;
+  // The rank's device: cuda:local_rank for nccl, the CPU for gloo.
+  Device device() const;
 };
 
 // Looks up an environment variable; nullopt when unset.
@@ -57,11 +64,19 @@ EnvLookup ProcessEnvironment();
 // malformed or inconsistent.
 LaunchEnvironment ReadLaunchEnvironment(const EnvLookup& env = ProcessEnvironment());
 
-// Creates the world's Gloo group for `launch` (the store per the rules above; rank 0 hosts
-// the TCP store) and installs it as the calling rank's default group. `options` supplies
-// defaults that the environment (iface, timeout) overrides.
+// Creates the world's group for `launch` with launch.backend (the store per the rules above;
+// rank 0 hosts the TCP store) and installs it as the calling rank's default group. For gloo,
+// `options` supplies defaults that the environment (iface, timeout) overrides; for nccl only
+// options.timeout is used (InitNcclProcessGroup).
 std::shared_ptr<ProcessGroup> InitProcessGroup(const LaunchEnvironment& launch,
                                                GlooOptions options = {});
+
+// Creates the world's NcclProcessGroup for `launch` on cuda:launch.local_rank (whatever
+// launch.backend says), the store per the rules above, and installs it as the calling rank's
+// default group. launch.timeout overrides `timeout`. Throws Unavailable in builds without
+// NCCL, or when no CUDA device is visible.
+std::shared_ptr<ProcessGroup> InitNcclProcessGroup(
+    const LaunchEnvironment& launch, std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
 // A rank's whole distributed setup: its RankContext (rank, world size, seed) installed on the
 // calling thread, and its world group (the default group).

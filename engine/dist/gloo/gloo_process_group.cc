@@ -144,6 +144,10 @@ std::string GlooStore::get(const std::string& key, std::chrono::milliseconds tim
 
 // ---- State --------------------------------------------------------------------------------
 
+// Tag of the barrier that ends a group's rendezvous; collectives use 2 * sequence (+ 1), which
+// never reaches it.
+constexpr uint32_t kConnectBarrierTag = 0xFFFFFFFFu;
+
 struct GlooProcessGroup::State {
   std::shared_ptr<GlooStore> store;
   std::unique_ptr<TimeoutStore> timeout_store;
@@ -175,6 +179,16 @@ struct GlooProcessGroup::State {
     ctx->setTimeout(options.timeout);
     TranslateGlooErrors("rendezvous of " + Describe(),
                         [&] { ctx->connectFullMesh(*prefix_store, device); });
+    // No member returns before every member finished its side of the mesh: a rank that exits
+    // right after rendezvous (a case that issues no collective) would otherwise close pairs a
+    // slower peer is still connecting ("Connection closed by peer"). c10d ends
+    // init_process_group with a store-based barrier for the same reason.
+    TranslateGlooErrors("connect barrier of " + Describe(), [&] {
+      ::gloo::BarrierOptions o(ctx);
+      o.setTag(kConnectBarrierTag);
+      o.setTimeout(options.timeout);
+      ::gloo::barrier(o);
+    });
     context = std::move(ctx);
   }
 };
