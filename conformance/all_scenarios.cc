@@ -10,15 +10,21 @@ namespace fsdp::conformance {
 void RegisterModelsScenarios(ScenarioRegistry& registry);
 void RegisterParitySingleScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardCommScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardCollectiveOpsScenarios(ScenarioRegistry& registry);
 void RegisterParityFsdpScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardAutogradScenarios(ScenarioRegistry& registry);
+void RegisterCollectivesScenarios(ScenarioRegistry& registry);
+void RegisterFaultsScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
   RegisterParitySingleScenarios(registry);
   RegisterFullyShardCommScenarios(registry);
+  RegisterFullyShardCollectiveOpsScenarios(registry);
   RegisterParityFsdpScenarios(registry);
   RegisterFullyShardAutogradScenarios(registry);
+  RegisterCollectivesScenarios(registry);
+  RegisterFaultsScenarios(registry);
 }
 
 }  // namespace fsdp::conformance

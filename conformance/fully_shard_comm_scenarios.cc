@@ -19,6 +19,7 @@
 #include <variant>
 #include <vector>
 
+#include "conformance/fsdp_params.h"
 #include "conformance/observations.h"
 #include "conformance/scenario_registry.h"
 #include "engine/core/rng.h"
@@ -38,12 +39,6 @@ namespace {
 constexpr const char* kSeed000 = "test_fully_shard_comm.py::TestFullyShardCommunication::";
 constexpr const char* kAllGather = "c10d._allgather_base_";
 constexpr const char* kReduceScatter = "c10d._reduce_scatter_base_";
-
-fsdp2::ReshardAfterForward ParseReshardAfterForward(const std::string& value) {
-  if (value == "True") return true;
-  if (value == "False") return false;
-  return static_cast<int>(std::stoi(value));
-}
 
 nlohmann::json CountsJson(const std::map<std::string, int64_t>& counts) {
   nlohmann::json j = nlohmann::json::object();
@@ -158,23 +153,11 @@ nlohmann::json BlockBackwardEvents(int64_t n_layers, bool with_unshard) {
 }
 
 std::vector<ParamSpec> PrefetchParams() {
-  return {ParamSpec::Axis("reshard_after_forward", "fully_shard reshard_after_forward",
-                          {"True", "False", "2"}),
+  return {ReshardAfterForwardAxis(),
           ParamSpec::Axis("checkpoint_impl", "activation checkpointing of each block",
                           {"none", "utils", "composable"}),
           ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 3),
           ParamSpec::SizeInt("seed", "seed of the token batch", 0)};
-}
-
-std::optional<std::string> SkipIntNotAFactor(const CaseParams& params, int world) {
-  const std::string raf = params.GetString("reshard_after_forward");
-  if (raf == "True" || raf == "False") return std::nullopt;
-  const int k = std::stoi(raf);
-  if (k < 1 || k > world || world % k != 0) {
-    return "reshard_after_forward=" + raf + " is not a factor of world size " +
-           std::to_string(world);
-  }
-  return std::nullopt;
 }
 
 Scenario CommunicationCount() {
@@ -184,9 +167,8 @@ Scenario CommunicationCount() {
                       "all-gathers N (0 without reshard after forward) and reduce-scatters N+1");
   s.info.name = "fully_shard_comm/communication_count";
   s.info.params.insert(s.info.params.begin(),
-                       ParamSpec::Axis("reshard_after_forward",
-                                       "fully_shard reshard_after_forward (bool or int factor)",
-                                       {"True", "False", "2"}));
+                       ReshardAfterForwardAxis(
+                           "fully_shard reshard_after_forward (bool or int factor)"));
   s.skip = SkipIntNotAFactor;
   s.run_rank = [](RankEnv& env) {
     auto model = ShardedTransformer(env, ParseReshardAfterForward(env.params.GetString("reshard_after_forward")));

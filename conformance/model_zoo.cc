@@ -69,6 +69,15 @@ class TpTestModel : public nn::Cloneable<TpTestModel> {
 
 // ---- Kinds -------------------------------------------------------------------------------------
 
+nn::ContainerType ParseContainerType(const std::string& name) {
+  if (name == "list") return nn::ContainerType::kList;
+  if (name == "namedtuple") return nn::ContainerType::kNamedTuple;
+  if (name == "tuple") return nn::ContainerType::kTuple;
+  if (name == "dict") return nn::ContainerType::kDict;
+  FSDP_THROW(ErrorCode::kInvalidArgument, "container_type must be list, namedtuple, tuple or dict; got '",
+             name, "'");
+}
+
 ParamSpec Batch(int64_t rows) {
   return ParamSpec::SizeInt("batch", "rows of each step's input (per rank)", rows);
 }
@@ -108,6 +117,15 @@ std::vector<ZooModelKind> MakeKinds() {
         ParamSpec::SizeInt("dim", "DoubleLinear dim", 24),
         ParamSpec::SizeInt("loss_switch_step", "first step whose loss is out1.sum()", 3),
         Batch(2)}});
+  kinds.push_back(
+      {"nontensor_activations",
+       "test_nontensor_activations' Sequential(ToContainerType, Module(dim) x3, "
+       "FromContainerType): activations wrapped in a list, named tuple, tuple or dict between "
+       "the blocks, loss out.sum()",
+       "test_fully_shard_autograd.py::TestFullyShardAutograd::test_nontensor_activations",
+       {ParamSpec::Axis("container_type", "the container wrapping the activations",
+                        {"list", "namedtuple", "tuple", "dict"}),
+        ParamSpec::SizeInt("dim", "Module dim", 24), Batch(2)}});
   kinds.push_back({"mlp_module",
                    "common_dtensor.py MLPModule (10 -> 16 -> 10), loss out.sum()",
                    "test_fsdp_tp_integration.py::TestTPFSDPIntegration::"
@@ -496,6 +514,21 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
     };
     m.input_row_shape_ = {c.dim};
     if (c.use_second_linear) m.loss_switch_step_ = p.GetInt("loss_switch_step");
+  } else if (kind_name == "nontensor_activations") {
+    const int64_t dim = p.GetInt("dim");
+    const nn::ContainerType type = ParseContainerType(p.GetString("container_type"));
+    // The containers carry the tensor unchanged: numerically three (Linear, ReLU, Linear,
+    // ReLU) blocks named "<i>.lin1" / "<i>.lin2" for the Sequential's elements 1..3.
+    reference::LinearChainConfig c;
+    c.model_name = "NontensorActivations";
+    for (int i = 1; i <= 3; ++i) {
+      for (const char* lin : {"lin1", "lin2"}) {
+        c.stages.push_back({std::to_string(i) + "." + lin, dim, dim, true, true});
+      }
+    }
+    m.oracle_ = std::make_shared<reference::LinearChain<double>>(c);
+    m.build_engine_ = [type, dim] { return nn::MakeNontensorActivationsModel(type, dim); };
+    m.input_row_shape_ = {dim};
   } else if (kind_name == "mlp_module") {
     reference::MlpModuleConfig c;
     c.bias = p.GetBool("bias");
@@ -628,7 +661,8 @@ Tensor ZooModel::Loss(const std::vector<Tensor>& outputs, const reference::LossS
 EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
                                  const OptimConfig& optim_config, uint64_t seed, int64_t steps,
                                  DType dtype, int rank, int world,
-                                 const ParameterSnapshot& snapshot) {
+                                 const ParameterSnapshot& snapshot,
+                                 const ParameterSnapshot& grad_snapshot) {
   FSDP_CHECK(world >= 1 && rank >= 0 && rank < world, "TrainEngine: rank ", rank, " outside world ",
              world);
   EngineTrainingRecord record;
@@ -648,6 +682,7 @@ EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
     loss.backward();
     record.losses.push_back(loss.item());
     record.loss_dtype = loss.dtype();
+    if (grad_snapshot) record.gradients.push_back(grad_snapshot(module));
     optimizer->step();
     optimizer->zero_grad(SetToNoneAfterStep(step));
     record.parameters.push_back(snapshot ? snapshot(module) : ParametersOf(module));

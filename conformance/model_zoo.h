@@ -228,6 +228,9 @@ struct EngineTrainingRecord {
   // parameters' dtype, as its forward ends with `.float()`). Default: float32.
   DType loss_dtype = DType::kFloat32;
   std::vector<reference::RefTensorMap> parameters;  // after each step's optimizer step
+  // `.grad` after each step's backward, before the optimizer step (only when TrainEngine got a
+  // gradient snapshot).
+  std::vector<reference::RefTensorMap> gradients;
 };
 
 // How TrainEngine reads back the parameters after each step. Default: ParametersOf (plain
@@ -237,11 +240,13 @@ using ParameterSnapshot = std::function<reference::RefTensorMap(nn::Module& modu
 // `steps` steps of rank `rank` of `world`: input MakeInput(seed, step, dtype, world * batch)
 // sliced to the rank's rows, forward, LossAt(step), backward, optimizer step over
 // module.named_parameters(), zero_grad(SetToNoneAfterStep(step)). The module's parameters must
-// live on one device (the inputs go there).
+// live on one device (the inputs go there). `grad_snapshot`, when set, reads the gradients
+// after each backward (before the optimizer step) into record.gradients.
 EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
                                  const OptimConfig& optim_config, uint64_t seed, int64_t steps,
                                  DType dtype, int rank = 0, int world = 1,
-                                 const ParameterSnapshot& snapshot = {});
+                                 const ParameterSnapshot& snapshot = {},
+                                 const ParameterSnapshot& grad_snapshot = {});
 
 // The oracle's run of the same steps over `world` ranks, each step's global batch of
 // world * model.batch() rows split by rank (world 1: the single-rank run above), from the

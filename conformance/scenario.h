@@ -19,6 +19,7 @@
 
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -58,6 +59,14 @@ inline constexpr const char* kBackendThreaded = "threaded";
 inline constexpr const char* kBackendGloo = "gloo";
 inline constexpr const char* kBackendNccl = "nccl";
 
+// One extra configuration the GoogleTest suite runs besides the default (conformance/
+// scenarios_test.cc): the scenario at `world` with `params` fixed as `--param` fixes them, e.g.
+// {128, {{"dtype", "bfloat16"}}} keeps a large world cheap by fixing an axis.
+struct TestRun {
+  int world = 2;
+  std::map<std::string, std::string> params;  // Default: none fixed (every axis value)
+};
+
 struct ScenarioInfo {
   std::string name;         // "family/case", see docs/seed-matrix.md
   std::string description;  // one line
@@ -71,6 +80,10 @@ struct ScenarioInfo {
   // Backends the scenario can run on. Default: all three.
   std::vector<std::string> backends = {kBackendThreaded, kBackendGloo, kBackendNccl};
   bool requires_gpu = false;  // Default: false
+  // Extra configurations ctest runs on the threaded backend (e.g. other worlds), all in one
+  // test per scenario named "<scenario>__worlds_<N>_<M>...". Default: none (the default world
+  // only).
+  std::vector<TestRun> test_runs;
 
   std::string family() const;     // the part before '/'
   std::string case_name() const;  // the part after '/'

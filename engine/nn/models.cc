@@ -95,7 +95,10 @@ Value ToContainerType::forward(const Value& inp) {
     case ContainerType::kTuple:
       return Value::Tuple({inp});
     case ContainerType::kNamedTuple:
-      return Value::NamedTuple("NT", {"tensor"}, {inp});
+      // collections.namedtuple("NT", "x y")(x, torch.ones_like(x)), as the seed builds it.
+      return Value::NamedTuple(
+          "NT", {"x", "y"},
+          {inp, Tensor::ones(inp.tensor().sizes(), inp.tensor().dtype(), inp.tensor().device())});
     case ContainerType::kDict:
       return Value::Dict({{"x", inp}});
   }

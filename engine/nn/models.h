@@ -98,7 +98,7 @@ class ContainerModule : public Cloneable<ContainerModule> {
   Value forward(const Value& inp) override;
 };
 
-// Packs a tensor into the container: [x], (x,), NT(tensor=x) or {"x": x}.
+// Packs a tensor into the container: [x], (x,), NT(x=x, y=ones_like(x)) or {"x": x}.
 class ToContainerType : public Cloneable<ToContainerType> {
  public:
   explicit ToContainerType(ContainerType type)

@@ -1,0 +1,607 @@
+// Family `collectives`: every collective of dist::ProcessGroup on its own, on any backend,
+// with c10d's semantics (mirroring torch.distributed's own tests of the collectives:
+// test_multi_threaded_pg.py, test_c10d_nccl.py, distributed_test.py):
+//   all_gather_into_tensor   _allgather_base_       dtype x in_place x async_op
+//   reduce_scatter_tensor    _reduce_scatter_base_  dtype x op x in_place x async_op
+//   all_reduce               allreduce_             dtype x op x async_op
+//   broadcast                broadcast_             dtype x async_op, root a size
+//   all_gather               allgather_ (a list)    dtype x counts x in_place x async_op
+//   barrier                  barrier                nobody leaves before the last one entered
+//
+// [Note: exact collective data] Every input is a small integer derived from (rank, index,
+// world), so every result is exact in every dtype (float16 and bfloat16 included) up to world
+// 128, and the judge computes the expected result from the same rule in double, then compares
+// exactly (Tolerance{0, 0}):
+//   * gathered / broadcast values identify their source: GatherValue(r, i) =
+//     (7r + 3i) mod 251 - 125, in [-125, 125];
+//   * reduced values are base(i) + d(r, i) with base(i) = i mod 3 and offsets that cancel in
+//     mirrored rank pairs: rank r < world-1-r adds k = (r + i) mod 3, its mirror world-1-r
+//     subtracts the same k, a middle rank adds 0. So SUM is world * base(i) <= 256, AVG is
+//     base(i) exactly at any world, MIN/MAX are base(i) -/+ the largest k;
+//   * PREMUL_SUM factors are mirror-symmetric too, PremulFactor(r) = 1 + min(r, world-1-r)
+//     mod 2 (1, 2, 1, 2, ... from both ends), so the offsets still cancel and the result is
+//     base(i) * sum of factors, while a backend that used one rank's factor for all would be
+//     off.
+// AVG and PREMUL_SUM on int64 are rejected by our ProcessGroup front with InvalidArgument
+// before any communication (dist::ReduceOpSupports: they need a floating-point dtype); those
+// cases assert that error on every rank instead of a result, and that the group still works.
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "conformance/observations.h"
+#include "conformance/scenario_registry.h"
+#include "engine/core/error.h"
+#include "engine/dist/process_group.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr double kSentinel = -200;  // initial output contents; never a valid result
+const std::vector<std::string> kDTypes = {"float32", "float64", "float16", "bfloat16", "int64"};
+const std::vector<std::string> kReduceOps = {"sum", "avg", "min", "max", "premul_sum"};
+
+// ---- Data rules ([Note: exact collective data]) ---------------------------------------------
+
+double GatherValue(int rank, int64_t index) {
+  return static_cast<double>((7 * static_cast<int64_t>(rank) + 3 * index) % 251 - 125);
+}
+
+double ReduceValue(int rank, int64_t index, int world) {
+  const double base = static_cast<double>(index % 3);
+  const int mirror = world - 1 - rank;
+  if (rank == mirror) return base;
+  const int low = std::min(rank, mirror);
+  const double k = static_cast<double>((low + index) % 3);
+  return rank < mirror ? base + k : base - k;
+}
+
+double PremulFactor(int rank, int world) { return 1.0 + std::min(rank, world - 1 - rank) % 2; }
+
+std::vector<double> GatherValues(int rank, int64_t count) {
+  std::vector<double> v(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) v[i] = GatherValue(rank, i);
+  return v;
+}
+
+// Elements [begin, begin + count) of rank `rank`'s reduction input.
+std::vector<double> ReduceValues(int rank, int world, int64_t begin, int64_t count) {
+  std::vector<double> v(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) v[i] = ReduceValue(rank, begin + i, world);
+  return v;
+}
+
+dist::ReduceOp ParseReduceOp(const std::string& name) {
+  if (name == "sum") return dist::ReduceOp::kSum;
+  if (name == "avg") return dist::ReduceOp::kAvg;
+  if (name == "min") return dist::ReduceOp::kMin;
+  if (name == "max") return dist::ReduceOp::kMax;
+  if (name == "premul_sum") return dist::ReduceOp::kPremulSum;
+  FSDP_THROW(ErrorCode::kInvalidArgument, "unknown reduce op '", name,
+             "'; ops: sum, avg, min, max, premul_sum");
+}
+
+dist::ReduceOptions ReduceOptionsFor(dist::ReduceOp op, int rank, int world) {
+  return {op, op == dist::ReduceOp::kPremulSum ? PremulFactor(rank, world) : 1.0};
+}
+
+// Element `index` of the reduction of every rank's input, in exact double arithmetic.
+double ExpectedReduced(dist::ReduceOp op, int64_t index, int world) {
+  double acc = ReduceValue(0, index, world) *
+               (op == dist::ReduceOp::kPremulSum ? PremulFactor(0, world) : 1.0);
+  for (int r = 1; r < world; ++r) {
+    const double v = ReduceValue(r, index, world);
+    switch (op) {
+      case dist::ReduceOp::kSum:
+      case dist::ReduceOp::kAvg:
+        acc += v;
+        break;
+      case dist::ReduceOp::kPremulSum:
+        acc += v * PremulFactor(r, world);
+        break;
+      case dist::ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case dist::ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+    }
+  }
+  return op == dist::ReduceOp::kAvg ? acc / world : acc;
+}
+
+std::vector<double> ExpectedReducedRange(dist::ReduceOp op, int world, int64_t begin,
+                                         int64_t count) {
+  std::vector<double> v(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) v[i] = ExpectedReduced(op, begin + i, world);
+  return v;
+}
+
+// True when our ProcessGroup rejects `op` on `dtype` (AVG and PREMUL_SUM need floating point).
+bool Unsupported(dist::ReduceOp op, DType dtype) { return !dist::ReduceOpSupports(op, dtype); }
+
+// ---- Parameters -----------------------------------------------------------------------------
+
+ParamSpec DTypeAxis() { return ParamSpec::Axis("dtype", "tensor dtype", kDTypes); }
+ParamSpec ReduceOpAxis() {
+  return ParamSpec::Axis("op", "ReduceOp (premul_sum: per-rank factors 1, 2, 1, 2, ...)",
+                         kReduceOps);
+}
+ParamSpec InPlaceAxis(const std::string& what) {
+  return ParamSpec::Axis("in_place", what, {"False", "True"});
+}
+ParamSpec AsyncAxis() {
+  return ParamSpec::Axis("async_op", "async_op=True returns a Work that is waited on",
+                         {"False", "True"});
+}
+ParamSpec CountSize(const std::string& what, int64_t value) {
+  return ParamSpec::SizeInt("count", what, value);
+}
+
+// The worlds ctest runs besides the default (4): every case at 1, 2, 3 and 8, and at 128 the
+// cases of one dtype (bfloat16, the least precise) with async_op=True (the Work path) to keep
+// the suite fast. `fixes_axes`: false for barrier, which has neither axis.
+std::vector<TestRun> CollectiveTestRuns(bool fixes_axes = true) {
+  std::map<std::string, std::string> at_128;
+  if (fixes_axes) at_128 = {{"dtype", "bfloat16"}, {"async_op", "True"}};
+  return {{1, {}}, {2, {}}, {3, {}}, {8, {}}, {128, at_128}};
+}
+
+// The common ScenarioInfo of the family.
+ScenarioInfo CollectiveInfo(const std::string& name, const std::string& description,
+                            const std::string& seed_test, std::vector<ParamSpec> params) {
+  ScenarioInfo info;
+  info.name = "collectives/" + name;
+  info.description = description;
+  info.seed_test = seed_test;
+  info.params = std::move(params);
+  info.default_world = 4;
+  info.min_world = 1;
+  info.max_world = 128;
+  info.backends = {kBackendThreaded, kBackendGloo, kBackendNccl};
+  info.test_runs = CollectiveTestRuns();
+  return info;
+}
+
+// ---- Rank side ------------------------------------------------------------------------------
+
+Tensor MakeTensor(const std::vector<double>& values, DType dtype, const Device& device) {
+  return Tensor::from_doubles(values, {static_cast<int64_t>(values.size())}, dtype, device);
+}
+
+// Waits on the Work of an async_op call; describes the Work as the rank saw it afterwards.
+nlohmann::json FinishWork(const std::shared_ptr<dist::Work>& work, bool async_op) {
+  if (async_op) {
+    FSDP_CHECK_CODE(ErrorCode::kInternal, work != nullptr,
+                    "an async_op=True collective returned no Work");
+    work->wait();
+  }
+  nlohmann::json w;
+  w["returned"] = work != nullptr;
+  w["completed"] = work != nullptr && work->is_completed();
+  w["success"] = work != nullptr && work->is_success();
+  return w;
+}
+
+nlohmann::json ErrorJson(const Error& e) {
+  return {{"code", ErrorCodeName(e.code())}, {"message", e.message()}};
+}
+
+// After the front rejected a call on every rank: the group must still be usable (the rejected
+// call consumed no sequence number), so every rank meets in a barrier. This also keeps a rank
+// from exiting before its peers finished connecting on process backends (see the gloo note
+// in docs/scenarios.md).
+nlohmann::json RejectedObservations(const Error& e, dist::ProcessGroup& group) {
+  nlohmann::json obs;
+  obs["error"] = ErrorJson(e);
+  group.barrier();
+  obs["barrier_after_rejection"] = true;
+  return obs;
+}
+
+// ---- Judge side -----------------------------------------------------------------------------
+
+std::string Who(int rank) { return "rank " + std::to_string(rank); }
+
+void CheckWork(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
+               bool async_op) {
+  const nlohmann::json& w = RankObservation(per_rank, rank, "work");
+  const std::string name = Who(rank) + (async_op ? " Work after wait()" : " Work of the call");
+  checks.CheckEqual(name + " completed and succeeded", nlohmann::json({true, true}),
+                    nlohmann::json({w.at("completed"), w.at("success")}));
+}
+
+// tensors[name] of `rank` has `dtype`, shape [expected.size()] and exactly the expected data.
+void CheckTensorObs(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
+                    const std::string& name, const std::string& dtype,
+                    const std::vector<double>& expected) {
+  const std::string who = Who(rank) + " " + name;
+  const nlohmann::json& tensors = RankObservation(per_rank, rank, kTensors);
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, tensors.contains(name), who, ": tensors has no entry '",
+                  name, "'");
+  checks.CheckEqual(who + " dtype and shape",
+                    nlohmann::json({dtype, {static_cast<int64_t>(expected.size())}}),
+                    nlohmann::json({tensors.at(name).at("dtype"), tensors.at(name).at("shape")}));
+  checks.CheckClose(who + " values", expected, TensorData(per_rank, rank, name), Tolerance{0, 0});
+}
+
+// Every rank reported the front's InvalidArgument for `op` on `dtype`, then met the others in a
+// barrier.
+void CheckRejected(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int world,
+                   dist::ReduceOp op, const std::string& dtype) {
+  for (int r = 0; r < world; ++r) {
+    const nlohmann::json& error = RankObservation(per_rank, r, "error");
+    if (error.is_null()) {
+      checks.Fail(Who(r) + " rejects " + dist::ReduceOpName(op) + " on " + dtype,
+                  "the call succeeded; expected InvalidArgument");
+      continue;
+    }
+    checks.CheckEqual(Who(r) + " error code", "InvalidArgument", error.at("code"));
+    const std::string message = error.at("message").get<std::string>();
+    const bool names_both = message.find(dist::ReduceOpName(op)) != std::string::npos &&
+                            message.find(dtype) != std::string::npos;
+    checks.CheckTrue(Who(r) + " error names the op and the dtype", names_both, message);
+    checks.CheckEqual(Who(r) + " group usable after the rejection (barrier)", true,
+                      RankObservation(per_rank, r, "barrier_after_rejection"));
+  }
+  checks.SetFigure("rejected", std::string(dist::ReduceOpName(op)) + "/" + dtype);
+}
+
+// ---- Scenarios ------------------------------------------------------------------------------
+
+Scenario AllGatherIntoTensor() {
+  Scenario s;
+  s.info = CollectiveInfo(
+      "all_gather_into_tensor",
+      "all_gather_into_tensor: every rank's output is the rank-major concat of every rank's "
+      "input (in place: the input is the output's own chunk)",
+      "test_c10d_nccl.py::ProcessGroupNCCLTest::test_allgather_base_basics",
+      {DTypeAxis(), InPlaceAxis("input is output's chunk rank"), AsyncAxis(),
+       CountSize("elements per rank", 7)});
+  s.run_rank = [](RankEnv& env) {
+    const DType dtype = ParseDType(env.params.GetString("dtype"));
+    const bool in_place = env.params.GetBool("in_place");
+    const bool async_op = env.params.GetBool("async_op");
+    const int64_t count = env.params.GetInt("count");
+    const std::vector<double> mine = GatherValues(env.rank, count);
+    Tensor output = Tensor::full({env.world * count}, kSentinel, dtype, env.device);
+    Tensor input;
+    if (in_place) {
+      input = output.narrow(0, env.rank * count, count);
+      input.copy_(MakeTensor(mine, dtype, env.device));
+    } else {
+      input = MakeTensor(mine, dtype, env.device);
+    }
+    auto work = env.group().all_gather_into_tensor(output, input, async_op);
+    nlohmann::json obs;
+    obs["work"] = FinishWork(work, async_op);
+    obs[kTensors]["output"] = TensorToJson(output);
+    if (!in_place) obs[kTensors]["input"] = TensorToJson(input);
+    return obs;
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const std::string dtype = p.GetString("dtype");
+    const int64_t count = p.GetInt("count");
+    std::vector<double> expected;
+    for (int q = 0; q < world; ++q) {
+      const auto chunk = GatherValues(q, count);
+      expected.insert(expected.end(), chunk.begin(), chunk.end());
+    }
+    for (int r = 0; r < world; ++r) {
+      CheckWork(checks, per_rank, r, p.GetBool("async_op"));
+      CheckTensorObs(checks, per_rank, r, "output", dtype, expected);
+      if (!p.GetBool("in_place")) {
+        CheckTensorObs(checks, per_rank, r, "input", dtype, GatherValues(r, count));
+      }
+    }
+  };
+  return s;
+}
+
+Scenario ReduceScatterTensor() {
+  Scenario s;
+  s.info = CollectiveInfo(
+      "reduce_scatter_tensor",
+      "reduce_scatter_tensor: rank r's output is chunk r of the reduction of every rank's "
+      "input (in place: the output is the input's own chunk); AVG/PREMUL_SUM on int64 are "
+      "rejected with InvalidArgument",
+      "test_c10d_nccl.py::ProcessGroupNCCLTest::test_reduce_scatter_base_basics",
+      {DTypeAxis(), ReduceOpAxis(), InPlaceAxis("output is input's chunk rank"), AsyncAxis(),
+       CountSize("output elements per rank (the input has world * count)", 7)});
+  s.run_rank = [](RankEnv& env) {
+    const DType dtype = ParseDType(env.params.GetString("dtype"));
+    const dist::ReduceOp op = ParseReduceOp(env.params.GetString("op"));
+    const bool in_place = env.params.GetBool("in_place");
+    const bool async_op = env.params.GetBool("async_op");
+    const int64_t count = env.params.GetInt("count");
+    const std::vector<double> in_values = ReduceValues(env.rank, env.world, 0, env.world * count);
+    Tensor input = MakeTensor(in_values, dtype, env.device);
+    Tensor output = in_place ? input.narrow(0, env.rank * count, count)
+                             : Tensor::full({count}, kSentinel, dtype, env.device);
+    nlohmann::json obs;
+    obs["error"] = nullptr;
+    try {
+      auto work = env.group().reduce_scatter_tensor(
+          output, input, ReduceOptionsFor(op, env.rank, env.world), async_op);
+      obs["work"] = FinishWork(work, async_op);
+    } catch (const Error& e) {
+      if (!Unsupported(op, dtype)) throw;
+      return RejectedObservations(e, env.group());
+    }
+    obs[kTensors]["output"] = TensorToJson(output);
+    if (!in_place) obs[kTensors]["input"] = TensorToJson(input);
+    return obs;
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const std::string dtype = p.GetString("dtype");
+    const dist::ReduceOp op = ParseReduceOp(p.GetString("op"));
+    const int64_t count = p.GetInt("count");
+    if (Unsupported(op, ParseDType(dtype)))
+      return CheckRejected(checks, per_rank, world, op, dtype);
+    for (int r = 0; r < world; ++r) {
+      CheckWork(checks, per_rank, r, p.GetBool("async_op"));
+      CheckTensorObs(checks, per_rank, r, "output", dtype,
+                     ExpectedReducedRange(op, world, r * count, count));
+      if (!p.GetBool("in_place")) {
+        CheckTensorObs(checks, per_rank, r, "input", dtype,
+                       ReduceValues(r, world, 0, world * count));
+      }
+    }
+  };
+  return s;
+}
+
+Scenario AllReduce() {
+  Scenario s;
+  s.info = CollectiveInfo(
+      "all_reduce",
+      "all_reduce (in place): every rank's tensor becomes the reduction of every rank's "
+      "tensor; AVG/PREMUL_SUM on int64 are rejected with InvalidArgument",
+      "test_multi_threaded_pg.py::TestCollectivesWithBaseClass::test_all_reduce",
+      {DTypeAxis(), ReduceOpAxis(), AsyncAxis(),
+       CountSize("elements (need not divide by the world)", 7)});
+  s.run_rank = [](RankEnv& env) {
+    const DType dtype = ParseDType(env.params.GetString("dtype"));
+    const dist::ReduceOp op = ParseReduceOp(env.params.GetString("op"));
+    const bool async_op = env.params.GetBool("async_op");
+    const int64_t count = env.params.GetInt("count");
+    Tensor tensor = MakeTensor(ReduceValues(env.rank, env.world, 0, count), dtype, env.device);
+    nlohmann::json obs;
+    obs["error"] = nullptr;
+    try {
+      auto work =
+          env.group().all_reduce(tensor, ReduceOptionsFor(op, env.rank, env.world), async_op);
+      obs["work"] = FinishWork(work, async_op);
+    } catch (const Error& e) {
+      if (!Unsupported(op, dtype)) throw;
+      return RejectedObservations(e, env.group());
+    }
+    obs[kTensors]["tensor"] = TensorToJson(tensor);
+    return obs;
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const std::string dtype = p.GetString("dtype");
+    const dist::ReduceOp op = ParseReduceOp(p.GetString("op"));
+    const int64_t count = p.GetInt("count");
+    if (Unsupported(op, ParseDType(dtype)))
+      return CheckRejected(checks, per_rank, world, op, dtype);
+    const std::vector<double> expected = ExpectedReducedRange(op, world, 0, count);
+    for (int r = 0; r < world; ++r) {
+      CheckWork(checks, per_rank, r, p.GetBool("async_op"));
+      CheckTensorObs(checks, per_rank, r, "tensor", dtype, expected);
+    }
+  };
+  return s;
+}
+
+// `root` as given (negative counts from the end, like a Python index), resolved for `world`.
+int ResolveRoot(int64_t root, int world) {
+  const int64_t resolved = root < 0 ? root + world : root;
+  FSDP_CHECK(resolved >= 0 && resolved < world, "parameter root=", root, " is not a rank of world ",
+             world, " (use 0..", world - 1, " or -1..-", world, ")");
+  return static_cast<int>(resolved);
+}
+
+Scenario Broadcast() {
+  Scenario s;
+  s.info = CollectiveInfo(
+      "broadcast", "broadcast: every rank's tensor becomes the root's; the root's is unchanged",
+      "test_multi_threaded_pg.py::TestCollectivesWithBaseClass::test_broadcast",
+      {DTypeAxis(), AsyncAxis(),
+       ParamSpec::SizeInt("root", "source rank; negative counts from the end (-1: the last rank)",
+                          -1),
+       CountSize("elements", 7)});
+  s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
+    const int64_t root = p.GetInt("root");
+    if (root >= world || root < -world) {
+      return "root " + std::to_string(root) + " is not a rank of world " + std::to_string(world);
+    }
+    return std::nullopt;
+  };
+  s.run_rank = [](RankEnv& env) {
+    const DType dtype = ParseDType(env.params.GetString("dtype"));
+    const bool async_op = env.params.GetBool("async_op");
+    const int root = ResolveRoot(env.params.GetInt("root"), env.world);
+    // Every rank starts from its own values; only the root's must survive.
+    Tensor tensor =
+        MakeTensor(GatherValues(env.rank, env.params.GetInt("count")), dtype, env.device);
+    auto work = env.group().broadcast(tensor, root, async_op);
+    nlohmann::json obs;
+    obs["work"] = FinishWork(work, async_op);
+    obs[kTensors]["tensor"] = TensorToJson(tensor);
+    return obs;
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const int root = ResolveRoot(p.GetInt("root"), world);
+    const std::vector<double> expected = GatherValues(root, p.GetInt("count"));
+    for (int r = 0; r < world; ++r) {
+      CheckWork(checks, per_rank, r, p.GetBool("async_op"));
+      CheckTensorObs(checks, per_rank, r, "tensor", p.GetString("dtype"), expected);
+    }
+    checks.SetFigure("root", root);
+  };
+  return s;
+}
+
+// all_gather's per-rank input count: `count`, or count + (rank mod 3) for uneven counts.
+int64_t ListCount(const CaseParams& p, int rank) {
+  const int64_t count = p.GetInt("count");
+  return p.GetString("counts") == "uneven" ? count + rank % 3 : count;
+}
+
+Scenario AllGather() {
+  Scenario s;
+  s.info = CollectiveInfo(
+      "all_gather",
+      "all_gather into a list: outputs[q] of every rank is rank q's input, with equal or "
+      "per-rank different counts (in place: outputs[rank] is the input itself)",
+      "test_multi_threaded_pg.py::TestCollectivesWithBaseClass::test_allgather",
+      {DTypeAxis(),
+       ParamSpec::Axis("counts", "uneven: rank r sends count + r mod 3 elements",
+                       {"uneven", "equal"}),
+       InPlaceAxis("outputs[rank] is the input tensor"), AsyncAxis(),
+       CountSize("elements of rank 0 (all ranks when counts=equal)", 5)});
+  s.run_rank = [](RankEnv& env) {
+    const DType dtype = ParseDType(env.params.GetString("dtype"));
+    const bool in_place = env.params.GetBool("in_place");
+    const bool async_op = env.params.GetBool("async_op");
+    Tensor input =
+        MakeTensor(GatherValues(env.rank, ListCount(env.params, env.rank)), dtype, env.device);
+    std::vector<Tensor> outputs;
+    for (int q = 0; q < env.world; ++q) {
+      outputs.push_back(in_place && q == env.rank ? input
+                                                  : Tensor::full({ListCount(env.params, q)},
+                                                                 kSentinel, dtype, env.device));
+    }
+    auto work = env.group().all_gather(outputs, input, async_op);
+    nlohmann::json obs;
+    obs["work"] = FinishWork(work, async_op);
+    // outputs[0], outputs[1], ... as one tensor (their values concatenated in rank order)
+    // plus each one's numel: one entry instead of `world`, so that world 128 stays cheap.
+    std::vector<double> values;
+    nlohmann::json numels = nlohmann::json::array();
+    for (const Tensor& out : outputs) {
+      const std::vector<double> v = out.to_doubles();
+      values.insert(values.end(), v.begin(), v.end());
+      numels.push_back(out.numel());
+    }
+    obs["output_numels"] = numels;
+    obs[kTensors]["outputs"] = TensorJson({static_cast<int64_t>(values.size())},
+                                          DTypeName(outputs.front().dtype()), values);
+    if (!in_place) obs[kTensors]["input"] = TensorToJson(input);
+    return obs;
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const std::string dtype = p.GetString("dtype");
+    nlohmann::json numels = nlohmann::json::array();
+    std::vector<double> expected;
+    for (int q = 0; q < world; ++q) {
+      numels.push_back(ListCount(p, q));
+      const auto values = GatherValues(q, ListCount(p, q));
+      expected.insert(expected.end(), values.begin(), values.end());
+    }
+    for (int r = 0; r < world; ++r) {
+      CheckWork(checks, per_rank, r, p.GetBool("async_op"));
+      checks.CheckEqual(Who(r) + " numels of outputs[0..world)", numels,
+                        RankObservation(per_rank, r, "output_numels"));
+      CheckTensorObs(checks, per_rank, r, "outputs", dtype, expected);
+      if (!p.GetBool("in_place")) {
+        CheckTensorObs(checks, per_rank, r, "input", dtype, GatherValues(r, ListCount(p, r)));
+      }
+    }
+  };
+  return s;
+}
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The rank that enters barrier `round` late.
+int LateRank(int round, int world) { return (world - 1 + round) % world; }
+
+Scenario Barrier() {
+  Scenario s;
+  s.info = CollectiveInfo(
+      "barrier",
+      "barrier: in each round one rank enters delay_ms late (the last rank, then rank 0, "
+      "...), and no rank leaves before the last one entered (steady-clock times, one host)",
+      "distributed_test.py::_DistTestBase::test_barrier",
+      {ParamSpec::SizeInt("rounds", "barriers in a row", 3),
+       ParamSpec::SizeInt("delay_ms", "how late the late rank enters", 20)});
+  s.run_rank = [](RankEnv& env) {
+    const int64_t rounds = env.params.GetInt("rounds");
+    const auto delay = std::chrono::milliseconds(env.params.GetInt("delay_ms"));
+    nlohmann::json enter = nlohmann::json::array();
+    nlohmann::json leave = nlohmann::json::array();
+    for (int64_t k = 0; k < rounds; ++k) {
+      if (env.rank == LateRank(static_cast<int>(k), env.world)) std::this_thread::sleep_for(delay);
+      enter.push_back(NowNs());
+      env.group().barrier();
+      leave.push_back(NowNs());
+    }
+    nlohmann::json obs;
+    obs["enter_ns"] = enter;
+    obs["leave_ns"] = leave;
+    return obs;
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const int64_t rounds = p.GetInt("rounds");
+    double min_wait_ms = -1;
+    for (int64_t k = 0; k < rounds; ++k) {
+      int64_t last_enter = 0;
+      int last_rank = 0;
+      for (int r = 0; r < world; ++r) {
+        const auto& enter = RankObservation(per_rank, r, "enter_ns");
+        FSDP_CHECK_CODE(ErrorCode::kDataLoss, enter.is_array() && enter.size() == size_t(rounds),
+                        Who(r), ": enter_ns must hold ", rounds, " times");
+        const int64_t e = enter.at(k).get<int64_t>();
+        if (r == 0 || e > last_enter) last_enter = e, last_rank = r;
+      }
+      for (int r = 0; r < world; ++r) {
+        const auto& leave = RankObservation(per_rank, r, "leave_ns");
+        FSDP_CHECK_CODE(ErrorCode::kDataLoss, leave.is_array() && leave.size() == size_t(rounds),
+                        Who(r), ": leave_ns must hold ", rounds, " times");
+        const int64_t l = leave.at(k).get<int64_t>();
+        const double margin_ms = static_cast<double>(l - last_enter) / 1e6;
+        checks.CheckTrue(
+            "round " + std::to_string(k) + " " + Who(r) + " leaves after the last rank entered",
+            l >= last_enter,
+            "left " + std::to_string(margin_ms) + " ms after rank " + std::to_string(last_rank) +
+                " entered");
+        if (r != last_rank && (min_wait_ms < 0 || margin_ms < min_wait_ms)) {
+          min_wait_ms = margin_ms;
+        }
+      }
+    }
+    if (min_wait_ms >= 0) checks.SetFigure("min_leave_after_last_enter_ms", min_wait_ms);
+  };
+  s.info.test_runs = CollectiveTestRuns(/*fixes_axes=*/false);
+  return s;
+}
+
+}  // namespace
+
+void RegisterCollectivesScenarios(ScenarioRegistry& registry) {
+  registry.Add(AllGatherIntoTensor());
+  registry.Add(ReduceScatterTensor());
+  registry.Add(AllReduce());
+  registry.Add(Broadcast());
+  registry.Add(AllGather());
+  registry.Add(Barrier());
+}
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,520 @@
+// Family `faults`: a collective that cannot complete must end in a clear error on EVERY rank,
+// promptly, instead of a hang (the collective checker of fakes::ThreadedProcessGroup, PyTorch's
+// ProcessGroupWrapper / TORCH_DISTRIBUTED_DEBUG=DETAIL and its threaded test harness):
+//   mismatched_op    one rank issues another collective      -> DataLoss on every rank, at once
+//   mismatched_size  one rank passes another element count   -> DataLoss on every rank, at once
+//   missing_rank     one rank never joins: mode=sleep (issues it after the deadline)
+//                    -> DeadlineExceeded on every rank after deadline_ms; mode=return (its
+//                    function returns without it) -> Unavailable on the others at once
+//   throwing_rank    one rank throws before the collective   -> it reports its own error, the
+//                    others Aborted naming it, at once
+//
+// [Note: the fault world] The scenarios control the collective deadline (`deadline_ms`) and
+// the ends of rank functions, which the launcher's own world does not let a scenario do (its
+// deadline is 90% of the case's --timeout, and a rank whose body throws fails the case before
+// the judge runs). So every case runs its collectives on a fresh fakes::ThreadedWorld with
+// `deadline_ms` as its collective timeout, shared by the case's rank threads (FaultWorlds), and
+// each rank runs the fault body the way a launcher runs a rank function (RunFaultRank): its
+// context attached for reports, MarkRankReturned when the body returns, MarkRankFailed when it
+// throws. The rank then REPORTS what happened (error code and message, steady-clock times) as
+// observations, and the judge checks every rank's error and the time from the fault to it.
+// Threaded backend only: process backends would need the checker on their own groups (gloo
+// checks fingerprints only with GlooOptions::check_collectives, which the gloo backend does not
+// enable).
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "conformance/observations.h"
+#include "conformance/scenario_registry.h"
+#include "engine/core/error.h"
+#include "engine/core/rank_context.h"
+#include "engine/dist/process_group.h"
+#include "fakes/threaded_process_group.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+// Hands the rank threads of one case the same fault world ([Note: the fault world]). The
+// world is keyed by the launcher's own ThreadedWorld of the case (the same object for all of
+// its ranks); the first rank to ask creates it and the entry is dropped once every rank has
+// its handle. A stale entry of an earlier case (whose launcher world has since been freed and
+// its address reused) is recognised by its expired weak pointer and replaced.
+// Thread-safety: fully synchronised (one mutex). Ownership: the ranks own the fault world
+// through their handles; the registry holds it only until the last rank joined.
+class FaultWorlds {
+ public:
+  static FaultWorlds& Instance() {
+    static FaultWorlds* instance = new FaultWorlds();
+    return *instance;
+  }
+
+  // Rank `rank`'s world group in the fault world of the case run by `launch_world`.
+  std::shared_ptr<dist::ProcessGroup> Join(fakes::ThreadedWorld& launch_world, int rank,
+                                           std::chrono::milliseconds deadline) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Entry& entry = entries_[&launch_world];
+    const std::shared_ptr<fakes::ThreadedWorld> launch = launch_world.shared_from_this();
+    if (entry.faults == nullptr || entry.launch.lock() != launch) {
+      entry = Entry{launch, fakes::ThreadedWorld::Create(launch_world.world_size(), deadline), 0};
+    }
+    std::shared_ptr<dist::ProcessGroup> group = entry.faults->CreateWorldGroup(rank);
+    if (++entry.joined == launch_world.world_size()) entries_.erase(&launch_world);
+    return group;
+  }
+
+ private:
+  struct Entry {
+    std::weak_ptr<fakes::ThreadedWorld> launch;
+    std::shared_ptr<fakes::ThreadedWorld> faults;
+    int joined = 0;
+  };
+  std::mutex mu_;
+  std::map<const fakes::ThreadedWorld*, Entry> entries_;
+};
+
+// What a rank's fault body records; RunFaultRank adds the outcome.
+struct Timeline {
+  std::optional<int64_t> issued_ns;  // when this rank issued the faulty collective
+  std::optional<int64_t> fault_ns;   // the faulty rank: when the fault happened
+};
+
+nlohmann::json OptionalNs(const std::optional<int64_t>& ns) {
+  return ns ? nlohmann::json(*ns) : nlohmann::json(nullptr);
+}
+
+using FaultBody = std::function<void(dist::ProcessGroup& pg, Timeline& timeline)>;
+
+// The faulty rank of the case: `faulty_rank`, negative counting from the end.
+int FaultyRank(const CaseParams& params, int world) {
+  const int64_t given = params.GetInt("faulty_rank");
+  const int64_t rank = given < 0 ? given + world : given;
+  FSDP_CHECK(rank >= 0 && rank < world, "parameter faulty_rank=", given, " is not a rank of world ",
+             world, " (use 0..", world - 1, " or -1..-", world, ")");
+  return static_cast<int>(rank);
+}
+
+// Runs `body` as this rank's function in the case's fault world, as a launcher would, and
+// returns the rank's observations: {"error": {code, message} | null, "issued_ns",
+// "fault_ns", "error_ns"} (times: steady clock, ns; null when not applicable).
+nlohmann::json RunFaultRank(RankEnv& env, const FaultBody& body) {
+  auto* launch = dynamic_cast<fakes::ThreadedProcessGroup*>(env.pg.get());
+  if (launch == nullptr) {
+    SkipCase("fault scenarios need the threaded backend's fakes::ThreadedProcessGroup groups");
+  }
+  const auto deadline = std::chrono::milliseconds(env.params.GetInt("deadline_ms"));
+  FSDP_CHECK(deadline.count() > 0, "parameter deadline_ms must be positive, got ",
+             deadline.count());
+  std::shared_ptr<dist::ProcessGroup> pg =
+      FaultWorlds::Instance().Join(launch->world(), env.rank, deadline);
+  fakes::ThreadedWorld& world = static_cast<fakes::ThreadedProcessGroup&>(*pg).world();
+  world.AttachRankContext(env.rank, &RankContext::Current());
+
+  Timeline timeline;
+  nlohmann::json obs;
+  obs["error"] = nullptr;
+  obs["error_ns"] = nullptr;
+  try {
+    body(*pg, timeline);
+    world.MarkRankReturned(env.rank);
+  } catch (const Error& e) {
+    obs["error_ns"] = NowNs();
+    obs["error"] = {{"code", ErrorCodeName(e.code())}, {"message", e.message()}};
+    world.MarkRankFailed(env.rank, e.what());
+  } catch (const std::exception& e) {
+    world.MarkRankFailed(env.rank, e.what());  // peers fail at once; the case fails with it
+    throw;
+  }
+  obs["issued_ns"] = OptionalNs(timeline.issued_ns);
+  obs["fault_ns"] = OptionalNs(timeline.fault_ns);
+  return obs;
+}
+
+// ---- Parameters -----------------------------------------------------------------------------
+
+ParamSpec FaultyRankSize() {
+  return ParamSpec::SizeInt(
+      "faulty_rank", "the rank that misbehaves; negative counts from the end (-1: last)", -1);
+}
+ParamSpec DeadlineSize(int64_t ms) {
+  return ParamSpec::SizeInt("deadline_ms", "collective timeout of the fault world", ms);
+}
+ParamSpec MaxTimeToErrorSize() {
+  return ParamSpec::SizeInt("max_time_to_error_ms",
+                            "bound on the time from the fault to the error on any rank (for "
+                            "missing_rank mode=sleep, on top of deadline_ms)",
+                            500);
+}
+ParamSpec CountSize() { return ParamSpec::SizeInt("count", "elements of the all_reduce", 4); }
+ParamSpec FaultDelaySize() {
+  return ParamSpec::SizeInt("fault_delay_ms",
+                            "how long the faulty rank waits before its fault, so that the "
+                            "others are already blocked in the collective",
+                            50);
+}
+
+ScenarioInfo FaultInfo(const std::string& name, const std::string& description,
+                       const std::string& seed_test, std::vector<ParamSpec> params) {
+  ScenarioInfo info;
+  info.name = "faults/" + name;
+  info.description = description +
+                     " (threaded backend only: runs on a fault world with "
+                     "deadline_ms as its collective timeout)";
+  info.seed_test = seed_test;
+  info.params = std::move(params);
+  info.default_world = 4;
+  info.min_world = 2;
+  info.max_world = 128;
+  info.backends = {kBackendThreaded};
+  // ctest: also the smallest world, world 128, and rank 0 as the faulty rank (the checker
+  // compares every rank with rank 0). missing_rank sleeps through its deadline only at the
+  // default world (MissingRank adds mode=return to these runs).
+  info.test_runs = {{2, {}}, {128, {}}, {4, {{"faulty_rank", "0"}}}};
+  return info;
+}
+
+// The collective every healthy rank issues second (after a barrier).
+void IssueAllReduce(dist::ProcessGroup& pg, int64_t count, Timeline& timeline) {
+  Tensor t = Tensor::ones({count}, DType::kFloat32);
+  timeline.issued_ns = NowNs();
+  pg.all_reduce(t);
+}
+
+// ---- Judge helpers --------------------------------------------------------------------------
+
+std::string Who(int rank) { return "rank " + std::to_string(rank); }
+
+std::optional<int64_t> Ns(const std::vector<nlohmann::json>& per_rank, int rank,
+                          const std::string& key) {
+  const nlohmann::json& v = RankObservation(per_rank, rank, key);
+  if (v.is_null()) return std::nullopt;
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, v.is_number_integer(), Who(rank), ": ", key,
+                  " must be an integer (ns) or null, got ", v.dump());
+  return v.get<int64_t>();
+}
+
+double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+// Checks `rank`'s error: `code`, and a message containing every one of `parts`. Returns false
+// when the rank reported no error.
+bool CheckError(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
+                const std::string& code, const std::vector<std::string>& parts) {
+  const nlohmann::json& error = RankObservation(per_rank, rank, "error");
+  if (error.is_null()) {
+    checks.Fail(Who(rank) + " fails with " + code, "the rank reported no error");
+    return false;
+  }
+  checks.CheckEqual(Who(rank) + " error code", code, error.at("code"));
+  const std::string message = error.at("message").get<std::string>();
+  for (const std::string& part : parts) {
+    checks.CheckTrue(Who(rank) + " error names '" + part + "'",
+                     message.find(part) != std::string::npos, message);
+  }
+  return true;
+}
+
+// Records the time from the fault to every rank's error (`reference_ns(rank)`: when the error
+// became due on that rank) against max_time_to_error_ms (+ `allowance_ms`), and the figures
+// time_to_error_ms (the slowest rank) and min_time_to_error_ms.
+void CheckTimes(CheckList& checks, const CaseParams& p, int world,
+                const std::vector<nlohmann::json>& per_rank,
+                const std::function<std::optional<int64_t>(int)>& reference_ns,
+                double allowance_ms = 0) {
+  const double bound = static_cast<double>(p.GetInt("max_time_to_error_ms")) + allowance_ms;
+  double slowest = -1;
+  double fastest = -1;
+  for (int r = 0; r < world; ++r) {
+    const std::optional<int64_t> error_ns = Ns(per_rank, r, "error_ns");
+    const std::optional<int64_t> ref = reference_ns(r);
+    if (!error_ns || !ref) continue;
+    const double ms = Ms(*error_ns - *ref);
+    checks.CheckTrue(Who(r) + " time to error <= " + std::to_string(bound) + " ms", ms <= bound,
+                     std::to_string(ms) + " ms");
+    slowest = std::max(slowest, ms);
+    fastest = fastest < 0 ? ms : std::min(fastest, ms);
+  }
+  if (slowest >= 0) {
+    checks.SetFigure("time_to_error_ms", slowest);
+    checks.SetFigure("min_time_to_error_ms", fastest);
+  }
+}
+
+// The latest issued_ns over all ranks (when a mismatch became detectable).
+std::optional<int64_t> LastIssued(const std::vector<nlohmann::json>& per_rank, int world) {
+  std::optional<int64_t> last;
+  for (int r = 0; r < world; ++r) {
+    const auto ns = Ns(per_rank, r, "issued_ns");
+    if (ns && (!last || *ns > *last)) last = ns;
+  }
+  return last;
+}
+
+// ---- Scenarios ------------------------------------------------------------------------------
+
+// The c10d name and a fingerprint prefix of what the faulty rank issues in mismatched_op.
+std::string FaultyOpName(const std::string& op) {
+  if (op == "broadcast") return "broadcast_";
+  if (op == "all_gather_into_tensor") return "_allgather_base_";
+  if (op == "barrier") return "barrier";
+  FSDP_THROW(ErrorCode::kInvalidArgument, "unknown faulty_op '", op, "'");
+}
+
+Scenario MismatchedOp() {
+  Scenario s;
+  s.info = FaultInfo(
+      "mismatched_op",
+      "after a barrier every rank issues all_reduce but the faulty rank issues faulty_op: "
+      "every rank fails at once with DataLoss naming both calls (#2) and the faulty rank",
+      "test_pg_wrapper.py::ProcessGroupGlooWrapperTest::test_collectives_op_mismatch_debug_mode",
+      {ParamSpec::Axis("faulty_op", "what the faulty rank issues instead of all_reduce",
+                       {"broadcast", "all_gather_into_tensor", "barrier"}),
+       FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(), FaultDelaySize()});
+  s.run_rank = [](RankEnv& env) {
+    const int faulty = FaultyRank(env.params, env.world);
+    const std::string faulty_op = env.params.GetString("faulty_op");
+    const int64_t count = env.params.GetInt("count");
+    const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
+    return RunFaultRank(env, [&](dist::ProcessGroup& pg, Timeline& timeline) {
+      pg.barrier();
+      if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
+      std::this_thread::sleep_for(delay);
+      Tensor t = Tensor::ones({count}, DType::kFloat32);
+      timeline.issued_ns = timeline.fault_ns = NowNs();
+      if (faulty_op == "broadcast") {
+        pg.broadcast(t, 0);
+      } else if (faulty_op == "all_gather_into_tensor") {
+        Tensor out = Tensor::empty({count * pg.size()}, DType::kFloat32);
+        pg.all_gather_into_tensor(out, t);
+      } else {
+        pg.barrier();
+      }
+    });
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const int faulty = FaultyRank(p, world);
+    const std::string odd = FaultyOpName(p.GetString("faulty_op"));
+    // The checker shows rank 0's call and each differing rank's call.
+    const std::string faulty_line = Who(faulty) + " issued: " + odd + " #2";
+    const std::string healthy_line = "issued: allreduce_ #2";
+    for (int r = 0; r < world; ++r) {
+      CheckError(checks, per_rank, r, "DataLoss",
+                 {"collective mismatch", faulty_line, healthy_line});
+    }
+    const auto last = LastIssued(per_rank, world);
+    CheckTimes(checks, p, world, per_rank, [&](int) { return last; });
+  };
+  return s;
+}
+
+Scenario MismatchedSize() {
+  Scenario s;
+  s.info = FaultInfo(
+      "mismatched_size",
+      "after a barrier every rank issues all_reduce of count elements but the faulty rank "
+      "passes count + extra: every rank fails at once with DataLoss naming both sizes",
+      "test_pg_wrapper.py::ProcessGroupGlooWrapperTest::test_collective_shape_mismatch_debug_mode",
+      {FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(),
+       ParamSpec::SizeInt("extra", "elements the faulty rank adds", 1), FaultDelaySize()});
+  s.run_rank = [](RankEnv& env) {
+    const int faulty = FaultyRank(env.params, env.world);
+    const int64_t count = env.params.GetInt("count");
+    const int64_t extra = env.params.GetInt("extra");
+    FSDP_CHECK(extra != 0 && count + extra >= 0, "parameter extra=", extra,
+               " must change the count ", count, " to another valid count");
+    const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
+    return RunFaultRank(env, [&](dist::ProcessGroup& pg, Timeline& timeline) {
+      pg.barrier();
+      if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
+      std::this_thread::sleep_for(delay);
+      Tensor t = Tensor::ones({count + extra}, DType::kFloat32);
+      timeline.issued_ns = timeline.fault_ns = NowNs();
+      pg.all_reduce(t);
+    });
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const int faulty = FaultyRank(p, world);
+    const int64_t count = p.GetInt("count");
+    const int64_t wrong = count + p.GetInt("extra");
+    const std::string faulty_line =
+        Who(faulty) + " issued: allreduce_ #2 float32 in [" + std::to_string(wrong) + "]";
+    const std::string healthy_line =
+        "issued: allreduce_ #2 float32 in [" + std::to_string(count) + "]";
+    for (int r = 0; r < world; ++r) {
+      CheckError(checks, per_rank, r, "DataLoss",
+                 {"collective mismatch", faulty_line, healthy_line});
+    }
+    const auto last = LastIssued(per_rank, world);
+    CheckTimes(checks, p, world, per_rank, [&](int) { return last; });
+  };
+  return s;
+}
+
+Scenario MissingRank() {
+  Scenario s;
+  s.info = FaultInfo(
+      "missing_rank",
+      "after a barrier every rank issues all_reduce but the faulty rank does not: mode=sleep "
+      "(it issues it only after deadline_ms + late_by_ms): DeadlineExceeded on every rank, "
+      "naming the missing rank, after the deadline (and at once on the late rank); "
+      "mode=return (its function returns): Unavailable on the others at once",
+      "test_pg_wrapper.py::ProcessGroupGlooWrapperTest::test_collective_hang",
+      {ParamSpec::Axis("mode", "sleep past the deadline, or return without the collective",
+                       {"sleep", "return"}),
+       FaultyRankSize(), DeadlineSize(2000), MaxTimeToErrorSize(), CountSize(),
+       ParamSpec::SizeInt("late_by_ms", "mode=sleep: how long after the deadline it issues it",
+                          1000),
+       FaultDelaySize()});
+  for (TestRun& run : s.info.test_runs) run.params["mode"] = "return";
+  s.run_rank = [](RankEnv& env) {
+    const int faulty = FaultyRank(env.params, env.world);
+    const bool sleep = env.params.GetString("mode") == "sleep";
+    const int64_t count = env.params.GetInt("count");
+    const auto deadline = std::chrono::milliseconds(env.params.GetInt("deadline_ms"));
+    const auto late_by = std::chrono::milliseconds(env.params.GetInt("late_by_ms"));
+    const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
+    return RunFaultRank(env, [&](dist::ProcessGroup& pg, Timeline& timeline) {
+      pg.barrier();
+      if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
+      if (sleep) {
+        timeline.fault_ns = NowNs();
+        std::this_thread::sleep_for(deadline + late_by);
+        IssueAllReduce(pg, count, timeline);
+      } else {
+        std::this_thread::sleep_for(delay);
+        timeline.fault_ns = NowNs();  // returns: RunFaultRank marks it returned
+      }
+    });
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const int faulty = FaultyRank(p, world);
+    const bool sleep = p.GetString("mode") == "sleep";
+    const std::string missing = "missing " + Who(faulty);
+    if (sleep) {
+      const int64_t deadline = p.GetInt("deadline_ms");
+      // The checker fails the whole collective when the first waiter's deadline passes, so
+      // the deadline counts from the first healthy rank's call.
+      std::optional<int64_t> first_issue;
+      for (int r = 0; r < world; ++r) {
+        const auto ns = r == faulty ? std::nullopt : Ns(per_rank, r, "issued_ns");
+        if (ns && (!first_issue || *ns < *first_issue)) first_issue = ns;
+      }
+      for (int r = 0; r < world; ++r) {
+        if (!CheckError(checks, per_rank, r, "DeadlineExceeded",
+                        {"allreduce_ #2", "timed out after " + std::to_string(deadline) + " ms",
+                         missing})) {
+          continue;
+        }
+        if (r == faulty || !first_issue) continue;
+        const double waited = Ms(*Ns(per_rank, r, "error_ns") - *first_issue);
+        checks.CheckTrue(Who(r) + " fails no earlier than the deadline after the first call",
+                         waited >= static_cast<double>(deadline), std::to_string(waited) + " ms");
+      }
+      // Healthy ranks: from the first call (the deadline allowed on top of the bound); the
+      // late rank: checked below, from its own call.
+      CheckTimes(
+          checks, p, world, per_rank,
+          [&](int r) { return r == faulty ? std::optional<int64_t>() : first_issue; },
+          static_cast<double>(deadline));
+      const auto late_issue = Ns(per_rank, faulty, "issued_ns");
+      const auto late_error = Ns(per_rank, faulty, "error_ns");
+      if (late_issue && late_error) {
+        const double ms = Ms(*late_error - *late_issue);
+        checks.CheckTrue(Who(faulty) + " (late) fails at once when it issues the collective",
+                         ms <= static_cast<double>(p.GetInt("max_time_to_error_ms")),
+                         std::to_string(ms) + " ms");
+      }
+    } else {
+      const std::string returned = Who(faulty) + " has returned from the rank function";
+      for (int r = 0; r < world; ++r) {
+        if (r == faulty) {
+          checks.CheckTrue(Who(r) + " (returned) reports no error",
+                           RankObservation(per_rank, r, "error").is_null(),
+                           RankObservation(per_rank, r, "error").dump());
+          continue;
+        }
+        CheckError(checks, per_rank, r, "Unavailable", {"allreduce_ #2", returned});
+      }
+      const auto fault = Ns(per_rank, faulty, "fault_ns");
+      CheckTimes(checks, p, world, per_rank, [&](int r) -> std::optional<int64_t> {
+        const auto issued = Ns(per_rank, r, "issued_ns");
+        if (!issued || !fault) return std::nullopt;
+        return std::max(*issued, *fault);
+      });
+    }
+  };
+  return s;
+}
+
+Scenario ThrowingRank() {
+  Scenario s;
+  s.info = FaultInfo(
+      "throwing_rank",
+      "after a barrier every rank issues all_reduce but the faulty rank throws first: it "
+      "reports its own error and every other rank fails at once with Aborted naming it and "
+      "its error",
+      "test_multi_threaded_pg.py::TestCollectivesWithWrapper::test_collective_error_on_rank_non_"
+      "zero",
+      {FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(), FaultDelaySize()});
+  s.run_rank = [](RankEnv& env) {
+    const int faulty = FaultyRank(env.params, env.world);
+    const int64_t count = env.params.GetInt("count");
+    const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
+    return RunFaultRank(env, [&](dist::ProcessGroup& pg, Timeline& timeline) {
+      pg.barrier();
+      if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
+      std::this_thread::sleep_for(delay);
+      timeline.fault_ns = NowNs();
+      FSDP_THROW(ErrorCode::kFailedPrecondition, "mimic a test failure on rank ", env.rank);
+    });
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const int faulty = FaultyRank(p, world);
+    const std::string injected = "mimic a test failure on rank " + std::to_string(faulty);
+    for (int r = 0; r < world; ++r) {
+      if (r == faulty) {
+        CheckError(checks, per_rank, r, "FailedPrecondition", {injected});
+      } else {
+        CheckError(checks, per_rank, r, "Aborted",
+                   {"allreduce_ #2", Who(faulty) + " failed", injected});
+      }
+    }
+    const auto fault = Ns(per_rank, faulty, "fault_ns");
+    CheckTimes(checks, p, world, per_rank, [&](int r) -> std::optional<int64_t> {
+      const auto issued = Ns(per_rank, r, "issued_ns");
+      if (r == faulty || !issued || !fault) return std::nullopt;
+      return std::max(*issued, *fault);
+    });
+  };
+  return s;
+}
+
+}  // namespace
+
+void RegisterFaultsScenarios(ScenarioRegistry& registry) {
+  registry.Add(MismatchedOp());
+  registry.Add(MismatchedSize());
+  registry.Add(MissingRank());
+  registry.Add(ThrowingRank());
+}
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,164 @@
+#include "conformance/sharded_parity.h"
+
+#include <set>
+#include <utility>
+
+#include "conformance/fsdp_params.h"
+#include "conformance/observations.h"
+#include "conformance/parity_common.h"
+#include "engine/core/error.h"
+#include "engine/fsdp/fsdp_param.h"
+#include "engine/nn/layers.h"
+#include "reference/sharding.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+// The parameters of `module`'s subtree, by identity.
+std::set<const TensorImpl*> ParamIds(const nn::Module& module) {
+  std::set<const TensorImpl*> ids;
+  for (const auto& [name, param] : module.named_parameters()) ids.insert(param.impl());
+  return ids;
+}
+
+// The rank's local parameter shards (named_parameters order), as an oracle map.
+reference::RefTensorMap LocalShards(nn::Module& module) {
+  reference::RefTensorMap out;
+  for (const auto& [name, param] : module.named_parameters()) out[name] = ToRef(param);
+  return out;
+}
+
+// The rank's local gradient shards; parameters whose .grad is None are absent.
+reference::RefTensorMap LocalGradShards(nn::Module& module) {
+  reference::RefTensorMap out;
+  for (const auto& [name, param] : module.named_parameters()) {
+    const Tensor grad = param.grad();
+    if (grad.defined()) out[name] = ToRef(grad);
+  }
+  return out;
+}
+
+// The full (all-gathered) parameters; every rank must call it (collectives).
+reference::RefTensorMap FullParameters(nn::Module& module) {
+  reference::RefTensorMap out;
+  for (const auto& [name, param] : module.named_parameters()) {
+    const fsdp2::FsdpParam* fsdp_param = fsdp2::LookupFsdpParam(param);
+    out[name] = ToRef(fsdp_param != nullptr ? fsdp_param->full_tensor() : param);
+  }
+  return out;
+}
+
+std::string GradPrefix(int64_t step) { return "grad" + std::to_string(step) + "/"; }
+
+}  // namespace
+
+void ShardChildrenThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options) {
+  const std::vector<nn::ModulePtr> children = root->children();
+  std::vector<std::set<const TensorImpl*>> ids;
+  for (const nn::ModulePtr& child : children) ids.push_back(ParamIds(*child));
+  for (size_t i = 0; i < children.size(); ++i) {
+    if (auto* list = dynamic_cast<nn::ModuleList*>(children[i].get())) {
+      for (const nn::ModulePtr& element : list->list()) fsdp2::fully_shard(element, options);
+      continue;
+    }
+    if (ids[i].empty()) continue;
+    bool shared = false;
+    for (size_t j = 0; j < children.size() && !shared; ++j) {
+      if (j == i) continue;
+      for (const TensorImpl* id : ids[i]) shared = shared || ids[j].count(id) > 0;
+    }
+    if (!shared) fsdp2::fully_shard(children[i], options);
+  }
+  fsdp2::fully_shard(root, options);
+}
+
+ShardPlan ShardSubmodulesThenRoot(std::vector<std::string> fqns) {
+  return [fqns = std::move(fqns)](const nn::ModulePtr& root,
+                                  const fsdp2::FullyShardOptions& options) {
+    for (const std::string& fqn : fqns) fsdp2::fully_shard(root->get_submodule(fqn), options);
+    fsdp2::fully_shard(root, options);
+  };
+}
+
+void ShardEveryChildThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options) {
+  for (const nn::ModulePtr& child : root->children()) fsdp2::fully_shard(child, options);
+  fsdp2::fully_shard(root, options);
+}
+
+fsdp2::FullyShardOptions ShardOptionsOf(const RankEnv& env) {
+  fsdp2::FullyShardOptions options;
+  options.process_group = env.pg;
+  if (env.params.has("reshard_after_forward")) {
+    options.reshard_after_forward =
+        ParseReshardAfterForward(env.params.GetString("reshard_after_forward"));
+  }
+  return options;
+}
+
+nlohmann::json RunShardedParityRank(const std::string& kind, const ShardPlan& plan, RankEnv& env) {
+  const CaseParams& p = env.params;
+  const ZooModel model = ZooModel::Make(kind, p);
+  const uint64_t seed = static_cast<uint64_t>(p.GetInt("seed"));
+  const DType dtype = ParseDType(p.GetString("dtype"));
+  const int64_t steps = p.GetInt("steps");
+  FSDP_CHECK(steps >= 1, "steps must be positive, got ", steps);
+  nn::ModulePtr module = model.BuildEngineWithWeights(seed, dtype);
+  plan(module, ShardOptionsOf(env));
+  const EngineTrainingRecord record =
+      TrainEngine(model, *module, ParityOptim(p), seed, steps, dtype, env.rank, env.world,
+                  LocalShards, LocalGradShards);
+  nlohmann::json obs;
+  obs[kLosses] = record.losses;
+  obs["loss_dtype"] = DTypeName(record.loss_dtype);
+  nlohmann::json tensors = nlohmann::json::object();
+  for (int64_t k = 0; k < steps; ++k) {
+    const auto step = static_cast<size_t>(k);
+    tensors.update(MapToJson(record.parameters[step], DTypeName(dtype), StepPrefix(k)));
+    tensors.update(MapToJson(record.gradients[step], DTypeName(dtype), GradPrefix(k)));
+  }
+  tensors.update(MapToJson(FullParameters(*module), DTypeName(dtype), "full/"));
+  obs[kTensors] = std::move(tensors);
+  return obs;
+}
+
+void JudgeShardedParity(const std::string& kind, const CaseParams& params, int world,
+                        const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
+  const ZooModel model = ZooModel::Make(kind, params);
+  const uint64_t seed = static_cast<uint64_t>(params.GetInt("seed"));
+  const DType dtype = ParseDType(params.GetString("dtype"));
+  const int64_t steps = params.GetInt("steps");
+  const Tolerance tol = ParityTolerance(params, dtype);
+  const auto expected = TrainOracle(model, ParityOptim(params), seed, steps, dtype, world);
+  ErrorStats param_err;
+  ErrorStats grad_err;
+  for (int r = 0; r < world; ++r) {
+    const std::string who = "rank " + std::to_string(r);
+    std::vector<double> expected_losses;
+    for (const auto& step : expected) expected_losses.push_back(step.rank_losses.at(r));
+    const DType loss_dtype =
+        ParseDType(RankObservation(per_rank, r, "loss_dtype").get<std::string>());
+    checks.CheckClose(who + " losses vs oracle", expected_losses, Losses(per_rank, r),
+                      ParityTolerance(params, loss_dtype));
+    for (int64_t k = 0; k < steps; ++k) {
+      const auto& step = expected[static_cast<size_t>(k)];
+      const std::string at = who + " step " + std::to_string(k);
+      grad_err.Merge(CheckMapsClose(checks, at + " gradient shards",
+                                    reference::ShardsOnAllRanks(step.grads, world).at(r),
+                                    MapFromObservations(per_rank, r, GradPrefix(k)), tol));
+      param_err.Merge(CheckMapsClose(checks, at + " parameter shards",
+                                     reference::ShardsOnAllRanks(step.params, world).at(r),
+                                     MapFromObservations(per_rank, r, StepPrefix(k)), tol));
+    }
+    param_err.Merge(CheckMapsClose(checks, who + " full parameters after the last step",
+                                   expected.back().params,
+                                   MapFromObservations(per_rank, r, "full/"), tol));
+  }
+  checks.SetFigure("steps", steps);
+  checks.SetFigure("param_max_abs_err", param_err.max_abs);
+  checks.SetFigure("param_max_rel_err", param_err.max_rel);
+  checks.SetFigure("grad_max_abs_err", grad_err.max_abs);
+  checks.SetFigure("grad_max_rel_err", grad_err.max_rel);
+}
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,56 @@
+// Train parity of a fully sharded zoo model against the oracle, shared by the families that
+// train under fully_shard (parity/fsdp/*, fully_shard_autograd/unused_forward_*,
+// fully_shard_autograd/nontensor_activations).
+//
+// Each rank builds the zoo model with the case's weights, applies a ShardPlan with the case's
+// fully_shard options (process group, reshard_after_forward), and trains `steps` steps on its
+// slice of every global batch (TrainEngine: set_to_none alternating). Observations per rank:
+// losses (its own loss per step), its SHARDED parameters after every step (tensors
+// "step<k>/<fqn>", the local torch.chunk shard), its SHARDED gradients after every backward
+// (tensors "grad<k>/<fqn>", before the optimizer step; an FQN whose .grad is None is absent),
+// and the full parameters after the last step (tensors "full/<fqn>", all-gathered). The judge
+// runs the oracle's data-parallel training (reference/: per-rank losses, gradients averaged
+// over ranks) and compares each rank's losses, each rank's parameter and gradient shards with
+// the oracle's tensors chunked by the rank's own torch.chunk arithmetic (reference/sharding.h,
+// `check_sharded_parity`), and the full parameters. Stateless; thread-safe.
+#pragma once
+
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "conformance/checks.h"
+#include "conformance/model_zoo.h"
+#include "conformance/params.h"
+#include "conformance/scenario.h"
+#include "engine/fsdp/fully_shard.h"
+#include "engine/nn/module.h"
+
+namespace fsdp::conformance {
+
+// Applies fully_shard to (parts of) `root` with `options`; children before the root.
+using ShardPlan = std::function<void(const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options)>;
+
+// The seeds' usual pattern: every element of a ModuleList child (the Transformer's blocks),
+// every other direct child that owns parameters not shared with a sibling (MLP's
+// in_proj/out_proj, DoubleLinear's lin1/lin2), then the root. Tied weights stay with the root.
+void ShardChildrenThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options);
+// fully_shard on the submodules `fqns` in order (each must exist), then on the root.
+ShardPlan ShardSubmodulesThenRoot(std::vector<std::string> fqns);
+// fully_shard on every direct child (parameter-less ones included), then on the root: the
+// seed's `for module in model: fully_shard(module)` over an nn.Sequential.
+void ShardEveryChildThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options);
+
+// The case's fully_shard options on this rank: its process group and, when the case has a
+// `reshard_after_forward` parameter, that value.
+fsdp2::FullyShardOptions ShardOptionsOf(const RankEnv& env);
+
+// One rank's run of zoo model `kind` under `plan` (observations as described above). The
+// case needs the ParityParams of the kind plus a "dtype" parameter.
+nlohmann::json RunShardedParityRank(const std::string& kind, const ShardPlan& plan, RankEnv& env);
+// Judges every rank's observations against the oracle; figures: steps, param/grad max errors.
+void JudgeShardedParity(const std::string& kind, const CaseParams& params, int world,
+                        const std::vector<nlohmann::json>& per_rank, CheckList& checks);
+
+}  // namespace fsdp::conformance
