@@ -1,0 +1,5 @@
+// pg-bench: an nccl-tests-style collective benchmark over any process-group backend
+// (docs/pg_bench.md). The program lives in tools/bench/pg_bench_main.cc.
+#include "tools/bench/pg_bench_main.h"
+
+int main(int argc, char** argv) { return fsdp::bench::PgBenchMain(argc, argv); }
