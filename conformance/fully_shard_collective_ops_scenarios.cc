@@ -110,6 +110,18 @@ int64_t Mismatches(const Tensor& expected, const Tensor& actual) {
   return n;
 }
 
+// The parameters and worlds every TestFullyShardCollectiveOps scenario shares: the seed's
+// shapes and seed, 128 threads by default.
+void AddSeedGroupInfo(ScenarioInfo& info) {
+  info.params.push_back(ParamSpec::SizeString(
+      "param_sizes", "parameter shapes, comma separated (_get_param_sizes)", kSeedParamSizes));
+  info.params.push_back(ParamSpec::SizeInt("seed", "seed of the randn parameters", 42));
+  info.default_world = 128;
+  info.min_world = 1;
+  info.max_world = 128;
+  info.backends = {kBackendThreaded};
+}
+
 // ---- all_gather_fp32 --------------------------------------------------------------------------
 
 // The seed's `all_gather` helper over `pg`.
@@ -181,13 +193,8 @@ Scenario AllGatherFp32() {
                       "or the CommContext's dedicated pair", {"default", "separate"}),
       ParamSpec::Axis("reshard_after_forward", "True, or the int post_forward_size", {"True", "int"}),
       ParamSpec::SizeInt("post_forward_size", "the int reshard_after_forward (post-forward group size)", 8),
-      ParamSpec::SizeString("param_sizes", "parameter shapes, comma separated (_get_param_sizes)",
-                            kSeedParamSizes),
-      ParamSpec::SizeInt("seed", "seed of the randn parameters", 42)};
-  s.info.default_world = 128;
-  s.info.min_world = 1;
-  s.info.max_world = 128;
-  s.info.backends = {kBackendThreaded};
+  };
+  AddSeedGroupInfo(s.info);
   // The seed skips an int reshard_after_forward with async_op or the default streams.
   s.excluded = [](const CaseParams& p, int) -> std::optional<std::string> {
     if (p.GetString("reshard_after_forward") == "int" &&
@@ -301,13 +308,8 @@ Scenario ReduceScatter(const std::string& test, DType reduce_dtype) {
   s.info.params = {
       ParamSpec::Axis("reduce_scatter_stream", "the current stream or the CommContext's",
                       {"default", "separate"}),
-      ParamSpec::SizeString("param_sizes", "parameter shapes, comma separated (_get_param_sizes)",
-                            kSeedParamSizes),
-      ParamSpec::SizeInt("seed", "seed of the randn parameters", 42)};
-  s.info.default_world = 128;
-  s.info.min_world = 1;
-  s.info.max_world = 128;
-  s.info.backends = {kBackendThreaded};
+  };
+  AddSeedGroupInfo(s.info);
   s.run_rank = [reduce_dtype](RankEnv& env) { return ReduceScatterRank(env, reduce_dtype); };
   s.judge = [reduce_dtype](const CaseParams& params, int world,
                            const std::vector<nlohmann::json>& per_rank, CheckList& checks) {

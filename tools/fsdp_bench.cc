@@ -28,7 +28,6 @@
 #include <cstdint>
 #include <fstream>
 #include <iostream>
-#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -38,6 +37,7 @@
 
 #include "conformance/model_zoo.h"
 #include "conformance/params.h"
+#include "conformance/sharded_parity.h"
 #include "engine/core/error.h"
 #include "engine/core/rank_context.h"
 #include "engine/fsdp/fully_shard.h"
@@ -245,37 +245,6 @@ OptimConfig BenchOptim(const BenchConfig& c) {
   return o;
 }
 
-// The parameters of `module`'s subtree, by identity.
-std::set<const TensorImpl*> ParamIds(const nn::Module& module) {
-  std::set<const TensorImpl*> ids;
-  for (const auto& [name, param] : module.named_parameters()) ids.insert(param.impl());
-  return ids;
-}
-
-// fully_shard as parity/fsdp does it (conformance/parity_fsdp_scenarios.cc): every element of
-// a ModuleList child, every other direct child whose parameters no sibling shares, then the root.
-void ShardModel(const nn::ModulePtr& root, const std::shared_ptr<dist::ProcessGroup>& pg) {
-  fsdp2::FullyShardOptions options;
-  options.process_group = pg;
-  const std::vector<nn::ModulePtr> children = root->children();
-  std::vector<std::set<const TensorImpl*>> ids;
-  for (const nn::ModulePtr& child : children) ids.push_back(ParamIds(*child));
-  for (size_t i = 0; i < children.size(); ++i) {
-    if (auto* list = dynamic_cast<nn::ModuleList*>(children[i].get())) {
-      for (const nn::ModulePtr& element : list->list()) fsdp2::fully_shard(element, options);
-      continue;
-    }
-    if (ids[i].empty()) continue;
-    bool shared = false;
-    for (size_t j = 0; j < children.size() && !shared; ++j) {
-      if (j == i) continue;
-      for (const TensorImpl* id : ids[i]) shared = shared || ids[j].count(id) > 0;
-    }
-    if (!shared) fsdp2::fully_shard(children[i], options);
-  }
-  fsdp2::fully_shard(root, options);
-}
-
 // torch.tensor_split rows of a global batch of `rows`: rank r gets [begin, begin + count).
 std::pair<int64_t, int64_t> RankRows(int64_t rows, int rank, int world) {
   const int64_t base = rows / world;
@@ -322,7 +291,9 @@ RankReport RunRank(const BenchConfig& c, const ZooModel& model, const OptimConfi
                    fakes::RankEnv& env) {
   RankReport report;
   nn::ModulePtr module = model.BuildEngineWithWeights(c.seed, c.dtype);
-  ShardModel(module, env.pg);
+  fsdp2::FullyShardOptions options;
+  options.process_group = env.pg;
+  conformance::ShardChildrenThenRoot(module, options);  // as parity/fsdp shards
   auto optimizer = conformance::MakeEngineOptimizer(optim, module->named_parameters());
   const auto [row_begin, row_count] = RankRows(c.batch, env.rank, env.world_size);
   const int64_t num_steps = 2 + c.warmup + c.iters;
