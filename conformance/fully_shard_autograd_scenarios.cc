@@ -86,7 +86,7 @@ Scenario ShardedTraining(const std::string& test, const std::string& description
   s.info.default_world = 4;  // min(4, gpus)
   s.info.min_world = 1;
   s.info.max_world = 8;
-  s.info.backends = {kBackendThreaded, kBackendGloo};
+  s.info.backends = {kBackendThreaded, kBackendGloo, kBackendNccl};
   s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
     if (!p.has("reshard_after_forward")) return std::nullopt;
     return SkipIntNotAFactor(p, world);

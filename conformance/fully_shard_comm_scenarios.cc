@@ -57,6 +57,7 @@ std::shared_ptr<nn::Transformer> ShardedTransformer(const RankEnv& env,
   args.dropout_p = 0.0;
   args.checkpoint_activations = checkpoint_impl == "utils";
   auto model = std::make_shared<nn::Transformer>(args);
+  model->to(env.device);  // cuda:<local rank> on GPU backends
   fsdp2::FullyShardOptions options;
   options.process_group = env.pg;
   options.reshard_after_forward = raf;
@@ -72,7 +73,7 @@ Tensor Tokens(const RankEnv& env) {
   // The runner's randomness: the same tokens on every rank, from the case's seed.
   nn::ModelArgs args;
   Generator generator(static_cast<uint64_t>(env.params.GetInt("seed")));
-  return Tensor::randint(0, args.vocab_size, {2, args.max_seq_len}, &generator);
+  return Tensor::randint(0, args.vocab_size, {2, args.max_seq_len}, &generator).to(env.device);
 }
 
 // Runs forward and backward under two CommDebugModes; `between` runs after forward.
@@ -120,7 +121,7 @@ ScenarioInfo CommonInfo(const std::string& case_name, const std::string& descrip
   info.default_world = 4;  // min(4, gpus)
   info.min_world = 2;      // world 1 skips the all-gather (E3), which the seed never runs
   info.max_world = 8;
-  info.backends = {kBackendThreaded, kBackendGloo};
+  info.backends = {kBackendThreaded, kBackendGloo, kBackendNccl};
   return info;
 }
 
@@ -372,6 +373,7 @@ Scenario BackwardPrefetchUnusedInBackward() {
     auto double_linear = std::make_shared<nn::DoubleLinear>(dim);
     auto model =
         std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{lin0, double_linear});
+    model->to(env.device);
     fsdp2::FullyShardOptions options;
     options.process_group = env.pg;
     options.reshard_after_forward =
@@ -381,7 +383,7 @@ Scenario BackwardPrefetchUnusedInBackward() {
     fsdp2::fully_shard(double_linear->child("lin2"), options);
     fsdp2::FSDPModule root = fsdp2::fully_shard(model, options);
     Generator generator(static_cast<uint64_t>(env.params.GetInt("seed")));
-    const Tensor inp = Tensor::randn({4, dim}, DType::kFloat32, &generator);
+    const Tensor inp = Tensor::randn({4, dim}, DType::kFloat32, &generator).to(env.device);
     fsdp2::RecordingObserver observer;
     fsdp2::ScopedObserver install(observer);
     const std::set<fsdp2::EventKind> kinds = {fsdp2::EventKind::kUnshard,

@@ -104,6 +104,7 @@ nlohmann::json RunShardedParityRank(const std::string& kind, const ShardPlan& pl
   const int64_t steps = p.GetInt("steps");
   FSDP_CHECK(steps >= 1, "steps must be positive, got ", steps);
   nn::ModulePtr module = model.BuildEngineWithWeights(seed, dtype);
+  module->to(env.device);  // cuda:<local rank> on GPU backends; TrainEngine follows the params
   plan(module, ShardOptionsOf(env));
   const EngineTrainingRecord record =
       TrainEngine(model, *module, ParityOptim(p), seed, steps, dtype, env.rank, env.world,
