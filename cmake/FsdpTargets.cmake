@@ -34,5 +34,14 @@ function(fsdp_add_test_binary name)
   if(ARG_LABELS)
     set(labels ${ARG_LABELS})
   endif()
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300 LABELS "${labels}")
+  if(labels STREQUAL "unit")
+    # [Note: gpu test names] In a mixed binary, a test that needs a CUDA device has a suite
+    # name ending in "Gpu" (FsdpGpu.MlpWorld1MatchesCpu); it gets the label gpu, the rest unit.
+    gtest_discover_tests(${name} TEST_FILTER "-*Gpu.*" DISCOVERY_TIMEOUT 60
+                         PROPERTIES TIMEOUT 300 LABELS unit)
+    gtest_discover_tests(${name} TEST_FILTER "*Gpu.*" DISCOVERY_TIMEOUT 60
+                         PROPERTIES TIMEOUT 300 LABELS gpu)
+  else()
+    gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 300 LABELS "${labels}")
+  endif()
 endfunction()

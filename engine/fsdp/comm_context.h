@@ -4,10 +4,15 @@
 // ([Note: implicit forward prefetch] in docs/fsdp.md), the last reduce-scatter state, and the
 // post-forward order used by the default backward prefetch.
 //
-// Streams and events: on the CPU (and with the synchronous threaded / Gloo process groups)
-// work is ordered by the issuing thread, so CommStream and CommEvent are named no-op
-// placeholders that keep FSDP2's structure (which stream waits on which) in the code; a CUDA
-// backend replaces their bodies.
+// Streams and events (fsdp-semantics §1, §3.8): on a CUDA device the context owns four
+// dedicated non-blocking CUDA streams (high priority, as FSDP2) and CommStream / CommEvent wrap
+// CudaStream / CudaEvent: the all-gather copy-in runs on the copy-in stream, the collective on
+// the all-gather stream, the copy-out on the current stream after waiting for the all-gather's
+// event; the reduce-scatter (and HSDP all-reduce) on their streams after waiting for the
+// current stream. Buffers handed between streams are kept alive by the states below until
+// their consumer has waited on the matching event (no record_stream). On the CPU (and with a
+// context never lazily initialised) work is ordered by the issuing thread, so every stream is
+// a named no-op that keeps FSDP2's structure (which stream waits on which) in the code.
 //
 // Ownership: created by a parameter group (its own, before lazy init) and replaced at the
 // root's lazy init by the root's, shared (std::shared_ptr) by all states and groups of the
@@ -21,6 +26,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/core/cuda_stream.h"
 #include "engine/core/device.h"
 #include "engine/core/tensor.h"
 #include "engine/fsdp/training_state.h"
@@ -30,27 +36,76 @@ namespace fsdp::fsdp2 {
 class FsdpParamGroup;
 struct AllGatherResult;
 
-// A recorded point in a stream. CPU: complete when recorded.
+class CommStream;
+
+// A recorded point in a stream (PyTorch's `stream.record_event()`). On a CUDA stream it holds
+// a CudaEvent recorded there; on a CPU stream it is complete when recorded. Copies share the
+// underlying event (the states below copy it).
+// Thread-safety: used by its rank's thread only.
 class CommEvent {
  public:
-  void record() { recorded_ = true; }
-  void synchronize() const {}
+  // Records the work issued so far on `stream`; replaces an earlier record.
+  void record(const CommStream& stream);
+  // Blocks the calling thread until the recorded work finished (CPU: returns at once).
+  void synchronize() const;
   bool recorded() const { return recorded_; }
+  // The CUDA event, or null when recorded on a CPU stream (or never recorded).
+  const CudaEvent* cuda_event() const { return cuda_event_.get(); }
 
  private:
   bool recorded_ = false;
+  std::shared_ptr<CudaEvent> cuda_event_;
 };
 
-// A named execution stream. CPU: the issuing thread; waits are no-ops.
+// A named execution stream. Three kinds:
+//  * CPU (the default constructor, or any stream of a CPU device): the issuing thread; every
+//    wait is a no-op and nothing calls the CUDA runtime;
+//  * Current(cuda:N): the calling thread's current stream of the device, resolved at each use
+//    (CurrentCudaStream, i.e. the innermost CudaStreamGuard or the default stream);
+//  * Dedicated(name, cuda:N): an owned non-blocking CudaStream (shared by copies).
+// Thread-safety: used by its rank's thread only (the CUDA stream itself is thread-safe).
 class CommStream {
  public:
   explicit CommStream(std::string name = "current") : name_(std::move(name)) {}
+  // The current stream of `device` (a no-op CPU stream for a CPU device).
+  static CommStream Current(Device device);
+  // A new dedicated stream on `device` with cudaStreamCreateWithPriority's `priority` (a no-op
+  // CPU stream for a CPU device). Throws Unavailable when CUDA or the device is unavailable.
+  static CommStream Dedicated(std::string name, Device device, int priority = -1);
+
   const std::string& name() const { return name_; }
-  void wait_stream(const CommStream& /*other*/) const {}
-  void wait_event(const CommEvent& /*event*/) const {}
+  Device device() const { return device_; }
+  bool is_cuda() const { return device_.is_cuda(); }
+  bool is_dedicated() const { return stream_ != nullptr; }
+  // The CUDA stream this names now (requires is_cuda()).
+  CudaStreamRef ref() const;
+
+  // Future work on this stream waits for the work issued so far on `other` (no host block).
+  // A no-op unless both are CUDA streams of one device and differ.
+  void wait_stream(const CommStream& other) const;
+  // Future work on this stream waits for `event` (no-op for a CPU stream or a CPU event).
+  void wait_event(const CommEvent& event) const;
+  // record_event(): a new event recorded on this stream now.
+  CommEvent record_event() const;
 
  private:
   std::string name_;
+  Device device_ = Device::CPU();
+  std::shared_ptr<CudaStream> stream_;  // Dedicated only
+};
+
+// RAII: makes a CUDA CommStream the current stream of its device for the scope (kernels,
+// copies and the process group's host staging then issue on it); does nothing for a CPU
+// stream (PyTorch's `with device_handle.stream(stream):`). Not movable; destroy on the thread
+// that created it.
+class CommStreamGuard {
+ public:
+  explicit CommStreamGuard(const CommStream& stream);
+  CommStreamGuard(const CommStreamGuard&) = delete;
+  CommStreamGuard& operator=(const CommStreamGuard&) = delete;
+
+ private:
+  std::optional<CudaStreamGuard> guard_;
 };
 
 // An all-gather result whose buffer must stay alive until `event` (the copy-out) is waited.
@@ -70,7 +125,7 @@ class CommContext {
  public:
   CommContext();
 
-  // Sets the device (idempotent).
+  // Sets the device and, for a CUDA device, creates the four dedicated streams (idempotent).
   void lazy_init(Device device);
   bool initialized() const { return initialized_; }
   Device device() const { return device_; }
@@ -84,6 +139,8 @@ class CommContext {
   // FORWARD / PRE_BACKWARD (implicit prefetch), else the current stream for both.
   std::pair<CommStream*, CommStream*> get_all_gather_streams(bool async_op,
                                                             TrainingState training_state);
+  // Both all-gather streams wait for `event` (FSDP2's _wait_all_gather_streams_on_event).
+  void wait_all_gather_streams_on_event(const CommEvent& event);
 
   // Post-forward order: one entry per group use, appended at each post-forward.
   std::vector<FsdpParamGroup*> post_forward_order;

@@ -1,7 +1,9 @@
 #include "engine/fsdp/fsdp_collectives.h"
 
+#include <optional>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "engine/core/error.h"
 #include "engine/fsdp/fsdp_param.h"
@@ -48,6 +50,11 @@ std::shared_ptr<AllGatherResult> foreach_all_gather(
   const int world_size = group->size();
   const int rank = group->rank();
   auto result = std::make_shared<AllGatherResult>();
+  // Copy-in (on the copy-in stream, after the work already issued on the current stream, e.g.
+  // the optimizer step that wrote the sharded parameters): the all-gather inputs (casts, CPU
+  // offload uploads) and their copy into this rank's slice of the output.
+  all_gather_copy_in_stream.wait_stream(CommStream::Current(device));
+  std::optional<CommStreamGuard> copy_in_guard(std::in_place, all_gather_copy_in_stream);
   std::vector<Tensor> inputs;
   std::set<DType> dtypes;
   for (FsdpParam* fsdp_param : fsdp_params) {
@@ -72,8 +79,6 @@ std::shared_ptr<AllGatherResult> foreach_all_gather(
   int64_t per_rank_numel = 0;
   for (int64_t n : result->all_gather_input_split_sizes) per_rank_numel += n;
 
-  // Copy-in (on the copy-in stream): the inputs back to back in this rank's slice.
-  all_gather_copy_in_stream.wait_stream(CommStream());
   result->all_gather_output = Tensor::empty({per_rank_numel * world_size}, dtype, device);
   Tensor all_gather_input = result->all_gather_output.narrow(0, per_rank_numel * rank,
                                                             per_rank_numel);
@@ -82,14 +87,16 @@ std::shared_ptr<AllGatherResult> foreach_all_gather(
     if (t.numel() > 0) all_gather_input.narrow(0, offset, t.numel()).copy_(t.flatten());
     offset += t.numel();
   }
-  // The collective (on the all-gather stream), in place.
+  copy_in_guard.reset();
+  // The collective (on the all-gather stream, after the copy-in), in place.
   all_gather_stream.wait_stream(all_gather_copy_in_stream);
+  const CommStreamGuard all_gather_guard(all_gather_stream);
   if (world_size > 1) {
     auto work = group->all_gather_into_tensor(result->all_gather_output, all_gather_input,
                                               async_op);
     if (async_op) result->all_gather_work = std::move(work);
   }
-  result->all_gather_event.record();
+  result->all_gather_event.record(all_gather_stream);
   return result;
 }
 
@@ -101,7 +108,10 @@ void foreach_all_gather_copy_out(AllGatherResult& all_gather_result,
     all_gather_result.all_gather_work->wait();
     all_gather_result.all_gather_work.reset();
   }
-  all_gather_result.all_gather_event.synchronize();
+  // The copy-out runs on the current stream, after the all-gather (FSDP2: a sync all-gather's
+  // event; an async one was waited above and recorded on the current stream anyway).
+  const CommStream current = CommStream::Current(all_gather_result.all_gather_output.device());
+  current.wait_event(all_gather_result.all_gather_event);
   FSDP_INTERNAL_ASSERT(all_gather_result.param_all_gather_input_numels.size() ==
                        fsdp_params.size());
   int64_t per_rank_numel = 0;
@@ -130,12 +140,12 @@ void foreach_all_gather_copy_out(AllGatherResult& all_gather_result,
 void foreach_reduce_scatter_copy_in(const std::vector<Tensor>& grads, const Tensor& out,
                                     int world_size) {
   std::vector<Shape> shapes;
+  shapes.reserve(grads.size());
   for (const Tensor& g : grads) shapes.push_back(g.sizes());
   const GroupLayout layout = ComputeGroupLayout(shapes, world_size);
   FSDP_CHECK(out.numel() == layout.total_numel(world_size), "reduce-scatter copy-in: output has ",
              out.numel(), " elements but the padded gradients need ",
              layout.total_numel(world_size));
-  Tensor dst = out;
   for (size_t i = 0; i < grads.size(); ++i) {
     const ShardInfo info = ComputeShardInfo(grads[i].sizes(), 0, world_size);
     const Tensor flat = grads[i].flatten();
@@ -145,7 +155,7 @@ void foreach_reduce_scatter_copy_in(const std::vector<Tensor>& grads, const Tens
       const int64_t end = std::min<int64_t>(d0, info.chunk_rows * (k + 1));
       const int64_t n = (end - begin) * info.row_numel;
       if (n == 0) continue;
-      dst.narrow(0, k * layout.per_rank_numel + layout.offsets[i], n)
+      out.narrow(0, k * layout.per_rank_numel + layout.offsets[i], n)
           .copy_(flat.narrow(0, begin * info.row_numel, n));
     }
   }
@@ -179,6 +189,7 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
   const DivideFactors& factors = result.divide_factors;
 
   std::vector<Shape> shapes;
+  shapes.reserve(unsharded_grads.size());
   for (const Tensor& g : unsharded_grads) shapes.push_back(g.sizes());
   const GroupLayout layout = ComputeGroupLayout(shapes, world_size);
   result.reduce_scatter_input =
@@ -186,15 +197,20 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
   foreach_reduce_scatter_copy_in(unsharded_grads, result.reduce_scatter_input, world_size);
   unsharded_grads.clear();  // only after the copy-in may the unsharded grads be freed
 
-  CommStream current;
-  CommStream& reduce_scatter_stream =
+  // The reduce-scatter stream waits for the gradient-producing (current) stream, which also
+  // ran the copy-in; everything below runs on the reduce-scatter (then all-reduce) stream.
+  const CommStream current = CommStream::Current(options.device);
+  const CommStream& reduce_scatter_stream =
       options.reduce_scatter_stream ? *options.reduce_scatter_stream : current;
   reduce_scatter_stream.wait_stream(current);
+  std::optional<CommStreamGuard> stream_guard(std::in_place, reduce_scatter_stream);
   Tensor reduce_output = Tensor::empty({layout.per_rank_numel}, reduce_dtype, options.device);
   DivIfNeeded(result.reduce_scatter_input, factors.pre_divide);
   reduce_scatter_group->reduce_scatter_tensor(reduce_output, result.reduce_scatter_input,
                                               ToReduceOptions(factors));
-  result.reduce_scatter_event.record();
+  // The reduce-scatter input may be freed only after this event (ReduceScatterState).
+  result.reduce_scatter_event.record(reduce_scatter_stream);
+  const CommStream* post_reduce_stream = &reduce_scatter_stream;
   if (options.all_reduce_group) {
     if (!options.all_reduce_grads) {
       // Deferred all-reduce: keep the partial sums; no gradient is assigned this time.
@@ -205,10 +221,17 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
       } else {
         result.partial_reduce_output = reduce_output;
       }
+      result.post_reduce_event.record(reduce_scatter_stream);
       return result;
     }
     if (options.partial_reduce_output.defined()) {
       reduce_output.copy_(ops::kernels::Add(reduce_output, options.partial_reduce_output));
+    }
+    if (options.all_reduce_stream != nullptr) {
+      post_reduce_stream = options.all_reduce_stream;
+      post_reduce_stream->wait_stream(reduce_scatter_stream);
+      stream_guard.reset();
+      stream_guard.emplace(*post_reduce_stream);
     }
     // HSDP: AVG when the reduce-scatter averaged, otherwise SUM (fsdp-semantics §1.8).
     const dist::ReduceOptions all_reduce_op =
@@ -227,7 +250,8 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
         reduce_output.narrow(0, layout.offsets[i], info.sharded_numel()).view(info.sharded_shape);
     fsdp_param->accumulate_sharded_grad(new_sharded_grad);
   }
-  result.post_reduce_event.record();
+  // The current stream waits on this before the optimizer step (end of backward).
+  result.post_reduce_event.record(*post_reduce_stream);
   return result;
 }
 

@@ -17,6 +17,14 @@
 //    the padded offsets, accumulation into existing sharded grads, and the sharded
 //    parameters' post-accumulate-grad hooks (once per parameter per reduction).
 //
+// Streams (fsdp-semantics §3.8; CPU: all no-ops): the all-gather copy-in runs under a guard of
+// the copy-in stream after it waited for the current stream; the collective on the all-gather
+// stream after it waited for the copy-in, then `all_gather_event` is recorded there; the
+// copy-out runs on the current stream after waiting for that event. The reduce-scatter copy-in
+// runs on the current stream; the reduce-scatter stream then waits for it and runs the
+// collective, the HSDP all-reduce (on its own stream), the divides, the cast and the
+// accumulation, recording `reduce_scatter_event` and `post_reduce_event`.
+//
 // Ownership: results own their buffers; parameters are borrowed.
 // Thread-safety: stateless; called from the rank's thread.
 #pragma once
@@ -79,7 +87,10 @@ struct ForeachReduceOptions {
   double gradient_divide_factor = 0.0;
   // From set_force_sum_reduction_for_comms. Default: false.
   bool force_sum_reduction_for_comms = false;
-  CommStream* reduce_scatter_stream = nullptr;  // Default: the current stream
+  // Streams of the reduce-scatter and of the HSDP all-reduce. Default: null, i.e. the current
+  // stream for the reduce-scatter and the reduce-scatter's stream for the all-reduce.
+  CommStream* reduce_scatter_stream = nullptr;
+  CommStream* all_reduce_stream = nullptr;
 };
 
 // What foreach_reduce leaves behind (kept by the CommContext until the next reduction).
@@ -89,8 +100,8 @@ struct ForeachReduceResult {
   DivideFactors divide_factors;
   // HSDP: the partial sums to keep when the all-reduce was deferred (else undefined).
   Tensor partial_reduce_output;
-  CommEvent reduce_scatter_event;
-  CommEvent post_reduce_event;
+  CommEvent reduce_scatter_event;  // the input may be freed after it
+  CommEvent post_reduce_event;     // the new gradient shards are ready after it
 };
 
 // Reduces `unsharded_grads` (parallel to `fsdp_params`, same order, each of the parameter's

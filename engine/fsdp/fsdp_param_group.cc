@@ -166,21 +166,21 @@ void FsdpParamGroup::wait_for_unshard() {
   if (all_gather_result_ == nullptr) return;  // no preceding unshard
   const bool async_op = all_gather_result_->all_gather_work != nullptr;
   if (training_state_ == TrainingState::kForward && comm_ctx_->all_gather_state) {
-    // Implicit prefetch: the previous group's all-gather buffer may be freed now.
-    comm_ctx_->all_gather_copy_in_stream().wait_event(comm_ctx_->all_gather_state->event);
+    // Implicit prefetch: the previous group's all-gather buffer may be freed now (both
+    // all-gather streams are ordered after its copy-out first).
+    comm_ctx_->wait_all_gather_streams_on_event(comm_ctx_->all_gather_state->event);
     comm_ctx_->all_gather_state.reset();
   }
   foreach_all_gather_copy_out(*all_gather_result_, fsdp_param_ptrs(),
                               all_gather_process_group());
   for (auto& p : fsdp_params_) p->init_unsharded_param();
   to_unsharded();
-  CommEvent copy_out_event;
-  copy_out_event.record();
+  CommEvent copy_out_event = comm_ctx_->current_stream().record_event();
   if (!async_op && training_state_ == TrainingState::kForward) {
     // Keep the buffer until the next copy-out ([Note: implicit forward prefetch]).
     comm_ctx_->all_gather_state = AllGatherState{all_gather_result_, copy_out_event};
   } else {
-    comm_ctx_->all_gather_stream().wait_event(copy_out_event);
+    comm_ctx_->wait_all_gather_streams_on_event(copy_out_event);
   }
   all_gather_result_.reset();
 }
@@ -353,9 +353,16 @@ void FsdpParamGroup::post_backward() {
     options.gradient_divide_factor = gradient_divide_factor;
     options.force_sum_reduction_for_comms = force_sum_reduction_for_comms;
     options.reduce_scatter_stream = &comm_ctx_->reduce_scatter_stream();
+    if (mesh_info_.is_hsdp()) options.all_reduce_stream = &comm_ctx_->all_reduce_stream();
+    if (comm_ctx_->reduce_scatter_state) {
+      // The previous reduce-scatter input is freed when the state is replaced below: order
+      // the current stream (and so the free) after that reduce-scatter.
+      comm_ctx_->current_stream().wait_event(comm_ctx_->reduce_scatter_state->event);
+    }
     ForeachReduceResult result = foreach_reduce(params_with_grad, std::move(unsharded_grads),
                                                 mesh_info_.shard_process_group, options);
     if (mesh_info_.is_hsdp()) partial_reduce_output_ = result.partial_reduce_output;
+    post_reduce_event_ = result.post_reduce_event;
     comm_ctx_->reduce_scatter_state =
         ReduceScatterState{result.reduce_scatter_input, result.reduce_scatter_event};
   }
@@ -363,9 +370,14 @@ void FsdpParamGroup::post_backward() {
 }
 
 void FsdpParamGroup::finalize_backward() {
+  if (post_reduce_event_) {
+    // The optimizer step (on the current stream) must see the reduced gradient shards.
+    comm_ctx_->current_stream().wait_event(*post_reduce_event_);
+    post_reduce_event_.reset();
+  }
   if (all_gather_result_ != nullptr) {
     // A mistargeted prefetch nobody waited for: wait for it and drop it.
-    all_gather_result_->all_gather_event.synchronize();
+    comm_ctx_->current_stream().wait_event(all_gather_result_->all_gather_event);
     if (all_gather_result_->all_gather_work) all_gather_result_->all_gather_work->wait();
     all_gather_result_.reset();
   }

@@ -14,6 +14,7 @@
 //  * pre_backward (guarded: once per PRE_BACKWARD), default backward prefetch (previous entry
 //    of the post-forward order), post_backward (reduce-scatter of the grads that exist, then
 //    reshard), finalize_backward.
+// Streams (CUDA; no-ops on the CPU): see comm_context.h and fsdp_collectives.h.
 // Every transition emits its event to the rank's observers (observer.h) and attributes its
 // collectives to the module and phase for CommDebugMode.
 //
@@ -156,6 +157,9 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
   std::optional<DType> reduce_dtype_;
   // HSDP partial sums kept while set_requires_all_reduce(false).
   Tensor partial_reduce_output_;
+  // The last reduction's post-reduce event; the current stream waits on it at
+  // finalize_backward (before the optimizer step).
+  std::optional<CommEvent> post_reduce_event_;
 };
 
 // Sets a group's training state for the guard's lifetime (PyTorch's use_training_state).

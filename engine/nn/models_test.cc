@@ -342,7 +342,7 @@ TEST(ModelsForward, StateDictRoundTripGivesIdenticalOutputs) {
   EXPECT_EQ((*a)(tokens).tensor().to_doubles(), (*b)(tokens).tensor().to_doubles());
 }
 
-TEST(ModelsForward, CudaTransformerMatchesCpu) {
+TEST(ModelsForwardGpu, CudaTransformerMatchesCpu) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
   auto cpu = std::make_shared<Transformer>(ModelArgs{.dropout_p = 0.0});
   ModulePtr gpu = cpu->deep_copy();

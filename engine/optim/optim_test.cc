@@ -283,7 +283,7 @@ TEST(OptimAdamW, PerParameterOptimizersMatchOneOptimizer) {
 
 // GPU: parameters, grads and state live on the device; updates are staged through the host
 // and match the CPU results exactly.
-TEST(OptimAdamW, CudaParametersMatchCpu) {
+TEST(OptimAdamWGpu, CudaParametersMatchCpu) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
   Tensor cpu = Param({0.1, -0.2, 0.3}, DType::kFloat32);
   Tensor gpu = cpu.detach().clone().to(Device::CUDA(0));
