@@ -8,7 +8,7 @@ SCENARIOS ?= *
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: setup configure build test conform tsan clean
+.PHONY: setup configure build test conform tsan lint clean
 
 setup:
 	bash scripts/setup.sh
@@ -33,6 +33,10 @@ tsan: setup
 	cmake --preset tsan >/dev/null
 	cmake --build --preset tsan -j $(JOBS) --target fakes_tests
 	build/tsan/fakes/fakes_tests
+
+# clang-tidy + cppcheck over the CUDA-path host code (no GPU needed).
+lint: build
+	bash scripts/lint_cuda_host.sh $(BUILD_DIR)
 
 clean:
 	rm -rf build

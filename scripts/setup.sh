@@ -8,6 +8,7 @@ packages=(
   cmake ninja-build g++ make ccache
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libgloo-dev libeigen3-dev nlohmann-json3-dev
+  clang-tidy cppcheck
 )
 
 missing=()
