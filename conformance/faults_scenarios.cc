@@ -275,6 +275,18 @@ std::string FaultyOpName(const std::string& op) {
   FSDP_THROW(ErrorCode::kInvalidArgument, "unknown faulty_op '", op, "'");
 }
 
+// A mismatch: DataLoss on every rank naming the checker's "collective mismatch" with the faulty
+// and a healthy rank's calls, as soon as the last rank issued its collective.
+void JudgeMismatch(CheckList& checks, const CaseParams& p, int world,
+                   const std::vector<nlohmann::json>& per_rank, const std::string& faulty_line,
+                   const std::string& healthy_line) {
+  for (int r = 0; r < world; ++r) {
+    CheckError(checks, per_rank, r, "DataLoss", {"collective mismatch", faulty_line, healthy_line});
+  }
+  const auto last = LastIssued(per_rank, world);
+  CheckTimes(checks, p, world, per_rank, [&](int) { return last; });
+}
+
 Scenario MismatchedOp() {
   Scenario s;
   s.info = FaultInfo(
@@ -313,12 +325,7 @@ Scenario MismatchedOp() {
     // The checker shows rank 0's call and each differing rank's call.
     const std::string faulty_line = Who(faulty) + " issued: " + odd + " #2";
     const std::string healthy_line = "issued: allreduce_ #2";
-    for (int r = 0; r < world; ++r) {
-      CheckError(checks, per_rank, r, "DataLoss",
-                 {"collective mismatch", faulty_line, healthy_line});
-    }
-    const auto last = LastIssued(per_rank, world);
-    CheckTimes(checks, p, world, per_rank, [&](int) { return last; });
+    JudgeMismatch(checks, p, world, per_rank, faulty_line, healthy_line);
   };
   return s;
 }
@@ -357,12 +364,7 @@ Scenario MismatchedSize() {
         Who(faulty) + " issued: allreduce_ #2 float32 in [" + std::to_string(wrong) + "]";
     const std::string healthy_line =
         "issued: allreduce_ #2 float32 in [" + std::to_string(count) + "]";
-    for (int r = 0; r < world; ++r) {
-      CheckError(checks, per_rank, r, "DataLoss",
-                 {"collective mismatch", faulty_line, healthy_line});
-    }
-    const auto last = LastIssued(per_rank, world);
-    CheckTimes(checks, p, world, per_rank, [&](int) { return last; });
+    JudgeMismatch(checks, p, world, per_rank, faulty_line, healthy_line);
   };
   return s;
 }
