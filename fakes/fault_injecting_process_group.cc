@@ -91,10 +91,8 @@ void AddToEveryElement(const Tensor& t, double delta) {
 
 }  // namespace
 
-template <typename Fn>
-std::shared_ptr<dist::Work> FaultInjectingProcessGroup::Apply(const dist::CollectiveInfo& info,
-                                                              const std::vector<Tensor>& outputs,
-                                                              Fn&& forward) {
+std::shared_ptr<dist::Work> FaultInjectingProcessGroup::Intercept(
+    const dist::CollectiveInfo& info, const std::vector<Tensor>& outputs, const Forward& forward) {
   const std::vector<Fault> faults = plan_->Match(info);
   for (const Fault& f : faults) {
     if (f.kind == Fault::Kind::kDelay) std::this_thread::sleep_for(f.delay);
@@ -116,56 +114,6 @@ std::shared_ptr<dist::Work> FaultInjectingProcessGroup::Apply(const dist::Collec
     for (const Tensor& out : outputs) AddToEveryElement(out, f.corrupt_delta);
   }
   return work;
-}
-
-std::shared_ptr<dist::Work> FaultInjectingProcessGroup::all_gather_into_tensor_impl(
-    const Tensor& output, const Tensor& input, const dist::CollectiveInfo& info) {
-  return Apply(info, {output}, [&] {
-    return ProcessGroupWrapper::all_gather_into_tensor_impl(output, input, info);
-  });
-}
-
-std::shared_ptr<dist::Work> FaultInjectingProcessGroup::reduce_scatter_tensor_impl(
-    const Tensor& output, const Tensor& input, const dist::ReduceOptions& options,
-    const dist::CollectiveInfo& info) {
-  return Apply(info, {output}, [&] {
-    return ProcessGroupWrapper::reduce_scatter_tensor_impl(output, input, options, info);
-  });
-}
-
-std::shared_ptr<dist::Work> FaultInjectingProcessGroup::all_reduce_impl(
-    const Tensor& tensor, const dist::ReduceOptions& options, const dist::CollectiveInfo& info) {
-  return Apply(info, {tensor},
-               [&] { return ProcessGroupWrapper::all_reduce_impl(tensor, options, info); });
-}
-
-std::shared_ptr<dist::Work> FaultInjectingProcessGroup::broadcast_impl(
-    const Tensor& tensor, int root, const dist::CollectiveInfo& info) {
-  return Apply(info, {tensor},
-               [&] { return ProcessGroupWrapper::broadcast_impl(tensor, root, info); });
-}
-
-std::shared_ptr<dist::Work> FaultInjectingProcessGroup::all_gather_impl(
-    const std::vector<Tensor>& outputs, const Tensor& input, const dist::CollectiveInfo& info) {
-  return Apply(info, outputs,
-               [&] { return ProcessGroupWrapper::all_gather_impl(outputs, input, info); });
-}
-
-void FaultInjectingProcessGroup::barrier_impl(const dist::CollectiveInfo& info) {
-  Apply(info, {}, [&] {
-    ProcessGroupWrapper::barrier_impl(info);
-    return std::shared_ptr<dist::Work>();
-  });
-}
-
-std::shared_ptr<dist::ProcessGroup> FaultInjectingProcessGroup::new_group_impl(
-    const std::vector<int>& ranks, const dist::CollectiveInfo& info) {
-  std::shared_ptr<dist::ProcessGroup> sub;
-  Apply(info, {}, [&] {
-    sub = ProcessGroupWrapper::new_group_impl(ranks, info);
-    return std::shared_ptr<dist::Work>();
-  });
-  return sub;
 }
 
 }  // namespace fsdp::fakes

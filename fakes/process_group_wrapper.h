@@ -1,14 +1,17 @@
 // ProcessGroupWrapper: the base of process-group decorators (RecordingProcessGroup,
 // FaultInjectingProcessGroup). Every *_impl forwards to the wrapped group's public API (whose
 // front validates and runs the backend; nested front calls are not recorded twice by
-// CommDebugMode or the flight recorder). new_group wraps the inner subgroup with Wrap(), so a
-// decorator stays in place on subgroups and mesh groups.
+// CommDebugMode or the flight recorder) through one interception point, Intercept(), which is
+// all a decorator overrides besides Wrap(). new_group wraps the inner subgroup with Wrap(), so
+// a decorator stays in place on subgroups and mesh groups.
 //
 // Ownership: holds the wrapped group (shared_ptr).
 // Thread-safety: like any ProcessGroup, used by its rank's thread only.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "engine/dist/process_group.h"
 
@@ -27,25 +30,33 @@ class ProcessGroupWrapper : public dist::ProcessGroup {
   const std::shared_ptr<dist::ProcessGroup>& inner() const { return inner_; }
 
  protected:
+  // Issues the call on the wrapped group; its Work, or null for barrier and new_group.
+  using Forward = std::function<std::shared_ptr<dist::Work>()>;
+
   // The same decorator around a subgroup of the inner group.
   virtual std::shared_ptr<dist::ProcessGroup> Wrap(std::shared_ptr<dist::ProcessGroup> inner) = 0;
+  // Called for every call (collectives, barrier, new_group) with its info and the tensors it
+  // writes (empty for barrier and new_group); returns what the call returns. Default: forward().
+  virtual std::shared_ptr<dist::Work> Intercept(const dist::CollectiveInfo& info,
+                                                const std::vector<Tensor>& outputs,
+                                                const Forward& forward);
 
   std::shared_ptr<dist::Work> all_gather_into_tensor_impl(
-      const Tensor& output, const Tensor& input, const dist::CollectiveInfo& info) override;
+      const Tensor& output, const Tensor& input, const dist::CollectiveInfo& info) final;
   std::shared_ptr<dist::Work> reduce_scatter_tensor_impl(const Tensor& output, const Tensor& input,
                                                          const dist::ReduceOptions& options,
-                                                         const dist::CollectiveInfo& info) override;
+                                                         const dist::CollectiveInfo& info) final;
   std::shared_ptr<dist::Work> all_reduce_impl(const Tensor& tensor,
                                               const dist::ReduceOptions& options,
-                                              const dist::CollectiveInfo& info) override;
+                                              const dist::CollectiveInfo& info) final;
   std::shared_ptr<dist::Work> broadcast_impl(const Tensor& tensor, int root,
-                                             const dist::CollectiveInfo& info) override;
+                                             const dist::CollectiveInfo& info) final;
   std::shared_ptr<dist::Work> all_gather_impl(const std::vector<Tensor>& outputs,
                                               const Tensor& input,
-                                              const dist::CollectiveInfo& info) override;
-  void barrier_impl(const dist::CollectiveInfo& info) override;
+                                              const dist::CollectiveInfo& info) final;
+  void barrier_impl(const dist::CollectiveInfo& info) final;
   std::shared_ptr<dist::ProcessGroup> new_group_impl(const std::vector<int>& ranks,
-                                                     const dist::CollectiveInfo& info) override;
+                                                     const dist::CollectiveInfo& info) final;
 
  private:
   std::shared_ptr<dist::ProcessGroup> inner_;

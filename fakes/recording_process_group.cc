@@ -72,46 +72,11 @@ std::shared_ptr<dist::ProcessGroup> RecordingProcessGroup::Wrap(
   return std::make_shared<RecordingProcessGroup>(std::move(inner), trace_);
 }
 
-std::shared_ptr<dist::Work> RecordingProcessGroup::all_gather_into_tensor_impl(
-    const Tensor& output, const Tensor& input, const dist::CollectiveInfo& info) {
+std::shared_ptr<dist::Work> RecordingProcessGroup::Intercept(const dist::CollectiveInfo& info,
+                                                             const std::vector<Tensor>& /*outputs*/,
+                                                             const Forward& forward) {
   trace_->Add(info);
-  return ProcessGroupWrapper::all_gather_into_tensor_impl(output, input, info);
-}
-
-std::shared_ptr<dist::Work> RecordingProcessGroup::reduce_scatter_tensor_impl(
-    const Tensor& output, const Tensor& input, const dist::ReduceOptions& options,
-    const dist::CollectiveInfo& info) {
-  trace_->Add(info);
-  return ProcessGroupWrapper::reduce_scatter_tensor_impl(output, input, options, info);
-}
-
-std::shared_ptr<dist::Work> RecordingProcessGroup::all_reduce_impl(
-    const Tensor& tensor, const dist::ReduceOptions& options, const dist::CollectiveInfo& info) {
-  trace_->Add(info);
-  return ProcessGroupWrapper::all_reduce_impl(tensor, options, info);
-}
-
-std::shared_ptr<dist::Work> RecordingProcessGroup::broadcast_impl(
-    const Tensor& tensor, int root, const dist::CollectiveInfo& info) {
-  trace_->Add(info);
-  return ProcessGroupWrapper::broadcast_impl(tensor, root, info);
-}
-
-std::shared_ptr<dist::Work> RecordingProcessGroup::all_gather_impl(
-    const std::vector<Tensor>& outputs, const Tensor& input, const dist::CollectiveInfo& info) {
-  trace_->Add(info);
-  return ProcessGroupWrapper::all_gather_impl(outputs, input, info);
-}
-
-void RecordingProcessGroup::barrier_impl(const dist::CollectiveInfo& info) {
-  trace_->Add(info);
-  ProcessGroupWrapper::barrier_impl(info);
-}
-
-std::shared_ptr<dist::ProcessGroup> RecordingProcessGroup::new_group_impl(
-    const std::vector<int>& ranks, const dist::CollectiveInfo& info) {
-  trace_->Add(info);
-  return ProcessGroupWrapper::new_group_impl(ranks, info);
+  return forward();
 }
 
 }  // namespace fsdp::fakes

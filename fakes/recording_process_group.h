@@ -47,22 +47,9 @@ class RecordingProcessGroup final : public ProcessGroupWrapper {
 
  protected:
   std::shared_ptr<dist::ProcessGroup> Wrap(std::shared_ptr<dist::ProcessGroup> inner) override;
-  std::shared_ptr<dist::Work> all_gather_into_tensor_impl(
-      const Tensor& output, const Tensor& input, const dist::CollectiveInfo& info) override;
-  std::shared_ptr<dist::Work> reduce_scatter_tensor_impl(const Tensor& output, const Tensor& input,
-                                                         const dist::ReduceOptions& options,
-                                                         const dist::CollectiveInfo& info) override;
-  std::shared_ptr<dist::Work> all_reduce_impl(const Tensor& tensor,
-                                              const dist::ReduceOptions& options,
-                                              const dist::CollectiveInfo& info) override;
-  std::shared_ptr<dist::Work> broadcast_impl(const Tensor& tensor, int root,
-                                             const dist::CollectiveInfo& info) override;
-  std::shared_ptr<dist::Work> all_gather_impl(const std::vector<Tensor>& outputs,
-                                              const Tensor& input,
-                                              const dist::CollectiveInfo& info) override;
-  void barrier_impl(const dist::CollectiveInfo& info) override;
-  std::shared_ptr<dist::ProcessGroup> new_group_impl(const std::vector<int>& ranks,
-                                                     const dist::CollectiveInfo& info) override;
+  std::shared_ptr<dist::Work> Intercept(const dist::CollectiveInfo& info,
+                                        const std::vector<Tensor>& outputs,
+                                        const Forward& forward) override;
 
  private:
   std::shared_ptr<CollectiveTrace> trace_;
