@@ -1,5 +1,7 @@
 #include "conformance/parity_common.h"
 
+#include "conformance/observations.h"
+
 namespace fsdp::conformance {
 
 std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_param) {
@@ -35,5 +37,23 @@ Tolerance ParityTolerance(const CaseParams& params, DType dtype) {
 }
 
 std::string StepPrefix(int64_t step) { return "step" + std::to_string(step) + "/"; }
+
+std::string GradPrefix(int64_t step) { return "grad" + std::to_string(step) + "/"; }
+
+nlohmann::json TrainingObservations(const EngineTrainingRecord& record, DType dtype) {
+  nlohmann::json obs;
+  obs[kLosses] = record.losses;
+  obs["loss_dtype"] = DTypeName(record.loss_dtype);
+  nlohmann::json tensors = nlohmann::json::object();
+  for (size_t k = 0; k < record.parameters.size(); ++k) {
+    const auto step = static_cast<int64_t>(k);
+    tensors.update(MapToJson(record.parameters[k], DTypeName(dtype), StepPrefix(step)));
+    if (k < record.gradients.size()) {
+      tensors.update(MapToJson(record.gradients[k], DTypeName(dtype), GradPrefix(step)));
+    }
+  }
+  obs[kTensors] = std::move(tensors);
+  return obs;
+}
 
 }  // namespace fsdp::conformance

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,12 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
 OptimConfig ParityOptim(const CaseParams& params);
 // atol/rtol for values computed in `dtype` (float64 has its own pair).
 Tolerance ParityTolerance(const CaseParams& params, DType dtype);
-// "step<k>/": the prefix of step k's tensors in the observations.
+// "step<k>/": the prefix of step k's parameters in the observations.
 std::string StepPrefix(int64_t step);
+// "grad<k>/": the prefix of step k's gradients (after backward, before the optimizer step).
+std::string GradPrefix(int64_t step);
+// A training run's observations: losses, "loss_dtype", and `tensors` with every step's
+// parameters (StepPrefix) and, when recorded, gradients (GradPrefix), in `dtype`.
+nlohmann::json TrainingObservations(const EngineTrainingRecord& record, DType dtype);
 
 }  // namespace fsdp::conformance

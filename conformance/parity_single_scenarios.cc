@@ -47,15 +47,8 @@ nlohmann::json RunParityRank(const std::string& kind, RankEnv& env) {
 
   nn::ModulePtr module = model.BuildEngineWithWeights(seed, dtype);
   const EngineTrainingRecord record = TrainEngine(model, *module, ParityOptim(p), seed, steps, dtype);
-  nlohmann::json obs;
+  nlohmann::json obs = TrainingObservations(record, dtype);
   obs["param_names"] = ParameterNamesOf(*module);
-  obs[kLosses] = record.losses;
-  obs["loss_dtype"] = DTypeName(record.loss_dtype);
-  nlohmann::json tensors = nlohmann::json::object();
-  for (int64_t k = 0; k < steps; ++k) {
-    tensors.update(MapToJson(record.parameters[k], DTypeName(dtype), StepPrefix(k)));
-  }
-  obs[kTensors] = std::move(tensors);
   return obs;
 }
 

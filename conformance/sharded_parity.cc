@@ -49,8 +49,6 @@ reference::RefTensorMap FullParameters(nn::Module& module) {
   return out;
 }
 
-std::string GradPrefix(int64_t step) { return "grad" + std::to_string(step) + "/"; }
-
 }  // namespace
 
 void ShardChildrenThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options) {
@@ -109,17 +107,8 @@ nlohmann::json RunShardedParityRank(const std::string& kind, const ShardPlan& pl
   const EngineTrainingRecord record =
       TrainEngine(model, *module, ParityOptim(p), seed, steps, dtype, env.rank, env.world,
                   LocalShards, LocalGradShards);
-  nlohmann::json obs;
-  obs[kLosses] = record.losses;
-  obs["loss_dtype"] = DTypeName(record.loss_dtype);
-  nlohmann::json tensors = nlohmann::json::object();
-  for (int64_t k = 0; k < steps; ++k) {
-    const auto step = static_cast<size_t>(k);
-    tensors.update(MapToJson(record.parameters[step], DTypeName(dtype), StepPrefix(k)));
-    tensors.update(MapToJson(record.gradients[step], DTypeName(dtype), GradPrefix(k)));
-  }
-  tensors.update(MapToJson(FullParameters(*module), DTypeName(dtype), "full/"));
-  obs[kTensors] = std::move(tensors);
+  nlohmann::json obs = TrainingObservations(record, dtype);
+  obs[kTensors].update(MapToJson(FullParameters(*module), DTypeName(dtype), "full/"));
   return obs;
 }
 
