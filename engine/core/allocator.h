@@ -50,4 +50,11 @@ DeviceBackend& GetDeviceBackend(DeviceType type);
 // Number of CUDA devices visible (0 when built without CUDA or when no driver is present).
 int CudaDeviceCount();
 
+struct CachingAllocatorStats;  // engine/core/caching_allocator.h
+// The statistics of cuda:index's caching allocator (torch.cuda.memory_stats): all zero without
+// a device or with PYTORCH_NO_CUDA_MEMORY_CACHING=1.
+CachingAllocatorStats CudaCachingAllocatorStats(int index);
+// Releases every cached free block of every device (torch.cuda.empty_cache).
+void CudaEmptyCache();
+
 }  // namespace fsdp

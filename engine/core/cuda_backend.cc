@@ -1,6 +1,13 @@
-// CUDA device backend on the CUDA runtime API, compiled only with CUDA; without CUDA the
-// functions below report that no device exists.
+// CUDA device backend on the CUDA runtime API and the caching allocator, compiled only with
+// CUDA; without CUDA the functions below report that no device exists.
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
 #include "engine/core/allocator.h"
+#include "engine/core/caching_allocator.h"
 #include "engine/core/cuda_stream.h"
 #include "engine/core/error.h"
 #include "fsdp/config.h"
@@ -20,25 +27,75 @@ void CudaCheck(cudaError_t err, const char* what) {
                   cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
 }
 
-// Device memory through cudaMalloc. Zero-filling and copies are issued on the calling thread's
-// current stream of the device (engine/core/cuda_stream.h), so they are ordered with the
-// kernels launched there; copies that touch host memory wait for that stream before returning
-// (the host buffer is pageable and the caller reads it next). A device-to-device copy between
-// two devices first waits for the source device's current stream.
-// Thread-safety: the CUDA runtime is thread-safe; this class holds no state.
+// cudaMalloc/cudaFree of one device, the raw memory under the caching allocator.
+// Thread-safety: stateless apart from the device index.
+class CudaRawMemory final : public RawDeviceMemory {
+ public:
+  explicit CudaRawMemory(int index) : index_(index) {}
+  void* Malloc(size_t nbytes) override {
+    CudaCheck(cudaSetDevice(index_), "cudaSetDevice");
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, nbytes);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // clear it: the caller releases its cache and retries
+      return nullptr;
+    }
+    CudaCheck(err, "cudaMalloc");
+    return p;
+  }
+  void Free(void* ptr) override {
+    // cudaFree waits for the device's outstanding work that may still use the buffer.
+    cudaSetDevice(index_);
+    cudaFree(ptr);
+  }
+  void Synchronize() override {
+    CudaCheck(cudaSetDevice(index_), "cudaSetDevice");
+    CudaCheck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  std::string DeviceName() const override { return Device::CUDA(index_).str(); }
+
+ private:
+  int index_;
+};
+
+// PyTorch's switch for debugging with the raw allocator: PYTORCH_NO_CUDA_MEMORY_CACHING=1.
+bool CachingDisabled() {
+  const char* v = std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING");
+  return v != nullptr && std::string(v) == "1";
+}
+
+// Device memory through one CachingAllocator per device (engine/core/caching_allocator.h):
+// a block is reused by later allocations on the stream that was current when it was first
+// allocated, without synchronising; FSDP orders cross-stream use with events. With
+// PYTORCH_NO_CUDA_MEMORY_CACHING=1 every allocation is a cudaMalloc and every free a cudaFree.
+// Zero-filling and copies are issued on the calling thread's current stream of the device
+// (engine/core/cuda_stream.h), so they are ordered with the kernels launched there; copies that
+// touch host memory wait for that stream before returning (the host buffer is pageable and the
+// caller reads it next). A device-to-device copy between two devices first waits for the
+// source device's current stream.
+// Thread-safety: the CUDA runtime and the caching allocators are thread-safe; the allocators
+// are created once, under a mutex.
 class CudaDeviceBackend final : public DeviceBackend {
  public:
   void* Allocate(size_t nbytes, int index) override {
     CudaCheck(cudaSetDevice(index), "cudaSetDevice");
     void* p = nullptr;
-    CudaCheck(cudaMalloc(&p, nbytes), "cudaMalloc");
+    if (CachingAllocator* cache = Cache(index)) {
+      p = cache->Allocate(nbytes, Stream(index));
+    } else {
+      p = CudaRawMemory(index).Malloc(nbytes);
+      FSDP_CHECK_CODE(ErrorCode::kResourceExhausted, p != nullptr, Device::CUDA(index).str(),
+                      " out of memory: tried to allocate ", nbytes, " bytes (caching off)");
+    }
     CudaCheck(cudaMemsetAsync(p, 0, nbytes, Stream(index)), "cudaMemsetAsync");
     return p;
   }
   void Free(void* ptr, size_t /*nbytes*/, int index) override {
-    // cudaFree waits for the device's outstanding work that may still use the buffer.
-    cudaSetDevice(index);
-    cudaFree(ptr);
+    if (CachingAllocator* cache = Cache(index)) {
+      cache->Free(ptr);
+    } else {
+      CudaRawMemory(index).Free(ptr);
+    }
   }
   void Copy(void* dst, Device dst_device, const void* src, Device src_device,
             size_t nbytes) override {
@@ -59,9 +116,30 @@ class CudaDeviceBackend final : public DeviceBackend {
     CudaCheck(cudaMemsetAsync(ptr, 0, nbytes, Stream(index)), "cudaMemsetAsync");
   }
 
+  // The caching allocator of device `index`, or nullptr when caching is disabled.
+  CachingAllocator* Cache(int index) {
+    if (caching_disabled_) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_ptr<CachingAllocator>& cache = caches_[index];
+    if (cache == nullptr) {
+      cache = std::make_unique<CachingAllocator>(std::make_unique<CudaRawMemory>(index));
+    }
+    return cache.get();
+  }
+
  private:
   static cudaStream_t Stream(int index) { return CurrentCudaStream(Device::CUDA(index)).handle; }
+
+  const bool caching_disabled_ = CachingDisabled();
+  std::mutex mu_;
+  std::map<int, std::unique_ptr<CachingAllocator>> caches_;
 };
+
+CudaDeviceBackend& Backend() {
+  // Never destroyed: storages of static tensors may be freed during static destruction.
+  static auto* backend = new CudaDeviceBackend();
+  return *backend;
+}
 
 }  // namespace
 
@@ -74,15 +152,26 @@ int CudaDeviceCount() {
   return count;
 }
 
-DeviceBackend* CudaDeviceBackendOrNull() {
-  static CudaDeviceBackend backend;
-  return CudaDeviceCount() > 0 ? &backend : nullptr;
+DeviceBackend* CudaDeviceBackendOrNull() { return CudaDeviceCount() > 0 ? &Backend() : nullptr; }
+
+CachingAllocatorStats CudaCachingAllocatorStats(int index) {
+  if (CudaDeviceCount() == 0) return {};
+  CachingAllocator* cache = Backend().Cache(index);
+  return cache != nullptr ? cache->stats() : CachingAllocatorStats{};
+}
+
+void CudaEmptyCache() {
+  for (int i = 0, n = CudaDeviceCount(); i < n; ++i) {
+    if (CachingAllocator* cache = Backend().Cache(i)) cache->EmptyCache();
+  }
 }
 
 #else
 
 int CudaDeviceCount() { return 0; }
 DeviceBackend* CudaDeviceBackendOrNull() { return nullptr; }
+CachingAllocatorStats CudaCachingAllocatorStats(int /*index*/) { return {}; }
+void CudaEmptyCache() {}
 
 #endif
 

@@ -11,6 +11,7 @@ const char* ErrorCodeName(ErrorCode code) {
     case ErrorCode::kUnavailable: return "Unavailable";
     case ErrorCode::kNotFound: return "NotFound";
     case ErrorCode::kAborted: return "Aborted";
+    case ErrorCode::kResourceExhausted: return "ResourceExhausted";
     case ErrorCode::kInternal: return "Internal";
   }
   return "Unknown";

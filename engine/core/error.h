@@ -20,6 +20,7 @@ enum class ErrorCode {
   kUnavailable,         // a peer, device or backend is not there (no GPU, rank missing)
   kNotFound,            // a named thing does not exist (scenario, key, module)
   kAborted,             // the operation was aborted because another rank failed
+  kResourceExhausted,   // out of (device) memory after releasing every cached block
   kInternal,            // an invariant of ours is broken
 };
 

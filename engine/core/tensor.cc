@@ -3,8 +3,10 @@
 #include <cmath>
 #include <sstream>
 
+#include "engine/core/cuda_convert.h"
 #include "engine/core/rank_context.h"
 #include "engine/core/rng.h"
+#include "fsdp/config.h"
 
 namespace fsdp {
 
@@ -47,6 +49,18 @@ int64_t WrapDim(int64_t dim, int64_t ndim, const char* op) {
   FSDP_CHECK(wrapped >= 0 && wrapped < ndim, op, ": dimension ", dim, " out of range for a ",
              ndim, "-d tensor");
   return wrapped;
+}
+
+// dst = src converted to dst's dtype, both on the same CUDA device: the cast kernel on the current
+// stream (engine/core/cuda_convert.h); a CPU-only build has no CUDA tensors to get here with.
+void ConvertOnCuda(const Tensor& src, const Tensor& dst) {
+#if FSDP_HAVE_CUDA
+  internal::CudaConvertElements(src.data_ptr(), src.dtype(), dst.data_ptr(), dst.dtype(),
+                                dst.numel(), dst.device());
+#else
+  FSDP_THROW(ErrorCode::kUnavailable, "copy_ from ", src.str(), " to ", dst.str(),
+             ": this build has no CUDA kernels");
+#endif
 }
 
 // Host copy of a tensor's bytes (for item/to_doubles on any device).
@@ -283,6 +297,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
         .Copy(data_ptr(), device(), src.data_ptr(), src.device(), nbytes());
   } else if (device().is_cpu() && src.device().is_cpu()) {
     ConvertElements(src.data_ptr(), src.dtype(), data_ptr(), dtype(), static_cast<size_t>(numel()));
+  } else if (device() == src.device()) {
+    ConvertOnCuda(src, *this);
   } else {
     // Cross-device with a cast: stage through host memory.
     std::vector<char> in = HostBytes(src);

@@ -113,6 +113,31 @@ TEST(CoreTensor, CudaIsUnavailableWithoutDevice) {
   }
 }
 
+// Dtype-changing copies of CUDA tensors run the cast kernel on the device (engine/core/
+// cuda_convert.h) and give the CPU conversion's values bit for bit, for every dtype pair.
+TEST(CoreTensorGpu, DtypeCopiesOnDeviceMatchCpu) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  const std::vector<DType> dtypes = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                                     DType::kBFloat16, DType::kInt64};
+  std::vector<double> values;
+  for (int i = -50; i < 50; ++i) values.push_back(i * 0.37 + (i % 7) * 1e-3);
+  values.push_back(65504.0);
+  values.push_back(1e-8);
+  for (DType from : dtypes) {
+    const Tensor cpu = Tensor::from_doubles(values, {static_cast<int64_t>(values.size())}, from);
+    const Tensor cuda = cpu.to(Device::CUDA(0));
+    for (DType to : dtypes) {
+      const Tensor on_device = cuda.to(to);
+      EXPECT_EQ(on_device.device(), Device::CUDA(0));
+      EXPECT_EQ(on_device.to_doubles(), cpu.to(to).to_doubles())
+          << DTypeName(from) << " -> " << DTypeName(to);
+      Tensor into = Tensor::zeros(cpu.sizes(), to, Device::CUDA(0));
+      into.copy_(cuda);
+      EXPECT_EQ(into.to_doubles(), cpu.to(to).to_doubles());
+    }
+  }
+}
+
 TEST(CoreRng, PhiloxIsDeterministicAndCounterBased) {
   Generator a(42), b(42);
   for (int i = 0; i < 10; ++i) EXPECT_EQ(a.next_u32(), b.next_u32());

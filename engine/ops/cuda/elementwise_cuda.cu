@@ -4,6 +4,7 @@
 // number of instantiations (and compile time) small.
 #include <cuda_runtime.h>
 
+#include "engine/core/cuda_convert.h"
 #include "engine/ops/cuda/cuda_kernels.h"
 #include "engine/ops/cuda/cuda_util.cuh"
 #include "engine/ops/kernel_util.h"
@@ -231,14 +232,24 @@ Tensor Permute(const Tensor& x, const std::vector<int64_t>& dims) {
 Tensor Cast(const Tensor& x, DType dtype) {
   if (x.dtype() == dtype) return x;
   Tensor out = Tensor::empty(x.sizes(), dtype, x.device());
-  const int64_t n = out.numel();
-  if (n == 0) return out;
-  DeviceGuard guard(x.device());
-  const LaunchConfig c = GridFor(n);
-  CastKernel<<<c.blocks, c.threads, 0, StreamOf(x.device())>>>(x.data_ptr(), Elem(x.dtype()), out.data_ptr(),
-                                                                Elem(dtype), n);
-  CheckLaunch("cast");
+  fsdp::internal::CudaConvertElements(x.data_ptr(), x.dtype(), out.data_ptr(), dtype, out.numel(),
+                                      x.device());
   return out;
 }
 
 }  // namespace fsdp::ops::kernels::cuda
+
+namespace fsdp::internal {
+
+void CudaConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n,
+                         Device device) {
+  using namespace fsdp::ops::kernels::cuda;  // NOLINT(google-build-using-namespace)
+  if (n == 0) return;
+  DeviceGuard guard(device);
+  const LaunchConfig c = GridFor(n);
+  CastKernel<<<c.blocks, c.threads, 0, StreamOf(device)>>>(src, Elem(src_dtype), dst,
+                                                           Elem(dst_dtype), n);
+  CheckLaunch("cast");
+}
+
+}  // namespace fsdp::internal
