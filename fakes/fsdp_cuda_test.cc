@@ -33,11 +33,16 @@ struct RankTrace {
   bool dedicated_streams = false;  // the root's CommContext owned CUDA streams
   bool any_cuda_stream = false;    // some stream of the root's CommContext was a CUDA stream
   bool current_stream_is_default = false;  // no stream guard was left installed on the thread
+  int post_optim_events_consumed = 0;      // root pre-forwards that consumed the user's event
 };
 
 enum class Model { kMlp, kTransformer };
 
-RankTrace TrainRank(RankEnv& env, Model which, Device device, int steps) {
+// With `post_optim_event`, every step after the first records an event on the current stream
+// after the optimizer step and hands it to the root (set_post_optim_event), as a user who
+// overlaps the next forward's all-gathers with unrelated work would.
+RankTrace TrainRank(RankEnv& env, Model which, Device device, int steps,
+                    bool post_optim_event = false) {
   nn::ModulePtr model;
   std::vector<nn::ModulePtr> blocks;
   nn::ModelArgs args;
@@ -52,7 +57,7 @@ RankTrace TrainRank(RankEnv& env, Model which, Device device, int steps) {
     model = transformer;
   }
   for (const nn::ModulePtr& block : blocks) fsdp2::fully_shard(block);
-  fsdp2::fully_shard(model);
+  fsdp2::FSDPModule root = fsdp2::fully_shard(model);
   optim::SGD optim(model->parameters(), optim::SGDOptions{.lr = 0.1});
   RankTrace trace;
   for (int step = 0; step < steps; ++step) {
@@ -64,9 +69,16 @@ RankTrace TrainRank(RankEnv& env, Model which, Device device, int steps) {
                                   : Tensor::randint(0, args.vocab_size, {global_batch, 16});
     const Tensor local_inp =
         global_inp.narrow(0, env.rank * local_batch, local_batch).clone().to(device);
+    const bool event_pending = root.state().state_ctx()->post_optim_event.has_value();
     Tensor loss = sum((*model)(local_inp).tensor());
+    if (event_pending && !root.state().state_ctx()->post_optim_event.has_value()) {
+      ++trace.post_optim_events_consumed;
+    }
     loss.backward();
     optim.step();
+    if (post_optim_event) {
+      root.set_post_optim_event(fsdp2::CommStream::Current(device).record_event());
+    }
     optim.zero_grad();
     trace.losses.push_back(loss.item());
   }
@@ -88,12 +100,15 @@ RankTrace TrainRank(RankEnv& env, Model which, Device device, int steps) {
   return trace;
 }
 
-std::vector<RankTrace> Train(int world, Model which, Device device, int steps) {
+std::vector<RankTrace> Train(int world, Model which, Device device, int steps,
+                             bool post_optim_event = false) {
   RunRanksOptions options;
   options.device = device;
   options.seed = 1234;
   auto results = RunRanks(
-      world, [&](RankEnv& env) { return TrainRank(env, which, device, steps); }, options);
+      world,
+      [&](RankEnv& env) { return TrainRank(env, which, device, steps, post_optim_event); },
+      options);
   EXPECT_TRUE(results.all_ok()) << results.summary();
   if (!results.all_ok()) return {};
   return results.values();
@@ -107,11 +122,11 @@ void ExpectClose(const std::vector<double>& got, const std::vector<double>& want
   }
 }
 
-void ExpectCudaMatchesCpu(int world, Model which, double tol) {
+void ExpectCudaMatchesCpu(int world, Model which, double tol, bool post_optim_event = false) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
   const int steps = 3;
   const std::vector<RankTrace> cpu = Train(world, which, Device::CPU(), steps);
-  const std::vector<RankTrace> gpu = Train(world, which, Device::CUDA(0), steps);
+  const std::vector<RankTrace> gpu = Train(world, which, Device::CUDA(0), steps, post_optim_event);
   ASSERT_EQ(cpu.size(), static_cast<size_t>(world));
   ASSERT_EQ(gpu.size(), static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
@@ -119,6 +134,7 @@ void ExpectCudaMatchesCpu(int world, Model which, double tol) {
     EXPECT_TRUE(gpu[r].dedicated_streams) << rank;
     EXPECT_TRUE(gpu[r].current_stream_is_default) << rank;
     EXPECT_FALSE(cpu[r].any_cuda_stream) << rank;
+    EXPECT_EQ(gpu[r].post_optim_events_consumed, post_optim_event ? steps - 1 : 0) << rank;
     ExpectClose(gpu[r].losses, cpu[r].losses, tol, rank + " losses");
     ASSERT_EQ(gpu[r].shards.size(), cpu[r].shards.size()) << rank;
     for (const auto& [name, values] : cpu[r].shards) {
@@ -148,11 +164,28 @@ TEST(FsdpCpuStreams, CpuTrainingUsesNoOpStreams) {
   }
 }
 
+TEST(FsdpCpuStreams, PostOptimEventIsConsumedByTheNextRootPreForward) {
+  // The event set after each optimizer step is taken (and cleared) by the next forward's root
+  // pre-forward; training is unchanged, as every stream is a no-op on the CPU.
+  const std::vector<RankTrace> plain = Train(2, Model::kMlp, Device::CPU(), 3);
+  const std::vector<RankTrace> with_event = Train(2, Model::kMlp, Device::CPU(), 3, true);
+  ASSERT_EQ(with_event.size(), 2u);
+  for (size_t r = 0; r < with_event.size(); ++r) {
+    EXPECT_EQ(with_event[r].post_optim_events_consumed, 2);
+    EXPECT_EQ(plain[r].post_optim_events_consumed, 0);
+    EXPECT_EQ(with_event[r].losses, plain[r].losses);
+    EXPECT_EQ(with_event[r].shards, plain[r].shards);
+  }
+}
+
 TEST(FsdpGpu, MlpWorld1MatchesCpu) { ExpectCudaMatchesCpu(1, Model::kMlp, 1e-5); }
 TEST(FsdpGpu, MlpTwoThreadedRanksOnOneGpuMatchCpu) { ExpectCudaMatchesCpu(2, Model::kMlp, 1e-5); }
 TEST(FsdpGpu, TransformerWorld1MatchesCpu) { ExpectCudaMatchesCpu(1, Model::kTransformer, 1e-4); }
 TEST(FsdpGpu, TransformerTwoThreadedRanksOnOneGpuMatchCpu) {
   ExpectCudaMatchesCpu(2, Model::kTransformer, 1e-4);
+}
+TEST(FsdpGpu, PostOptimEventTwoThreadedRanksMatchCpu) {
+  ExpectCudaMatchesCpu(2, Model::kMlp, 1e-5, /*post_optim_event=*/true);
 }
 
 }  // namespace

@@ -129,7 +129,14 @@ void FsdpState::root_pre_forward() {
   lazy_init();
   if (state_ctx_->iter_forward_root != nullptr) return;
   state_ctx_->iter_forward_root = this;
-  // The all-gather streams wait for the current stream (optimizer step) before prefetching.
+  // The all-gather streams wait for the optimizer step before prefetching: for the user's
+  // post-optimizer event when one was set (once), else for everything on the current stream.
+  if (std::optional<CommEvent>& event = state_ctx_->post_optim_event; event.has_value()) {
+    comm_ctx_->all_gather_copy_in_stream().wait_event(*event);
+    comm_ctx_->all_gather_stream().wait_event(*event);
+    event.reset();
+    return;
+  }
   comm_ctx_->all_gather_copy_in_stream().wait_stream(comm_ctx_->current_stream());
   comm_ctx_->all_gather_stream().wait_stream(comm_ctx_->current_stream());
 }

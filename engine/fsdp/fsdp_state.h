@@ -50,6 +50,9 @@ struct StateContext {
   FsdpState* iter_forward_root = nullptr;
   bool post_backward_final_callback_queued = false;
   bool is_last_backward = true;  // set_is_last_backward
+  // set_post_optim_event: consumed by the next root pre-forward, whose all-gather streams then
+  // wait for this event instead of for the whole current stream.
+  std::optional<CommEvent> post_optim_event;
 };
 
 class FsdpState : public std::enable_shared_from_this<FsdpState> {

@@ -224,4 +224,8 @@ void FSDPModule::set_unshard_async_op(bool async_op) {
   if (const auto& group = state_->param_group()) group->unshard_async_op = async_op;
 }
 
+void FSDPModule::set_post_optim_event(const CommEvent& event) {
+  state_->state_ctx()->post_optim_event = event;
+}
+
 }  // namespace fsdp::fsdp2

@@ -94,6 +94,10 @@ class FSDPModule {
   void set_unshard_in_backward(bool unshard_in_backward);
   // `_set_unshard_async_op`.
   void set_unshard_async_op(bool async_op);
+  // The next root pre-forward makes the all-gather streams wait for `event` (recorded by the
+  // caller after its optimizer step) instead of for the current stream, then forgets it.
+  // Call it on the root. On the CPU the event is a no-op, as every stream is.
+  void set_post_optim_event(const CommEvent& event);
 
  private:
   // This module and, with recurse, every FSDP submodule's state.
