@@ -2,7 +2,9 @@
 // trained a few SGD steps on cuda:0 over a world-1 group and over 2 threaded ranks sharing one
 // GPU (the threaded process group stages CUDA buffers through host memory), compared per rank
 // with the same run on the CPU; the FSDP streams are the CommContext's dedicated CUDA streams.
-// The CPU test below runs everywhere: the CPU path keeps no-op streams and CUDA events out.
+// Variations: the user's post-optimizer event (set_post_optim_event) and CPU offload with pinned
+// memory. The CPU tests below run everywhere: the CPU path keeps no-op streams and CUDA events
+// out, and consumes the post-optimizer event like the CUDA path.
 // The CUDA tests skip with "no CUDA device visible" where there is none.
 #include <gtest/gtest.h>
 
@@ -38,11 +40,19 @@ struct RankTrace {
 
 enum class Model { kMlp, kTransformer };
 
-// With `post_optim_event`, every step after the first records an event on the current stream
-// after the optimizer step and hands it to the root (set_post_optim_event), as a user who
-// overlaps the next forward's all-gathers with unrelated work would.
+// Variations of the training loop.
+struct TrainOptions {
+  // Every step records an event on the current stream after the optimizer step and hands it to
+  // the root (set_post_optim_event), as a user who overlaps the next forward's all-gathers
+  // with unrelated work would.
+  bool post_optim_event = false;
+  // CPUOffloadPolicy(pin_memory): sharded parameters and gradients on the host, the optimizer
+  // on the host; on a CUDA device the shards are pinned and the copies non-blocking.
+  bool cpu_offload = false;
+};
+
 RankTrace TrainRank(RankEnv& env, Model which, Device device, int steps,
-                    bool post_optim_event = false) {
+                    const TrainOptions& train = {}) {
   nn::ModulePtr model;
   std::vector<nn::ModulePtr> blocks;
   nn::ModelArgs args;
@@ -56,8 +66,10 @@ RankTrace TrainRank(RankEnv& env, Model which, Device device, int steps,
     for (const auto& layer : transformer->layers()) blocks.push_back(layer);
     model = transformer;
   }
-  for (const nn::ModulePtr& block : blocks) fsdp2::fully_shard(block);
-  fsdp2::FSDPModule root = fsdp2::fully_shard(model);
+  fsdp2::FullyShardOptions shard_options;
+  if (train.cpu_offload) shard_options.offload_policy = fsdp2::OffloadPolicy::CPUOffload();
+  for (const nn::ModulePtr& block : blocks) fsdp2::fully_shard(block, shard_options);
+  fsdp2::FSDPModule root = fsdp2::fully_shard(model, shard_options);
   optim::SGD optim(model->parameters(), optim::SGDOptions{.lr = 0.1});
   RankTrace trace;
   for (int step = 0; step < steps; ++step) {
@@ -76,14 +88,15 @@ RankTrace TrainRank(RankEnv& env, Model which, Device device, int steps,
     }
     loss.backward();
     optim.step();
-    if (post_optim_event) {
+    if (train.post_optim_event) {
       root.set_post_optim_event(fsdp2::CommStream::Current(device).record_event());
     }
     optim.zero_grad();
     trace.losses.push_back(loss.item());
   }
   for (const auto& [name, param] : model->named_parameters()) {
-    EXPECT_EQ(param.device(), device) << name;
+    EXPECT_EQ(param.device(), train.cpu_offload ? Device::CPU() : device) << name;
+    EXPECT_EQ(param.is_pinned(), train.cpu_offload && device.is_cuda()) << name;
     trace.shards[name] = param.to_doubles();
   }
   const auto& ctx = fsdp2::GetFsdpState(*model)->comm_ctx();
@@ -101,13 +114,13 @@ RankTrace TrainRank(RankEnv& env, Model which, Device device, int steps,
 }
 
 std::vector<RankTrace> Train(int world, Model which, Device device, int steps,
-                             bool post_optim_event = false) {
+                             const TrainOptions& train = {}) {
   RunRanksOptions options;
   options.device = device;
   options.seed = 1234;
   auto results = RunRanks(
       world,
-      [&](RankEnv& env) { return TrainRank(env, which, device, steps, post_optim_event); },
+      [&](RankEnv& env) { return TrainRank(env, which, device, steps, train); },
       options);
   EXPECT_TRUE(results.all_ok()) << results.summary();
   if (!results.all_ok()) return {};
@@ -122,11 +135,11 @@ void ExpectClose(const std::vector<double>& got, const std::vector<double>& want
   }
 }
 
-void ExpectCudaMatchesCpu(int world, Model which, double tol, bool post_optim_event = false) {
+void ExpectCudaMatchesCpu(int world, Model which, double tol, const TrainOptions& train = {}) {
   if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
   const int steps = 3;
   const std::vector<RankTrace> cpu = Train(world, which, Device::CPU(), steps);
-  const std::vector<RankTrace> gpu = Train(world, which, Device::CUDA(0), steps, post_optim_event);
+  const std::vector<RankTrace> gpu = Train(world, which, Device::CUDA(0), steps, train);
   ASSERT_EQ(cpu.size(), static_cast<size_t>(world));
   ASSERT_EQ(gpu.size(), static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
@@ -134,7 +147,7 @@ void ExpectCudaMatchesCpu(int world, Model which, double tol, bool post_optim_ev
     EXPECT_TRUE(gpu[r].dedicated_streams) << rank;
     EXPECT_TRUE(gpu[r].current_stream_is_default) << rank;
     EXPECT_FALSE(cpu[r].any_cuda_stream) << rank;
-    EXPECT_EQ(gpu[r].post_optim_events_consumed, post_optim_event ? steps - 1 : 0) << rank;
+    EXPECT_EQ(gpu[r].post_optim_events_consumed, train.post_optim_event ? steps - 1 : 0) << rank;
     ExpectClose(gpu[r].losses, cpu[r].losses, tol, rank + " losses");
     ASSERT_EQ(gpu[r].shards.size(), cpu[r].shards.size()) << rank;
     for (const auto& [name, values] : cpu[r].shards) {
@@ -168,7 +181,8 @@ TEST(FsdpCpuStreams, PostOptimEventIsConsumedByTheNextRootPreForward) {
   // The event set after each optimizer step is taken (and cleared) by the next forward's root
   // pre-forward; training is unchanged, as every stream is a no-op on the CPU.
   const std::vector<RankTrace> plain = Train(2, Model::kMlp, Device::CPU(), 3);
-  const std::vector<RankTrace> with_event = Train(2, Model::kMlp, Device::CPU(), 3, true);
+  const std::vector<RankTrace> with_event =
+      Train(2, Model::kMlp, Device::CPU(), 3, TrainOptions{.post_optim_event = true});
   ASSERT_EQ(with_event.size(), 2u);
   for (size_t r = 0; r < with_event.size(); ++r) {
     EXPECT_EQ(with_event[r].post_optim_events_consumed, 2);
@@ -185,7 +199,14 @@ TEST(FsdpGpu, TransformerTwoThreadedRanksOnOneGpuMatchCpu) {
   ExpectCudaMatchesCpu(2, Model::kTransformer, 1e-4);
 }
 TEST(FsdpGpu, PostOptimEventTwoThreadedRanksMatchCpu) {
-  ExpectCudaMatchesCpu(2, Model::kMlp, 1e-5, /*post_optim_event=*/true);
+  ExpectCudaMatchesCpu(2, Model::kMlp, 1e-5, TrainOptions{.post_optim_event = true});
+}
+TEST(FsdpGpu, CpuOffloadPinnedTwoThreadedRanksMatchCpu) {
+  // Pinned sharded parameters, non-blocking uploads in the all-gather copy-in, non-blocking
+  // gradient offload waited for in finalize_backward, SGD on the host.
+  ExpectCudaMatchesCpu(2, Model::kMlp, 1e-5, TrainOptions{.cpu_offload = true});
+  ExpectCudaMatchesCpu(2, Model::kTransformer, 1e-4,
+                       TrainOptions{.post_optim_event = true, .cpu_offload = true});
 }
 
 }  // namespace

@@ -31,10 +31,11 @@ class CpuDeviceBackend final : public DeviceBackend {
     return p;
   }
   void Free(void* ptr, size_t /*nbytes*/, int /*index*/) override { std::free(ptr); }
-  void Copy(void* dst, Device dst_device, const void* src, Device src_device,
-            size_t nbytes) override {
+  void Copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes,
+            bool non_blocking) override {
     if (dst_device.is_cuda() || src_device.is_cuda()) {
-      GetDeviceBackend(DeviceType::kCUDA).Copy(dst, dst_device, src, src_device, nbytes);
+      GetDeviceBackend(DeviceType::kCUDA)
+          .Copy(dst, dst_device, src, src_device, nbytes, non_blocking);
       return;
     }
     if (nbytes > 0 && dst != src) std::memmove(dst, src, nbytes);

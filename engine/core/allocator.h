@@ -40,10 +40,20 @@ class DeviceBackend {
   virtual void* Allocate(size_t nbytes, int index) = 0;
   virtual void Free(void* ptr, size_t nbytes, int index) = 0;
   // Copies `nbytes` between any two devices of which at least one is of this backend's type.
+  // A host<->device copy returns before it finished only with `non_blocking`, which the caller
+  // passes only when the host buffer is pinned (PyTorch's rule: non_blocking from pageable
+  // memory is synchronous); the caller then orders later host use with an event.
   virtual void Copy(void* dst, Device dst_device, const void* src, Device src_device,
-                    size_t nbytes) = 0;
+                    size_t nbytes, bool non_blocking) = 0;
   virtual void Zero(void* ptr, size_t nbytes, int index) = 0;
 };
+
+// Page-locked host memory (cudaHostAlloc), zero-filled, for Tensor::pin_memory and FSDP's CPU
+// offload with pin_memory. Throws Unavailable when no CUDA device is visible (PyTorch: "Cannot
+// access accelerator device when none is available"). Freeing waits for the device
+// (cudaFreeHost), so an in-flight non-blocking copy never reads freed memory.
+void* AllocatePinnedHost(size_t nbytes);
+void FreePinnedHost(void* ptr);
 
 // The backend for `type`. Throws Unavailable for CUDA when not built or no device is visible.
 DeviceBackend& GetDeviceBackend(DeviceType type);

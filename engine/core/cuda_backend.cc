@@ -1,6 +1,7 @@
 // CUDA device backend on the CUDA runtime API and the caching allocator, compiled only with
 // CUDA; without CUDA the functions below report that no device exists.
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -71,7 +72,7 @@ bool CachingDisabled() {
 // Zero-filling and copies are issued on the calling thread's current stream of the device
 // (engine/core/cuda_stream.h), so they are ordered with the kernels launched there; copies that
 // touch host memory wait for that stream before returning (the host buffer is pageable and the
-// caller reads it next). A device-to-device copy between two devices first waits for the
+// caller reads it next), unless the caller asked for non_blocking on pinned memory. A device-to-device copy between two devices first waits for the
 // source device's current stream.
 // Thread-safety: the CUDA runtime and the caching allocators are thread-safe; the allocators
 // are created once, under a mutex.
@@ -97,8 +98,8 @@ class CudaDeviceBackend final : public DeviceBackend {
       CudaRawMemory(index).Free(ptr);
     }
   }
-  void Copy(void* dst, Device dst_device, const void* src, Device src_device,
-            size_t nbytes) override {
+  void Copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes,
+            bool non_blocking) override {
     if (nbytes == 0) return;
     const Device on = dst_device.is_cuda() ? dst_device : src_device;
     CudaCheck(cudaSetDevice(on.index), "cudaSetDevice");
@@ -107,7 +108,8 @@ class CudaDeviceBackend final : public DeviceBackend {
     }
     cudaStream_t stream = Stream(on.index);
     CudaCheck(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream), "cudaMemcpyAsync");
-    if (!dst_device.is_cuda() || !src_device.is_cuda() || dst_device != src_device) {
+    const bool host_side = !dst_device.is_cuda() || !src_device.is_cuda();
+    if ((host_side && !non_blocking) || (!host_side && dst_device != src_device)) {
       CudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     }
   }
@@ -160,6 +162,21 @@ CachingAllocatorStats CudaCachingAllocatorStats(int index) {
   return cache != nullptr ? cache->stats() : CachingAllocatorStats{};
 }
 
+void* AllocatePinnedHost(size_t nbytes) {
+  FSDP_CHECK_CODE(ErrorCode::kUnavailable, CudaDeviceCount() > 0,
+                  "pin_memory: cannot access accelerator device when none is available (",
+                  CudaDeviceCount(), " CUDA devices visible)");
+  void* p = nullptr;
+  const cudaError_t err = cudaHostAlloc(&p, nbytes, cudaHostAllocDefault);
+  FSDP_CHECK_CODE(ErrorCode::kResourceExhausted, err != cudaErrorMemoryAllocation,
+                  "pin_memory: out of page-locked host memory allocating ", nbytes, " bytes");
+  CudaCheck(err, "cudaHostAlloc");
+  std::memset(p, 0, nbytes);
+  return p;
+}
+
+void FreePinnedHost(void* ptr) { cudaFreeHost(ptr); }
+
 void CudaEmptyCache() {
   for (int i = 0, n = CudaDeviceCount(); i < n; ++i) {
     if (CachingAllocator* cache = Backend().Cache(i)) cache->EmptyCache();
@@ -172,6 +189,12 @@ int CudaDeviceCount() { return 0; }
 DeviceBackend* CudaDeviceBackendOrNull() { return nullptr; }
 CachingAllocatorStats CudaCachingAllocatorStats(int /*index*/) { return {}; }
 void CudaEmptyCache() {}
+void* AllocatePinnedHost(size_t nbytes) {
+  FSDP_THROW(ErrorCode::kUnavailable, "pin_memory of ", nbytes,
+             " bytes: cannot access accelerator device when none is available (this build has "
+             "no CUDA)");
+}
+void FreePinnedHost(void* /*ptr*/) {}
 
 #endif
 

@@ -1,10 +1,14 @@
 #include "engine/core/storage.h"
 
+#include "engine/core/error.h"
 #include "engine/core/rank_context.h"
 
 namespace fsdp {
 
-Storage::Storage(size_t nbytes, Device device) : device_(device) { Allocate(nbytes); }
+Storage::Storage(size_t nbytes, Device device, bool pinned) : device_(device), pinned_(pinned) {
+  FSDP_CHECK(!pinned || device.is_cpu(), "only CPU memory can be pinned, not ", device.str());
+  Allocate(nbytes);
+}
 
 Storage::~Storage() { Release(); }
 
@@ -16,7 +20,8 @@ void Storage::Resize(size_t nbytes) {
 
 void Storage::Allocate(size_t nbytes) {
   if (nbytes == 0) return;
-  data_ = GetDeviceBackend(device_.type).Allocate(nbytes, device_.index);
+  data_ = pinned_ ? AllocatePinnedHost(nbytes)
+                  : GetDeviceBackend(device_.type).Allocate(nbytes, device_.index);
   nbytes_ = nbytes;
   stats_ = RankContext::Current().memory_stats_ptr(device_);
   stats_->OnAllocate(static_cast<int64_t>(nbytes));
@@ -24,7 +29,11 @@ void Storage::Allocate(size_t nbytes) {
 
 void Storage::Release() {
   if (data_ == nullptr) return;
-  GetDeviceBackend(device_.type).Free(data_, nbytes_, device_.index);
+  if (pinned_) {
+    FreePinnedHost(data_);
+  } else {
+    GetDeviceBackend(device_.type).Free(data_, nbytes_, device_.index);
+  }
   stats_->OnFree(static_cast<int64_t>(nbytes_));
   data_ = nullptr;
   nbytes_ = 0;

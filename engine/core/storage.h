@@ -1,7 +1,9 @@
 // Storage: a device buffer that tensors view into. It can be freed (Resize(0)) and allocated
 // again (Resize(n)) without invalidating the tensors that view it, which is how FSDP frees and
 // re-materialises unsharded parameters (PyTorch's untyped_storage().resize_()). Allocations are
-// charged to the MemoryStats of the rank current at allocation time.
+// charged to the MemoryStats of the rank current at allocation time. A CPU storage may be
+// pinned (page-locked, engine/core/allocator.h AllocatePinnedHost), which lets host<->device
+// copies run asynchronously; it stays pinned across Resize.
 // Ownership: shared by every tensor that views it (std::shared_ptr).
 // Thread-safety: not synchronised; one rank uses a storage at a time (collectives hand buffers
 // between ranks only under the process group's synchronisation).
@@ -17,7 +19,8 @@ namespace fsdp {
 
 class Storage {
  public:
-  Storage(size_t nbytes, Device device);
+  // Throws InvalidArgument for a pinned non-CPU storage, Unavailable when pinning is impossible.
+  Storage(size_t nbytes, Device device, bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -25,6 +28,7 @@ class Storage {
   void* data() const { return data_; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
+  bool pinned() const { return pinned_; }
   // Frees the buffer when nbytes is 0; otherwise frees and allocates nbytes of zeroed memory
   // (contents are not preserved, as with resize_ in FSDP's free/alloc pattern). A no-op when
   // the size is unchanged.
@@ -37,6 +41,7 @@ class Storage {
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;
+  bool pinned_ = false;
   std::shared_ptr<MemoryStats> stats_;
 };
 

@@ -26,10 +26,12 @@ int64_t Numel(const Shape& shape) {
 
 namespace {
 
-std::shared_ptr<TensorImpl> MakeImpl(const Shape& shape, DType dtype, Device device) {
+std::shared_ptr<TensorImpl> MakeImpl(const Shape& shape, DType dtype, Device device,
+                                     bool pinned = false) {
   for (int64_t s : shape) FSDP_CHECK(s >= 0, "negative dimension in shape ", ShapeStr(shape));
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(static_cast<size_t>(Numel(shape)) * ElementSize(dtype), device);
+  impl->storage = std::make_shared<Storage>(
+      static_cast<size_t>(Numel(shape)) * ElementSize(dtype), device, pinned);
   impl->sizes = shape;
   impl->dtype = dtype;
   return impl;
@@ -67,7 +69,9 @@ void ConvertOnCuda(const Tensor& src, const Tensor& dst) {
 std::vector<char> HostBytes(const Tensor& t) {
   std::vector<char> bytes(t.nbytes());
   if (!bytes.empty()) {
-    GetDeviceBackend(t.device().type).Copy(bytes.data(), Device::CPU(), t.data_ptr(), t.device(), bytes.size());
+    GetDeviceBackend(t.device().type)
+        .Copy(bytes.data(), Device::CPU(), t.data_ptr(), t.device(), bytes.size(),
+              /*non_blocking=*/false);
   }
   return bytes;
 }
@@ -281,20 +285,34 @@ Tensor Tensor::to(DType target) const {
   return out;
 }
 
-Tensor Tensor::to(Device target) const {
+Tensor Tensor::to(Device target, bool non_blocking) const {
   if (target == device()) return *this;
-  Tensor out = empty(sizes(), dtype(), target);
+  const bool pin_output = non_blocking && device().is_cuda() && target.is_cpu();
+  Tensor out(MakeImpl(sizes(), dtype(), target, pin_output));
+  out.copy_(*this, non_blocking);
+  return out;
+}
+
+Tensor Tensor::pin_memory() const {
+  FSDP_CHECK(device().is_cpu(), "pin_memory: only CPU tensors can be pinned, got ", str());
+  if (is_pinned()) return *this;
+  Tensor out(MakeImpl(sizes(), dtype(), device(), /*pinned=*/true));
   out.copy_(*this);
   return out;
 }
 
-Tensor& Tensor::copy_(const Tensor& src) {
+bool Tensor::is_pinned() const { return defined() && storage() != nullptr && storage()->pinned(); }
+
+Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
   FSDP_CHECK(src.numel() == numel(), "copy_: source ", src.str(), " has ", src.numel(),
              " elements but destination ", str(), " has ", numel());
   if (numel() == 0) return *this;
   if (src.dtype() == dtype()) {
+    // Asynchronous only when the host side (if any) is pinned memory.
+    const bool async = non_blocking && (device().is_cuda() || is_pinned()) &&
+                       (src.device().is_cuda() || src.is_pinned());
     GetDeviceBackend(device().is_cuda() ? DeviceType::kCUDA : src.device().type)
-        .Copy(data_ptr(), device(), src.data_ptr(), src.device(), nbytes());
+        .Copy(data_ptr(), device(), src.data_ptr(), src.device(), nbytes(), async);
   } else if (device().is_cpu() && src.device().is_cpu()) {
     ConvertElements(src.data_ptr(), src.dtype(), data_ptr(), dtype(), static_cast<size_t>(numel()));
   } else if (device() == src.device()) {
@@ -304,7 +322,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
     std::vector<char> in = HostBytes(src);
     std::vector<char> out(nbytes());
     ConvertElements(in.data(), src.dtype(), out.data(), dtype(), static_cast<size_t>(numel()));
-    GetDeviceBackend(device().type).Copy(data_ptr(), device(), out.data(), Device::CPU(), out.size());
+    GetDeviceBackend(device().type)
+        .Copy(data_ptr(), device(), out.data(), Device::CPU(), out.size(), /*non_blocking=*/false);
   }
   bump_version();
   return *this;

@@ -119,9 +119,18 @@ class Tensor {
   // Copies (no autograd).
   Tensor clone() const;
   Tensor to(DType dtype) const;  // returns *this when the dtype already matches
-  Tensor to(Device device) const;  // returns *this when the device already matches
-  // Copies `src` into this tensor: same numel, any dtype/device (converted).
-  Tensor& copy_(const Tensor& src);
+  // Returns *this when the device already matches. With non_blocking, a copy from pinned host
+  // memory to the device, or from the device into new pinned host memory (PyTorch pins the
+  // output of a non-blocking device-to-host copy), returns before it finished: the caller
+  // orders later use with an event of the current stream.
+  Tensor to(Device device, bool non_blocking = false) const;
+  // Copies `src` into this tensor: same numel, any dtype/device (converted). non_blocking
+  // takes effect only between a CUDA device and pinned host memory, as in PyTorch.
+  Tensor& copy_(const Tensor& src, bool non_blocking = false);
+  // A copy in pinned (page-locked) host memory; *this when already pinned. Requires a CPU
+  // tensor (InvalidArgument) and a visible CUDA device (Unavailable).
+  Tensor pin_memory() const;
+  bool is_pinned() const;
   Tensor& fill_(double value);
   Tensor& zero_();
   // The single element as double (numel must be 1).

@@ -4,6 +4,9 @@
 
 #include "engine/core/rank_context.h"
 #include "engine/core/rng.h"
+#include "engine/core/storage.h"
+#include "engine/core/cuda_stream.h"
+#include "engine/core/allocator.h"
 
 namespace fsdp {
 namespace {
@@ -136,6 +139,41 @@ TEST(CoreTensorGpu, DtypeCopiesOnDeviceMatchCpu) {
       EXPECT_EQ(into.to_doubles(), cpu.to(to).to_doubles());
     }
   }
+}
+
+TEST(CoreTensor, PinMemoryNeedsACpuTensorAndADevice) {
+  EXPECT_THROW(Storage(16, Device::CUDA(0), /*pinned=*/true), Error);  // only CPU memory
+  const Tensor t = Tensor::from_doubles({1, 2, 3}, {3});
+  EXPECT_FALSE(t.is_pinned());
+  Tensor copy = Tensor::zeros({3});
+  copy.copy_(t, /*non_blocking=*/true);  // CPU to CPU: non_blocking has no effect
+  EXPECT_EQ(copy.to_doubles(), t.to_doubles());
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is visible; this checks the CPU-only error";
+  try {
+    (void)t.pin_memory();
+    FAIL() << "expected Unavailable";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnavailable);
+    EXPECT_NE(std::string(e.what()).find("none is available"), std::string::npos) << e.what();
+  }
+}
+
+// Pinned host memory and non-blocking copies both ways; values are read after the current
+// stream finished, as a user waits on an event.
+TEST(CoreTensorGpu, PinnedNonBlockingCopiesRoundTrip) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  const Device cuda = Device::CUDA(0);
+  const Tensor host = Tensor::arange(4096).to(DType::kFloat32);
+  const Tensor pinned = host.pin_memory();
+  EXPECT_TRUE(pinned.is_pinned());
+  EXPECT_TRUE(pinned.pin_memory().is_same(pinned));
+  EXPECT_EQ(pinned.to_doubles(), host.to_doubles());
+  const Tensor on_device = pinned.to(cuda, /*non_blocking=*/true);
+  const Tensor back = on_device.to(Device::CPU(), /*non_blocking=*/true);
+  EXPECT_TRUE(back.is_pinned());  // a non-blocking device-to-host copy lands in pinned memory
+  CurrentCudaStream(cuda).Synchronize();
+  EXPECT_EQ(back.to_doubles(), host.to_doubles());
+  EXPECT_FALSE(on_device.to(Device::CPU()).is_pinned());
 }
 
 TEST(CoreRng, PhiloxIsDeterministicAndCounterBased) {

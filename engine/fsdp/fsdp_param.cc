@@ -89,6 +89,10 @@ void FsdpParam::init_sharded_data(const Tensor& local, const Tensor& target) {
              ShapeStr(local.sizes()));
   const Device data_device = offload_policy_.offload_to_cpu ? Device::CPU() : device_;
   Tensor padded = Tensor::zeros(shard_info_.padded_shard_shape, local.dtype(), data_device);
+  // Pinned so that the all-gather copy-in's upload is asynchronous (no effect on a CPU device).
+  if (offload_policy_.offload_to_cpu && offload_policy_.pin_memory && device_.is_cuda()) {
+    padded = padded.pin_memory();
+  }
   if (shard_info_.rows > 0) padded.narrow(0, 0, shard_info_.rows).copy_(local);
   sharded_param_data_ = padded.flatten();
   TensorImpl* impl = target.impl();
@@ -145,7 +149,7 @@ std::vector<Tensor> FsdpParam::all_gather_inputs() const {
                   "FSDP parameter ", fqn_, ": all-gather inputs requested in state ",
                   ShardedStateName(sharded_state_));
   Tensor input = sharded_param_data_;
-  if (input.device() != device_) input = input.to(device_);
+  if (input.device() != device_) input = input.to(device_, /*non_blocking=*/true);
   if (param_dtype_) input = input.to(*param_dtype_);
   return {input};
 }
@@ -264,8 +268,13 @@ void FsdpParam::accumulate_unsharded_grad_if_needed() {
 
 void FsdpParam::accumulate_sharded_grad(const Tensor& new_sharded_grad) {
   Tensor grad = new_sharded_grad;
-  if (offload_policy_.offload_to_cpu && !grad.device().is_cpu()) grad = grad.to(Device::CPU());
   Tensor existing = sharded_param_.grad();
+  if (offload_policy_.offload_to_cpu && !grad.device().is_cpu()) {
+    // Overlap the copy only when nothing is accumulated into on the host next.
+    const bool non_blocking = offload_policy_.pin_memory && !existing.defined();
+    grad = grad.to(Device::CPU(), non_blocking);
+    if (non_blocking) grad_offload_event_ = CommStream::Current(device_).record_event();
+  }
   if (existing.defined()) {
     existing.copy_(ops::kernels::Add(existing, grad));
   } else {
@@ -275,8 +284,15 @@ void FsdpParam::accumulate_sharded_grad(const Tensor& new_sharded_grad) {
   // post-accumulate-grad hooks itself (fsdp-semantics §6).
   autograd::AutogradMeta* meta = autograd::get_autograd_meta(sharded_param_);
   if (meta != nullptr && meta->post_accumulate_grad_hooks) {
+    wait_for_grad_offload();  // a hook may read the gradient on the host at once
     for (const auto& hook : meta->post_accumulate_grad_hooks->snapshot()) hook(sharded_param_);
   }
+}
+
+void FsdpParam::wait_for_grad_offload() {
+  if (!grad_offload_event_) return;
+  grad_offload_event_->synchronize();
+  grad_offload_event_.reset();
 }
 
 Tensor FsdpParam::full_tensor() const {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "engine/core/tensor.h"
+#include "engine/fsdp/comm_context.h"
 #include "engine/fsdp/fsdp_api.h"
 #include "engine/fsdp/mesh_info.h"
 #include "engine/fsdp/shard_layout.h"
@@ -143,8 +144,15 @@ class FsdpParam {
   void accumulate_unsharded_grad_if_needed();
   // Sets or accumulates the new gradient shard (shape = sharded_param's) into the sharded
   // parameter's .grad (moved to the CPU with offload), then runs the sharded parameter's
-  // post-accumulate-grad hooks once.
+  // post-accumulate-grad hooks once. With CPU offload, pin_memory and no gradient to
+  // accumulate into, the device-to-host copy is non-blocking into pinned memory and
+  // grad_offload_event is recorded on the current (reduce-scatter) stream, as FSDP2 does; the
+  // hooks, if any, wait for it first (FSDP2 runs them without waiting).
   void accumulate_sharded_grad(const Tensor& new_sharded_grad);
+  // Blocks the host until the non-blocking gradient offload finished (finalize_backward: the
+  // CPU optimizer reads the gradient next). A no-op when none is pending.
+  void wait_for_grad_offload();
+  bool grad_offload_pending() const { return grad_offload_event_.has_value(); }
 
  private:
   // Sets `tensor` into every registered location of this parameter.
@@ -165,7 +173,8 @@ class FsdpParam {
   ShardedState sharded_state_ = ShardedState::kSharded;
 
   Tensor sharded_param_;
-  Tensor sharded_param_data_;
+  Tensor sharded_param_data_;  // pinned with CPU offload + pin_memory on a CUDA device
+  std::optional<CommEvent> grad_offload_event_;
   DType orig_dtype_ = DType::kFloat32;
   std::optional<DType> param_dtype_;
   std::optional<DType> reduce_dtype_;

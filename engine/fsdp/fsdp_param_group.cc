@@ -375,6 +375,8 @@ void FsdpParamGroup::finalize_backward() {
     comm_ctx_->current_stream().wait_event(*post_reduce_event_);
     post_reduce_event_.reset();
   }
+  // With CPU offload the optimizer reads the gradients on the host: wait for their copies.
+  for (const auto& fsdp_param : fsdp_params_) fsdp_param->wait_for_grad_offload();
   if (all_gather_result_ != nullptr) {
     // A mistargeted prefetch nobody waited for: wait for it and drop it.
     comm_ctx_->current_stream().wait_event(all_gather_result_->all_gather_event);
