@@ -6,8 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${1:-build/default}"
-files=(engine/core/cuda_backend.cc engine/core/cuda_stream.cc engine/fsdp/comm_context.cc
-       engine/fsdp/fsdp_collectives.cc)
+files=(engine/core/cuda_backend.cc engine/core/caching_allocator.cc engine/core/cuda_stream.cc
+       engine/core/storage.cc engine/fsdp/comm_context.cc engine/fsdp/fsdp_collectives.cc
+       engine/fsdp/fsdp_param.cc)
 for f in engine/ops/cuda/*.cc engine/dist/nccl/*.cc; do
   case "$f" in *_test.cc) ;; *) files+=("$f") ;; esac
 done
