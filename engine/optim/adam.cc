@@ -1,8 +1,11 @@
 #include "engine/optim/adam.h"
 
 #include <cmath>
+#include <string>
 
+#include "engine/optim/optim_cuda.h"
 #include "engine/optim/update_kernels.h"
+#include "engine/optim/update_math.h"
 
 namespace fsdp::optim {
 
@@ -18,6 +21,33 @@ AdamOptions FromAdamW(const AdamWOptions& o) {
   out.amsgrad = o.amsgrad;
   out.maximize = o.maximize;
   return out;
+}
+
+// The CPU loop: math::AdamUpdate per element, in the parameter's storage type.
+void AdamStepCpu(const std::string& who, const Tensor& param, const Tensor& grad, const Tensor& m,
+                 const Tensor& v, const Tensor& vmax, const math::AdamStepSpec& spec) {
+  internal::DispatchFloating(param.dtype(), who.c_str(), [&](auto tag) {
+    using T = decltype(tag);
+    using A = internal::Acc<T>;
+    const math::AdamScalars<A> s = math::MakeAdamScalars<A>(spec);
+    const auto round = internal::RoundingFor<T>();
+    T* pp = param.data<T>();
+    const T* gp = grad.data<T>();
+    T* mp = m.data<T>();
+    T* vp = v.data<T>();
+    T* vmaxp = vmax.defined() ? vmax.data<T>() : nullptr;
+    const int64_t n = param.numel();
+    for (int64_t k = 0; k < n; ++k) {
+      const A vmax_k = vmaxp != nullptr ? internal::Load(vmaxp, k) : A(0);
+      const math::AdamElement<A> e =
+          math::AdamUpdate(s, internal::Load(pp, k), internal::Load(gp, k), internal::Load(mp, k),
+                           internal::Load(vp, k), vmax_k, round);
+      internal::Store(mp, k, e.exp_avg);
+      internal::Store(vp, k, e.exp_avg_sq);
+      if (vmaxp != nullptr) internal::Store(vmaxp, k, e.max_exp_avg_sq);
+      internal::Store(pp, k, e.param);
+    }
+  });
 }
 
 }  // namespace
@@ -68,9 +98,7 @@ void Adam::step() {
       const Tensor grad_t = param.grad();
       if (!grad_t.defined()) continue;
       const std::string label = group.names.empty() ? param.str() : group.names[i];
-      FSDP_CHECK(grad_t.sizes() == param.sizes(), name(), ": grad of ", label, " has shape ",
-                 ShapeStr(grad_t.sizes()), " but the parameter has shape ",
-                 ShapeStr(param.sizes()));
+      const Tensor grad = internal::CheckedGrad(name(), label, param, grad_t);
       nn::OrderedDict<Tensor>& state = mutable_state(param);
       if (!state.contains("step")) {
         state.insert("step", Tensor::zeros({}, DType::kFloat32));
@@ -81,73 +109,39 @@ void Adam::step() {
                        Tensor::zeros(param.sizes(), param.dtype(), param.device()));
         }
       }
-      // step_t += 1 on the float32 step tensor, then step = step_t.item().
+      const Tensor m = state.at("exp_avg");
+      const Tensor v = state.at("exp_avg_sq");
+      const Tensor vmax = o.amsgrad ? state.at("max_exp_avg_sq") : Tensor();
+      internal::CheckStateDevice(name(), label, param, "exp_avg", m);
+      internal::CheckStateDevice(name(), label, param, "exp_avg_sq", v);
+      if (vmax.defined()) internal::CheckStateDevice(name(), label, param, "max_exp_avg_sq", vmax);
+
+      // step_t += 1 on the float32 step tensor (a CPU scalar), then step = step_t.item().
       Tensor step_t = state.at("step");
       step_t.fill_(static_cast<double>(static_cast<float>(step_t.item() + 1.0)));
       const double step = step_t.item();
       const double bias_correction1 = 1.0 - std::pow(o.beta1, step);
       const double bias_correction2 = 1.0 - std::pow(o.beta2, step);
-      const double step_size = lr / bias_correction1;
-      const double bias_correction2_sqrt = std::sqrt(bias_correction2);
-
-      const Tensor& m_dev = state.at("exp_avg");
-      const Tensor& v_dev = state.at("exp_avg_sq");
-      const Tensor vmax_dev = o.amsgrad ? state.at("max_exp_avg_sq") : Tensor();
-      Tensor p = internal::HostAs(param, param.dtype());
-      Tensor g = internal::HostAs(grad_t, param.dtype());
-      Tensor m = internal::HostAs(m_dev, param.dtype());
-      Tensor v = internal::HostAs(v_dev, param.dtype());
-      Tensor vmax = vmax_dev.defined() ? internal::HostAs(vmax_dev, param.dtype()) : Tensor();
-      const bool decoupled = decoupled_weight_decay_;
-      internal::DispatchFloating(param.dtype(), name().c_str(), [&](auto tag) {
-        using T = decltype(tag);
-        using A = internal::Acc<T>;
-        T* pp = p.data<T>();
-        const T* gp = g.data<T>();
-        T* mp = m.data<T>();
-        T* vp = v.data<T>();
-        T* vmaxp = vmax.defined() ? vmax.data<T>() : nullptr;
-        const A wd = static_cast<A>(o.weight_decay);
-        const A decay_factor = static_cast<A>(1.0 - lr * o.weight_decay);
-        const A one_minus_beta1 = static_cast<A>(1.0 - o.beta1);
-        const A beta2 = static_cast<A>(o.beta2);
-        const A one_minus_beta2 = static_cast<A>(1.0 - o.beta2);
-        const A bc2_sqrt = static_cast<A>(bias_correction2_sqrt);
-        const A eps = static_cast<A>(o.eps);
-        const A neg_step_size = static_cast<A>(-step_size);
-        const int64_t n = param.numel();
-        for (int64_t k = 0; k < n; ++k) {
-          A gk = internal::Load(gp, k);
-          if (o.maximize) gk = -gk;
-          A pk = internal::Load(pp, k);
-          if (o.weight_decay != 0.0) {
-            if (decoupled) {
-              pk = internal::Round<T>(pk * decay_factor);
-            } else {
-              gk = internal::Round<T>(gk + wd * pk);
-            }
-          }
-          const A mk =
-              internal::Round<T>(internal::Lerp(internal::Load(mp, k), gk, one_minus_beta1));
-          A vk = internal::Round<T>(internal::Load(vp, k) * beta2);
-          vk = internal::Round<T>(vk + one_minus_beta2 * gk * gk);
-          internal::Store(mp, k, mk);
-          internal::Store(vp, k, vk);
-          A v_used = vk;
-          if (vmaxp != nullptr) {
-            v_used = std::max(internal::Load(vmaxp, k), vk);
-            internal::Store(vmaxp, k, v_used);
-          }
-          A denom = internal::Round<T>(std::sqrt(v_used));
-          denom = internal::Round<T>(denom / bc2_sqrt);
-          denom = internal::Round<T>(denom + eps);
-          internal::Store(pp, k, pk + neg_step_size * mk / denom);
-        }
-      });
-      internal::CommitHost(m_dev, m);
-      internal::CommitHost(v_dev, v);
-      if (vmax.defined()) internal::CommitHost(vmax_dev, vmax);
-      internal::CommitHost(param, p);
+      const math::AdamStepSpec spec{.lr = lr,
+                                    .beta1 = o.beta1,
+                                    .beta2 = o.beta2,
+                                    .eps = o.eps,
+                                    .weight_decay = o.weight_decay,
+                                    .step_size = lr / bias_correction1,
+                                    .bias_correction2_sqrt = std::sqrt(bias_correction2),
+                                    .decoupled_weight_decay = decoupled_weight_decay_,
+                                    .amsgrad = o.amsgrad,
+                                    .maximize = o.maximize};
+      if (param.device().is_cuda()) {
+        FSDP_OPTIM_CUDA(name(), label, AdamStep(param, grad, m, v, vmax, spec));
+      } else {
+        AdamStepCpu(name(), param, grad, m, v, vmax, spec);
+      }
+      // In-place writes under no_grad.
+      m.bump_version();
+      v.bump_version();
+      if (vmax.defined()) vmax.bump_version();
+      param.bump_version();
     }
   }
 }

@@ -2,22 +2,29 @@
 
 #include <unordered_set>
 
+#include "engine/ops/shape_ops.h"
+
 namespace fsdp::optim {
 
 namespace internal {
 
-Tensor HostAs(const Tensor& t, DType dtype) {
-  Tensor host = t.device().is_cpu() ? t : t.to(Device::CPU());
-  return host.to(dtype);
+Tensor CheckedGrad(const std::string& who, const std::string& label, const Tensor& param,
+                   const Tensor& grad) {
+  FSDP_CHECK(grad.sizes() == param.sizes(), who, ": grad of ", label, " has shape ",
+             ShapeStr(grad.sizes()), " but the parameter has shape ", ShapeStr(param.sizes()));
+  FSDP_CHECK(grad.device() == param.device(), who, ": grad of ", label, " is on ",
+             grad.device().str(), " but the parameter is on ", param.device().str(),
+             "; the grad and the optimizer state must be on the parameter's device");
+  FSDP_CHECK(IsFloatingPoint(param.dtype()), who, ": parameters must be floating point, got ",
+             DTypeName(param.dtype()), " (", label, ")");
+  return ops::kernels::Cast(grad, param.dtype());
 }
 
-void CommitHost(const Tensor& t, const Tensor& host) {
-  if (host.is_same(t)) {
-    t.bump_version();
-    return;
-  }
-  Tensor dst = t;
-  dst.copy_(host);
+void CheckStateDevice(const std::string& who, const std::string& label, const Tensor& param,
+                      const char* state_name, const Tensor& state) {
+  FSDP_CHECK(state.device() == param.device(), who, ": state \"", state_name, "\" of ", label,
+             " is on ", state.device().str(), " but the parameter is on ", param.device().str(),
+             "; the grad and the optimizer state must be on the parameter's device");
 }
 
 }  // namespace internal

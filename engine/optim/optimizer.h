@@ -6,8 +6,12 @@
 // whose grad is defined, in place, without recording autograd history (the raw loops never go
 // through the differentiable ops) and bumps the parameter's version counter like an in-place
 // op under no_grad. Arithmetic follows PyTorch's op sequence, each intermediate rounded to the
-// parameter's dtype (float32/float64; float16/bfloat16 compute in float32 and round per op);
-// tensors on another device are staged through the host.
+// parameter's dtype (float32/float64; float16/bfloat16 compute in float32 and round per op),
+// with the per-element formulas of update_math.h. A parameter on a CUDA device is updated by a
+// CUDA kernel on that device, on the thread's current stream (optim_cuda.h), bit-identical to
+// the CPU loop (a NaN's sign/payload aside); its grad and state must live on the same device.
+// The Adam "step" counter stays a float32 CPU scalar (PyTorch's default without
+// capturable/fused).
 //
 // An optimizer over a single parameter is valid (per-parameter optimizers run from
 // post-accumulate-grad hooks).
@@ -77,11 +81,15 @@ class Optimizer {
 
 namespace internal {
 
-// A CPU tensor of `dtype` holding the values of `t` (`t` itself when it already is one).
-Tensor HostAs(const Tensor& t, DType dtype);
-// Makes `t` hold the values of `host` (from HostAs(t, ...)): copies back when they are
-// different tensors, otherwise bumps t's version (an in-place write).
-void CommitHost(const Tensor& t, const Tensor& host);
+// The gradient of `param` as an optimizer step consumes it, after checking it (`who` is the
+// optimizer's name, `label` the parameter's name or description): same shape and device as
+// the parameter (InvalidArgument naming both otherwise), a floating-point parameter, and
+// converted to the parameter's dtype on its device (kernels::Cast, like grad.to(p.dtype())).
+Tensor CheckedGrad(const std::string& who, const std::string& label, const Tensor& param,
+                   const Tensor& grad);
+// Checks that the state tensor `state_name` of `param` lives on the parameter's device.
+void CheckStateDevice(const std::string& who, const std::string& label, const Tensor& param,
+                      const char* state_name, const Tensor& state);
 
 }  // namespace internal
 

@@ -1,26 +1,33 @@
-// Element loops shared by the optimizers (internal to engine/optim).
-//
-// Each optimizer update is written as PyTorch's sequence of single-tensor ops; every op's
-// result is rounded to the storage type T, computing in Acc<T> (double for float64, float
-// otherwise), as ATen's CPU kernels do with opmath types.
+// CPU side of the optimizer element loops (internal to engine/optim): the storage type's
+// accumulation type and storage rounding (update_math.h), typed element access, and the
+// dispatch from a parameter's dtype to its C++ storage type. The update formulas themselves
+// live in update_math.h, shared with the CUDA kernels.
 // Thread-safety: stateless.
 #pragma once
 
-#include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include "engine/core/dtype.h"
 #include "engine/core/error.h"
+#include "engine/optim/update_math.h"
 
 namespace fsdp::optim::internal {
 
+// ATen's opmath type of a storage type: double for float64, float otherwise.
 template <typename T>
 using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-// Rounds an Acc<T> value to T and back (the result of one ATen op stored in a T tensor).
+// The update_math.h rounding policy of storage type T.
 template <typename T>
-inline Acc<T> Round(Acc<T> x) {
-  return static_cast<Acc<T>>(static_cast<T>(x));
+auto RoundingFor() {
+  if constexpr (std::is_same_v<T, Half>) {
+    return math::Float16Rounding{};
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    return math::BFloat16Rounding{};
+  } else {
+    return math::ExactRounding<Acc<T>>{};
+  }
 }
 
 template <typename T>
@@ -31,14 +38,6 @@ inline Acc<T> Load(const T* p, int64_t i) {
 template <typename T>
 inline void Store(T* p, int64_t i, Acc<T> x) {
   p[i] = static_cast<T>(x);
-}
-
-// at::native lerp (scalar form): self + w * (end - self) for |w| < 0.5, else
-// end - (end - self) * (1 - w).
-template <typename A>
-inline A Lerp(A self, A end, A weight) {
-  return std::abs(weight) < A(0.5) ? self + weight * (end - self)
-                                   : end - (end - self) * (A(1) - weight);
 }
 
 // Calls fn(T{}) for the floating-point storage type of `dtype`.
