@@ -55,6 +55,23 @@ void CheckOperand(const char* who, const Tensor& param, const Tensor& t, const c
 
 void* DataOrNull(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
+// Calls launch(A{}, config, stream) with the accumulation type A of `param` (double for
+// float64, float otherwise) on its device's current stream, then checks the launch.
+template <typename Launch>
+void LaunchOver(const Tensor& param, const char* what, Launch&& launch) {
+  const int64_t n = param.numel();
+  if (n == 0) return;
+  DeviceGuard guard(param.device());
+  const LaunchConfig c = GridFor(n);
+  cudaStream_t stream = StreamOf(param.device());
+  if (param.dtype() == DType::kFloat64) {
+    launch(double{}, c, stream);
+  } else {
+    launch(float{}, c, stream);
+  }
+  CheckLaunch(what);
+}
+
 }  // namespace
 
 void SgdStep(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer,
@@ -63,21 +80,14 @@ void SgdStep(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf
                        "SgdStep: expected a floating CUDA parameter, got ", param.str());
   CheckOperand("SgdStep", param, grad, "grad");
   if (momentum_buffer.defined()) CheckOperand("SgdStep", param, momentum_buffer, "momentum_buffer");
-  const int64_t n = param.numel();
-  if (n == 0) return;
-  DeviceGuard guard(param.device());
-  const LaunchConfig c = GridFor(n);
-  cudaStream_t stream = StreamOf(param.device());
   const ElemType t = Elem(param.dtype());
+  const int64_t n = param.numel();
   void* buf = DataOrNull(momentum_buffer);
-  if (param.dtype() == DType::kFloat64) {
-    SgdKernel<double><<<c.blocks, c.threads, 0, stream>>>(
-        math::MakeSgdScalars<double>(spec), param.data_ptr(), grad.data_ptr(), buf, t, n);
-  } else {
-    SgdKernel<float><<<c.blocks, c.threads, 0, stream>>>(
-        math::MakeSgdScalars<float>(spec), param.data_ptr(), grad.data_ptr(), buf, t, n);
-  }
-  CheckLaunch("SGD step kernel");
+  LaunchOver(param, "SGD step kernel", [&](auto tag, const LaunchConfig& c, cudaStream_t stream) {
+    using A = decltype(tag);
+    SgdKernel<A><<<c.blocks, c.threads, 0, stream>>>(math::MakeSgdScalars<A>(spec),
+                                                     param.data_ptr(), grad.data_ptr(), buf, t, n);
+  });
 }
 
 void AdamStep(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
@@ -91,23 +101,15 @@ void AdamStep(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
   FSDP_INTERNAL_ASSERT(max_exp_avg_sq.defined() == spec.amsgrad,
                        "AdamStep: max_exp_avg_sq must be given exactly when amsgrad is set");
   if (max_exp_avg_sq.defined()) CheckOperand("AdamStep", param, max_exp_avg_sq, "max_exp_avg_sq");
-  const int64_t n = param.numel();
-  if (n == 0) return;
-  DeviceGuard guard(param.device());
-  const LaunchConfig c = GridFor(n);
-  cudaStream_t stream = StreamOf(param.device());
   const ElemType t = Elem(param.dtype());
+  const int64_t n = param.numel();
   void* vmax = DataOrNull(max_exp_avg_sq);
-  if (param.dtype() == DType::kFloat64) {
-    AdamKernel<double><<<c.blocks, c.threads, 0, stream>>>(
-        math::MakeAdamScalars<double>(spec), param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(),
+  LaunchOver(param, "Adam step kernel", [&](auto tag, const LaunchConfig& c, cudaStream_t stream) {
+    using A = decltype(tag);
+    AdamKernel<A><<<c.blocks, c.threads, 0, stream>>>(
+        math::MakeAdamScalars<A>(spec), param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(),
         exp_avg_sq.data_ptr(), vmax, t, n);
-  } else {
-    AdamKernel<float><<<c.blocks, c.threads, 0, stream>>>(
-        math::MakeAdamScalars<float>(spec), param.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(),
-        exp_avg_sq.data_ptr(), vmax, t, n);
-  }
-  CheckLaunch("Adam step kernel");
+  });
 }
 
 }  // namespace fsdp::optim::cuda

@@ -25,16 +25,9 @@
 namespace fsdp::optim::math {
 namespace {
 
-uint32_t Bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float FromBits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+// The bit views of numerics.h (the ones the device code uses).
+uint32_t Bits(float f) { return ops::kernels::cuda::FloatBits(f); }
+float FromBits(uint32_t u) { return ops::kernels::cuda::BitsFloat(u); }
 
 // Floats that exercise the float16/bfloat16 conversions: a stride over every bit pattern
 // (normals, subnormals, infinities, NaNs of both signs) plus the exact halfway points between
