@@ -1,14 +1,71 @@
 #include "engine/fsdp/comm_context.h"
 
+#include <atomic>
+
 #include "engine/core/error.h"
 #include "engine/fsdp/fsdp_collectives.h"
 
 namespace fsdp::fsdp2 {
 
+// ---- StreamTrace ------------------------------------------------------------------------------
+
+namespace {
+
+thread_local StreamTrace* current_trace = nullptr;
+std::atomic<int64_t> next_event_id{1};
+
+void Trace(StreamOp op) {
+  if (current_trace != nullptr) current_trace->append(std::move(op));
+}
+
+}  // namespace
+
+std::string StreamOp::str() const {
+  switch (kind) {
+    case Kind::kRecord: return stream + ".record(e" + std::to_string(event) + ")";
+    case Kind::kWaitEvent: return stream + ".wait_event(e" + std::to_string(event) + ")";
+    case Kind::kWaitStream: return stream + ".wait_stream(" + other + ")";
+    case Kind::kEnterGuard: return "enter stream(" + stream + ")";
+    case Kind::kExitGuard: return "exit stream(" + stream + ")";
+  }
+  return "?";
+}
+
+std::string StreamTrace::str() const {
+  std::string out;
+  for (const StreamOp& op : ops_) out += op.str() + "\n";
+  return out;
+}
+
+std::string StreamTrace::resolve(const std::string& stream) const {
+  return stream == "current" && !guards_.empty() ? guards_.back() : stream;
+}
+
+void StreamTrace::append(StreamOp op) {
+  if (op.kind == StreamOp::Kind::kExitGuard) {
+    FSDP_INTERNAL_ASSERT(!guards_.empty(), "stream guard exit without an enter");
+    op.stream = guards_.back();  // the name its enter was logged under
+    guards_.pop_back();
+  } else {
+    op.stream = resolve(op.stream);
+    op.other = resolve(op.other);
+    if (op.kind == StreamOp::Kind::kEnterGuard) guards_.push_back(op.stream);
+  }
+  ops_.push_back(std::move(op));
+}
+
+StreamTraceScope::StreamTraceScope(StreamTrace* trace) : previous_(current_trace) {
+  current_trace = trace;
+}
+
+StreamTraceScope::~StreamTraceScope() { current_trace = previous_; }
+
 // ---- CommEvent / CommStream -------------------------------------------------------------------
 
 void CommEvent::record(const CommStream& stream) {
   recorded_ = true;
+  id_ = next_event_id.fetch_add(1);
+  Trace({StreamOp::Kind::kRecord, stream.name(), "", id_});
   if (!stream.is_cuda()) {
     cuda_event_.reset();
     return;
@@ -43,6 +100,7 @@ CudaStreamRef CommStream::ref() const {
 }
 
 void CommStream::wait_stream(const CommStream& other) const {
+  Trace({StreamOp::Kind::kWaitStream, name_, other.name_, 0});
   if (!is_cuda() || !other.is_cuda()) return;
   FSDP_CHECK(device_ == other.device_, "CommStream '", name_, "' on ", device_.str(),
              " cannot wait for stream '", other.name_, "' on ", other.device_.str());
@@ -55,6 +113,7 @@ void CommStream::wait_stream(const CommStream& other) const {
 }
 
 void CommStream::wait_event(const CommEvent& event) const {
+  if (event.recorded()) Trace({StreamOp::Kind::kWaitEvent, name_, "", event.id()});
   if (!is_cuda() || event.cuda_event() == nullptr) return;
   event.cuda_event()->Wait(ref());
 }
@@ -65,9 +124,12 @@ CommEvent CommStream::record_event() const {
   return event;
 }
 
-CommStreamGuard::CommStreamGuard(const CommStream& stream) {
+CommStreamGuard::CommStreamGuard(const CommStream& stream) : name_(stream.name()) {
   if (stream.is_cuda()) guard_.emplace(stream.ref());
+  Trace({StreamOp::Kind::kEnterGuard, name_, "", 0});
 }
+
+CommStreamGuard::~CommStreamGuard() { Trace({StreamOp::Kind::kExitGuard, name_, "", 0}); }
 
 // ---- CommContext ------------------------------------------------------------------------------
 

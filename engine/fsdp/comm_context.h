@@ -38,6 +38,48 @@ struct AllGatherResult;
 
 class CommStream;
 
+// A log of FSDP's stream synchronisation on one rank thread, by stream name: which stream
+// recorded which event, waited on which event or stream, and which stream guards were entered.
+// CommStream, CommEvent and CommStreamGuard append to the trace installed on the calling
+// thread (StreamTraceScope) whether or not their streams are CUDA streams, so the CPU path
+// shows exactly the ordering the CUDA path enforces (tests check FSDP2's event contract with
+// it, and a user debugging a GPU race can print it). A stream named "current" is logged under
+// the name of the innermost guarded stream, which is what it resolves to on a GPU.
+// Thread-safety: one trace per thread; not shared.
+struct StreamOp {
+  enum class Kind { kRecord, kWaitEvent, kWaitStream, kEnterGuard, kExitGuard };
+  Kind kind;
+  std::string stream;  // the stream that records, waits or is guarded
+  std::string other;   // kWaitStream: the producer stream
+  int64_t event = 0;   // kRecord / kWaitEvent: the event's id
+  std::string str() const;  // "all_gather.record(e3)", "current.wait_event(e3)", ...
+};
+
+class StreamTrace {
+ public:
+  const std::vector<StreamOp>& ops() const { return ops_; }
+  std::string str() const;  // one op per line
+  // The name a stream is logged under (resolves "current" through the guard stack).
+  std::string resolve(const std::string& stream) const;
+  void append(StreamOp op);
+
+ private:
+  std::vector<StreamOp> ops_;
+  std::vector<std::string> guards_;
+};
+
+// RAII: installs `trace` for the calling thread (nesting restores the previous one).
+class StreamTraceScope {
+ public:
+  explicit StreamTraceScope(StreamTrace* trace);
+  ~StreamTraceScope();
+  StreamTraceScope(const StreamTraceScope&) = delete;
+  StreamTraceScope& operator=(const StreamTraceScope&) = delete;
+
+ private:
+  StreamTrace* previous_;
+};
+
 // A recorded point in a stream (PyTorch's `stream.record_event()`). On a CUDA stream it holds
 // a CudaEvent recorded there; on a CPU stream it is complete when recorded. Copies share the
 // underlying event (the states below copy it).
@@ -49,11 +91,14 @@ class CommEvent {
   // Blocks the calling thread until the recorded work finished (CPU: returns at once).
   void synchronize() const;
   bool recorded() const { return recorded_; }
+  // A number unique in the process per record (what a StreamTrace calls the event).
+  int64_t id() const { return id_; }
   // The CUDA event, or null when recorded on a CPU stream (or never recorded).
   const CudaEvent* cuda_event() const { return cuda_event_.get(); }
 
  private:
   bool recorded_ = false;
+  int64_t id_ = 0;
   std::shared_ptr<CudaEvent> cuda_event_;
 };
 
@@ -101,11 +146,13 @@ class CommStream {
 class CommStreamGuard {
  public:
   explicit CommStreamGuard(const CommStream& stream);
+  ~CommStreamGuard();
   CommStreamGuard(const CommStreamGuard&) = delete;
   CommStreamGuard& operator=(const CommStreamGuard&) = delete;
 
  private:
   std::optional<CudaStreamGuard> guard_;
+  std::string name_;
 };
 
 // An all-gather result whose buffer must stay alive until `event` (the copy-out) is waited.

@@ -50,10 +50,11 @@ std::shared_ptr<AllGatherResult> foreach_all_gather(
   const int world_size = group->size();
   const int rank = group->rank();
   auto result = std::make_shared<AllGatherResult>();
-  // Copy-in (on the copy-in stream, after the work already issued on the current stream, e.g.
-  // the optimizer step that wrote the sharded parameters): the all-gather inputs (casts, CPU
-  // offload uploads) and their copy into this rank's slice of the output.
-  all_gather_copy_in_stream.wait_stream(CommStream::Current(device));
+  // Copy-in on the copy-in stream: the all-gather inputs (casts, CPU offload uploads) and
+  // their copy into this rank's slice of the output. It does not wait for the current stream,
+  // so that it runs ahead of compute (fsdp-semantics §3.8); what it reads was ordered before it
+  // by events: the optimizer step by the root pre-forward (or set_post_optim_event), the
+  // post-forward-mesh shards by the group's reshard_after_forward_event.
   std::optional<CommStreamGuard> copy_in_guard(std::in_place, all_gather_copy_in_stream);
   std::vector<Tensor> inputs;
   std::set<DType> dtypes;

@@ -155,6 +155,12 @@ void FsdpParamGroup::unshard(bool async_op) {
   if (sharded_state_ == ShardedState::kUnsharded) return;  // no-op
   if (!unshard_in_backward && training_state_ == TrainingState::kPreBackward) return;
   comm_ctx_->lazy_init(device_);
+  if (reshard_after_forward_event_) {
+    // The post-forward-mesh shards were written on the current stream and are read by the
+    // all-gather copy-in (FSDP2's _reshard_after_forward_event).
+    comm_ctx_->wait_all_gather_streams_on_event(*reshard_after_forward_event_);
+    reshard_after_forward_event_.reset();
+  }
   auto [copy_in_stream, all_gather_stream] =
       comm_ctx_->get_all_gather_streams(async_op, training_state_);
   dist::CommPhaseGuard phase(module_fqn(), PhaseOf(training_state_));
@@ -195,6 +201,7 @@ void FsdpParamGroup::reshard() {
     if (!reshard_after_forward()) return;
     if (use_post_forward_mesh()) {
       to_sharded_post_forward();
+      reshard_after_forward_event_ = comm_ctx_->current_stream().record_event();
       return;
     }
   }

@@ -160,6 +160,9 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
   // The last reduction's post-reduce event; the current stream waits on it at
   // finalize_backward (before the optimizer step).
   std::optional<CommEvent> post_reduce_event_;
+  // Recorded on the current stream when the post-forward reshard wrote the post-forward-mesh
+  // shards there; the next unshard's all-gather streams wait for it (they read those shards).
+  std::optional<CommEvent> reshard_after_forward_event_;
 };
 
 // Sets a group's training state for the guard's lifetime (PyTorch's use_training_state).
