@@ -43,8 +43,8 @@ std::string StreamTrace::resolve(const std::string& stream) const {
 
 void StreamTrace::append(StreamOp op) {
   if (op.kind == StreamOp::Kind::kExitGuard) {
-    FSDP_INTERNAL_ASSERT(!guards_.empty(), "stream guard exit without an enter");
-    op.stream = guards_.back();  // the name its enter was logged under
+    if (guards_.empty()) return;  // the guard was entered before this trace was installed
+    op.stream = guards_.back();   // the name its enter was logged under
     guards_.pop_back();
   } else {
     op.stream = resolve(op.stream);
@@ -129,7 +129,12 @@ CommStreamGuard::CommStreamGuard(const CommStream& stream) : name_(stream.name()
   Trace({StreamOp::Kind::kEnterGuard, name_, "", 0});
 }
 
-CommStreamGuard::~CommStreamGuard() { Trace({StreamOp::Kind::kExitGuard, name_, "", 0}); }
+CommStreamGuard::~CommStreamGuard() {
+  try {
+    Trace({StreamOp::Kind::kExitGuard, name_, "", 0});
+  } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory while logging; the guard still ends
+  }
+}
 
 // ---- CommContext ------------------------------------------------------------------------------
 
