@@ -35,33 +35,19 @@ using ops::kernels::cuda::ElemType;
 
 // ---- Host/device scalar helpers -------------------------------------------------------------
 
-FSDP_HOST_DEVICE inline float Sqrt(float x) {
-#ifdef __CUDA_ARCH__
-  return sqrtf(x);  // correctly rounded (nvcc's default -prec-sqrt=true)
-#else
-  return std::sqrt(x);
-#endif
-}
-FSDP_HOST_DEVICE inline double Sqrt(double x) {
+// For A = float or double. On the device CUDA's float/double overloads of sqrt are correctly
+// rounded (nvcc's default -prec-sqrt=true); Abs compares with 0.5 only (lerp's branch).
+template <typename A>
+FSDP_HOST_DEVICE inline A Sqrt(A x) {
 #ifdef __CUDA_ARCH__
   return sqrt(x);
 #else
   return std::sqrt(x);
 #endif
 }
-FSDP_HOST_DEVICE inline float Abs(float x) {
-#ifdef __CUDA_ARCH__
-  return fabsf(x);
-#else
-  return std::abs(x);
-#endif
-}
-FSDP_HOST_DEVICE inline double Abs(double x) {
-#ifdef __CUDA_ARCH__
-  return fabs(x);
-#else
-  return std::abs(x);
-#endif
+template <typename A>
+FSDP_HOST_DEVICE inline A Abs(A x) {
+  return x < A(0) ? -x : x;
 }
 // std::max's semantics (returns `a` unless a < b, so a NaN in `a` is kept), not fmax's.
 template <typename A>
