@@ -12,11 +12,14 @@
 //   Table 2 (step time): the median wall time of the engine's step at world W (the same global
 //     batch split across ranks; the slowest rank's time per step) against the oracle's step
 //     (reference/, double precision, the data-parallel step on the whole global batch, one thread).
+//   Table 3 (all-gather): per FSDP group, the median time of FSDP's whole all-gather path
+//     (unshard: copy-in, all-gather, copy-out; then reshard) against the process group's bare
+//     all_gather_into_tensor of the same bytes, timed in alternation in the same run.
 //
 // Usage: fsdp-bench [--model transformer|mlp_stack[,..]] [--worlds 1,2,4,8 | 1-8] [--n-layers N]
 //        [--dim N] [--n-heads N] [--vocab-size N] [--seq-len N] [--mlp-dim N] [--batch N]
 //        [--iters N] [--warmup N] [--lr X] [--dtype float32|float64] [--seed N]
-//        [--tables memory,time] [--json PATH]
+//        [--tables memory,time,comm] [--json PATH]
 // Output: aligned text tables and --json, both through tools/bench/table.h (bench::Table).
 // Exit status: 0 ok; 1 when a row exceeds the bound or a rank failed; 2 on bad arguments.
 #include <sched.h>
@@ -74,6 +77,7 @@ struct BenchConfig {
   uint64_t seed = 0;
   bool memory_table = true;
   bool time_table = true;
+  bool comm_table = true;
   std::string json_path;
 };
 
@@ -94,7 +98,7 @@ const char* kUsage =
     "                     summed logits of an [8, 32] token batch diverge within 20 steps)\n"
     "  --dtype D          engine parameter dtype float32|float64 (default float32)\n"
     "  --seed N           weights and inputs seed (default 0)\n"
-    "  --tables LIST      memory,time (default both)\n"
+    "  --tables LIST      memory,time,comm (default all three)\n"
     "  --json PATH        also write the results as JSON to PATH\n";
 
 std::vector<std::string> SplitCommas(const std::string& text) {
@@ -190,11 +194,11 @@ BenchConfig ParseArgs(int argc, char** argv) {
       FSDP_CHECK(v.has_value() && *v >= 0, "--seed needs an integer >= 0, got '", value, "'");
       c.seed = static_cast<uint64_t>(*v);
     } else if (flag == "--tables") {
-      c.memory_table = c.time_table = false;
+      c.memory_table = c.time_table = c.comm_table = false;
       for (const std::string& t : SplitCommas(value)) {
-        FSDP_CHECK(t == "memory" || t == "time", "--tables: unknown table '", t,
-                   "' (choose memory, time)");
-        (t == "memory" ? c.memory_table : c.time_table) = true;
+        FSDP_CHECK(t == "memory" || t == "time" || t == "comm", "--tables: unknown table '", t,
+                   "' (choose memory, time, comm)");
+        (t == "memory" ? c.memory_table : t == "time" ? c.time_table : c.comm_table) = true;
       }
     } else if (flag == "--json") {
       c.json_path = value;
@@ -273,6 +277,14 @@ double MsSince(std::chrono::steady_clock::time_point t0) {
 
 // ---- One world -----------------------------------------------------------------------------
 
+// One FSDP group's all-gather path against the bare collective (Table 3).
+struct AllGatherTiming {
+  std::string group;
+  int64_t bytes = 0;  // this rank's all-gather input
+  double fsdp_ms = 0;
+  double bare_ms = 0;
+};
+
 // What one rank reports.
 struct RankReport {
   ParamGradBound bound;
@@ -283,7 +295,48 @@ struct RankReport {
   int64_t allocator_start = 0;  // allocator current bytes when the measured step began
   std::vector<double> step_ms;  // timed steps
   double last_loss = 0;
+  std::vector<AllGatherTiming> all_gathers;
 };
+
+// Per FSDP group of `module` (sharded, idle): the median over --iters of the group's unshard +
+// reshard and of pg.all_gather_into_tensor on buffers of the same per-rank size and dtype,
+// alternating, each after a barrier.
+std::vector<AllGatherTiming> TimeAllGathers(const BenchConfig& c, const nn::ModulePtr& module,
+                                            dist::ProcessGroup& pg) {
+  std::vector<AllGatherTiming> out;
+  for (fsdp2::FsdpParamGroup* group : FsdpGroupsOf(module)) {
+    int64_t numel = 0;
+    DType dtype = c.dtype;
+    for (const auto& p : group->fsdp_params()) {
+      numel += p->sharded_param_data().numel();
+      dtype = p->sharded_param_data().dtype();
+    }
+    const Tensor input = Tensor::zeros({numel}, dtype);
+    const Tensor output = Tensor::zeros({numel * pg.size()}, dtype);
+    std::vector<double> fsdp_ms;
+    std::vector<double> bare_ms;
+    for (int i = 0; i < c.warmup + c.iters; ++i) {
+      pg.barrier();
+      auto t0 = std::chrono::steady_clock::now();
+      group->unshard(/*async_op=*/false);
+      group->wait_for_unshard();
+      group->reshard();
+      const double fsdp = MsSince(t0);
+      pg.barrier();
+      t0 = std::chrono::steady_clock::now();
+      pg.all_gather_into_tensor(output, input);
+      const double bare = MsSince(t0);
+      if (i >= c.warmup) {
+        fsdp_ms.push_back(fsdp);
+        bare_ms.push_back(bare);
+      }
+    }
+    const std::string fqn = group->module_fqn();
+    out.push_back({fqn.empty() ? "(root)" : fqn, numel * static_cast<int64_t>(ElementSize(dtype)),
+                   Median(fsdp_ms), Median(bare_ms)});
+  }
+  return out;
+}
 
 // Rank `env.rank`'s run: build + shard, one priming step (lazy init, first unshard, optimizer
 // state), the memory step with the meter installed (step 1), then warmup + timed steps.
@@ -343,6 +396,7 @@ RankReport RunRank(const BenchConfig& c, const ZooModel& model, const OptimConfi
       if (i >= c.warmup) report.step_ms.push_back(ms);
     }
   }
+  if (c.comm_table) report.all_gathers = TimeAllGathers(c, module, *env.pg);
   return report;
 }
 
@@ -395,6 +449,15 @@ Table TimeTable() {
                 {"engine_over_world1", "vs world 1", "", 3}});
 }
 
+Table AllGatherTable() {
+  return Table({{"world", "world"},
+                {"group", "group", "", 2, true},
+                {"bytes_per_rank", "bytes/rank", "(B)"},
+                {"fsdp_all_gather_ms", "fsdp path", "(ms)", 4},
+                {"bare_all_gather_ms", "bare AG", "(ms)", 4},
+                {"fsdp_over_bare", "fsdp/bare", "", 3}});
+}
+
 int64_t NumParameters(const ZooModel& model) {
   int64_t n = 0;
   for (const reference::TensorSpec& s : model.oracle().ParameterSpecs()) {
@@ -430,6 +493,7 @@ nlohmann::json RunModel(const BenchConfig& c, const std::string& name, bool& exc
 
   Table memory = MemoryTable();
   Table time = TimeTable();
+  Table all_gather = AllGatherTable();
   nlohmann::json groups_json = nlohmann::json::array();
   nlohmann::json breakdown_json = nlohmann::json::array();
   double world1_ms = NAN;
@@ -484,6 +548,17 @@ nlohmann::json RunModel(const BenchConfig& c, const std::string& name, bool& exc
                    engine_ms / oracle_median,
                    std::isnan(world1_ms) ? TableCell{} : TableCell{engine_ms / world1_ms}});
     }
+    for (size_t g = 0; c.comm_table && g < reports[0].all_gathers.size(); ++g) {
+      // The slowest rank's median, for each of the two.
+      double fsdp_ms = 0;
+      double bare_ms = 0;
+      for (const RankReport& rep : reports) {
+        fsdp_ms = std::max(fsdp_ms, rep.all_gathers[g].fsdp_ms);
+        bare_ms = std::max(bare_ms, rep.all_gathers[g].bare_ms);
+      }
+      const AllGatherTiming& t = reports[0].all_gathers[g];
+      all_gather.AddRow({int64_t{world}, t.group, t.bytes, fsdp_ms, bare_ms, fsdp_ms / bare_ms});
+    }
     for (const RankReport& rep : reports) {
       if (!std::isfinite(rep.last_loss)) {
         std::cout << "note: world " << world << " reached a non-finite loss; timings of "
@@ -515,6 +590,14 @@ nlohmann::json RunModel(const BenchConfig& c, const std::string& name, bool& exc
               << time.ToText("  ");
     out["time"] = time.ToJson();
     out["oracle_step_ms_samples"] = oracle_ms;
+  }
+  if (c.comm_table) {
+    std::cout << "\nTable 3 - all-gather per FSDP group: FSDP's path (unshard = copy-in + "
+                 "all-gather + copy-out, then reshard) against the bare all_gather_into_tensor of "
+                 "the same bytes on the same group, median of "
+              << c.iters << " after " << c.warmup << " warmup, slowest rank\n\n"
+              << all_gather.ToText("  ");
+    out["all_gather"] = all_gather.ToJson();
   }
   return out;
 }
