@@ -62,7 +62,7 @@ int CudaDeviceCount();
 
 struct CachingAllocatorStats;  // engine/core/caching_allocator.h
 // The statistics of cuda:index's caching allocator (torch.cuda.memory_stats): all zero without
-// a device or with PYTORCH_NO_CUDA_MEMORY_CACHING=1.
+// a device; with PYTORCH_NO_CUDA_MEMORY_CACHING=1 nothing is cached (no hits).
 CachingAllocatorStats CudaCachingAllocatorStats(int index);
 // Releases every cached free block of every device (torch.cuda.empty_cache).
 void CudaEmptyCache();

@@ -6,7 +6,8 @@
 
 namespace fsdp {
 
-CachingAllocator::CachingAllocator(std::unique_ptr<RawDeviceMemory> raw) : raw_(std::move(raw)) {
+CachingAllocator::CachingAllocator(std::unique_ptr<RawDeviceMemory> raw, bool caching)
+    : raw_(std::move(raw)), caching_(caching) {
   FSDP_CHECK(raw_ != nullptr, "CachingAllocator needs a raw device memory");
 }
 
@@ -48,10 +49,14 @@ void CachingAllocator::Free(void* ptr) {
                   "'s allocator did not hand out or which was already freed");
   const Block block = it->second;
   live_.erase(it);
-  cached_.insert(FreeKey{{block.stream, block.size}, ptr});
   stats_.allocated_bytes -= static_cast<int64_t>(block.size);
-  --stats_.num_live_blocks;
-  ++stats_.num_cached_blocks;
+  if (caching_) {
+    cached_.insert(FreeKey{{block.stream, block.size}, ptr});
+  } else {
+    raw_->Free(ptr);
+    stats_.reserved_bytes -= static_cast<int64_t>(block.size);
+    ++stats_.num_raw_frees;
+  }
 }
 
 void CachingAllocator::EmptyCache() {
@@ -61,7 +66,10 @@ void CachingAllocator::EmptyCache() {
 
 CachingAllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  CachingAllocatorStats out = stats_;
+  out.num_live_blocks = static_cast<int64_t>(live_.size());
+  out.num_cached_blocks = static_cast<int64_t>(cached_.size());
+  return out;
 }
 
 void CachingAllocator::ResetPeakStats() {
@@ -81,7 +89,6 @@ void* CachingAllocator::TakeCached(size_t size, StreamKey stream) {
   void* ptr = it->second;
   cached_.erase(it);
   live_.emplace(ptr, Block{block_size, stream});
-  --stats_.num_cached_blocks;
   ++stats_.num_cache_hits;
   OnLive(block_size);
   return ptr;
@@ -97,14 +104,12 @@ void CachingAllocator::ReleaseCached() {
     stats_.reserved_bytes -= static_cast<int64_t>(key.first.second);
     ++stats_.num_raw_frees;
   }
-  stats_.num_cached_blocks = 0;
   cached_.clear();
 }
 
 void CachingAllocator::OnLive(size_t size) {
   stats_.allocated_bytes += static_cast<int64_t>(size);
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
-  ++stats_.num_live_blocks;
 }
 
 }  // namespace fsdp

@@ -18,6 +18,9 @@
 //   cached free block (of all streams) and tries once more; if that fails too it throws
 //   ResourceExhausted naming the request, the device and the allocated/reserved bytes.
 // - EmptyCache() waits for the device and releases every free block (torch.cuda.empty_cache).
+// - Constructed with caching off (PYTORCH_NO_CUDA_MEMORY_CACHING=1), every Free returns the block
+//   to the raw memory at once (cudaFree waits for the device) and nothing is cached; sizes,
+//   errors and statistics stay the same.
 //
 // Statistics (torch.cuda.memory_stats vocabulary): allocated bytes (rounded sizes of live
 // blocks), reserved bytes (all blocks held from the raw memory), their peaks, and the counts of
@@ -74,7 +77,7 @@ class CachingAllocator {
   using StreamKey = const void*;
   static constexpr size_t kRoundBytes = 512;
 
-  explicit CachingAllocator(std::unique_ptr<RawDeviceMemory> raw);
+  explicit CachingAllocator(std::unique_ptr<RawDeviceMemory> raw, bool caching = true);
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -103,6 +106,7 @@ class CachingAllocator {
   void OnLive(size_t size);                          // mutex held
 
   std::unique_ptr<RawDeviceMemory> raw_;
+  const bool caching_;
   mutable std::mutex mu_;
   std::unordered_map<void*, Block> live_;
   std::set<FreeKey> cached_;

@@ -211,6 +211,25 @@ TEST(CoreCachingAllocator, FreeOfAForeignOrFreedPointerIsAnError) {
   EXPECT_EQ(cache->stats().num_cached_blocks, 1);
 }
 
+TEST(CoreCachingAllocator, CachingOffReturnsEveryFreeToTheRawMemory) {
+  // PYTORCH_NO_CUDA_MEMORY_CACHING=1: the same sizes, errors and statistics, no cache.
+  FakeDeviceMemory::Log log;
+  CachingAllocator cache(std::make_unique<FakeDeviceMemory>(int64_t{1} << 30, &log),
+                         /*caching=*/false);
+  void* p = cache.Allocate(700, A);
+  EXPECT_EQ(log.in_use, 1024);
+  cache.Free(p);
+  EXPECT_EQ(log.in_use, 0);
+  cache.Free(cache.Allocate(700, A));
+  const CachingAllocatorStats s = cache.stats();
+  EXPECT_EQ(s.num_raw_allocs, 2);
+  EXPECT_EQ(s.num_raw_frees, 2);
+  EXPECT_EQ(s.num_cache_hits, 0);
+  EXPECT_EQ(s.reserved_bytes, 0);
+  EXPECT_EQ(s.num_cached_blocks, 0);
+  EXPECT_EQ(s.peak_reserved_bytes, 1024);
+}
+
 TEST(CoreCachingAllocator, ConcurrentRanksNeverShareALiveBlock) {
   FakeDeviceMemory::Log log;
   auto cache = MakeCache(&log);

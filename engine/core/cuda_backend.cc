@@ -68,36 +68,24 @@ bool CachingDisabled() {
 // Device memory through one CachingAllocator per device (engine/core/caching_allocator.h):
 // a block is reused by later allocations on the stream that was current when it was first
 // allocated, without synchronising; FSDP orders cross-stream use with events. With
-// PYTORCH_NO_CUDA_MEMORY_CACHING=1 every allocation is a cudaMalloc and every free a cudaFree.
+// PYTORCH_NO_CUDA_MEMORY_CACHING=1 the allocators cache nothing (every free is a cudaFree).
 // Zero-filling and copies are issued on the calling thread's current stream of the device
 // (engine/core/cuda_stream.h), so they are ordered with the kernels launched there; copies that
 // touch host memory wait for that stream before returning (the host buffer is pageable and the
-// caller reads it next), unless the caller asked for non_blocking on pinned memory. A device-to-device copy between two devices first waits for the
-// source device's current stream.
+// caller reads it next) unless the caller asked for non_blocking on pinned memory. A
+// device-to-device copy between two devices first waits for the source device's current
+// stream.
 // Thread-safety: the CUDA runtime and the caching allocators are thread-safe; the allocators
 // are created once, under a mutex.
 class CudaDeviceBackend final : public DeviceBackend {
  public:
   void* Allocate(size_t nbytes, int index) override {
     CudaCheck(cudaSetDevice(index), "cudaSetDevice");
-    void* p = nullptr;
-    if (CachingAllocator* cache = Cache(index)) {
-      p = cache->Allocate(nbytes, Stream(index));
-    } else {
-      p = CudaRawMemory(index).Malloc(nbytes);
-      FSDP_CHECK_CODE(ErrorCode::kResourceExhausted, p != nullptr, Device::CUDA(index).str(),
-                      " out of memory: tried to allocate ", nbytes, " bytes (caching off)");
-    }
+    void* p = Cache(index).Allocate(nbytes, Stream(index));
     CudaCheck(cudaMemsetAsync(p, 0, nbytes, Stream(index)), "cudaMemsetAsync");
     return p;
   }
-  void Free(void* ptr, size_t /*nbytes*/, int index) override {
-    if (CachingAllocator* cache = Cache(index)) {
-      cache->Free(ptr);
-    } else {
-      CudaRawMemory(index).Free(ptr);
-    }
-  }
+  void Free(void* ptr, size_t /*nbytes*/, int index) override { Cache(index).Free(ptr); }
   void Copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes,
             bool non_blocking) override {
     if (nbytes == 0) return;
@@ -118,21 +106,20 @@ class CudaDeviceBackend final : public DeviceBackend {
     CudaCheck(cudaMemsetAsync(ptr, 0, nbytes, Stream(index)), "cudaMemsetAsync");
   }
 
-  // The caching allocator of device `index`, or nullptr when caching is disabled.
-  CachingAllocator* Cache(int index) {
-    if (caching_disabled_) return nullptr;
+  // The allocator of device `index` (created on first use).
+  CachingAllocator& Cache(int index) {
     std::lock_guard<std::mutex> lock(mu_);
     std::unique_ptr<CachingAllocator>& cache = caches_[index];
     if (cache == nullptr) {
-      cache = std::make_unique<CachingAllocator>(std::make_unique<CudaRawMemory>(index));
+      cache = std::make_unique<CachingAllocator>(std::make_unique<CudaRawMemory>(index),
+                                                 /*caching=*/!CachingDisabled());
     }
-    return cache.get();
+    return *cache;
   }
 
  private:
   static cudaStream_t Stream(int index) { return CurrentCudaStream(Device::CUDA(index)).handle; }
 
-  const bool caching_disabled_ = CachingDisabled();
   std::mutex mu_;
   std::map<int, std::unique_ptr<CachingAllocator>> caches_;
 };
@@ -158,8 +145,7 @@ DeviceBackend* CudaDeviceBackendOrNull() { return CudaDeviceCount() > 0 ? &Backe
 
 CachingAllocatorStats CudaCachingAllocatorStats(int index) {
   if (CudaDeviceCount() == 0) return {};
-  CachingAllocator* cache = Backend().Cache(index);
-  return cache != nullptr ? cache->stats() : CachingAllocatorStats{};
+  return Backend().Cache(index).stats();
 }
 
 void* AllocatePinnedHost(size_t nbytes) {
@@ -179,7 +165,7 @@ void FreePinnedHost(void* ptr) { cudaFreeHost(ptr); }
 
 void CudaEmptyCache() {
   for (int i = 0, n = CudaDeviceCount(); i < n; ++i) {
-    if (CachingAllocator* cache = Backend().Cache(i)) cache->EmptyCache();
+    Backend().Cache(i).EmptyCache();
   }
 }
 

@@ -1,6 +1,7 @@
 #include "engine/fsdp/comm_context.h"
 
 #include <atomic>
+#include <string_view>
 
 #include "engine/core/error.h"
 #include "engine/fsdp/fsdp_collectives.h"
@@ -14,8 +15,12 @@ namespace {
 thread_local StreamTrace* current_trace = nullptr;
 std::atomic<int64_t> next_event_id{1};
 
-void Trace(StreamOp op) {
-  if (current_trace != nullptr) current_trace->append(std::move(op));
+// Appends to the calling thread's trace; without one nothing is built (a hot path).
+void Trace(StreamOp::Kind kind, std::string_view stream, std::string_view other = {},
+           int64_t event = 0) {
+  if (current_trace != nullptr) {
+    current_trace->append({kind, std::string(stream), std::string(other), event});
+  }
 }
 
 }  // namespace
@@ -65,7 +70,7 @@ StreamTraceScope::~StreamTraceScope() { current_trace = previous_; }
 void CommEvent::record(const CommStream& stream) {
   recorded_ = true;
   id_ = next_event_id.fetch_add(1);
-  Trace({StreamOp::Kind::kRecord, stream.name(), "", id_});
+  Trace(StreamOp::Kind::kRecord, stream.name(), "", id_);
   if (!stream.is_cuda()) {
     cuda_event_.reset();
     return;
@@ -100,7 +105,7 @@ CudaStreamRef CommStream::ref() const {
 }
 
 void CommStream::wait_stream(const CommStream& other) const {
-  Trace({StreamOp::Kind::kWaitStream, name_, other.name_, 0});
+  Trace(StreamOp::Kind::kWaitStream, name_, other.name_);
   if (!is_cuda() || !other.is_cuda()) return;
   FSDP_CHECK(device_ == other.device_, "CommStream '", name_, "' on ", device_.str(),
              " cannot wait for stream '", other.name_, "' on ", other.device_.str());
@@ -113,7 +118,7 @@ void CommStream::wait_stream(const CommStream& other) const {
 }
 
 void CommStream::wait_event(const CommEvent& event) const {
-  if (event.recorded()) Trace({StreamOp::Kind::kWaitEvent, name_, "", event.id()});
+  if (event.recorded()) Trace(StreamOp::Kind::kWaitEvent, name_, "", event.id());
   if (!is_cuda() || event.cuda_event() == nullptr) return;
   event.cuda_event()->Wait(ref());
 }
@@ -124,14 +129,18 @@ CommEvent CommStream::record_event() const {
   return event;
 }
 
-CommStreamGuard::CommStreamGuard(const CommStream& stream) : name_(stream.name()) {
+CommStreamGuard::CommStreamGuard(const CommStream& stream) {
   if (stream.is_cuda()) guard_.emplace(stream.ref());
-  Trace({StreamOp::Kind::kEnterGuard, name_, "", 0});
+  if (current_trace != nullptr) {
+    traced_name_ = stream.name();
+    Trace(StreamOp::Kind::kEnterGuard, *traced_name_);
+  }
 }
 
 CommStreamGuard::~CommStreamGuard() {
+  if (!traced_name_) return;
   try {
-    Trace({StreamOp::Kind::kExitGuard, name_, "", 0});
+    Trace(StreamOp::Kind::kExitGuard, *traced_name_);
   } catch (...) {  // NOLINT(bugprone-empty-catch): out of memory while logging; the guard still ends
   }
 }

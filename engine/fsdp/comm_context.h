@@ -59,11 +59,12 @@ class StreamTrace {
  public:
   const std::vector<StreamOp>& ops() const { return ops_; }
   std::string str() const;  // one op per line
-  // The name a stream is logged under (resolves "current" through the guard stack).
-  std::string resolve(const std::string& stream) const;
   void append(StreamOp op);
 
  private:
+  // The name a stream is logged under (resolves "current" through the guard stack).
+  std::string resolve(const std::string& stream) const;
+
   std::vector<StreamOp> ops_;
   std::vector<std::string> guards_;
 };
@@ -152,7 +153,7 @@ class CommStreamGuard {
 
  private:
   std::optional<CudaStreamGuard> guard_;
-  std::string name_;
+  std::optional<std::string> traced_name_;  // set when the enter went to a StreamTrace
 };
 
 // An all-gather result whose buffer must stay alive until `event` (the copy-out) is waited.

@@ -152,7 +152,6 @@ class FsdpParam {
   // Blocks the host until the non-blocking gradient offload finished (finalize_backward: the
   // CPU optimizer reads the gradient next). A no-op when none is pending.
   void wait_for_grad_offload();
-  bool grad_offload_pending() const { return grad_offload_event_.has_value(); }
 
  private:
   // Sets `tensor` into every registered location of this parameter.

@@ -132,8 +132,7 @@ void FsdpState::root_pre_forward() {
   // The all-gather streams wait for the optimizer step before prefetching: for the user's
   // post-optimizer event when one was set (once), else for everything on the current stream.
   if (std::optional<CommEvent>& event = state_ctx_->post_optim_event; event.has_value()) {
-    comm_ctx_->all_gather_copy_in_stream().wait_event(*event);
-    comm_ctx_->all_gather_stream().wait_event(*event);
+    comm_ctx_->wait_all_gather_streams_on_event(*event);
     event.reset();
     return;
   }
