@@ -28,11 +28,13 @@ test: build
 conform: build
 	$(BUILD_DIR)/tools/fsdp-conform run '$(SCENARIOS)' --backend threaded
 
-# The threaded process group and collectives under ThreadSanitizer.
+# The threaded process group and collectives (fakes_tests) and FSDP's multi-rank tests on them
+# (fsdp_tests, engine/fsdp/*_test.cc) under ThreadSanitizer.
 tsan: setup
 	cmake --preset tsan >/dev/null
-	cmake --build --preset tsan -j $(JOBS) --target fakes_tests
+	cmake --build --preset tsan -j $(JOBS) --target fakes_tests fsdp_tests
 	build/tsan/fakes/fakes_tests
+	build/tsan/engine/fsdp_tests
 
 # clang-tidy + cppcheck over the CUDA-path host code (no GPU needed).
 lint: build

@@ -2,7 +2,9 @@
 #
 # fsdp_sources(OUT_SRCS OUT_TESTS DIR): every *.cc under DIR (recursively); files ending in
 # _test.cc go to OUT_TESTS, the rest to OUT_SRCS. Files under a `gloo/`, `nccl/` or `cuda/`
-# folder and *_cuda.cc files are left out; backend folders add them explicitly.
+# folder and *_cuda.cc files are left out; backend folders add them explicitly. Non-test files
+# under a `testing/` folder (test-only helpers, e.g. engine/testing -> fsdp_testing) are left
+# out of OUT_SRCS too: the folder's CMakeLists builds them into a testing library of their own.
 function(fsdp_sources out_srcs out_tests dir)
   file(GLOB_RECURSE all CONFIGURE_DEPENDS ${dir}/*.cc)
   set(srcs)
@@ -14,6 +16,8 @@ function(fsdp_sources out_srcs out_tests dir)
     endif()
     if(f MATCHES "_test\\.cc$")
       list(APPEND tests ${f})
+    elseif(rel MATCHES "(^|/)testing/")
+      continue()
     else()
       list(APPEND srcs ${f})
     endif()

@@ -2,11 +2,13 @@
 
 #include <memory>
 
+#include "fakes/threaded_backend.h"
+
 namespace fsdp::conformance {
 
 void RegisterDefaults(Catalog& catalog) {
   RegisterAllScenarios(catalog.scenarios);
-  RegisterDefaultBackends(catalog.backends);
+  catalog.backends = fakes::DefaultBackends();
   catalog.subjects.Add(kEngineSubject, [] { return std::make_shared<EngineSubject>(); });
 }
 

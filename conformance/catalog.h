@@ -6,19 +6,19 @@
 // Ownership: owns its registries. Thread-safety: fill first; then read-only and shareable.
 #pragma once
 
-#include "conformance/backend.h"
 #include "conformance/scenario_registry.h"
 #include "conformance/subject.h"
+#include "engine/distributed/backend_registry.h"
 
 namespace fsdp::conformance {
 
 struct Catalog {
   ScenarioRegistry scenarios;
-  BackendRegistry backends;
+  distributed::BackendRegistry backends;
   SubjectRegistry subjects;
 };
 
-// Every scenario family, the default backends with the factories this build has, and the
+// Every scenario family, fakes::DefaultBackends() (threaded, gloo, nccl), and the
 // "engine" subject.
 void RegisterDefaults(Catalog& catalog);
 

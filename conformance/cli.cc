@@ -120,7 +120,17 @@ nlohmann::json ParamJson(const ParamSpec& p) {
            p.kind == ParamKind::kAxis ? nlohmann::json("all") : nlohmann::json(p.default_value())}};
 }
 
-nlohmann::json ScenarioJson(const Scenario& s) {
+// The backends of `backends` whose capabilities meet the scenario's requirements.
+std::vector<std::string> BackendsFor(const ScenarioInfo& i,
+                                     const distributed::BackendRegistry& backends) {
+  std::vector<std::string> out;
+  for (const auto& name : backends.Names()) {
+    if (!i.requirements.UnmetBy(backends.Get(name))) out.push_back(name);
+  }
+  return out;
+}
+
+nlohmann::json ScenarioJson(const Scenario& s, const distributed::BackendRegistry& backends) {
   const ScenarioInfo& i = s.info;
   nlohmann::json params = nlohmann::json::array();
   for (const auto& p : i.params) params.push_back(ParamJson(p));
@@ -131,8 +141,23 @@ nlohmann::json ScenarioJson(const Scenario& s) {
           {"default_world", i.default_world},
           {"min_world", i.min_world},
           {"max_world", i.max_world},
-          {"backends", i.backends},
-          {"requires_gpu", i.requires_gpu},
+          {"backends", BackendsFor(i, backends)},
+          {"requirements", {{"in_process", i.requirements.in_process},
+                        {"devices", [&] {
+                           std::vector<std::string> d;
+                           for (DeviceType t : i.requirements.devices) {
+                             d.push_back(t == DeviceType::kCPU ? "cpu" : "cuda");
+                           }
+                           return d;
+                         }()},
+                        {"collectives", [&] {
+                           std::vector<std::string> c;
+                           for (auto op : i.requirements.collectives) {
+                             c.push_back(distributed::CollectiveOpName(op));
+                           }
+                           return c;
+                         }()}}},
+          {"requires_gpu", i.requirements.requires_gpu()},
           {"params", params}};
 }
 
@@ -151,15 +176,21 @@ int List(const std::vector<std::string>& args, const Catalog& catalog, std::ostr
   if (flags.Has("--json")) {
     nlohmann::json doc;
     doc["scenarios"] = nlohmann::json::array();
-    for (const Scenario* s : scenarios) doc["scenarios"].push_back(ScenarioJson(*s));
+    for (const Scenario* s : scenarios) doc["scenarios"].push_back(ScenarioJson(*s, catalog.backends));
     doc["backends"] = nlohmann::json::array();
     for (const auto& name : catalog.backends.Names()) {
-      const Backend& b = catalog.backends.Get(name);
+      const distributed::BackendSpec& b = catalog.backends.Get(name);
       auto why = catalog.backends.Unavailable(name);
+      std::vector<std::string> collectives;
+      for (auto op : b.capabilities.collectives) {
+        collectives.push_back(distributed::CollectiveOpName(op));
+      }
       nlohmann::json bj = {{"name", name},
                            {"description", b.description},
-                           {"mode", LaunchModeName(b.mode)},
-                           {"requires_gpu", b.requires_gpu},
+                           {"mode", distributed::RankPlacementName(b.capabilities.ranks)},
+                           {"device", b.capabilities.device == DeviceType::kCPU ? "cpu" : "cuda"},
+                           {"collectives", collectives},
+                           {"requires_gpu", b.capabilities.device == DeviceType::kCUDA},
                            {"available", !why.has_value()}};
       if (why) bj["unavailable_reason"] = *why;
       doc["backends"].push_back(bj);
@@ -177,8 +208,9 @@ int List(const std::vector<std::string>& args, const Catalog& catalog, std::ostr
     out << "    " << i.description << "\n";
     out << "    seed: " << i.seed_test << "\n";
     out << "    world " << i.default_world << " (range " << i.min_world << ".." << i.max_world
-        << "), backends " << Join(i.backends, ",") << (i.requires_gpu ? ", needs a GPU" : "")
-        << "\n";
+        << "), requires " << i.requirements.str() << ", backends "
+        << Join(BackendsFor(i, catalog.backends), ",")
+        << (i.requirements.requires_gpu() ? ", needs a GPU" : "") << "\n";
     size_t width = 0;
     for (const auto& p : i.params) width = std::max(width, p.name.size());
     for (const auto& p : i.params) {
@@ -190,9 +222,9 @@ int List(const std::vector<std::string>& args, const Catalog& catalog, std::ostr
   }
   out << scenarios.size() << " scenario(s)\n\nbackends:\n";
   for (const auto& name : catalog.backends.Names()) {
-    const Backend& b = catalog.backends.Get(name);
+    const distributed::BackendSpec& b = catalog.backends.Get(name);
     auto why = catalog.backends.Unavailable(name);
-    out << "  " << name << " (" << LaunchModeName(b.mode) << "): " << b.description << "; "
+    out << "  " << name << " (" << b.capabilities.str() << "): " << b.description << "; "
         << (why ? "unavailable: " + *why : std::string("available")) << "\n";
   }
   std::vector<std::string> subjects = catalog.subjects.Names();

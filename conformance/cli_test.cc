@@ -54,12 +54,12 @@ TEST(Cli, ListShowsScenariosParametersAndBackends) {
   EXPECT_EQ(r.code, kExitOk);
   EXPECT_THAT(r.out, HasSubstr("toy/sum\n"));
   EXPECT_THAT(r.out, HasSubstr("seed: toy_test.py::TestToy::test_sum"));
-  EXPECT_THAT(r.out, HasSubstr("world 4 (range 1..8), backends threaded,gloo,nccl,toyproc"));
+  EXPECT_THAT(r.out, HasSubstr("world 4 (range 1..8), requires any backend, backends gloo,nccl,threaded,toyproc"));
   EXPECT_THAT(r.out, HasSubstr("--param mode   axis  plain|doubled (all unless fixed)"));
   EXPECT_THAT(r.out, HasSubstr("--param scale  size  int, default 3"));
   EXPECT_THAT(r.out, HasSubstr("4 scenario(s)"));
-  EXPECT_THAT(r.out, HasSubstr("gloo (processes):"));
-  EXPECT_THAT(r.out, HasSubstr("threaded (threads):"));
+  EXPECT_THAT(r.out, HasSubstr("gloo (processes, cpu):"));
+  EXPECT_THAT(r.out, HasSubstr("threaded (threads, cpu):"));
   // Unavailable here either way: no NCCL in the build, or no CUDA device visible.
   EXPECT_THAT(r.out, ::testing::AnyOf(HasSubstr("unavailable: backend nccl has no process-group factory"),
                                       HasSubstr("unavailable: backend nccl: no CUDA device visible")));
@@ -81,7 +81,7 @@ TEST(Cli, ListJson) {
   EXPECT_EQ(sum["min_world"], 1);
   EXPECT_EQ(sum["max_world"], 8);
   EXPECT_EQ(sum["requires_gpu"], false);
-  EXPECT_EQ(sum["backends"], nlohmann::json::array({"threaded", "gloo", "nccl", "toyproc"}));
+  EXPECT_EQ(sum["backends"], nlohmann::json::array({"gloo", "nccl", "threaded", "toyproc"}));
   EXPECT_EQ(sum["params"][0], (nlohmann::json{{"name", "mode"},
                                               {"description", "plain or doubled contribution"},
                                               {"kind", "axis"},

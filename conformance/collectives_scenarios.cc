@@ -1,4 +1,4 @@
-// Family `collectives`: every collective of dist::ProcessGroup on its own, on any backend,
+// Family `collectives`: every collective of distributed::ProcessGroup on its own, on any backend,
 // with c10d's semantics (mirroring torch.distributed's own tests of the collectives:
 // test_multi_threaded_pg.py, test_c10d_nccl.py, distributed_test.py):
 //   all_gather_into_tensor   _allgather_base_       dtype x in_place x async_op
@@ -23,20 +23,22 @@
 //     base(i) * sum of factors, while a backend that used one rank's factor for all would be
 //     off.
 // AVG and PREMUL_SUM on int64 are rejected by our ProcessGroup front with InvalidArgument
-// before any communication (dist::ReduceOpSupports: they need a floating-point dtype); those
+// before any communication (distributed::ReduceOpSupports: they need a floating-point dtype); those
 // cases assert that error on every rank instead of a result, and that the group still works.
 #include <algorithm>
 #include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "conformance/observations.h"
+#include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "engine/core/error.h"
-#include "engine/dist/process_group.h"
+#include "engine/distributed/process_group.h"
 
 namespace fsdp::conformance {
 
@@ -76,46 +78,46 @@ std::vector<double> ReduceValues(int rank, int world, int64_t begin, int64_t cou
   return v;
 }
 
-dist::ReduceOp ParseReduceOp(const std::string& name) {
-  if (name == "sum") return dist::ReduceOp::kSum;
-  if (name == "avg") return dist::ReduceOp::kAvg;
-  if (name == "min") return dist::ReduceOp::kMin;
-  if (name == "max") return dist::ReduceOp::kMax;
-  if (name == "premul_sum") return dist::ReduceOp::kPremulSum;
+distributed::ReduceOp ParseReduceOp(const std::string& name) {
+  if (name == "sum") return distributed::ReduceOp::kSum;
+  if (name == "avg") return distributed::ReduceOp::kAvg;
+  if (name == "min") return distributed::ReduceOp::kMin;
+  if (name == "max") return distributed::ReduceOp::kMax;
+  if (name == "premul_sum") return distributed::ReduceOp::kPremulSum;
   FSDP_THROW(ErrorCode::kInvalidArgument, "unknown reduce op '", name,
              "'; ops: sum, avg, min, max, premul_sum");
 }
 
-dist::ReduceOptions ReduceOptionsFor(dist::ReduceOp op, int rank, int world) {
-  return {op, op == dist::ReduceOp::kPremulSum ? PremulFactor(rank, world) : 1.0};
+distributed::ReduceOptions ReduceOptionsFor(distributed::ReduceOp op, int rank, int world) {
+  return {op, op == distributed::ReduceOp::kPremulSum ? PremulFactor(rank, world) : 1.0};
 }
 
 // Element `index` of the reduction of every rank's input, in exact double arithmetic.
-double ExpectedReduced(dist::ReduceOp op, int64_t index, int world) {
+double ExpectedReduced(distributed::ReduceOp op, int64_t index, int world) {
   double acc = ReduceValue(0, index, world) *
-               (op == dist::ReduceOp::kPremulSum ? PremulFactor(0, world) : 1.0);
+               (op == distributed::ReduceOp::kPremulSum ? PremulFactor(0, world) : 1.0);
   for (int r = 1; r < world; ++r) {
     const double v = ReduceValue(r, index, world);
     switch (op) {
-      case dist::ReduceOp::kSum:
-      case dist::ReduceOp::kAvg:
+      case distributed::ReduceOp::kSum:
+      case distributed::ReduceOp::kAvg:
         acc += v;
         break;
-      case dist::ReduceOp::kPremulSum:
+      case distributed::ReduceOp::kPremulSum:
         acc += v * PremulFactor(r, world);
         break;
-      case dist::ReduceOp::kMin:
+      case distributed::ReduceOp::kMin:
         acc = std::min(acc, v);
         break;
-      case dist::ReduceOp::kMax:
+      case distributed::ReduceOp::kMax:
         acc = std::max(acc, v);
         break;
     }
   }
-  return op == dist::ReduceOp::kAvg ? acc / world : acc;
+  return op == distributed::ReduceOp::kAvg ? acc / world : acc;
 }
 
-std::vector<double> ExpectedReducedRange(dist::ReduceOp op, int world, int64_t begin,
+std::vector<double> ExpectedReducedRange(distributed::ReduceOp op, int world, int64_t begin,
                                          int64_t count) {
   std::vector<double> v(static_cast<size_t>(count));
   for (int64_t i = 0; i < count; ++i) v[i] = ExpectedReduced(op, begin + i, world);
@@ -123,7 +125,7 @@ std::vector<double> ExpectedReducedRange(dist::ReduceOp op, int world, int64_t b
 }
 
 // True when our ProcessGroup rejects `op` on `dtype` (AVG and PREMUL_SUM need floating point).
-bool Unsupported(dist::ReduceOp op, DType dtype) { return !dist::ReduceOpSupports(op, dtype); }
+bool Unsupported(distributed::ReduceOp op, DType dtype) { return !distributed::ReduceOpSupports(op, dtype); }
 
 // ---- Parameters -----------------------------------------------------------------------------
 
@@ -163,7 +165,6 @@ ScenarioInfo CollectiveInfo(const std::string& name, const std::string& descript
   info.default_world = 4;
   info.min_world = 1;
   info.max_world = 128;
-  info.backends = {kBackendThreaded, kBackendGloo, kBackendNccl};
   info.test_runs = CollectiveTestRuns();
   return info;
 }
@@ -175,7 +176,7 @@ Tensor MakeTensor(const std::vector<double>& values, DType dtype, const Device& 
 }
 
 // Waits on the Work of an async_op call; describes the Work as the rank saw it afterwards.
-nlohmann::json FinishWork(const std::shared_ptr<dist::Work>& work, bool async_op) {
+nlohmann::json FinishWork(const std::shared_ptr<distributed::Work>& work, bool async_op) {
   if (async_op) {
     FSDP_CHECK_CODE(ErrorCode::kInternal, work != nullptr,
                     "an async_op=True collective returned no Work");
@@ -196,7 +197,7 @@ nlohmann::json ErrorJson(const Error& e) {
 // call consumed no sequence number), so every rank meets in a barrier. This also keeps a rank
 // from exiting before its peers finished connecting on process backends (see the gloo note
 // in docs/scenarios.md).
-nlohmann::json RejectedObservations(const Error& e, dist::ProcessGroup& group) {
+nlohmann::json RejectedObservations(const Error& e, distributed::ProcessGroup& group) {
   nlohmann::json obs;
   obs["error"] = ErrorJson(e);
   group.barrier();
@@ -206,12 +207,10 @@ nlohmann::json RejectedObservations(const Error& e, dist::ProcessGroup& group) {
 
 // ---- Judge side -----------------------------------------------------------------------------
 
-std::string Who(int rank) { return "rank " + std::to_string(rank); }
-
 void CheckWork(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
                bool async_op) {
   const nlohmann::json& w = RankObservation(per_rank, rank, "work");
-  const std::string name = Who(rank) + (async_op ? " Work after wait()" : " Work of the call");
+  const std::string name = RankName(rank) + (async_op ? " Work after wait()" : " Work of the call");
   checks.CheckEqual(name + " completed and succeeded", nlohmann::json({true, true}),
                     nlohmann::json({w.at("completed"), w.at("success")}));
 }
@@ -220,7 +219,7 @@ void CheckWork(CheckList& checks, const std::vector<nlohmann::json>& per_rank, i
 void CheckTensorObs(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
                     const std::string& name, const std::string& dtype,
                     const std::vector<double>& expected) {
-  const std::string who = Who(rank) + " " + name;
+  const std::string who = RankName(rank) + " " + name;
   const nlohmann::json& tensors = RankObservation(per_rank, rank, kTensors);
   FSDP_CHECK_CODE(ErrorCode::kDataLoss, tensors.contains(name), who, ": tensors has no entry '",
                   name, "'");
@@ -233,23 +232,20 @@ void CheckTensorObs(CheckList& checks, const std::vector<nlohmann::json>& per_ra
 // Every rank reported the front's InvalidArgument for `op` on `dtype`, then met the others in a
 // barrier.
 void CheckRejected(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int world,
-                   dist::ReduceOp op, const std::string& dtype) {
+                   distributed::ReduceOp op, const std::string& dtype) {
   for (int r = 0; r < world; ++r) {
-    const nlohmann::json& error = RankObservation(per_rank, r, "error");
-    if (error.is_null()) {
-      checks.Fail(Who(r) + " rejects " + dist::ReduceOpName(op) + " on " + dtype,
-                  "the call succeeded; expected InvalidArgument");
-      continue;
-    }
-    checks.CheckEqual(Who(r) + " error code", "InvalidArgument", error.at("code"));
-    const std::string message = error.at("message").get<std::string>();
-    const bool names_both = message.find(dist::ReduceOpName(op)) != std::string::npos &&
-                            message.find(dtype) != std::string::npos;
-    checks.CheckTrue(Who(r) + " error names the op and the dtype", names_both, message);
-    checks.CheckEqual(Who(r) + " group usable after the rejection (barrier)", true,
-                      RankObservation(per_rank, r, "barrier_after_rejection"));
+    const std::optional<std::string> message = CheckRankError(
+        checks, per_rank, r, "InvalidArgument",
+        std::string("rejects ") + distributed::ReduceOpName(op) + " on " + dtype,
+        "the call succeeded; expected InvalidArgument");
+    if (!message) continue;
+    const bool names_both = message->find(distributed::ReduceOpName(op)) != std::string::npos &&
+                            message->find(dtype) != std::string::npos;
+    checks.CheckTrue(RankName(r) + " error names the op and the dtype", names_both, *message);
+    CheckRankEqual(checks, per_rank, r,
+                   {"barrier_after_rejection", "group usable after the rejection (barrier)", true});
   }
-  checks.SetFigure("rejected", std::string(dist::ReduceOpName(op)) + "/" + dtype);
+  checks.SetFigure("rejected", std::string(distributed::ReduceOpName(op)) + "/" + dtype);
 }
 
 // ---- Scenarios ------------------------------------------------------------------------------
@@ -316,7 +312,7 @@ Scenario ReduceScatterTensor() {
        CountSize("output elements per rank (the input has world * count)", 7)});
   s.run_rank = [](RankEnv& env) {
     const DType dtype = ParseDType(env.params.GetString("dtype"));
-    const dist::ReduceOp op = ParseReduceOp(env.params.GetString("op"));
+    const distributed::ReduceOp op = ParseReduceOp(env.params.GetString("op"));
     const bool in_place = env.params.GetBool("in_place");
     const bool async_op = env.params.GetBool("async_op");
     const int64_t count = env.params.GetInt("count");
@@ -341,7 +337,7 @@ Scenario ReduceScatterTensor() {
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
     const std::string dtype = p.GetString("dtype");
-    const dist::ReduceOp op = ParseReduceOp(p.GetString("op"));
+    const distributed::ReduceOp op = ParseReduceOp(p.GetString("op"));
     const int64_t count = p.GetInt("count");
     if (Unsupported(op, ParseDType(dtype)))
       return CheckRejected(checks, per_rank, world, op, dtype);
@@ -369,7 +365,7 @@ Scenario AllReduce() {
        CountSize("elements (need not divide by the world)", 7)});
   s.run_rank = [](RankEnv& env) {
     const DType dtype = ParseDType(env.params.GetString("dtype"));
-    const dist::ReduceOp op = ParseReduceOp(env.params.GetString("op"));
+    const distributed::ReduceOp op = ParseReduceOp(env.params.GetString("op"));
     const bool async_op = env.params.GetBool("async_op");
     const int64_t count = env.params.GetInt("count");
     Tensor tensor = MakeTensor(ReduceValues(env.rank, env.world, 0, count), dtype, env.device);
@@ -389,7 +385,7 @@ Scenario AllReduce() {
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
     const std::string dtype = p.GetString("dtype");
-    const dist::ReduceOp op = ParseReduceOp(p.GetString("op"));
+    const distributed::ReduceOp op = ParseReduceOp(p.GetString("op"));
     const int64_t count = p.GetInt("count");
     if (Unsupported(op, ParseDType(dtype)))
       return CheckRejected(checks, per_rank, world, op, dtype);
@@ -512,8 +508,8 @@ Scenario AllGather() {
     }
     for (int r = 0; r < world; ++r) {
       CheckWork(checks, per_rank, r, p.GetBool("async_op"));
-      checks.CheckEqual(Who(r) + " numels of outputs[0..world)", numels,
-                        RankObservation(per_rank, r, "output_numels"));
+      CheckRankEqual(checks, per_rank, r,
+                     {"output_numels", "numels of outputs[0..world)", numels});
       CheckTensorObs(checks, per_rank, r, "outputs", dtype, expected);
       if (!p.GetBool("in_place")) {
         CheckTensorObs(checks, per_rank, r, "input", dtype, GatherValues(r, ListCount(p, r)));
@@ -567,18 +563,19 @@ Scenario Barrier() {
       for (int r = 0; r < world; ++r) {
         const auto& enter = RankObservation(per_rank, r, "enter_ns");
         FSDP_CHECK_CODE(ErrorCode::kDataLoss, enter.is_array() && enter.size() == size_t(rounds),
-                        Who(r), ": enter_ns must hold ", rounds, " times");
+                        RankName(r), ": enter_ns must hold ", rounds, " times");
         const int64_t e = enter.at(k).get<int64_t>();
         if (r == 0 || e > last_enter) last_enter = e, last_rank = r;
       }
       for (int r = 0; r < world; ++r) {
         const auto& leave = RankObservation(per_rank, r, "leave_ns");
         FSDP_CHECK_CODE(ErrorCode::kDataLoss, leave.is_array() && leave.size() == size_t(rounds),
-                        Who(r), ": leave_ns must hold ", rounds, " times");
+                        RankName(r), ": leave_ns must hold ", rounds, " times");
         const int64_t l = leave.at(k).get<int64_t>();
         const double margin_ms = static_cast<double>(l - last_enter) / 1e6;
         checks.CheckTrue(
-            "round " + std::to_string(k) + " " + Who(r) + " leaves after the last rank entered",
+            "round " + std::to_string(k) + " " + RankName(r) +
+                " leaves after the last rank entered",
             l >= last_enter,
             "left " + std::to_string(margin_ms) + " ms after rank " + std::to_string(last_rank) +
                 " entered");

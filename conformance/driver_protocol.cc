@@ -12,6 +12,7 @@
 #include "conformance/threaded_launcher.h"
 #include "engine/core/error.h"
 #include "engine/core/rank_context.h"
+#include "engine/distributed/store/file_store.h"
 
 namespace fsdp::conformance {
 
@@ -214,7 +215,7 @@ int RunWorker(const std::vector<std::string>& args, const Catalog& catalog, std:
                "driver protocol: every parameter of ", scenario.info.name,
                " must be given with --param (got ", request.params.size(), " of ",
                scenario.info.params.size(), ")");
-    const Backend& backend = catalog.backends.Get(request.backend);
+    const distributed::BackendSpec& backend = catalog.backends.Get(request.backend);
     const std::string subject_name =
         request.subject.empty() ? std::string(kEngineSubject) : request.subject;
     std::shared_ptr<Subject> subject = catalog.subjects.Create(subject_name);
@@ -230,11 +231,12 @@ int RunWorker(const std::vector<std::string>& args, const Catalog& catalog, std:
     env.backend = backend.name;
     env.device = device;
     if (backend.process_group) {
-      ProcessGroupSpec spec;
+      distributed::ProcessGroupSpec spec;
       spec.rank = request.rank;
       spec.world = request.world;
-      spec.store_dir = request.store_dir;
+      spec.local_rank = request.rank;  // every rank of a case runs on this host
       spec.timeout = std::chrono::milliseconds(static_cast<int64_t>(request.timeout_s * 1000));
+      spec.store = std::make_shared<distributed::FileStore>(request.store_dir, spec.timeout);
       spec.device = env.device;
       env.pg = backend.process_group(spec);
       FSDP_CHECK_CODE(ErrorCode::kInternal,
@@ -250,10 +252,10 @@ int RunWorker(const std::vector<std::string>& args, const Catalog& catalog, std:
     }
     // The world group is also the rank's default group, as under fakes::RunRanks.
     struct DefaultGroup {
-      explicit DefaultGroup(std::shared_ptr<dist::ProcessGroup> pg) {
-        dist::SetDefaultProcessGroup(std::move(pg));
+      explicit DefaultGroup(std::shared_ptr<distributed::ProcessGroup> pg) {
+        distributed::SetDefaultProcessGroup(std::move(pg));
       }
-      ~DefaultGroup() { dist::SetDefaultProcessGroup(nullptr); }
+      ~DefaultGroup() { distributed::SetDefaultProcessGroup(nullptr); }
     } default_group(env.pg);
     nlohmann::json observations = subject->RunRank(scenario, env);
     ValidateObservations(observations, "rank " + std::to_string(request.rank));

@@ -34,10 +34,11 @@
 #include <vector>
 
 #include "conformance/observations.h"
+#include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "engine/core/error.h"
 #include "engine/core/rank_context.h"
-#include "engine/dist/process_group.h"
+#include "engine/distributed/process_group.h"
 #include "fakes/threaded_process_group.h"
 
 namespace fsdp::conformance {
@@ -66,7 +67,7 @@ class FaultWorlds {
   }
 
   // Rank `rank`'s world group in the fault world of the case run by `launch_world`.
-  std::shared_ptr<dist::ProcessGroup> Join(fakes::ThreadedWorld& launch_world, int rank,
+  std::shared_ptr<distributed::ProcessGroup> Join(fakes::ThreadedWorld& launch_world, int rank,
                                            std::chrono::milliseconds deadline) {
     std::lock_guard<std::mutex> lock(mu_);
     Entry& entry = entries_[&launch_world];
@@ -74,7 +75,7 @@ class FaultWorlds {
     if (entry.faults == nullptr || entry.launch.lock() != launch) {
       entry = Entry{launch, fakes::ThreadedWorld::Create(launch_world.world_size(), deadline), 0};
     }
-    std::shared_ptr<dist::ProcessGroup> group = entry.faults->CreateWorldGroup(rank);
+    std::shared_ptr<distributed::ProcessGroup> group = entry.faults->CreateWorldGroup(rank);
     if (++entry.joined == launch_world.world_size()) entries_.erase(&launch_world);
     return group;
   }
@@ -99,7 +100,7 @@ nlohmann::json OptionalNs(const std::optional<int64_t>& ns) {
   return ns ? nlohmann::json(*ns) : nlohmann::json(nullptr);
 }
 
-using FaultBody = std::function<void(dist::ProcessGroup& pg, Timeline& timeline)>;
+using FaultBody = std::function<void(distributed::ProcessGroup& pg, Timeline& timeline)>;
 
 // The faulty rank of the case: `faulty_rank`, negative counting from the end.
 int FaultyRank(const CaseParams& params, int world) {
@@ -121,7 +122,7 @@ nlohmann::json RunFaultRank(RankEnv& env, const FaultBody& body) {
   const auto deadline = std::chrono::milliseconds(env.params.GetInt("deadline_ms"));
   FSDP_CHECK(deadline.count() > 0, "parameter deadline_ms must be positive, got ",
              deadline.count());
-  std::shared_ptr<dist::ProcessGroup> pg =
+  std::shared_ptr<distributed::ProcessGroup> pg =
       FaultWorlds::Instance().Join(launch->world(), env.rank, deadline);
   fakes::ThreadedWorld& world = static_cast<fakes::ThreadedProcessGroup&>(*pg).world();
   world.AttachRankContext(env.rank, &RankContext::Current());
@@ -181,7 +182,7 @@ ScenarioInfo FaultInfo(const std::string& name, const std::string& description,
   info.default_world = 4;
   info.min_world = 2;
   info.max_world = 128;
-  info.backends = {kBackendThreaded};
+  info.requirements.in_process = true;
   // ctest: also the smallest world, world 128, and rank 0 as the faulty rank (the checker
   // compares every rank with rank 0). missing_rank sleeps through its deadline only at the
   // default world (MissingRank adds mode=return to these runs).
@@ -190,7 +191,7 @@ ScenarioInfo FaultInfo(const std::string& name, const std::string& description,
 }
 
 // The collective every healthy rank issues second (after a barrier).
-void IssueAllReduce(dist::ProcessGroup& pg, int64_t count, Timeline& timeline) {
+void IssueAllReduce(distributed::ProcessGroup& pg, int64_t count, Timeline& timeline) {
   Tensor t = Tensor::ones({count}, DType::kFloat32);
   timeline.issued_ns = NowNs();
   pg.all_reduce(t);
@@ -198,13 +199,11 @@ void IssueAllReduce(dist::ProcessGroup& pg, int64_t count, Timeline& timeline) {
 
 // ---- Judge helpers --------------------------------------------------------------------------
 
-std::string Who(int rank) { return "rank " + std::to_string(rank); }
-
 std::optional<int64_t> Ns(const std::vector<nlohmann::json>& per_rank, int rank,
                           const std::string& key) {
   const nlohmann::json& v = RankObservation(per_rank, rank, key);
   if (v.is_null()) return std::nullopt;
-  FSDP_CHECK_CODE(ErrorCode::kDataLoss, v.is_number_integer(), Who(rank), ": ", key,
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, v.is_number_integer(), RankName(rank), ": ", key,
                   " must be an integer (ns) or null, got ", v.dump());
   return v.get<int64_t>();
 }
@@ -215,16 +214,12 @@ double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
 // when the rank reported no error.
 bool CheckError(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
                 const std::string& code, const std::vector<std::string>& parts) {
-  const nlohmann::json& error = RankObservation(per_rank, rank, "error");
-  if (error.is_null()) {
-    checks.Fail(Who(rank) + " fails with " + code, "the rank reported no error");
-    return false;
-  }
-  checks.CheckEqual(Who(rank) + " error code", code, error.at("code"));
-  const std::string message = error.at("message").get<std::string>();
+  const std::optional<std::string> message = CheckRankError(
+      checks, per_rank, rank, code, "fails with " + code, "the rank reported no error");
+  if (!message) return false;
   for (const std::string& part : parts) {
-    checks.CheckTrue(Who(rank) + " error names '" + part + "'",
-                     message.find(part) != std::string::npos, message);
+    checks.CheckTrue(RankName(rank) + " error names '" + part + "'",
+                     message->find(part) != std::string::npos, *message);
   }
   return true;
 }
@@ -244,8 +239,8 @@ void CheckTimes(CheckList& checks, const CaseParams& p, int world,
     const std::optional<int64_t> ref = reference_ns(r);
     if (!error_ns || !ref) continue;
     const double ms = Ms(*error_ns - *ref);
-    checks.CheckTrue(Who(r) + " time to error <= " + std::to_string(bound) + " ms", ms <= bound,
-                     std::to_string(ms) + " ms");
+    checks.CheckTrue(RankName(r) + " time to error <= " + std::to_string(bound) + " ms",
+                     ms <= bound, std::to_string(ms) + " ms");
     slowest = std::max(slowest, ms);
     fastest = fastest < 0 ? ms : std::min(fastest, ms);
   }
@@ -302,7 +297,7 @@ Scenario MismatchedOp() {
     const std::string faulty_op = env.params.GetString("faulty_op");
     const int64_t count = env.params.GetInt("count");
     const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
-    return RunFaultRank(env, [&](dist::ProcessGroup& pg, Timeline& timeline) {
+    return RunFaultRank(env, [&](distributed::ProcessGroup& pg, Timeline& timeline) {
       pg.barrier();
       if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
       std::this_thread::sleep_for(delay);
@@ -323,7 +318,7 @@ Scenario MismatchedOp() {
     const int faulty = FaultyRank(p, world);
     const std::string odd = FaultyOpName(p.GetString("faulty_op"));
     // The checker shows rank 0's call and each differing rank's call.
-    const std::string faulty_line = Who(faulty) + " issued: " + odd + " #2";
+    const std::string faulty_line = RankName(faulty) + " issued: " + odd + " #2";
     const std::string healthy_line = "issued: allreduce_ #2";
     JudgeMismatch(checks, p, world, per_rank, faulty_line, healthy_line);
   };
@@ -346,7 +341,7 @@ Scenario MismatchedSize() {
     FSDP_CHECK(extra != 0 && count + extra >= 0, "parameter extra=", extra,
                " must change the count ", count, " to another valid count");
     const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
-    return RunFaultRank(env, [&](dist::ProcessGroup& pg, Timeline& timeline) {
+    return RunFaultRank(env, [&](distributed::ProcessGroup& pg, Timeline& timeline) {
       pg.barrier();
       if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
       std::this_thread::sleep_for(delay);
@@ -361,7 +356,7 @@ Scenario MismatchedSize() {
     const int64_t count = p.GetInt("count");
     const int64_t wrong = count + p.GetInt("extra");
     const std::string faulty_line =
-        Who(faulty) + " issued: allreduce_ #2 float32 in [" + std::to_string(wrong) + "]";
+        RankName(faulty) + " issued: allreduce_ #2 float32 in [" + std::to_string(wrong) + "]";
     const std::string healthy_line =
         "issued: allreduce_ #2 float32 in [" + std::to_string(count) + "]";
     JudgeMismatch(checks, p, world, per_rank, faulty_line, healthy_line);
@@ -392,7 +387,7 @@ Scenario MissingRank() {
     const auto deadline = std::chrono::milliseconds(env.params.GetInt("deadline_ms"));
     const auto late_by = std::chrono::milliseconds(env.params.GetInt("late_by_ms"));
     const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
-    return RunFaultRank(env, [&](dist::ProcessGroup& pg, Timeline& timeline) {
+    return RunFaultRank(env, [&](distributed::ProcessGroup& pg, Timeline& timeline) {
       pg.barrier();
       if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
       if (sleep) {
@@ -409,7 +404,7 @@ Scenario MissingRank() {
                CheckList& checks) {
     const int faulty = FaultyRank(p, world);
     const bool sleep = p.GetString("mode") == "sleep";
-    const std::string missing = "missing " + Who(faulty);
+    const std::string missing = "missing " + RankName(faulty);
     if (sleep) {
       const int64_t deadline = p.GetInt("deadline_ms");
       // The checker fails the whole collective when the first waiter's deadline passes, so
@@ -427,7 +422,7 @@ Scenario MissingRank() {
         }
         if (r == faulty || !first_issue) continue;
         const double waited = Ms(*Ns(per_rank, r, "error_ns") - *first_issue);
-        checks.CheckTrue(Who(r) + " fails no earlier than the deadline after the first call",
+        checks.CheckTrue(RankName(r) + " fails no earlier than the deadline after the first call",
                          waited >= static_cast<double>(deadline), std::to_string(waited) + " ms");
       }
       // Healthy ranks: from the first call (the deadline allowed on top of the bound); the
@@ -440,15 +435,15 @@ Scenario MissingRank() {
       const auto late_error = Ns(per_rank, faulty, "error_ns");
       if (late_issue && late_error) {
         const double ms = Ms(*late_error - *late_issue);
-        checks.CheckTrue(Who(faulty) + " (late) fails at once when it issues the collective",
+        checks.CheckTrue(RankName(faulty) + " (late) fails at once when it issues the collective",
                          ms <= static_cast<double>(p.GetInt("max_time_to_error_ms")),
                          std::to_string(ms) + " ms");
       }
     } else {
-      const std::string returned = Who(faulty) + " has returned from the rank function";
+      const std::string returned = RankName(faulty) + " has returned from the rank function";
       for (int r = 0; r < world; ++r) {
         if (r == faulty) {
-          checks.CheckTrue(Who(r) + " (returned) reports no error",
+          checks.CheckTrue(RankName(r) + " (returned) reports no error",
                            RankObservation(per_rank, r, "error").is_null(),
                            RankObservation(per_rank, r, "error").dump());
           continue;
@@ -480,7 +475,7 @@ Scenario ThrowingRank() {
     const int faulty = FaultyRank(env.params, env.world);
     const int64_t count = env.params.GetInt("count");
     const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
-    return RunFaultRank(env, [&](dist::ProcessGroup& pg, Timeline& timeline) {
+    return RunFaultRank(env, [&](distributed::ProcessGroup& pg, Timeline& timeline) {
       pg.barrier();
       if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
       std::this_thread::sleep_for(delay);
@@ -497,7 +492,7 @@ Scenario ThrowingRank() {
         CheckError(checks, per_rank, r, "FailedPrecondition", {injected});
       } else {
         CheckError(checks, per_rank, r, "Aborted",
-                   {"allreduce_ #2", Who(faulty) + " failed", injected});
+                   {"allreduce_ #2", RankName(faulty) + " failed", injected});
       }
     }
     const auto fault = Ns(per_rank, faulty, "fault_ns");

@@ -12,7 +12,8 @@
 //
 // Post-accumulate-grad hooks registered on the SHARDED parameters are called by FSDP itself
 // after the reduce-scatter (autograd accumulates into the unsharded parameters), once per
-// parameter per reduction (fsdp-semantics §6): post_acc_grad_hook_runs counts the calls, and
+// parameter per reduction (docs/fsdp-behaviour.md, "Post-accumulate-grad hooks"):
+// post_acc_grad_hook_runs counts the calls, and
 // post_acc_grad_hook_optim_parity runs a per-parameter AdamW + StepLR inside the hooks and
 // requires bit-identical losses and parameters to a normal optimizer loop.
 #include <map>
@@ -26,14 +27,15 @@
 #include "conformance/model_zoo.h"
 #include "conformance/observations.h"
 #include "conformance/parity_common.h"
+#include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "conformance/sharded_parity.h"
 #include "engine/autograd/variable.h"
 #include "engine/core/rng.h"
 #include "engine/fsdp/fully_shard.h"
+#include "engine/functional/functional.h"
 #include "engine/nn/init.h"
 #include "engine/nn/models.h"
-#include "engine/ops/functional.h"
 #include "engine/optim/adam.h"
 #include "engine/optim/lr_scheduler.h"
 
@@ -86,7 +88,6 @@ Scenario ShardedTraining(const std::string& test, const std::string& description
   s.info.default_world = 4;  // min(4, gpus)
   s.info.min_world = 1;
   s.info.max_world = 8;
-  s.info.backends = {kBackendThreaded, kBackendGloo, kBackendNccl};
   s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
     if (!p.has("reshard_after_forward")) return std::nullopt;
     return SkipIntNotAFactor(p, world);
@@ -144,7 +145,7 @@ Scenario PostAccGradHookRuns() {
   s.info.default_world = 2;
   s.info.min_world = 1;
   s.info.max_world = 8;
-  s.info.backends = {kBackendThreaded, kBackendGloo};
+  s.info.requirements.devices = {DeviceType::kCPU};
   s.run_rank = [](RankEnv& env) {
     const int64_t dim = env.params.GetInt("dim");
     auto model = std::make_shared<nn::MLP>(dim);
@@ -175,10 +176,8 @@ Scenario PostAccGradHookRuns() {
       expected[name] = 1;
     }
     static_cast<void>(params);
-    for (int r = 0; r < world; ++r) {
-      checks.CheckEqual("rank " + std::to_string(r) + " hook calls per parameter", expected,
-                        RankObservation(per_rank, r, "hook_counts"));
-    }
+    CheckEveryRank(checks, per_rank, world,
+                   {{"hook_counts", "hook calls per parameter", expected}});
   };
   return s;
 }
@@ -269,19 +268,20 @@ Scenario PostAccGradHookOptimParity() {
   s.info.default_world = 2;  // min(2, gpus)
   s.info.min_world = 1;
   s.info.max_world = 8;
-  s.info.backends = {kBackendThreaded, kBackendGloo};
+  s.info.requirements.devices = {DeviceType::kCPU};
   s.run_rank = OptimParityRank;
   s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
     const int64_t iterations = params.GetInt("iterations");
+    const nlohmann::json none_mismatched =
+        std::vector<int64_t>(static_cast<size_t>(iterations), 0);
     for (int r = 0; r < world; ++r) {
-      const std::string who = "rank " + std::to_string(r);
-      checks.CheckEqual(who + " losses: hooks vs optimizer loop (exact)",
-                        RankObservation(per_rank, r, "ref_losses"),
-                        RankObservation(per_rank, r, kLosses));
-      checks.CheckEqual(who + " parameters not bit-identical, per iteration",
-                        nlohmann::json(std::vector<int64_t>(static_cast<size_t>(iterations), 0)),
-                        RankObservation(per_rank, r, "mismatched_params"));
+      CheckRankEqual(checks, per_rank, r,
+                     {kLosses, "losses: hooks vs optimizer loop (exact)",
+                      RankObservation(per_rank, r, "ref_losses")});
+      CheckRankEqual(checks, per_rank, r,
+                     {"mismatched_params", "parameters not bit-identical, per iteration",
+                      none_mismatched});
     }
     checks.SetFigure("iterations", iterations);
   };

@@ -14,7 +14,8 @@
 // reduce_scatter_*: gradients ones * rank are reduce-scattered in the reduce dtype; every
 // rank's sharded gradient's full_tensor() must equal the seed's reference reduction (clone,
 // pre-divide, all_reduce AVG or SUM, post-divide), and the divide factors must follow
-// fsdp-semantics §1.8, which the judge recomputes from the world size.
+// docs/fsdp-behaviour.md, "Gradient divide factors", which the judge recomputes from the world
+// size.
 //
 // The stream axes select the CommContext's dedicated streams or the current stream. On the
 // CPU backends streams only order work (every collective completes in order), so those cases
@@ -26,11 +27,12 @@
 #include <vector>
 
 #include "conformance/observations.h"
+#include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "engine/core/error.h"
 #include "engine/core/rng.h"
 #include "engine/core/tensor.h"
-#include "engine/dist/reduce_op.h"
+#include "engine/distributed/reduce_op.h"
 #include "engine/fsdp/comm_context.h"
 #include "engine/fsdp/fsdp_collectives.h"
 #include "engine/fsdp/fsdp_param.h"
@@ -119,13 +121,13 @@ void AddSeedGroupInfo(ScenarioInfo& info) {
   info.default_world = 128;
   info.min_world = 1;
   info.max_world = 128;
-  info.backends = {kBackendThreaded};
+  info.requirements.in_process = true;
 }
 
 // ---- all_gather_fp32 --------------------------------------------------------------------------
 
 // The seed's `all_gather` helper over `pg`.
-void AllGather(fsdp2::FsdpParamGroup& group, const std::shared_ptr<dist::ProcessGroup>& pg,
+void AllGather(fsdp2::FsdpParamGroup& group, const std::shared_ptr<distributed::ProcessGroup>& pg,
                bool async_op, bool separate_streams, fsdp2::CommContext& ctx) {
   fsdp2::CommStream& copy_in = separate_streams ? ctx.all_gather_copy_in_stream() : ctx.current_stream();
   fsdp2::CommStream& gather = separate_streams ? ctx.all_gather_stream() : ctx.current_stream();
@@ -218,20 +220,18 @@ Scenario AllGatherFp32() {
     const nlohmann::json zeros = std::vector<int64_t>(n, 0);
     const nlohmann::json ones = std::vector<int64_t>(n, 1);
     const bool int_raf = params.GetString("reshard_after_forward") == "int";
-    for (int r = 0; r < world; ++r) {
-      const std::string who = "rank " + std::to_string(r);
-      checks.CheckEqual(who + " sharded parameters registered on the module", ones,
-                        RankObservation(per_rank, r, "sharded_param_registered"));
-      checks.CheckEqual(who + " full_tensor() elements differing from the originals", zeros,
-                        RankObservation(per_rank, r, "full_tensor_mismatches"));
-      checks.CheckEqual(who + " all-gathered elements differing from the originals", zeros,
-                        RankObservation(per_rank, r, "unsharded_mismatches"));
-      if (!int_raf) continue;
-      checks.CheckEqual(who + " post-forward group size", params.GetInt("post_forward_size"),
-                        RankObservation(per_rank, r, "post_forward_group_size").get<int64_t>());
-      checks.CheckEqual(who + " post-forward all-gathered elements differing from the originals",
-                        zeros, RankObservation(per_rank, r, "post_forward_unsharded_mismatches"));
+    std::vector<RankCheck> rank_checks = {
+        {"sharded_param_registered", "sharded parameters registered on the module", ones},
+        {"full_tensor_mismatches", "full_tensor() elements differing from the originals", zeros},
+        {"unsharded_mismatches", "all-gathered elements differing from the originals", zeros}};
+    if (int_raf) {
+      rank_checks.push_back({"post_forward_group_size", "post-forward group size",
+                             params.GetInt("post_forward_size")});
+      rank_checks.push_back({"post_forward_unsharded_mismatches",
+                             "post-forward all-gathered elements differing from the originals",
+                             zeros});
     }
+    CheckEveryRank(checks, per_rank, world, rank_checks);
   };
   return s;
 }
@@ -284,7 +284,7 @@ nlohmann::json ReduceScatterRank(RankEnv& env, DType reduce_dtype) {
   std::vector<double> first_values;
   for (size_t i = 0; i < g.orig_params.size(); ++i) {
     Tensor reduced = DivIfNeeded(unsharded_grads[i].to(reduce_dtype), f.pre_divide);
-    env.group().all_reduce(reduced, f.op == fsdp2::DivideFactors::Op::kAvg ? dist::Avg() : dist::Sum());
+    env.group().all_reduce(reduced, f.op == fsdp2::DivideFactors::Op::kAvg ? distributed::Avg() : distributed::Sum());
     reduced = DivIfNeeded(reduced, f.post_divide).to(options.orig_dtype);
     const fsdp2::FsdpParam& p = *g.group->fsdp_params()[i];
     const Tensor full_grad = p.full_grad();
@@ -303,7 +303,7 @@ Scenario ReduceScatter(const std::string& test, DType reduce_dtype) {
       std::string("foreach_reduce of gradients ones * rank over the seed's 8 parameter shapes in ") +
       DTypeName(reduce_dtype) +
       ": every sharded gradient's full_tensor() equals the seed's all_reduce reference, with "
-      "the divide factors of fsdp-semantics §1.8";
+      "the divide factors of docs/fsdp-behaviour.md, \"Gradient divide factors\"";
   s.info.seed_test = std::string(kSeedClass) + "test_" + test;
   s.info.params = {
       ParamSpec::Axis("reduce_scatter_stream", "the current stream or the CommContext's",
@@ -332,17 +332,17 @@ Scenario ReduceScatter(const std::string& test, DType reduce_dtype) {
     // Mean of 0..world-1; every rank's every element.
     const double mean = (world - 1) / 2.0;
     for (int r = 0; r < world; ++r) {
-      const std::string who = "rank " + std::to_string(r);
+      const std::string who = RankName(r);
       if (world > 1) {
-        checks.CheckEqual(who + " divide op", nlohmann::json(op),
-                          RankObservation(per_rank, r, "divide_op"));
+        CheckRankEqual(checks, per_rank, r, {"divide_op", "divide op", op});
         checks.CheckEqual(who + " pre/post divide factors", nlohmann::json({pre, post}),
                           nlohmann::json({RankObservation(per_rank, r, "pre_divide"),
                                           RankObservation(per_rank, r, "post_divide")}));
       }
-      checks.CheckEqual(who + " elements of full_tensor(grad) differing from the reference",
-                        nlohmann::json(std::vector<int64_t>(n, 0)),
-                        RankObservation(per_rank, r, "full_grad_mismatches"));
+      CheckRankEqual(checks, per_rank, r,
+                     {"full_grad_mismatches",
+                      "elements of full_tensor(grad) differing from the reference",
+                      std::vector<int64_t>(n, 0)});
       checks.CheckClose(who + " first element of each gradient = mean rank",
                         std::vector<double>(n, mean),
                         RankObservation(per_rank, r, "first_values").get<std::vector<double>>(),

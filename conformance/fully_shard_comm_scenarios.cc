@@ -8,7 +8,8 @@
 // Each rank shards Transformer(ModelArgs(n_layers)) block by block and then the root, runs one
 // forward under a CommDebugMode and one `loss.sum().backward()` under another, and reports the
 // two count tables as comm_counts {"forward": {op: n}, "backward": {op: n}}. The judge derives
-// the expected tables from the rules of fsdp-semantics §4.1 / §3.13 (era E3: the root is never
+// the expected tables from the rules of docs/fsdp-behaviour.md, "Collective counts" and "Manual
+// unshard and reshard" (era E3: the root is never
 // resharded after forward), so the scenarios run at any n_layers and world size.
 #include <functional>
 #include <map>
@@ -21,16 +22,17 @@
 
 #include "conformance/fsdp_params.h"
 #include "conformance/observations.h"
+#include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "engine/core/rng.h"
-#include "engine/dist/comm_debug_mode.h"
+#include "engine/distributed/comm_debug_mode.h"
 #include "engine/fsdp/fully_shard.h"
 #include "engine/fsdp/observer.h"
+#include "engine/functional/functional.h"
 #include "engine/nn/checkpoint.h"
 #include "engine/nn/layers.h"
 #include "engine/optim/sgd.h"
 #include "engine/nn/models.h"
-#include "engine/ops/functional.h"
 
 namespace fsdp::conformance {
 
@@ -79,11 +81,11 @@ Tensor Tokens(const RankEnv& env) {
 // Runs forward and backward under two CommDebugModes; `between` runs after forward.
 nlohmann::json ForwardBackwardCounts(nn::Transformer& model, const Tensor& tokens,
                                      const std::function<void()>& between) {
-  dist::CommDebugMode fwd_mode;
+  distributed::CommDebugMode fwd_mode;
   Tensor loss = model(tokens).tensor();
   fwd_mode.exit();
   between();
-  dist::CommDebugMode bwd_mode;
+  distributed::CommDebugMode bwd_mode;
   sum(loss).backward();
   bwd_mode.exit();
   nlohmann::json obs;
@@ -95,13 +97,11 @@ nlohmann::json ForwardBackwardCounts(nn::Transformer& model, const Tensor& token
 // Compares every rank's comm_counts with the expected tables.
 void JudgeCounts(const nlohmann::json& expected, int world,
                  const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
-  for (int r = 0; r < world; ++r) {
-    for (const char* phase : {"forward", "backward"}) {
-      const nlohmann::json& actual = RankObservation(per_rank, r, kCommCounts);
-      checks.CheckEqual("rank " + std::to_string(r) + " " + phase + " comm counts",
-                        expected.at(phase), actual.contains(phase) ? actual.at(phase) : nlohmann::json());
-    }
+  std::vector<RankCheck> rank_checks;
+  for (const std::string phase : {"forward", "backward"}) {
+    rank_checks.push_back({kCommCounts, phase + " comm counts", expected.at(phase), "/" + phase});
   }
+  CheckEveryRank(checks, per_rank, world, rank_checks);
   checks.SetFigure("fwd_all_gather", expected.at("forward").value(kAllGather, 0));
   checks.SetFigure("bwd_all_gather", expected.at("backward").value(kAllGather, 0));
   checks.SetFigure("bwd_reduce_scatter", expected.at("backward").value(kReduceScatter, 0));
@@ -121,7 +121,6 @@ ScenarioInfo CommonInfo(const std::string& case_name, const std::string& descrip
   info.default_world = 4;  // min(4, gpus)
   info.min_world = 2;      // world 1 skips the all-gather (E3), which the seed never runs
   info.max_world = 8;
-  info.backends = {kBackendThreaded, kBackendGloo, kBackendNccl};
   return info;
 }
 
@@ -135,7 +134,8 @@ nlohmann::json ForwardUnshards(int64_t n_layers, bool with_root) {
   return events;
 }
 
-// One use of the blocks in backward (fsdp-semantics §3.9): the last block is unsharded first
+// One use of the blocks in backward (docs/fsdp-behaviour.md, "Backward prefetch"): the last
+// block is unsharded first
 // (prefetched by whoever precedes it in reverse post-forward order), then each block i
 // prefetches block i-1 before its own post_backward. `with_unshard` false: the blocks were
 // still unsharded, so no unshard is issued.
@@ -177,7 +177,8 @@ Scenario CommunicationCount() {
   };
   s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
-    // §4.1 (E1-E3): every group all-gathers once in forward; in backward a group all-gathers
+    // docs/fsdp-behaviour.md, "Collective counts" (E1-E3): every group all-gathers once in
+    // forward; in backward a group all-gathers
     // iff it was resharded after forward (never the root); every group reduce-scatters once.
     const int64_t n = params.GetInt("n_layers");
     const std::string raf = params.GetString("reshard_after_forward");
@@ -207,7 +208,8 @@ Scenario ManualReshard() {
   };
   s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
-    // §3.13: num_fsdp_modules = the blocks plus the root.
+    // docs/fsdp-behaviour.md, "Manual unshard and reshard": num_fsdp_modules = the blocks plus
+    // the root.
     const int64_t num_fsdp_modules = params.GetInt("n_layers") + 1;
     nlohmann::json expected;
     expected["forward"] = {{kAllGather, num_fsdp_modules}};
@@ -233,7 +235,7 @@ Scenario BackwardPrefetchMultiForward() {
   s.info.name = "fully_shard_comm/backward_prefetch_multi_forward";
   s.info.seed_test =
       "test_fully_shard_comm.py::TestFullyShardPrefetch::test_fully_shard_backward_prefetch "
-      "(_test_backward_prefetch_multi_forward; seed body truncated, fsdp-semantics §3.15)";
+      "(_test_backward_prefetch_multi_forward; seed body truncated; docs/fsdp-behaviour.md, \"Several forwards before one backward\")";
   s.info.params = PrefetchParams();
   s.skip = SkipIntNotAFactor;
   s.run_rank = [](RankEnv& env) {
@@ -258,7 +260,8 @@ Scenario BackwardPrefetchMultiForward() {
   };
   s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
-    // §3.15: forward 2 re-unshards the blocks only when they were resharded after forward
+    // docs/fsdp-behaviour.md, "Several forwards before one backward": forward 2 re-unshards
+    // the blocks only when they were resharded after forward
     // (the root never is). Backward runs the block pattern once per use; with False the first
     // use finds the blocks unsharded, and the second needs all-gathers again because
     // post_backward resharded them. The root's post_backward comes once, at the end.
@@ -271,11 +274,9 @@ Scenario BackwardPrefetchMultiForward() {
     nlohmann::json bwd = BlockBackwardEvents(n, /*with_unshard=*/!raf_false);
     for (const auto& e : BlockBackwardEvents(n, /*with_unshard=*/true)) bwd.push_back(e);
     bwd.push_back(EventJson("post_backward", "", "POST_BACKWARD"));
-    for (int r = 0; r < world; ++r) {
-      const std::string who = "rank " + std::to_string(r);
-      checks.CheckEqual(who + " forward events", fwd, RankObservation(per_rank, r, "forward_events"));
-      checks.CheckEqual(who + " backward events", bwd, RankObservation(per_rank, r, "backward_events"));
-    }
+    CheckEveryRank(checks, per_rank, world,
+                   {{"forward_events", "forward events", fwd},
+                    {"backward_events", "backward events", bwd}});
     checks.SetFigure("events", fwd.size() + bwd.size());
   };
   return s;
@@ -327,7 +328,8 @@ Scenario BackwardPrefetchForwardBackward() {
   };
   s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
-    // fsdp-semantics §3.9: forward unshards the root, then every block in order; backward:
+    // docs/fsdp-behaviour.md, "Backward prefetch": forward unshards the root, then every
+    // block in order; backward:
     // the root (never resharded after forward) prefetches the last block, each block i
     // prefetches block i-1 before its post_backward, and the root's post_backward comes from
     // the end-of-backward callback. Without reshard after forward no unshard is issued.
@@ -337,17 +339,15 @@ Scenario BackwardPrefetchForwardBackward() {
     nlohmann::json bwd = BlockBackwardEvents(n, /*with_unshard=*/!raf_false);
     bwd.push_back(EventJson("post_backward", "", "POST_BACKWARD"));
     const int64_t iterations = params.GetInt("iterations");
-    for (int r = 0; r < world; ++r) {
-      const nlohmann::json& f = RankObservation(per_rank, r, "forward_events");
-      const nlohmann::json& b = RankObservation(per_rank, r, "backward_events");
-      for (int64_t it = 0; it < iterations; ++it) {
-        const std::string where = "rank " + std::to_string(r) + " iteration " + std::to_string(it);
-        checks.CheckEqual(where + " forward events", fwd,
-                          it < static_cast<int64_t>(f.size()) ? f[it] : nlohmann::json());
-        checks.CheckEqual(where + " backward events", bwd,
-                          it < static_cast<int64_t>(b.size()) ? b[it] : nlohmann::json());
-      }
+    // Element `it` of each rank's per-iteration lists (null when the rank reported fewer).
+    std::vector<RankCheck> rank_checks;
+    for (int64_t it = 0; it < iterations; ++it) {
+      const std::string iteration = "iteration " + std::to_string(it);
+      const std::string element = "/" + std::to_string(it);
+      rank_checks.push_back({"forward_events", iteration + " forward events", fwd, element});
+      rank_checks.push_back({"backward_events", iteration + " backward events", bwd, element});
     }
+    CheckEveryRank(checks, per_rank, world, rank_checks);
     checks.SetFigure("events_per_iteration", fwd.size() + bwd.size());
   };
   return s;
@@ -407,7 +407,8 @@ Scenario BackwardPrefetchUnusedInBackward() {
   };
   s.judge = [](const CaseParams&, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
-    // fsdp-semantics §3.9 (E2 / early E3, as the seed asserts): post_forward_order is
+    // docs/fsdp-behaviour.md, "Backward prefetch" (E2 / early E3, as the seed asserts):
+    // post_forward_order is
     // [0, 1.lin1, 1.lin2]; lin2's pre-backward prefetches its predecessor lin1 although lin1
     // is not in that backward; the pending all-gather is kept (not the last backward) and
     // consumed by lin1's own unshard in the second backward, which then prefetches 0.
@@ -424,15 +425,10 @@ Scenario BackwardPrefetchUnusedInBackward() {
         EventJson("unshard", "0", "PRE_BACKWARD"),
         EventJson("post_backward", "1.lin1", "POST_BACKWARD"),
         EventJson("post_backward", "0", "POST_BACKWARD")};
-    for (int r = 0; r < world; ++r) {
-      const std::string who = "rank " + std::to_string(r);
-      checks.CheckEqual(who + " forward events", expected_forward,
-                        RankObservation(per_rank, r, "forward_events"));
-      checks.CheckEqual(who + " backward through lin2 (not last)", expected_backward1,
-                        RankObservation(per_rank, r, "backward1_events"));
-      checks.CheckEqual(who + " backward through lin1 (last)", expected_backward2,
-                        RankObservation(per_rank, r, "backward2_events"));
-    }
+    CheckEveryRank(checks, per_rank, world,
+                   {{"forward_events", "forward events", expected_forward},
+                    {"backward1_events", "backward through lin2 (not last)", expected_backward1},
+                    {"backward2_events", "backward through lin1 (last)", expected_backward2}});
   };
   return s;
 }
@@ -445,7 +441,7 @@ ScenarioInfo UnshardInfo(const std::string& case_name, const std::string& descri
   info.default_world = 2;
   info.min_world = 1;
   info.max_world = 8;
-  info.backends = {kBackendThreaded, kBackendGloo};
+  info.requirements.devices = {DeviceType::kCPU};
   return info;
 }
 
@@ -470,13 +466,9 @@ Scenario UnshardNoParamGroup() {
   };
   s.judge = [](const CaseParams&, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
-    for (int r = 0; r < world; ++r) {
-      const std::string who = "rank " + std::to_string(r);
-      checks.CheckEqual(who + " root has no param group", false,
-                        RankObservation(per_rank, r, "root_has_param_group"));
-      checks.CheckEqual(who + " unshard handle waited", true,
-                        RankObservation(per_rank, r, "unshard_completed"));
-    }
+    CheckEveryRank(checks, per_rank, world,
+                   {{"root_has_param_group", "root has no param group", false},
+                    {"unshard_completed", "unshard handle waited", true}});
   };
   return s;
 }
@@ -515,7 +507,7 @@ Scenario UnshardWithoutLazyInit() {
         if (key.rfind("reference/", 0) != 0) continue;
         const std::string name = key.substr(std::string("reference/").size());
         const std::string unsharded = "unsharded/" + name;
-        const std::string who = "rank " + std::to_string(r) + " " + name;
+        const std::string who = RankName(r) + " " + name;
         if (!tensors.contains(unsharded)) {
           checks.Fail(who, "no unsharded parameter reported");
           continue;
@@ -525,7 +517,7 @@ Scenario UnshardWithoutLazyInit() {
                           Tolerance{0.0, 0.0});
         ++compared;
       }
-      checks.CheckTrue("rank " + std::to_string(r) + " reported parameters", compared > 0);
+      checks.CheckTrue(RankName(r) + " reported parameters", compared > 0);
     }
   };
   return s;

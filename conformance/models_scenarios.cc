@@ -241,7 +241,7 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
   s.info.default_world = 1;
   s.info.min_world = 1;
   s.info.max_world = 1;
-  s.info.backends = {kBackendThreaded, kBackendGloo};
+  s.info.requirements.devices = {DeviceType::kCPU};
   const std::string name = kind.name;
   s.run_rank = [name](RankEnv& env) { return RunModelRank(name, env); };
   s.judge = [name](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,

@@ -24,9 +24,9 @@ const Catalog& ZooCatalog() {
   static const Catalog* catalog = [] {
     auto* c = new Catalog();  // never destroyed: detached rank threads may still use it
     RegisterDefaults(*c);
-    c->backends.SetThreadedGroups(kBackendThreaded, [](int world) {
+    c->backends.SetThreadedWorld(kBackendThreaded, [](int world, std::chrono::milliseconds) {
       auto threads = fakes::ThreadedWorld::Create(world, std::chrono::seconds(60));
-      std::vector<std::shared_ptr<dist::ProcessGroup>> groups;
+      std::vector<std::shared_ptr<distributed::ProcessGroup>> groups;
       for (int r = 0; r < world; ++r) groups.push_back(threads->CreateWorldGroup(r));
       return groups;
     });

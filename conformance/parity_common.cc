@@ -1,6 +1,7 @@
 #include "conformance/parity_common.h"
 
 #include "conformance/observations.h"
+#include "engine/core/error.h"
 
 namespace fsdp::conformance {
 
@@ -21,19 +22,24 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
   return params;
 }
 
-OptimConfig ParityOptim(const CaseParams& params) {
-  OptimConfig c;
-  c.kind = params.GetString("optim");
-  c.lr = params.GetDouble(c.kind == "sgd" ? "sgd_lr" : "adam_lr");
-  c.momentum = params.GetDouble("momentum");
-  return c;
+Tolerance ParityCase::ToleranceFor(DType computed_in) const {
+  return computed_in == DType::kFloat64 ? float64_tolerance : float_tolerance;
 }
 
-Tolerance ParityTolerance(const CaseParams& params, DType dtype) {
-  if (dtype == DType::kFloat64) {
-    return {params.GetDouble("atol_float64"), params.GetDouble("rtol_float64")};
-  }
-  return {params.GetDouble("atol"), params.GetDouble("rtol")};
+ParityCase DecodeParityCase(const std::string& kind, const CaseParams& params) {
+  // Braced initialization evaluates left to right: the model's own parameters first.
+  ParityCase c{ZooModel::Make(kind, params),
+               static_cast<uint64_t>(params.GetInt("seed")),
+               ParseDType(params.GetString("dtype")),
+               params.GetInt("steps"),
+               OptimConfig{},
+               Tolerance{params.GetDouble("atol"), params.GetDouble("rtol")},
+               Tolerance{params.GetDouble("atol_float64"), params.GetDouble("rtol_float64")}};
+  FSDP_CHECK(c.steps >= 1, "steps must be positive, got ", c.steps);
+  c.optim.kind = params.GetString("optim");
+  c.optim.lr = params.GetDouble(c.optim.kind == "sgd" ? "sgd_lr" : "adam_lr");
+  c.optim.momentum = params.GetDouble("momentum");
+  return c;
 }
 
 std::string StepPrefix(int64_t step) { return "step" + std::to_string(step) + "/"; }

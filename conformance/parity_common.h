@@ -1,6 +1,7 @@
-// Parameters and helpers shared by the train-parity families (parity/single/*, parity/fsdp/*):
-// the optimizer axis, learning rates, tolerances per dtype, and the tensor-name prefix of
-// each step's observations. Stateless; thread-safe.
+// Parameters and helpers shared by the train-parity families (parity/single/*, parity/fsdp/*,
+// and the sharded-training scenarios of fully_shard_autograd/*): the optimizer axis, learning
+// rates, tolerances per dtype, the one decoding of a case's parameters (ParityCase), and the
+// tensor-name prefix of each step's observations. Stateless; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -18,10 +19,24 @@ namespace fsdp::conformance {
 // The parameters of a parity scenario for zoo model `kind`: optim axis, `dtype_param` (an axis
 // or a size), seed, steps, learning rates, momentum, tolerances, then the model's own knobs.
 std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_param);
-// The optimizer of a case (optim, sgd_lr / adam_lr, momentum).
-OptimConfig ParityOptim(const CaseParams& params);
-// atol/rtol for values computed in `dtype` (float64 has its own pair).
-Tolerance ParityTolerance(const CaseParams& params, DType dtype);
+
+// A parity case's parameters (ParityParams plus "dtype"), decoded once: what every body and
+// judge of the parity families reads at its top.
+struct ParityCase {
+  ZooModel model;                 // ZooModel::Make(kind, params): the kind's own knobs
+  uint64_t seed = 0;              // "seed": the zoo's weights and inputs
+  DType dtype = DType::kFloat32;  // "dtype": the engine's parameter and input dtype
+  int64_t steps = 0;              // "steps": training steps (>= 1)
+  OptimConfig optim;              // "optim", "sgd_lr" / "adam_lr", "momentum"
+  Tolerance float_tolerance;      // "atol", "rtol"
+  Tolerance float64_tolerance;    // "atol_float64", "rtol_float64"
+
+  // atol/rtol for values computed in `computed_in` (float64 has its own pair).
+  Tolerance ToleranceFor(DType computed_in) const;
+};
+// Decodes the case of zoo model `kind`. Throws InvalidArgument when steps < 1 (and what
+// CaseParams and ZooModel::Make throw for missing or malformed parameters).
+ParityCase DecodeParityCase(const std::string& kind, const CaseParams& params);
 // "step<k>/": the prefix of step k's parameters in the observations.
 std::string StepPrefix(int64_t step);
 // "grad<k>/": the prefix of step k's gradients (after backward, before the optimizer step).

@@ -32,7 +32,6 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.default_world = 2;
   s.info.min_world = 1;
   s.info.max_world = 8;
-  s.info.backends = {kBackendThreaded, kBackendGloo, kBackendNccl};
   s.skip = SkipIntNotAFactor;
   const std::string name = kind.name;
   s.run_rank = [name](RankEnv& env) {

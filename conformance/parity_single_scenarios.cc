@@ -29,7 +29,6 @@
 #include "conformance/observations.h"
 #include "conformance/parity_common.h"
 #include "conformance/scenario_registry.h"
-#include "engine/core/error.h"
 
 namespace fsdp::conformance {
 
@@ -38,32 +37,24 @@ namespace {
 constexpr const char* kFamily = "parity/single";
 
 nlohmann::json RunParityRank(const std::string& kind, RankEnv& env) {
-  const CaseParams& p = env.params;
-  const ZooModel model = ZooModel::Make(kind, p);
-  const uint64_t seed = static_cast<uint64_t>(p.GetInt("seed"));
-  const DType dtype = ParseDType(p.GetString("dtype"));
-  const int64_t steps = p.GetInt("steps");
-  FSDP_CHECK(steps >= 1, "steps must be positive, got ", steps);
-
-  nn::ModulePtr module = model.BuildEngineWithWeights(seed, dtype);
-  const EngineTrainingRecord record = TrainEngine(model, *module, ParityOptim(p), seed, steps, dtype);
-  nlohmann::json obs = TrainingObservations(record, dtype);
+  const ParityCase c = DecodeParityCase(kind, env.params);
+  nn::ModulePtr module = c.model.BuildEngineWithWeights(c.seed, c.dtype);
+  const EngineTrainingRecord record =
+      TrainEngine(c.model, *module, c.optim, c.seed, c.steps, c.dtype);
+  nlohmann::json obs = TrainingObservations(record, c.dtype);
   obs["param_names"] = ParameterNamesOf(*module);
   return obs;
 }
 
 void JudgeParity(const std::string& kind, const CaseParams& p,
                  const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
-  const ZooModel model = ZooModel::Make(kind, p);
-  const uint64_t seed = static_cast<uint64_t>(p.GetInt("seed"));
-  const DType dtype = ParseDType(p.GetString("dtype"));
-  const int64_t steps = p.GetInt("steps");
-  const Tolerance tol = ParityTolerance(p, dtype);
+  const ParityCase c = DecodeParityCase(kind, p);
+  const Tolerance tol = c.ToleranceFor(c.dtype);
 
-  checks.CheckEqual("parameter FQNs (named_parameters order)", model.ParameterNames(),
+  checks.CheckEqual("parameter FQNs (named_parameters order)", c.model.ParameterNames(),
                     RankObservation(per_rank, 0, "param_names"));
   const std::vector<reference::StepRecord<double>> expected =
-      TrainOracle(model, ParityOptim(p), seed, steps, dtype, /*world=*/1);
+      TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, /*world=*/1);
 
   std::vector<double> expected_losses;
   for (const auto& record : expected) expected_losses.push_back(record.rank_losses.at(0));
@@ -72,17 +63,17 @@ void JudgeParity(const std::string& kind, const CaseParams& p,
   // output is float32 even with float64 parameters).
   const DType loss_dtype =
       ParseDType(RankObservation(per_rank, 0, "loss_dtype").get<std::string>());
-  const Tolerance loss_tol = ParityTolerance(p, loss_dtype);
+  const Tolerance loss_tol = c.ToleranceFor(loss_dtype);
   checks.CheckClose("losses vs oracle", expected_losses, losses, loss_tol);
   const ErrorStats loss_err = CompareValues(expected_losses, losses, loss_tol);
 
   ErrorStats param_err;
-  for (int64_t k = 0; k < steps; ++k) {
+  for (int64_t k = 0; k < c.steps; ++k) {
     const reference::RefTensorMap actual = MapFromObservations(per_rank, 0, StepPrefix(k));
     param_err.Merge(CheckMapsClose(checks, "step " + std::to_string(k) + " parameters",
                                    expected[static_cast<size_t>(k)].params, actual, tol));
   }
-  checks.SetFigure("steps", steps);
+  checks.SetFigure("steps", c.steps);
   checks.SetFigure("final_loss", expected_losses.empty() ? 0.0 : expected_losses.back());
   checks.SetFigure("loss_max_abs_err", loss_err.max_abs);
   checks.SetFigure("loss_max_rel_err", loss_err.max_rel);
@@ -104,7 +95,7 @@ Scenario MakeParityScenario(const ZooModelKind& kind) {
   s.info.default_world = 1;
   s.info.min_world = 1;
   s.info.max_world = 1;
-  s.info.backends = {kBackendThreaded, kBackendGloo};
+  s.info.requirements.devices = {DeviceType::kCPU};
   const std::string name = kind.name;
   s.run_rank = [name](RankEnv& env) { return RunParityRank(name, env); };
   s.judge = [name](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,

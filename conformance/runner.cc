@@ -80,7 +80,7 @@ std::vector<PlannedCase> Runner::Plan() {
 
   // Names first: scenarios, backend, subject, then parameters.
   std::vector<const Scenario*> scenarios = catalog_.scenarios.Match(options_.patterns);
-  const Backend& backend = catalog_.backends.Get(backend_);
+  const distributed::BackendSpec& backend = catalog_.backends.Get(backend_);
   if (external) {
     FSDP_CHECK(!options_.driver.empty(),
                "--subject external needs --driver PATH (the program run once per rank)");
@@ -107,9 +107,6 @@ std::vector<PlannedCase> Runner::Plan() {
                "'; parameters: ", ParamsOfScenarios(scenarios));
   }
 
-  std::optional<std::string> backend_unavailable;
-  if (!external) backend_unavailable = catalog_.backends.Unavailable(backend_);
-  const bool gpu_visible = VisibleGpuCount() > 0;
 
   std::vector<PlannedCase> plan;
   for (const Scenario* s : scenarios) {
@@ -126,18 +123,13 @@ std::vector<PlannedCase> Runner::Plan() {
     for (const auto& [k, v] : fixed) canonical_fixed[k] = cases.front().GetString(k);
     const int world = options_.world.value_or(info.default_world);
 
-    std::optional<std::string> whole;
-    if (!info.SupportsBackend(backend_)) {
-      whole = "scenario runs on backends " + Join(info.backends) + ", not " + backend_;
-    } else if (world < info.min_world || world > info.max_world) {
+    std::optional<std::string> whole = info.requirements.UnmetBy(backend);
+    if (!whole && (world < info.min_world || world > info.max_world)) {
       whole = "world " + std::to_string(world) + " is outside the scenario's range [" +
               std::to_string(info.min_world) + ", " + std::to_string(info.max_world) + "]";
-    } else if (backend_unavailable) {
-      // The backend's own reason ("backend nccl: no CUDA device visible") is the most specific.
-      whole = *backend_unavailable;
-    } else if ((info.requires_gpu || backend.requires_gpu) && !gpu_visible) {
-      whole = "needs a GPU and none is visible";
     }
+    // The backend's own reason ("backend nccl: no CUDA device visible") is the most specific.
+    if (!whole && !external) whole = catalog_.backends.Unavailable(backend_, world);
     if (whole) {
       plan.push_back(PlannedCase{s, CaseParams(canonical_fixed), world, whole});
       continue;
@@ -172,9 +164,9 @@ std::vector<PlannedCase> Runner::Plan() {
 std::unique_ptr<RankLauncher> Runner::MakeLauncher() const {
   if (!subject_)
     return std::make_unique<ProcessLauncher>(std::vector<std::string>{options_.driver});
-  const Backend& backend = catalog_.backends.Get(backend_);
-  if (backend.mode == LaunchMode::kThreads) {
-    return std::make_unique<ThreadedLauncher>(backend.threaded_groups, subject_, backend.device);
+  const distributed::BackendSpec& backend = catalog_.backends.Get(backend_);
+  if (backend.capabilities.ranks == distributed::RankPlacement::kThreads) {
+    return std::make_unique<ThreadedLauncher>(backend, subject_);
   }
   std::vector<std::string> command = options_.worker_command;
   if (command.empty()) command = {SelfExecutable(), kWorkerCommand};

@@ -3,7 +3,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "conformance/backend.h"
 #include "conformance/testing/toy_catalog.h"
 #include "engine/core/error.h"
 
@@ -106,7 +105,7 @@ TEST(Runner, AllCasesExcludedReportsOneSkip) {
 TEST(Runner, SkipReasons) {
   {  // a backend without a factory
     std::unique_ptr<Catalog> catalog = testing::MakeToyCatalog();
-    catalog->backends.SetProcessGroup("gloo", ProcessGroupFactory());
+    catalog->backends.SetProcessGroup("gloo", distributed::ProcessGroupFactory());
     RunOptions o = Options({"toy/sum"});
     o.backend = "gloo";
     Runner runner(*catalog, o);
@@ -115,12 +114,14 @@ TEST(Runner, SkipReasons) {
     EXPECT_EQ(results[0].status, CaseStatus::kSkipped);
     EXPECT_EQ(results[0].skip_reason, "backend gloo has no process-group factory in this build");
   }
-  {  // a backend the scenario does not list
+  {  // a backend whose capabilities do not meet the scenario's requirements
     RunOptions o = Options({"toy/matrix"});
     o.backend = "toyproc";
     const auto results = RunToy(o);
     ASSERT_EQ(results.size(), 1u);
-    EXPECT_EQ(results[0].skip_reason, "scenario runs on backends threaded, not toyproc");
+    EXPECT_EQ(results[0].skip_reason,
+              "scenario needs ranks as threads of one process; backend toyproc runs them as "
+              "processes");
   }
   {  // a world outside the range
     RunOptions o = Options({"toy/sum"});
@@ -129,12 +130,12 @@ TEST(Runner, SkipReasons) {
     ASSERT_EQ(results.size(), 1u);
     EXPECT_EQ(results[0].skip_reason, "world 9 is outside the scenario's range [1, 8]");
   }
-  {  // a GPU
-    if (VisibleGpuCount() > 0) GTEST_SKIP() << "a GPU is visible";
+  {  // a scenario that needs a CUDA device, on a backend whose ranks run on the CPU
     const auto results = RunToy(Options({"toy/gpu"}));
     ASSERT_EQ(results.size(), 1u);
     EXPECT_EQ(results[0].status, CaseStatus::kSkipped);
-    EXPECT_EQ(results[0].skip_reason, "needs a GPU and none is visible");
+    EXPECT_EQ(results[0].skip_reason,
+              "scenario runs on a CUDA device; backend threaded runs on the CPU");
   }
 }
 

@@ -19,7 +19,7 @@ bool IsNamePart(const std::string& s) {
 
 }  // namespace
 
-dist::ProcessGroup& RankEnv::group() const {
+distributed::ProcessGroup& RankEnv::group() const {
   FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, pg != nullptr, "scenario ", scenario, ", rank ",
                   rank, " of ", world, ": no process group on backend '", backend,
                   "' (a group may be absent only for a single rank)");
@@ -37,8 +37,46 @@ std::string ScenarioInfo::case_name() const {
   return slash == std::string::npos ? std::string() : name.substr(slash + 1);
 }
 
-bool ScenarioInfo::SupportsBackend(const std::string& backend) const {
-  return std::find(backends.begin(), backends.end(), backend) != backends.end();
+bool ScenarioRequirements::requires_gpu() const {
+  return std::find(devices.begin(), devices.end(), DeviceType::kCPU) == devices.end();
+}
+
+std::optional<std::string> ScenarioRequirements::UnmetBy(
+    const distributed::BackendSpec& backend) const {
+  const distributed::BackendCapabilities& c = backend.capabilities;
+  if (in_process && c.ranks != distributed::RankPlacement::kThreads) {
+    return "scenario needs ranks as threads of one process; backend " + backend.name +
+           " runs them as " + distributed::RankPlacementName(c.ranks);
+  }
+  if (std::find(devices.begin(), devices.end(), c.device) == devices.end()) {
+    return "scenario runs on " + std::string(requires_gpu() ? "a CUDA device" : "the CPU") +
+           "; backend " + backend.name + " runs on " +
+           (c.device == DeviceType::kCPU ? "the CPU" : "CUDA devices");
+  }
+  for (distributed::CollectiveOp op : collectives) {
+    if (!c.Supports(op)) {
+      return "scenario issues " + std::string(distributed::CollectiveOpName(op)) +
+             ", which backend " + backend.name + " does not implement";
+    }
+  }
+  return std::nullopt;
+}
+
+std::string ScenarioRequirements::str() const {
+  std::vector<std::string> parts;
+  if (in_process) parts.push_back("in-process ranks");
+  if (requires_gpu()) {
+    parts.push_back("cuda");
+  } else if (std::find(devices.begin(), devices.end(), DeviceType::kCUDA) == devices.end()) {
+    parts.push_back("cpu");
+  }
+  for (distributed::CollectiveOp op : collectives) {
+    parts.push_back(distributed::CollectiveOpName(op));
+  }
+  if (parts.empty()) return "any backend";
+  std::string s;
+  for (const auto& p : parts) s += (s.empty() ? "" : ", ") + p;
+  return s;
 }
 
 void SkipCase(const std::string& reason) { throw CaseSkipped(reason); }
@@ -62,7 +100,7 @@ void ValidateScenario(const Scenario& s) {
   FSDP_CHECK(i.min_world >= 1 && i.min_world <= i.default_world && i.default_world <= i.max_world,
              "scenario ", i.name, ": world sizes must satisfy 1 <= min_world (", i.min_world,
              ") <= default_world (", i.default_world, ") <= max_world (", i.max_world, ")");
-  FSDP_CHECK(!i.backends.empty(), "scenario ", i.name, ": lists no backends");
+  FSDP_CHECK(!i.requirements.devices.empty(), "scenario ", i.name, ": allows no device");
   ValidateParamSpecs(i.name, i.params);
   FSDP_CHECK(static_cast<bool>(s.run_rank), "scenario ", i.name, ": run_rank is not set");
   FSDP_CHECK(static_cast<bool>(s.judge), "scenario ", i.name, ": judge is not set");

@@ -29,7 +29,8 @@
 #include "conformance/checks.h"
 #include "conformance/params.h"
 #include "engine/core/device.h"
-#include "engine/dist/process_group.h"
+#include "engine/distributed/backend_registry.h"
+#include "engine/distributed/process_group.h"
 
 namespace fsdp::conformance {
 
@@ -43,10 +44,10 @@ struct RankEnv {
   Device device;        // the rank's device (CPU, or cuda:<local index> on GPU backends)
   // The world group (rank() == rank, size() == world). Null only when world == 1 and the
   // backend provides no group (a single rank that does not communicate).
-  std::shared_ptr<dist::ProcessGroup> pg;
+  std::shared_ptr<distributed::ProcessGroup> pg;
 
   // The world group, or FailedPrecondition naming the scenario when there is none.
-  dist::ProcessGroup& group() const;
+  distributed::ProcessGroup& group() const;
 };
 
 using RankBody = std::function<nlohmann::json(RankEnv& env)>;
@@ -59,6 +60,28 @@ inline constexpr const char* kBackendThreaded = "threaded";
 inline constexpr const char* kBackendGloo = "gloo";
 inline constexpr const char* kBackendNccl = "nccl";
 
+// What a scenario needs of a backend, compared with the backend's capabilities
+// (distributed::BackendCapabilities): a backend registered later is picked up by every
+// scenario whose requirements it meets, with no list of backend names anywhere.
+struct ScenarioRequirements {
+  // The ranks must be threads of one process (the scenario reaches into the in-process world:
+  // 128 ranks, faults injected into one rank's group). Default: false (threads or processes).
+  bool in_process = false;
+  // Devices the scenario's ranks may run on. Default: the CPU and CUDA devices.
+  std::vector<DeviceType> devices = {DeviceType::kCPU, DeviceType::kCUDA};
+  // Collectives the scenario issues beyond the all-gather/reduce-scatter/all-reduce every
+  // backend has. Default: none.
+  std::vector<distributed::CollectiveOp> collectives;
+
+  // Only a CUDA device will do.
+  bool requires_gpu() const;
+  // nullopt when `backend` meets the requirements; otherwise why not ("needs ranks as threads
+  // of one process; backend gloo runs them as processes").
+  std::optional<std::string> UnmetBy(const distributed::BackendSpec& backend) const;
+  // "in-process ranks, cpu" style summary; "any backend" when nothing is required.
+  std::string str() const;
+};
+
 // One extra configuration the GoogleTest suite runs besides the default (conformance/
 // scenarios_test.cc): the scenario at `world` with `params` fixed as `--param` fixes them, e.g.
 // {128, {{"dtype", "bfloat16"}}} keeps a large world cheap by fixing an axis.
@@ -68,7 +91,7 @@ struct TestRun {
 };
 
 struct ScenarioInfo {
-  std::string name;         // "family/case", see docs/seed-matrix.md
+  std::string name;         // "family/case", see docs/seed-tests.md
   std::string description;  // one line
   // The seed test mirrored, as file::Class::test, e.g.
   // "test_fully_shard_comm.py::TestFullyShardCommunication::test_fully_shard_communication_count"
@@ -77,9 +100,8 @@ struct ScenarioInfo {
   int default_world = 2;          // Default: 2; the seed's world size
   int min_world = 1;              // Default: 1
   int max_world = 8;              // Default: 8
-  // Backends the scenario can run on. Default: all three.
-  std::vector<std::string> backends = {kBackendThreaded, kBackendGloo, kBackendNccl};
-  bool requires_gpu = false;  // Default: false
+  // What the scenario needs of a backend. Default: nothing (every backend).
+  ScenarioRequirements requirements;
   // Extra configurations ctest runs on the threaded backend (e.g. other worlds), all in one
   // test per scenario named "<scenario>__worlds_<N>_<M>...". Default: none (the default world
   // only).
@@ -87,7 +109,6 @@ struct ScenarioInfo {
 
   std::string family() const;     // the part before '/'
   std::string case_name() const;  // the part after '/'
-  bool SupportsBackend(const std::string& backend) const;
 };
 
 struct Scenario {
@@ -118,7 +139,7 @@ class CaseSkipped : public std::exception {
 [[noreturn]] void SkipCase(const std::string& reason);
 
 // Checks a scenario before registration: name "family/case" of [a-z0-9_], info consistent
-// (1 <= min_world <= default_world <= max_world, backends non-empty), parameters valid,
+// (1 <= min_world <= default_world <= max_world, some device allowed), parameters valid,
 // run_rank and judge set. Throws InvalidArgument naming the scenario.
 void ValidateScenario(const Scenario& scenario);
 

@@ -6,7 +6,7 @@
 #include "conformance/fsdp_params.h"
 #include "conformance/observations.h"
 #include "conformance/parity_common.h"
-#include "engine/core/error.h"
+#include "conformance/rank_checks.h"
 #include "engine/fsdp/fsdp_param.h"
 #include "engine/nn/layers.h"
 #include "reference/sharding.h"
@@ -95,42 +95,34 @@ fsdp2::FullyShardOptions ShardOptionsOf(const RankEnv& env) {
 }
 
 nlohmann::json RunShardedParityRank(const std::string& kind, const ShardPlan& plan, RankEnv& env) {
-  const CaseParams& p = env.params;
-  const ZooModel model = ZooModel::Make(kind, p);
-  const uint64_t seed = static_cast<uint64_t>(p.GetInt("seed"));
-  const DType dtype = ParseDType(p.GetString("dtype"));
-  const int64_t steps = p.GetInt("steps");
-  FSDP_CHECK(steps >= 1, "steps must be positive, got ", steps);
-  nn::ModulePtr module = model.BuildEngineWithWeights(seed, dtype);
+  const ParityCase c = DecodeParityCase(kind, env.params);
+  nn::ModulePtr module = c.model.BuildEngineWithWeights(c.seed, c.dtype);
   module->to(env.device);  // cuda:<local rank> on GPU backends; TrainEngine follows the params
   plan(module, ShardOptionsOf(env));
   const EngineTrainingRecord record =
-      TrainEngine(model, *module, ParityOptim(p), seed, steps, dtype, env.rank, env.world,
+      TrainEngine(c.model, *module, c.optim, c.seed, c.steps, c.dtype, env.rank, env.world,
                   LocalShards, LocalGradShards);
-  nlohmann::json obs = TrainingObservations(record, dtype);
-  obs[kTensors].update(MapToJson(FullParameters(*module), DTypeName(dtype), "full/"));
+  nlohmann::json obs = TrainingObservations(record, c.dtype);
+  obs[kTensors].update(MapToJson(FullParameters(*module), DTypeName(c.dtype), "full/"));
   return obs;
 }
 
 void JudgeShardedParity(const std::string& kind, const CaseParams& params, int world,
                         const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
-  const ZooModel model = ZooModel::Make(kind, params);
-  const uint64_t seed = static_cast<uint64_t>(params.GetInt("seed"));
-  const DType dtype = ParseDType(params.GetString("dtype"));
-  const int64_t steps = params.GetInt("steps");
-  const Tolerance tol = ParityTolerance(params, dtype);
-  const auto expected = TrainOracle(model, ParityOptim(params), seed, steps, dtype, world);
+  const ParityCase c = DecodeParityCase(kind, params);
+  const Tolerance tol = c.ToleranceFor(c.dtype);
+  const auto expected = TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, world);
   ErrorStats param_err;
   ErrorStats grad_err;
   for (int r = 0; r < world; ++r) {
-    const std::string who = "rank " + std::to_string(r);
+    const std::string who = RankName(r);
     std::vector<double> expected_losses;
     for (const auto& step : expected) expected_losses.push_back(step.rank_losses.at(r));
     const DType loss_dtype =
         ParseDType(RankObservation(per_rank, r, "loss_dtype").get<std::string>());
     checks.CheckClose(who + " losses vs oracle", expected_losses, Losses(per_rank, r),
-                      ParityTolerance(params, loss_dtype));
-    for (int64_t k = 0; k < steps; ++k) {
+                      c.ToleranceFor(loss_dtype));
+    for (int64_t k = 0; k < c.steps; ++k) {
       const auto& step = expected[static_cast<size_t>(k)];
       const std::string at = who + " step " + std::to_string(k);
       grad_err.Merge(CheckMapsClose(checks, at + " gradient shards",
@@ -144,7 +136,7 @@ void JudgeShardedParity(const std::string& kind, const CaseParams& params, int w
                                    expected.back().params,
                                    MapFromObservations(per_rank, r, "full/"), tol));
   }
-  checks.SetFigure("steps", steps);
+  checks.SetFigure("steps", c.steps);
   checks.SetFigure("param_max_abs_err", param_err.max_abs);
   checks.SetFigure("param_max_rel_err", param_err.max_rel);
   checks.SetFigure("grad_max_abs_err", grad_err.max_abs);

@@ -72,11 +72,12 @@ RankOutcome RunGuarded(const std::function<nlohmann::json()>& body) {
   }
 }
 
-ThreadedLauncher::ThreadedLauncher(TimedThreadedGroupsFactory groups,
-                                   std::shared_ptr<const Subject> subject,
-                                   std::function<Device(int rank)> device)
-    : groups_(std::move(groups)), subject_(std::move(subject)), device_(std::move(device)) {
+ThreadedLauncher::ThreadedLauncher(distributed::BackendSpec backend,
+                                   std::shared_ptr<const Subject> subject)
+    : backend_(std::move(backend)), subject_(std::move(subject)) {
   FSDP_CHECK(subject_ != nullptr, "ThreadedLauncher needs a subject");
+  FSDP_CHECK(backend_.capabilities.ranks == distributed::RankPlacement::kThreads,
+             "ThreadedLauncher: backend ", backend_.name, " runs ranks as processes");
 }
 
 std::vector<RankOutcome> ThreadedLauncher::Launch(const LaunchRequest& request) {
@@ -87,12 +88,12 @@ std::vector<RankOutcome> ThreadedLauncher::Launch(const LaunchRequest& request) 
   const auto start = Clock::now();
 
   // The world's groups. A factory failure is every rank's failure.
-  std::vector<std::shared_ptr<dist::ProcessGroup>> groups;
-  if (groups_) {
+  std::vector<std::shared_ptr<distributed::ProcessGroup>> groups;
+  if (backend_.threaded_world) {
     const auto collective_timeout =
         std::max(std::chrono::milliseconds(1), request.timeout * 9 / 10);
     RankOutcome made = RunGuarded([&] {
-      groups = groups_(world, collective_timeout);
+      groups = backend_.threaded_world(world, collective_timeout);
       FSDP_CHECK_CODE(ErrorCode::kInternal, static_cast<int>(groups.size()) == world, "the '",
                       request.backend, "' group factory returned ", groups.size(),
                       " groups for world ", world);
@@ -126,7 +127,7 @@ std::vector<RankOutcome> ThreadedLauncher::Launch(const LaunchRequest& request) 
   slots.reserve(world);
   threads.reserve(world);
   for (int r = 0; r < world; ++r) {
-    const Device device = device_ ? device_(r) : Device::CPU();
+    const Device device = backend_.DeviceOf(r);
     auto slot = std::make_shared<RankSlot>(r, world, device);
     slot->env.scenario = name;
     slot->env.rank = r;
@@ -150,7 +151,7 @@ std::vector<RankOutcome> ThreadedLauncher::Launch(const LaunchRequest& request) 
       RankOutcome outcome;
       {
         RankContextGuard guard(slot->context);
-        dist::SetDefaultProcessGroup(slot->env.pg);
+        distributed::SetDefaultProcessGroup(slot->env.pg);
         outcome = RunGuarded([&] { return slot->subject->RunRank(*slot->scenario, slot->env); });
         if (slot->world) {
           if (outcome.status == RankOutcome::Status::kError) {
@@ -160,7 +161,7 @@ std::vector<RankOutcome> ThreadedLauncher::Launch(const LaunchRequest& request) 
             slot->world->MarkRankReturned(slot->env.rank);
           }
         }
-        dist::SetDefaultProcessGroup(nullptr);
+        distributed::SetDefaultProcessGroup(nullptr);
       }
       slot->env.pg.reset();  // release the group before reporting completion
       std::lock_guard<std::mutex> lock(completion->mu);

@@ -2,7 +2,7 @@
 // "fsdp-rank-N" for debuggers). Each rank thread gets its own fsdp::RankContext (installed
 // with RankContextGuard, so per-rank state such as the RNG, memory statistics and observers is
 // separate) and its world group from the backend's factory, which is also the rank's default
-// group (dist::GetDefaultProcessGroup), then calls the subject's RunRank. Collective waits get
+// group (distributed::GetDefaultProcessGroup), then calls the subject's RunRank. Collective waits get
 // 90% of the case's deadline.
 //
 // With fakes::ThreadedProcessGroup groups the launcher also keeps the ThreadedWorld informed
@@ -19,25 +19,23 @@
 
 #include <memory>
 
-#include "conformance/backend.h"
 #include "conformance/launcher.h"
 #include "conformance/subject.h"
+#include "engine/distributed/backend_registry.h"
 
 namespace fsdp::conformance {
 
 class ThreadedLauncher final : public RankLauncher {
  public:
-  // `groups` may be unset only for single-rank cases (the rank then gets no group).
-  // `device` gives rank r's device (unset: the CPU).
-  ThreadedLauncher(TimedThreadedGroupsFactory groups, std::shared_ptr<const Subject> subject,
-                   std::function<Device(int rank)> device = {});
+  // `backend` must place ranks as threads; its factory may be unset only for single-rank
+  // cases (the rank then gets no group). Rank r runs on backend.DeviceOf(r).
+  ThreadedLauncher(distributed::BackendSpec backend, std::shared_ptr<const Subject> subject);
 
   std::vector<RankOutcome> Launch(const LaunchRequest& request) override;
 
  private:
-  TimedThreadedGroupsFactory groups_;
+  distributed::BackendSpec backend_;
   std::shared_ptr<const Subject> subject_;
-  std::function<Device(int rank)> device_;
 };
 
 // Runs `body` on the calling thread, turning what it throws into the outcome (fsdp::Error keeps

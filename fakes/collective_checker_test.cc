@@ -67,7 +67,7 @@ TEST(CollectiveCheckerTest, MismatchedDtypeReduceOpRootAndGroupRanks) {
 
   auto op = RunRanks(2, [](RankEnv& env) {
     Tensor t = Tensor::zeros({4});
-    env.pg->all_reduce(t, env.rank == 0 ? dist::Sum() : dist::Max());
+    env.pg->all_reduce(t, env.rank == 0 ? distributed::Sum() : distributed::Max());
   });
   ExpectAllFailWith(op, ErrorCode::kDataLoss, {"reduce op SUM vs MAX"});
 

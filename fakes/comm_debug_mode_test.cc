@@ -1,12 +1,12 @@
 // CommDebugMode: PyTorch's keys, per-phase and per-module counts, nesting, functional
 // collectives, and recording through decorators without double counting.
-#include "engine/dist/comm_debug_mode.h"
+#include "engine/distributed/comm_debug_mode.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "engine/dist/flight_recorder.h"
-#include "engine/dist/functional_collectives.h"
+#include "engine/distributed/flight_recorder.h"
+#include "engine/distributed/functional_collectives.h"
 #include "fakes/mock_process_group.h"
 #include "fakes/recording_process_group.h"
 #include "fakes/run_ranks.h"
@@ -14,9 +14,9 @@
 namespace fsdp::fakes {
 namespace {
 
-using dist::CommDebugMode;
-using dist::CommPhase;
-using dist::CommPhaseGuard;
+using distributed::CommDebugMode;
+using distributed::CommPhase;
+using distributed::CommPhaseGuard;
 using Counts = CommDebugMode::Counts;
 
 TEST(CommDebugModeTest, CountsC10dOpsWithPyTorchKeysAndBytes) {
@@ -100,7 +100,7 @@ TEST(CommDebugModeTest, PhasesAndModulesLikeTheFsdpCountTests) {
 }
 
 TEST(CommDebugModeTest, CollectivesCountInEnclosingAndForwardParentModules) {
-  dist::CommDebugMode mode;
+  distributed::CommDebugMode mode;
   testing::NiceMock<MockProcessGroup> pg(0, 1);
   Tensor t = Tensor::zeros({1});
   {
@@ -118,8 +118,8 @@ TEST(CommDebugModeTest, CollectivesCountInEnclosingAndForwardParentModules) {
   EXPECT_EQ(modules.at("model").at("backward").at("c10d.allreduce_"), 1);
   EXPECT_EQ(modules.at("model.block").at("backward").at("c10d.allreduce_"), 1);
   EXPECT_EQ(modules.at("Global").at("forward").at("c10d.allreduce_"), 1);
-  EXPECT_EQ(dist::CurrentCommModule(), "Global");
-  EXPECT_EQ(dist::CurrentCommPhase(), CommPhase::kForward);
+  EXPECT_EQ(distributed::CurrentCommModule(), "Global");
+  EXPECT_EQ(distributed::CurrentCommPhase(), CommPhase::kForward);
 }
 
 TEST(CommDebugModeTest, NestedModesBothCount) {
@@ -141,12 +141,12 @@ TEST(CommDebugModeTest, FunctionalCollectivesUseFunctionalKeys) {
     auto& pg = *env.pg;
     CommDebugMode mode;
     Tensor x = Tensor::full({2, 3}, env.rank + 1);
-    Tensor gathered = dist::funcol::all_gather_tensor(x, pg);
+    Tensor gathered = distributed::funcol::all_gather_tensor(x, pg);
     EXPECT_EQ(gathered.sizes(), (Shape{4, 3}));
-    Tensor scattered = dist::funcol::reduce_scatter_tensor(gathered, dist::Sum(), pg);
+    Tensor scattered = distributed::funcol::reduce_scatter_tensor(gathered, distributed::Sum(), pg);
     EXPECT_EQ(scattered.sizes(), (Shape{2, 3}));
     EXPECT_EQ(scattered.to_doubles()[0], 2.0 * (env.rank + 1));
-    Tensor reduced = dist::funcol::all_reduce(x, dist::Sum(), pg);
+    Tensor reduced = distributed::funcol::all_reduce(x, distributed::Sum(), pg);
     EXPECT_EQ(reduced.to_doubles()[0], 3.0);
     EXPECT_EQ(x.to_doubles()[0], env.rank + 1.0);  // out of place
     // A c10d call after the functional ones keeps its c10d key.
@@ -168,10 +168,10 @@ TEST(CommDebugModeTest, DecoratorsAreNotCountedTwice) {
         std::make_shared<RecordingProcessGroup>(env.pg, trace), trace);
     CommDebugMode mode;
     Tensor t = Tensor::zeros({2});
-    const uint64_t before = dist::CurrentFlightRecorder().issued_count();
+    const uint64_t before = distributed::CurrentFlightRecorder().issued_count();
     pg->all_reduce(t);
     EXPECT_EQ(mode.get_total_counts(), 1);
-    EXPECT_EQ(dist::CurrentFlightRecorder().issued_count(), before + 1);
+    EXPECT_EQ(distributed::CurrentFlightRecorder().issued_count(), before + 1);
     // Both decorator layers saw it.
     EXPECT_EQ(trace->ForRank(env.rank).size(), 2u);
   });

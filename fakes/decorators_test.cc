@@ -28,7 +28,7 @@ TEST(RecordingProcessGroupTest, TracesEveryCollectivePerRankIncludingSubgroups) 
   auto results = RunRanks(4, [&](RankEnv& env) {
     auto pg = std::make_shared<RecordingProcessGroup>(env.pg, trace);
     Tensor t = Tensor::zeros({4}, DType::kBFloat16);
-    pg->all_reduce(t, dist::Avg());
+    pg->all_reduce(t, distributed::Avg());
     pg->broadcast(t, 3);
     auto sub = pg->new_group({0, 1});
     if (sub) {
@@ -77,7 +77,7 @@ TEST(FaultInjectingProcessGroupTest, FailOnRankAbortsPeers) {
 TEST(FaultInjectingProcessGroupTest, DropMakesPeersTimeOut) {
   auto plan = std::make_shared<FaultPlan>();
   Fault drop = Fault::Drop(/*rank=*/0, /*collective=*/1);
-  drop.op = dist::CollectiveOp::kAllgatherBase;  // the first all-gather, not the first op
+  drop.op = distributed::CollectiveOp::kAllgatherBase;  // the first all-gather, not the first op
   plan->Add(drop);
   std::latch peers_done(1);
   auto results = RunRanks(
@@ -126,7 +126,7 @@ TEST(MockProcessGroupTest, ImplsAreMockedBehindTheValidatingFront) {
   Tensor input = Tensor::zeros({2});
   Tensor output = Tensor::zeros({8});
   EXPECT_CALL(pg,
-              all_gather_into_tensor_impl(_, _, Field(&dist::CollectiveInfo::sequence_number, 1u)))
+              all_gather_into_tensor_impl(_, _, Field(&distributed::CollectiveInfo::sequence_number, 1u)))
       .Times(1);
   pg.all_gather_into_tensor(output, input);
   // The front rejects bad arguments before the backend is called.

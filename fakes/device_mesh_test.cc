@@ -1,15 +1,15 @@
 // DeviceMesh on the threaded fake: init_device_mesh layout, per-dim groups, sub-meshes.
-#include "engine/dist/device_mesh.h"
+#include "engine/distributed/device_mesh.h"
 
 #include <gtest/gtest.h>
 
-#include "engine/dist/comm_debug_mode.h"
+#include "engine/distributed/comm_debug_mode.h"
 #include "fakes/run_ranks.h"
 
 namespace fsdp::fakes {
 namespace {
 
-using dist::DeviceMesh;
+using distributed::DeviceMesh;
 
 TEST(DeviceMeshTest, TwoDimensionalLayoutMatchesInitDeviceMesh) {
   for (int world : {4, 8}) {
@@ -64,7 +64,7 @@ TEST(DeviceMeshTest, TwoDimensionalLayoutMatchesInitDeviceMesh) {
 
 TEST(DeviceMeshTest, OneDimensionalMeshReusesTheWorldGroupWithoutCollectives) {
   auto results = RunRanks(3, [](RankEnv& env) {
-    dist::CommDebugMode mode;
+    distributed::CommDebugMode mode;
     const uint64_t seq = env.pg->sequence_number();
     auto mesh = DeviceMesh::Init(env.pg, "cpu", {3});
     EXPECT_EQ(mesh->get_group(), env.pg);

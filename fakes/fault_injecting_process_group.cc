@@ -47,7 +47,7 @@ void FaultPlan::Add(Fault fault) {
   faults_.push_back(std::move(fault));
 }
 
-std::vector<Fault> FaultPlan::Match(const dist::CollectiveInfo& info) {
+std::vector<Fault> FaultPlan::Match(const distributed::CollectiveInfo& info) {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Fault> fired;
   for (size_t i = 0; i < faults_.size(); ++i) {
@@ -68,14 +68,14 @@ int FaultPlan::fired() const {
   return fired_;
 }
 
-FaultInjectingProcessGroup::FaultInjectingProcessGroup(std::shared_ptr<dist::ProcessGroup> inner,
+FaultInjectingProcessGroup::FaultInjectingProcessGroup(std::shared_ptr<distributed::ProcessGroup> inner,
                                                        std::shared_ptr<FaultPlan> plan)
     : ProcessGroupWrapper(std::move(inner)), plan_(std::move(plan)) {
   FSDP_CHECK(plan_ != nullptr, "FaultInjectingProcessGroup: null plan");
 }
 
-std::shared_ptr<dist::ProcessGroup> FaultInjectingProcessGroup::Wrap(
-    std::shared_ptr<dist::ProcessGroup> inner) {
+std::shared_ptr<distributed::ProcessGroup> FaultInjectingProcessGroup::Wrap(
+    std::shared_ptr<distributed::ProcessGroup> inner) {
   return std::make_shared<FaultInjectingProcessGroup>(std::move(inner), plan_);
 }
 
@@ -91,8 +91,8 @@ void AddToEveryElement(const Tensor& t, double delta) {
 
 }  // namespace
 
-std::shared_ptr<dist::Work> FaultInjectingProcessGroup::Intercept(
-    const dist::CollectiveInfo& info, const std::vector<Tensor>& outputs, const Forward& forward) {
+std::shared_ptr<distributed::Work> FaultInjectingProcessGroup::Intercept(
+    const distributed::CollectiveInfo& info, const std::vector<Tensor>& outputs, const Forward& forward) {
   const std::vector<Fault> faults = plan_->Match(info);
   for (const Fault& f : faults) {
     if (f.kind == Fault::Kind::kDelay) std::this_thread::sleep_for(f.delay);
@@ -103,8 +103,8 @@ std::shared_ptr<dist::Work> FaultInjectingProcessGroup::Intercept(
     }
   }
   for (const Fault& f : faults) {
-    if (f.kind == Fault::Kind::kDrop && info.op != dist::CollectiveOp::kNewGroup) {
-      return std::make_shared<dist::CompletedWork>(info.str() + " (dropped)", timeout());
+    if (f.kind == Fault::Kind::kDrop && info.op != distributed::CollectiveOp::kNewGroup) {
+      return std::make_shared<distributed::CompletedWork>(info.str() + " (dropped)", timeout());
     }
   }
   auto work = forward();

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "engine/core/error.h"
-#include "engine/dist/collective_info.h"
+#include "engine/distributed/collective_info.h"
 #include "fakes/process_group_wrapper.h"
 
 namespace fsdp::fakes {
@@ -35,7 +35,7 @@ struct Fault {
   Kind kind = Kind::kFail;                   // Default: kFail
   int rank = -1;                             // Default: -1 (every rank); else a global rank
   uint64_t collective = 1;                   // Default: 1; fires on the k-th match (1-based)
-  std::optional<dist::CollectiveOp> op;      // Default: any op
+  std::optional<distributed::CollectiveOp> op;      // Default: any op
   std::string group;                         // Default: "" (any group); else a group name
   std::chrono::milliseconds delay{0};        // kDelay. Default: 0
   ErrorCode code = ErrorCode::kUnavailable;  // kFail. Default: kUnavailable
@@ -53,7 +53,7 @@ class FaultPlan {
  public:
   void Add(Fault fault);
   // The faults that fire for this collective on its rank (advances the per-rank counters).
-  std::vector<Fault> Match(const dist::CollectiveInfo& info);
+  std::vector<Fault> Match(const distributed::CollectiveInfo& info);
   // How many faults fired so far.
   int fired() const;
 
@@ -66,13 +66,13 @@ class FaultPlan {
 
 class FaultInjectingProcessGroup final : public ProcessGroupWrapper {
  public:
-  FaultInjectingProcessGroup(std::shared_ptr<dist::ProcessGroup> inner,
+  FaultInjectingProcessGroup(std::shared_ptr<distributed::ProcessGroup> inner,
                              std::shared_ptr<FaultPlan> plan);
   const std::shared_ptr<FaultPlan>& plan() const { return plan_; }
 
  protected:
-  std::shared_ptr<dist::ProcessGroup> Wrap(std::shared_ptr<dist::ProcessGroup> inner) override;
-  std::shared_ptr<dist::Work> Intercept(const dist::CollectiveInfo& info,
+  std::shared_ptr<distributed::ProcessGroup> Wrap(std::shared_ptr<distributed::ProcessGroup> inner) override;
+  std::shared_ptr<distributed::Work> Intercept(const distributed::CollectiveInfo& info,
                                         const std::vector<Tensor>& outputs,
                                         const Forward& forward) override;
 

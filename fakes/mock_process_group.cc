@@ -16,8 +16,8 @@ MockProcessGroup::MockProcessGroup(int rank, int size) {
   ON_CALL(*this, global_ranks()).WillByDefault(Return(ranks));
   ON_CALL(*this, timeout()).WillByDefault(Return(std::chrono::milliseconds(30000)));
   ON_CALL(*this, group_name()).WillByDefault(Return(std::string("0")));
-  auto completed = [](auto&&... /*args*/) -> std::shared_ptr<dist::Work> {
-    return std::make_shared<dist::CompletedWork>("mock collective");
+  auto completed = [](auto&&... /*args*/) -> std::shared_ptr<distributed::Work> {
+    return std::make_shared<distributed::CompletedWork>("mock collective");
   };
   ON_CALL(*this, all_gather_into_tensor_impl(_, _, _)).WillByDefault(completed);
   ON_CALL(*this, reduce_scatter_tensor_impl(_, _, _, _)).WillByDefault(completed);

@@ -16,11 +16,11 @@
 
 #include <gmock/gmock.h>
 
-#include "engine/dist/process_group.h"
+#include "engine/distributed/process_group.h"
 
 namespace fsdp::fakes {
 
-class MockProcessGroup : public dist::ProcessGroup {
+class MockProcessGroup : public distributed::ProcessGroup {
  public:
   explicit MockProcessGroup(int rank = 0, int size = 1);
 
@@ -31,26 +31,26 @@ class MockProcessGroup : public dist::ProcessGroup {
   MOCK_METHOD(std::chrono::milliseconds, timeout, (), (const, override));
   MOCK_METHOD(std::string, group_name, (), (const, override));
 
-  MOCK_METHOD(std::shared_ptr<dist::Work>, all_gather_into_tensor_impl,
-              (const Tensor& output, const Tensor& input, const dist::CollectiveInfo& info),
+  MOCK_METHOD(std::shared_ptr<distributed::Work>, all_gather_into_tensor_impl,
+              (const Tensor& output, const Tensor& input, const distributed::CollectiveInfo& info),
               (override));
-  MOCK_METHOD(std::shared_ptr<dist::Work>, reduce_scatter_tensor_impl,
-              (const Tensor& output, const Tensor& input, const dist::ReduceOptions& options,
-               const dist::CollectiveInfo& info),
+  MOCK_METHOD(std::shared_ptr<distributed::Work>, reduce_scatter_tensor_impl,
+              (const Tensor& output, const Tensor& input, const distributed::ReduceOptions& options,
+               const distributed::CollectiveInfo& info),
               (override));
-  MOCK_METHOD(std::shared_ptr<dist::Work>, all_reduce_impl,
-              (const Tensor& tensor, const dist::ReduceOptions& options,
-               const dist::CollectiveInfo& info),
+  MOCK_METHOD(std::shared_ptr<distributed::Work>, all_reduce_impl,
+              (const Tensor& tensor, const distributed::ReduceOptions& options,
+               const distributed::CollectiveInfo& info),
               (override));
-  MOCK_METHOD(std::shared_ptr<dist::Work>, broadcast_impl,
-              (const Tensor& tensor, int root, const dist::CollectiveInfo& info), (override));
-  MOCK_METHOD(std::shared_ptr<dist::Work>, all_gather_impl,
+  MOCK_METHOD(std::shared_ptr<distributed::Work>, broadcast_impl,
+              (const Tensor& tensor, int root, const distributed::CollectiveInfo& info), (override));
+  MOCK_METHOD(std::shared_ptr<distributed::Work>, all_gather_impl,
               (const std::vector<Tensor>& outputs, const Tensor& input,
-               const dist::CollectiveInfo& info),
+               const distributed::CollectiveInfo& info),
               (override));
-  MOCK_METHOD(void, barrier_impl, (const dist::CollectiveInfo& info), (override));
-  MOCK_METHOD(std::shared_ptr<dist::ProcessGroup>, new_group_impl,
-              (const std::vector<int>& ranks, const dist::CollectiveInfo& info), (override));
+  MOCK_METHOD(void, barrier_impl, (const distributed::CollectiveInfo& info), (override));
+  MOCK_METHOD(std::shared_ptr<distributed::ProcessGroup>, new_group_impl,
+              (const std::vector<int>& ranks, const distributed::CollectiveInfo& info), (override));
 };
 
 }  // namespace fsdp::fakes

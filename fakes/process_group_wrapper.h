@@ -13,13 +13,13 @@
 #include <memory>
 #include <vector>
 
-#include "engine/dist/process_group.h"
+#include "engine/distributed/process_group.h"
 
 namespace fsdp::fakes {
 
-class ProcessGroupWrapper : public dist::ProcessGroup {
+class ProcessGroupWrapper : public distributed::ProcessGroup {
  public:
-  explicit ProcessGroupWrapper(std::shared_ptr<dist::ProcessGroup> inner);
+  explicit ProcessGroupWrapper(std::shared_ptr<distributed::ProcessGroup> inner);
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -27,39 +27,39 @@ class ProcessGroupWrapper : public dist::ProcessGroup {
   std::vector<int> global_ranks() const override { return inner_->global_ranks(); }
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
   std::string group_name() const override { return inner_->group_name(); }
-  const std::shared_ptr<dist::ProcessGroup>& inner() const { return inner_; }
+  const std::shared_ptr<distributed::ProcessGroup>& inner() const { return inner_; }
 
  protected:
   // Issues the call on the wrapped group; its Work, or null for barrier and new_group.
-  using Forward = std::function<std::shared_ptr<dist::Work>()>;
+  using Forward = std::function<std::shared_ptr<distributed::Work>()>;
 
   // The same decorator around a subgroup of the inner group.
-  virtual std::shared_ptr<dist::ProcessGroup> Wrap(std::shared_ptr<dist::ProcessGroup> inner) = 0;
+  virtual std::shared_ptr<distributed::ProcessGroup> Wrap(std::shared_ptr<distributed::ProcessGroup> inner) = 0;
   // Called for every call (collectives, barrier, new_group) with its info and the tensors it
   // writes (empty for barrier and new_group); returns what the call returns. Default: forward().
-  virtual std::shared_ptr<dist::Work> Intercept(const dist::CollectiveInfo& info,
+  virtual std::shared_ptr<distributed::Work> Intercept(const distributed::CollectiveInfo& info,
                                                 const std::vector<Tensor>& outputs,
                                                 const Forward& forward);
 
-  std::shared_ptr<dist::Work> all_gather_into_tensor_impl(
-      const Tensor& output, const Tensor& input, const dist::CollectiveInfo& info) final;
-  std::shared_ptr<dist::Work> reduce_scatter_tensor_impl(const Tensor& output, const Tensor& input,
-                                                         const dist::ReduceOptions& options,
-                                                         const dist::CollectiveInfo& info) final;
-  std::shared_ptr<dist::Work> all_reduce_impl(const Tensor& tensor,
-                                              const dist::ReduceOptions& options,
-                                              const dist::CollectiveInfo& info) final;
-  std::shared_ptr<dist::Work> broadcast_impl(const Tensor& tensor, int root,
-                                             const dist::CollectiveInfo& info) final;
-  std::shared_ptr<dist::Work> all_gather_impl(const std::vector<Tensor>& outputs,
+  std::shared_ptr<distributed::Work> all_gather_into_tensor_impl(
+      const Tensor& output, const Tensor& input, const distributed::CollectiveInfo& info) final;
+  std::shared_ptr<distributed::Work> reduce_scatter_tensor_impl(const Tensor& output, const Tensor& input,
+                                                         const distributed::ReduceOptions& options,
+                                                         const distributed::CollectiveInfo& info) final;
+  std::shared_ptr<distributed::Work> all_reduce_impl(const Tensor& tensor,
+                                              const distributed::ReduceOptions& options,
+                                              const distributed::CollectiveInfo& info) final;
+  std::shared_ptr<distributed::Work> broadcast_impl(const Tensor& tensor, int root,
+                                             const distributed::CollectiveInfo& info) final;
+  std::shared_ptr<distributed::Work> all_gather_impl(const std::vector<Tensor>& outputs,
                                               const Tensor& input,
-                                              const dist::CollectiveInfo& info) final;
-  void barrier_impl(const dist::CollectiveInfo& info) final;
-  std::shared_ptr<dist::ProcessGroup> new_group_impl(const std::vector<int>& ranks,
-                                                     const dist::CollectiveInfo& info) final;
+                                              const distributed::CollectiveInfo& info) final;
+  void barrier_impl(const distributed::CollectiveInfo& info) final;
+  std::shared_ptr<distributed::ProcessGroup> new_group_impl(const std::vector<int>& ranks,
+                                                     const distributed::CollectiveInfo& info) final;
 
  private:
-  std::shared_ptr<dist::ProcessGroup> inner_;
+  std::shared_ptr<distributed::ProcessGroup> inner_;
 };
 
 }  // namespace fsdp::fakes

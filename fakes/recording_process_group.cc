@@ -4,19 +4,19 @@
 
 namespace fsdp::fakes {
 
-void CollectiveTrace::Add(const dist::CollectiveInfo& info) {
+void CollectiveTrace::Add(const distributed::CollectiveInfo& info) {
   std::lock_guard<std::mutex> lock(mu_);
   entries_.push_back(info);
 }
 
-std::vector<dist::CollectiveInfo> CollectiveTrace::All() const {
+std::vector<distributed::CollectiveInfo> CollectiveTrace::All() const {
   std::lock_guard<std::mutex> lock(mu_);
   return entries_;
 }
 
-std::vector<dist::CollectiveInfo> CollectiveTrace::ForRank(int global_rank) const {
+std::vector<distributed::CollectiveInfo> CollectiveTrace::ForRank(int global_rank) const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<dist::CollectiveInfo> out;
+  std::vector<distributed::CollectiveInfo> out;
   for (const auto& e : entries_) {
     if (e.global_rank == global_rank) out.push_back(e);
   }
@@ -34,12 +34,12 @@ void CollectiveTrace::Clear() {
   entries_.clear();
 }
 
-std::string TraceLine(const dist::CollectiveInfo& info) {
+std::string TraceLine(const distributed::CollectiveInfo& info) {
   std::ostringstream os;
-  os << dist::CollectiveOpName(info.op) << " group=" << info.group_name;
+  os << distributed::CollectiveOpName(info.op) << " group=" << info.group_name;
   if (info.has_payload) {
     os << " " << DTypeName(info.dtype);
-    if (info.op == dist::CollectiveOp::kAllgather) {
+    if (info.op == distributed::CollectiveOp::kAllgather) {
       os << " numels=[";
       for (size_t i = 0; i < info.output_numels.size(); ++i) {
         os << (i ? "," : "") << info.output_numels[i];
@@ -49,9 +49,9 @@ std::string TraceLine(const dist::CollectiveInfo& info) {
       os << " numel=" << info.input_numel();
     }
   }
-  if (info.has_reduce_op) os << " " << dist::ReduceOpName(info.reduce_op);
-  if (info.op == dist::CollectiveOp::kBroadcast) os << " root=" << info.root;
-  if (info.op == dist::CollectiveOp::kNewGroup) {
+  if (info.has_reduce_op) os << " " << distributed::ReduceOpName(info.reduce_op);
+  if (info.op == distributed::CollectiveOp::kBroadcast) os << " root=" << info.root;
+  if (info.op == distributed::CollectiveOp::kNewGroup) {
     os << " ranks=[";
     for (size_t i = 0; i < info.new_group_ranks.size(); ++i) {
       os << (i ? "," : "") << info.new_group_ranks[i];
@@ -61,18 +61,18 @@ std::string TraceLine(const dist::CollectiveInfo& info) {
   return os.str();
 }
 
-RecordingProcessGroup::RecordingProcessGroup(std::shared_ptr<dist::ProcessGroup> inner,
+RecordingProcessGroup::RecordingProcessGroup(std::shared_ptr<distributed::ProcessGroup> inner,
                                              std::shared_ptr<CollectiveTrace> trace)
     : ProcessGroupWrapper(std::move(inner)), trace_(std::move(trace)) {
   FSDP_CHECK(trace_ != nullptr, "RecordingProcessGroup: null trace");
 }
 
-std::shared_ptr<dist::ProcessGroup> RecordingProcessGroup::Wrap(
-    std::shared_ptr<dist::ProcessGroup> inner) {
+std::shared_ptr<distributed::ProcessGroup> RecordingProcessGroup::Wrap(
+    std::shared_ptr<distributed::ProcessGroup> inner) {
   return std::make_shared<RecordingProcessGroup>(std::move(inner), trace_);
 }
 
-std::shared_ptr<dist::Work> RecordingProcessGroup::Intercept(const dist::CollectiveInfo& info,
+std::shared_ptr<distributed::Work> RecordingProcessGroup::Intercept(const distributed::CollectiveInfo& info,
                                                              const std::vector<Tensor>& /*outputs*/,
                                                              const Forward& forward) {
   trace_->Add(info);

@@ -14,40 +14,40 @@
 #include <string>
 #include <vector>
 
-#include "engine/dist/collective_info.h"
+#include "engine/distributed/collective_info.h"
 #include "fakes/process_group_wrapper.h"
 
 namespace fsdp::fakes {
 
 class CollectiveTrace {
  public:
-  void Add(const dist::CollectiveInfo& info);
+  void Add(const distributed::CollectiveInfo& info);
   // Every entry, in the order they were recorded (interleaving of ranks is not specified).
-  std::vector<dist::CollectiveInfo> All() const;
+  std::vector<distributed::CollectiveInfo> All() const;
   // The entries of one global rank, in its issue order.
-  std::vector<dist::CollectiveInfo> ForRank(int global_rank) const;
+  std::vector<distributed::CollectiveInfo> ForRank(int global_rank) const;
   // One line per entry of `global_rank`: "allreduce_ group=0 float32 numel=4 SUM".
   std::vector<std::string> OpLines(int global_rank) const;
   void Clear();
 
  private:
   mutable std::mutex mu_;
-  std::vector<dist::CollectiveInfo> entries_;
+  std::vector<distributed::CollectiveInfo> entries_;
 };
 
 // "allreduce_ group=0 float32 numel=4 SUM" (stable, for expectations).
-std::string TraceLine(const dist::CollectiveInfo& info);
+std::string TraceLine(const distributed::CollectiveInfo& info);
 
 class RecordingProcessGroup final : public ProcessGroupWrapper {
  public:
   explicit RecordingProcessGroup(
-      std::shared_ptr<dist::ProcessGroup> inner,
+      std::shared_ptr<distributed::ProcessGroup> inner,
       std::shared_ptr<CollectiveTrace> trace = std::make_shared<CollectiveTrace>());
   const std::shared_ptr<CollectiveTrace>& trace() const { return trace_; }
 
  protected:
-  std::shared_ptr<dist::ProcessGroup> Wrap(std::shared_ptr<dist::ProcessGroup> inner) override;
-  std::shared_ptr<dist::Work> Intercept(const dist::CollectiveInfo& info,
+  std::shared_ptr<distributed::ProcessGroup> Wrap(std::shared_ptr<distributed::ProcessGroup> inner) override;
+  std::shared_ptr<distributed::Work> Intercept(const distributed::CollectiveInfo& info,
                                         const std::vector<Tensor>& outputs,
                                         const Forward& forward) override;
 

@@ -46,7 +46,7 @@ RunResult<std::monostate> RunRanksImpl(int world_size, const std::function<void(
         env.pg = world->CreateWorldGroup(r);
         env.context = contexts[r].get();
         env.world = world.get();
-        dist::SetDefaultProcessGroup(env.pg);
+        distributed::SetDefaultProcessGroup(env.pg);
         fn(env);
         out.value.emplace();
       } catch (const Error& e) {
@@ -65,7 +65,7 @@ RunResult<std::monostate> RunRanksImpl(int world_size, const std::function<void(
         world->MarkRankReturned(r);
       }
       // Drops this rank's handles (and anything fn stored in the default group slot).
-      dist::SetDefaultProcessGroup(nullptr);
+      distributed::SetDefaultProcessGroup(nullptr);
     });
   }
 

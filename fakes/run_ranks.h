@@ -11,7 +11,7 @@
 //
 // Each rank thread gets its own RankContext (rank, world size, device, seed; installed with
 // RankContextGuard), its world ThreadedProcessGroup (also the rank's default group,
-// dist::GetDefaultProcessGroup()), and runs fn(RankEnv&) or fn(int rank). A rank whose fn
+// distributed::GetDefaultProcessGroup()), and runs fn(RankEnv&) or fn(int rank). A rank whose fn
 // throws is reported with the error's code and what(); it also aborts the world, so peers
 // blocked in a collective fail promptly with kAborted. RunRanks never hangs on a collective:
 // every wait has the deadline `timeout`. A rank stuck outside collectives (user code) cannot
@@ -39,7 +39,7 @@
 #include "engine/core/device.h"
 #include "engine/core/error.h"
 #include "engine/core/rank_context.h"
-#include "engine/dist/process_group.h"
+#include "engine/distributed/process_group.h"
 #include "fakes/threaded_process_group.h"
 
 namespace fsdp::fakes {
@@ -63,7 +63,7 @@ struct RunRanksOptions {
 struct RankEnv {
   int rank = 0;
   int world_size = 1;
-  std::shared_ptr<dist::ProcessGroup> pg;  // the world group (also the default group)
+  std::shared_ptr<distributed::ProcessGroup> pg;  // the world group (also the default group)
   RankContext* context = nullptr;          // this rank's context (current on this thread)
   ThreadedWorld* world = nullptr;          // the shared world (for Report(), Abort())
 };

@@ -5,8 +5,8 @@
 #include <map>
 #include <sstream>
 
-#include "engine/dist/flight_recorder.h"
-#include "engine/dist/host_staging.h"
+#include "engine/distributed/flight_recorder.h"
+#include "engine/distributed/host_staging.h"
 
 namespace fsdp::fakes {
 
@@ -14,7 +14,7 @@ namespace internal {
 
 // One rank's side of a collective: host views of its buffers, valid while it waits.
 struct Participant {
-  dist::CollectiveInfo info;
+  distributed::CollectiveInfo info;
   const char* input = nullptr;
   char* output = nullptr;
   std::vector<char*> outputs;  // allgather_
@@ -117,7 +117,7 @@ std::string ThreadedWorld::Describe(const GroupState& group) const {
   return os.str();
 }
 
-std::shared_ptr<dist::ProcessGroup> ThreadedWorld::CreateWorldGroup(int rank) {
+std::shared_ptr<distributed::ProcessGroup> ThreadedWorld::CreateWorldGroup(int rank) {
   FSDP_CHECK(rank >= 0 && rank < world_size_, "ThreadedWorld::CreateWorldGroup: rank ", rank,
              " out of range for world size ", world_size_);
   {
@@ -132,7 +132,7 @@ std::shared_ptr<dist::ProcessGroup> ThreadedWorld::CreateWorldGroup(int rank) {
 
 void ThreadedWorld::AttachRankContext(int rank, RankContext* context) {
   FSDP_CHECK(context != nullptr, "ThreadedWorld::AttachRankContext: null context for rank ", rank);
-  auto recorder = dist::FlightRecorderOf(*context);
+  auto recorder = distributed::FlightRecorderOf(*context);
   std::lock_guard<std::mutex> lock(mu_);
   ranks_.at(static_cast<size_t>(rank)).recorder = std::move(recorder);
 }
@@ -236,7 +236,7 @@ std::string CheckFingerprints(const GroupState& group, const Rendezvous& rv,
   size_t shown = 0;
   size_t differing = 0;
   for (size_t r = 1; r < rv.slots.size(); ++r) {
-    const std::string diff = dist::CollectiveMismatch(first.info, rv.slots[r]->info);
+    const std::string diff = distributed::CollectiveMismatch(first.info, rv.slots[r]->info);
     if (diff.empty()) continue;
     ++differing;
     if (shown++ < kMaxMismatchLines) {
@@ -264,7 +264,7 @@ void Execute(Rendezvous& rv) {
   const auto& info = p0.info;
   const size_t n = rv.slots.size();
   switch (info.op) {
-    case dist::CollectiveOp::kAllgatherBase: {
+    case distributed::CollectiveOp::kAllgatherBase: {
       const size_t chunk = p0.input_bytes;
       for (size_t q = 0; q < n; ++q) {
         for (size_t r = 0; r < n; ++r) {
@@ -273,7 +273,7 @@ void Execute(Rendezvous& rv) {
       }
       break;
     }
-    case dist::CollectiveOp::kReduceScatterBase: {
+    case distributed::CollectiveOp::kReduceScatterBase: {
       const size_t numel = static_cast<size_t>(info.output_numel());
       const size_t chunk = numel * ElementSize(info.dtype);
       std::vector<const void*> inputs(n);
@@ -281,12 +281,12 @@ void Execute(Rendezvous& rv) {
       for (size_t r = 0; r < n; ++r) factors[r] = rv.slots[r]->premul_factor;
       for (size_t q = 0; q < n; ++q) {
         for (size_t r = 0; r < n; ++r) inputs[r] = rv.slots[r]->input + q * chunk;
-        dist::ReduceInRankOrder(info.dtype, info.reduce_op, inputs, factors, rv.slots[q]->output,
+        distributed::ReduceInRankOrder(info.dtype, info.reduce_op, inputs, factors, rv.slots[q]->output,
                                 numel);
       }
       break;
     }
-    case dist::CollectiveOp::kAllreduce: {
+    case distributed::CollectiveOp::kAllreduce: {
       const size_t numel = static_cast<size_t>(info.input_numel());
       std::vector<const void*> inputs(n);
       std::vector<double> factors(n);
@@ -294,16 +294,16 @@ void Execute(Rendezvous& rv) {
         inputs[r] = rv.slots[r]->input;
         factors[r] = rv.slots[r]->premul_factor;
       }
-      dist::ReduceInRankOrder(info.dtype, info.reduce_op, inputs, factors, p0.output, numel);
+      distributed::ReduceInRankOrder(info.dtype, info.reduce_op, inputs, factors, p0.output, numel);
       for (size_t q = 1; q < n; ++q) CopyBytes(rv.slots[q]->output, p0.output, p0.input_bytes);
       break;
     }
-    case dist::CollectiveOp::kBroadcast: {
+    case distributed::CollectiveOp::kBroadcast: {
       const Participant& root = *rv.slots[static_cast<size_t>(info.root)];
       for (size_t q = 0; q < n; ++q) CopyBytes(rv.slots[q]->output, root.input, root.input_bytes);
       break;
     }
-    case dist::CollectiveOp::kAllgather: {
+    case distributed::CollectiveOp::kAllgather: {
       for (size_t q = 0; q < n; ++q) {
         for (size_t r = 0; r < n; ++r) {
           CopyBytes(rv.slots[q]->outputs[r], rv.slots[r]->input, rv.slots[r]->input_bytes);
@@ -311,8 +311,8 @@ void Execute(Rendezvous& rv) {
       }
       break;
     }
-    case dist::CollectiveOp::kBarrier:
-    case dist::CollectiveOp::kNewGroup:
+    case distributed::CollectiveOp::kBarrier:
+    case distributed::CollectiveOp::kNewGroup:
       break;
   }
 }
@@ -368,7 +368,7 @@ void ThreadedWorld::Join(GroupState& group, int group_rank, uint64_t index, Part
     std::string mismatch = CheckFingerprints(group, *rv, group_desc);
     if (!mismatch.empty()) {
       fail(ErrorCode::kDataLoss, std::move(mismatch));
-    } else if (p.info.op == dist::CollectiveOp::kNewGroup) {
+    } else if (p.info.op == distributed::CollectiveOp::kNewGroup) {
       const std::string index = std::to_string(++group.subgroups_created);
       rv->new_group = NewGroupState(group.name == "0" ? index : group.name + "." + index,
                                     p.info.new_group_ranks);
@@ -432,7 +432,7 @@ void ThreadedWorld::Join(GroupState& group, int group_rank, uint64_t index, Part
   if (rv->state == State::kFailed) {
     throw Error(rv->code, "[" + p.info.str() + "] " + rv->error);
   }
-  if (p.info.op == dist::CollectiveOp::kNewGroup) {
+  if (p.info.op == distributed::CollectiveOp::kNewGroup) {
     const auto& members = p.info.new_group_ranks;
     if (std::find(members.begin(), members.end(), p.info.global_rank) != members.end()) {
       p.new_group = rv->new_group;
@@ -440,10 +440,10 @@ void ThreadedWorld::Join(GroupState& group, int group_rank, uint64_t index, Part
   }
 }
 
-std::vector<std::shared_ptr<dist::ProcessGroup>> MakeThreadedWorldGroups(
+std::vector<std::shared_ptr<distributed::ProcessGroup>> MakeThreadedWorldGroups(
     int world_size, std::chrono::milliseconds timeout) {
   auto world = ThreadedWorld::Create(world_size, timeout);
-  std::vector<std::shared_ptr<dist::ProcessGroup>> groups;
+  std::vector<std::shared_ptr<distributed::ProcessGroup>> groups;
   for (int r = 0; r < world_size; ++r) groups.push_back(world->CreateWorldGroup(r));
   return groups;
 }
@@ -466,14 +466,14 @@ void ThreadedProcessGroup::Run(Participant& participant) {
   world_->Join(*group_, group_rank_, next_index_++, participant);
 }
 
-std::shared_ptr<dist::Work> ThreadedProcessGroup::Done(const dist::CollectiveInfo& info) const {
-  return std::make_shared<dist::CompletedWork>(info.str(), timeout());
+std::shared_ptr<distributed::Work> ThreadedProcessGroup::Done(const distributed::CollectiveInfo& info) const {
+  return std::make_shared<distributed::CompletedWork>(info.str(), timeout());
 }
 
-using dist::HostStaging;
+using distributed::HostStaging;
 
-std::shared_ptr<dist::Work> ThreadedProcessGroup::all_gather_into_tensor_impl(
-    const Tensor& output, const Tensor& input, const dist::CollectiveInfo& info) {
+std::shared_ptr<distributed::Work> ThreadedProcessGroup::all_gather_into_tensor_impl(
+    const Tensor& output, const Tensor& input, const distributed::CollectiveInfo& info) {
   HostStaging stage;
   Participant p;
   p.info = info;
@@ -487,9 +487,9 @@ std::shared_ptr<dist::Work> ThreadedProcessGroup::all_gather_into_tensor_impl(
   return Done(info);
 }
 
-std::shared_ptr<dist::Work> ThreadedProcessGroup::reduce_scatter_tensor_impl(
-    const Tensor& output, const Tensor& input, const dist::ReduceOptions& options,
-    const dist::CollectiveInfo& info) {
+std::shared_ptr<distributed::Work> ThreadedProcessGroup::reduce_scatter_tensor_impl(
+    const Tensor& output, const Tensor& input, const distributed::ReduceOptions& options,
+    const distributed::CollectiveInfo& info) {
   HostStaging stage;
   Participant p;
   p.info = info;
@@ -510,8 +510,8 @@ std::shared_ptr<dist::Work> ThreadedProcessGroup::reduce_scatter_tensor_impl(
   return Done(info);
 }
 
-std::shared_ptr<dist::Work> ThreadedProcessGroup::all_reduce_impl(
-    const Tensor& tensor, const dist::ReduceOptions& options, const dist::CollectiveInfo& info) {
+std::shared_ptr<distributed::Work> ThreadedProcessGroup::all_reduce_impl(
+    const Tensor& tensor, const distributed::ReduceOptions& options, const distributed::CollectiveInfo& info) {
   HostStaging stage;
   Participant p;
   p.info = info;
@@ -524,8 +524,8 @@ std::shared_ptr<dist::Work> ThreadedProcessGroup::all_reduce_impl(
   return Done(info);
 }
 
-std::shared_ptr<dist::Work> ThreadedProcessGroup::broadcast_impl(const Tensor& tensor, int root,
-                                                                 const dist::CollectiveInfo& info) {
+std::shared_ptr<distributed::Work> ThreadedProcessGroup::broadcast_impl(const Tensor& tensor, int root,
+                                                                 const distributed::CollectiveInfo& info) {
   HostStaging stage;
   Participant p;
   p.info = info;
@@ -537,8 +537,8 @@ std::shared_ptr<dist::Work> ThreadedProcessGroup::broadcast_impl(const Tensor& t
   return Done(info);
 }
 
-std::shared_ptr<dist::Work> ThreadedProcessGroup::all_gather_impl(
-    const std::vector<Tensor>& outputs, const Tensor& input, const dist::CollectiveInfo& info) {
+std::shared_ptr<distributed::Work> ThreadedProcessGroup::all_gather_impl(
+    const std::vector<Tensor>& outputs, const Tensor& input, const distributed::CollectiveInfo& info) {
   HostStaging stage;
   Participant p;
   p.info = info;
@@ -552,14 +552,14 @@ std::shared_ptr<dist::Work> ThreadedProcessGroup::all_gather_impl(
   return Done(info);
 }
 
-void ThreadedProcessGroup::barrier_impl(const dist::CollectiveInfo& info) {
+void ThreadedProcessGroup::barrier_impl(const distributed::CollectiveInfo& info) {
   Participant p;
   p.info = info;
   Run(p);
 }
 
-std::shared_ptr<dist::ProcessGroup> ThreadedProcessGroup::new_group_impl(
-    const std::vector<int>& ranks, const dist::CollectiveInfo& info) {
+std::shared_ptr<distributed::ProcessGroup> ThreadedProcessGroup::new_group_impl(
+    const std::vector<int>& ranks, const distributed::CollectiveInfo& info) {
   Participant p;
   p.info = info;
   Run(p);

@@ -9,10 +9,10 @@
 // Collectives rendezvous per group and sequence: the k-th collective a rank issues on a group
 // meets the k-th of every other member. The last rank to arrive first compares the
 // fingerprints of all participants ([Note: collective fingerprint] in
-// engine/dist/collective_info.h); on a mismatch every participant throws Error(kDataLoss)
+// engine/distributed/collective_info.h); on a mismatch every participant throws Error(kDataLoss)
 // showing rank 0's call and each differing rank's call. Otherwise it performs the whole
 // collective, copying between the ranks' buffers while the others wait, with reductions in
-// rank order (engine/dist/reduce_op.h), so results are bit-identical on every rank.
+// rank order (engine/distributed/reduce_op.h), so results are bit-identical on every rank.
 //
 // Failures (see docs/process_groups.md, [Note: threaded abort semantics]):
 //  * a participant waiting longer than the world's timeout fails the collective for every
@@ -39,8 +39,8 @@
 #include <vector>
 
 #include "engine/core/rank_context.h"
-#include "engine/dist/flight_recorder.h"
-#include "engine/dist/process_group.h"
+#include "engine/distributed/flight_recorder.h"
+#include "engine/distributed/process_group.h"
 
 namespace fsdp::fakes {
 
@@ -59,7 +59,7 @@ class ThreadedWorld : public std::enable_shared_from_this<ThreadedWorld> {
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   // The world group's handle for `rank`; at most once per rank.
-  std::shared_ptr<dist::ProcessGroup> CreateWorldGroup(int rank);
+  std::shared_ptr<distributed::ProcessGroup> CreateWorldGroup(int rank);
   // Lets reports read `rank`'s flight recorder (shared: the context may die first).
   void AttachRankContext(int rank, RankContext* context);
   // The rank's function returned: collectives that still need it fail with kUnavailable.
@@ -83,7 +83,7 @@ class ThreadedWorld : public std::enable_shared_from_this<ThreadedWorld> {
   struct RankState {
     RankStatus status = RankStatus::kRunning;
     std::string error;
-    std::shared_ptr<dist::FlightRecorder> recorder;
+    std::shared_ptr<distributed::FlightRecorder> recorder;
     bool world_group_created = false;
   };
 
@@ -116,10 +116,10 @@ class ThreadedWorld : public std::enable_shared_from_this<ThreadedWorld> {
 // thread: AttachRankContext(r, &context) for reports, then MarkRankReturned(r) or
 // MarkRankFailed(r, what) when the rank's code ends, so that peers fail promptly;
 // static_cast<ThreadedProcessGroup&>(*groups[r]).world() reaches the world.
-std::vector<std::shared_ptr<dist::ProcessGroup>> MakeThreadedWorldGroups(
+std::vector<std::shared_ptr<distributed::ProcessGroup>> MakeThreadedWorldGroups(
     int world_size, std::chrono::milliseconds timeout);
 
-class ThreadedProcessGroup final : public dist::ProcessGroup {
+class ThreadedProcessGroup final : public distributed::ProcessGroup {
  public:
   ThreadedProcessGroup(std::shared_ptr<ThreadedWorld> world,
                        std::shared_ptr<internal::GroupState> group, int group_rank);
@@ -134,26 +134,26 @@ class ThreadedProcessGroup final : public dist::ProcessGroup {
   ThreadedWorld& world() const { return *world_; }
 
  protected:
-  std::shared_ptr<dist::Work> all_gather_into_tensor_impl(
-      const Tensor& output, const Tensor& input, const dist::CollectiveInfo& info) override;
-  std::shared_ptr<dist::Work> reduce_scatter_tensor_impl(const Tensor& output, const Tensor& input,
-                                                         const dist::ReduceOptions& options,
-                                                         const dist::CollectiveInfo& info) override;
-  std::shared_ptr<dist::Work> all_reduce_impl(const Tensor& tensor,
-                                              const dist::ReduceOptions& options,
-                                              const dist::CollectiveInfo& info) override;
-  std::shared_ptr<dist::Work> broadcast_impl(const Tensor& tensor, int root,
-                                             const dist::CollectiveInfo& info) override;
-  std::shared_ptr<dist::Work> all_gather_impl(const std::vector<Tensor>& outputs,
+  std::shared_ptr<distributed::Work> all_gather_into_tensor_impl(
+      const Tensor& output, const Tensor& input, const distributed::CollectiveInfo& info) override;
+  std::shared_ptr<distributed::Work> reduce_scatter_tensor_impl(const Tensor& output, const Tensor& input,
+                                                         const distributed::ReduceOptions& options,
+                                                         const distributed::CollectiveInfo& info) override;
+  std::shared_ptr<distributed::Work> all_reduce_impl(const Tensor& tensor,
+                                              const distributed::ReduceOptions& options,
+                                              const distributed::CollectiveInfo& info) override;
+  std::shared_ptr<distributed::Work> broadcast_impl(const Tensor& tensor, int root,
+                                             const distributed::CollectiveInfo& info) override;
+  std::shared_ptr<distributed::Work> all_gather_impl(const std::vector<Tensor>& outputs,
                                               const Tensor& input,
-                                              const dist::CollectiveInfo& info) override;
-  void barrier_impl(const dist::CollectiveInfo& info) override;
-  std::shared_ptr<dist::ProcessGroup> new_group_impl(const std::vector<int>& ranks,
-                                                     const dist::CollectiveInfo& info) override;
+                                              const distributed::CollectiveInfo& info) override;
+  void barrier_impl(const distributed::CollectiveInfo& info) override;
+  std::shared_ptr<distributed::ProcessGroup> new_group_impl(const std::vector<int>& ranks,
+                                                     const distributed::CollectiveInfo& info) override;
 
  private:
   void Run(internal::Participant& participant);
-  std::shared_ptr<dist::Work> Done(const dist::CollectiveInfo& info) const;
+  std::shared_ptr<distributed::Work> Done(const distributed::CollectiveInfo& info) const;
 
   std::shared_ptr<ThreadedWorld> world_;
   std::shared_ptr<internal::GroupState> group_;

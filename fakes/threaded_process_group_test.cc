@@ -8,14 +8,14 @@
 #include <cstring>
 #include <thread>
 
-#include "engine/dist/reduce_op.h"
+#include "engine/distributed/reduce_op.h"
 #include "fakes/run_ranks.h"
 
 namespace fsdp::fakes {
 namespace {
 
-using dist::ReduceOp;
-using dist::ReduceOptions;
+using distributed::ReduceOp;
+using distributed::ReduceOptions;
 
 // Element i of rank r's "salt" input: in {-1, 0, 1}, so sums over up to 128 ranks are exact
 // even in bfloat16.
@@ -129,10 +129,10 @@ void RunAllCollectives(int world, DType dtype) {
           pg.all_gather_into_tensor(out, in);
         }
         // _reduce_scatter_base_ and allreduce_ with every supported op.
-        std::vector<ReduceOptions> ops = {dist::Sum(), dist::Min(), dist::Max()};
+        std::vector<ReduceOptions> ops = {distributed::Sum(), distributed::Min(), distributed::Max()};
         if (floating) {
-          ops.push_back(dist::Avg());
-          ops.push_back(dist::PremulSum(Factor(r)));
+          ops.push_back(distributed::Avg());
+          ops.push_back(distributed::PremulSum(Factor(r)));
         }
         std::vector<double> factors(W);
         for (int q = 0; q < W; ++q) factors[q] = Factor(q);
@@ -146,7 +146,7 @@ void RunAllCollectives(int world, DType dtype) {
           auto got = out.to_doubles();
           for (int64_t i = 0; i < 4; ++i) {
             ASSERT_EQ(got[i], Reduced(dtype, op.op, W, r * 4 + i, salt, factors))
-                << dist::ReduceOpName(op.op) << " rank " << r << " element " << i;
+                << distributed::ReduceOpName(op.op) << " rank " << r << " element " << i;
           }
           // In place: output = input's chunk rank.
           Tensor buf = MakeTensor(r, {W * 2, 2}, dtype, salt);
@@ -155,7 +155,7 @@ void RunAllCollectives(int world, DType dtype) {
           got = chunk.to_doubles();
           for (int64_t i = 0; i < 4; ++i) {
             ASSERT_EQ(got[i], Reduced(dtype, op.op, W, r * 4 + i, salt, factors))
-                << "in place " << dist::ReduceOpName(op.op);
+                << "in place " << distributed::ReduceOpName(op.op);
           }
           // allreduce_.
           Tensor t = MakeTensor(r, {5}, dtype, salt);
@@ -163,7 +163,7 @@ void RunAllCollectives(int world, DType dtype) {
           got = t.to_doubles();
           for (int64_t i = 0; i < 5; ++i) {
             ASSERT_EQ(got[i], Reduced(dtype, op.op, W, i, salt, factors))
-                << "all_reduce " << dist::ReduceOpName(op.op);
+                << "all_reduce " << distributed::ReduceOpName(op.op);
           }
         }
         // broadcast_ from the last and the first rank.
@@ -233,7 +233,7 @@ TEST(ThreadedProcessGroupTest, RankOrderReductionIsBitIdenticalOnEveryRank) {
     };
     auto results = RunRanks(kWorld, [&](RankEnv& env) {
       Tensor t = input_of(env.rank);
-      env.pg->all_reduce(t, dist::Avg());
+      env.pg->all_reduce(t, distributed::Avg());
       Tensor rs = Tensor::empty({kN / kWorld}, dtype);
       env.pg->reduce_scatter_tensor(rs, input_of(env.rank));
       const size_t bytes = t.nbytes();
@@ -248,11 +248,11 @@ TEST(ThreadedProcessGroupTest, RankOrderReductionIsBitIdenticalOnEveryRank) {
     for (int r = 0; r < kWorld; ++r) inputs.push_back(input_of(r));
     for (auto& t : inputs) ptrs.push_back(t.data_ptr());
     Tensor expected = Tensor::empty({kN}, dtype);
-    dist::ReduceInRankOrder(dtype, ReduceOp::kAvg, ptrs, {}, expected.data_ptr(), kN);
+    distributed::ReduceInRankOrder(dtype, ReduceOp::kAvg, ptrs, {}, expected.data_ptr(), kN);
     std::vector<uint8_t> expected_raw(expected.nbytes());
     std::memcpy(expected_raw.data(), expected.data_ptr(), expected.nbytes());
     Tensor expected_sum = Tensor::empty({kN}, dtype);
-    dist::ReduceInRankOrder(dtype, ReduceOp::kSum, ptrs, {}, expected_sum.data_ptr(), kN);
+    distributed::ReduceInRankOrder(dtype, ReduceOp::kSum, ptrs, {}, expected_sum.data_ptr(), kN);
     const auto sum = expected_sum.to_doubles();
     for (int r = 0; r < kWorld; ++r) {
       EXPECT_EQ(results[r].value->first, expected_raw) << DTypeName(dtype) << " rank " << r;
@@ -303,8 +303,8 @@ TEST(ThreadedProcessGroupTest, DefaultGroupAndSeeds) {
   auto results = RunRanks(
       3,
       [](int rank) {
-        EXPECT_TRUE(dist::HasDefaultProcessGroup());
-        auto pg = dist::GetDefaultProcessGroup();
+        EXPECT_TRUE(distributed::HasDefaultProcessGroup());
+        auto pg = distributed::GetDefaultProcessGroup();
         EXPECT_EQ(pg->rank(), rank);
         EXPECT_EQ(RankContext::Current().rank(), rank);
         EXPECT_EQ(RankContext::Current().world_size(), 3);
@@ -328,7 +328,7 @@ TEST(ThreadedProcessGroupTest, ArgumentErrorsAreLocalAndNameTheCall) {
       EXPECT_NE(e.message().find("world size 2"), std::string::npos) << e.what();
     }
     Tensor ints = Tensor::zeros({2}, DType::kInt64);
-    EXPECT_THROW(env.pg->all_reduce(ints, dist::Avg()), Error);
+    EXPECT_THROW(env.pg->all_reduce(ints, distributed::Avg()), Error);
     Tensor t = Tensor::zeros({2});
     EXPECT_THROW(env.pg->broadcast(t, 2), Error);
     // A misaligned in-place view is rejected.

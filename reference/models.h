@@ -1,5 +1,6 @@
 // The small test models of PyTorch's FSDP/TP tests, re-implemented for the oracle with exact
-// FQNs, shapes and forwards (docs: fsdp-semantics.md §11, seeds 000-004). The Transformer of
+// FQNs, shapes and forwards (docs/modules.md, "[Note: seed model shapes]"; seeds 000-004). The
+// Transformer of
 // ModelArgs lives in transformer.h; nn.Transformer-based TransformerWithSharedParams in
 // transformer_with_shared_params.h.
 //

@@ -1,4 +1,5 @@
-// The oracle's own torch.chunk sharding arithmetic (fsdp-semantics.md §1.2, §8.5), written
+// The oracle's own torch.chunk sharding arithmetic (docs/fsdp-behaviour.md, "Dim-0 sharding",
+// which also covers FSDP1's flat-parameter shard), written
 // independently of engine/: which rows of a parameter (or gradient) each rank of an FSDP group
 // must hold.
 //

@@ -20,7 +20,7 @@ RefTensor Iota(const Shape& shape) {
 }
 
 TEST(ChunkLayoutTest, TorchChunkRowsPerRank) {
-  // The spec's table (fsdp-semantics.md §1.2).
+  // The table of docs/fsdp-behaviour.md, "Dim-0 sharding".
   EXPECT_EQ(RowsPerRank(6, 4), (std::vector<int64_t>{2, 2, 2, 0}));  // empty even though 6 >= 4
   EXPECT_EQ(RowsPerRank(5, 4), (std::vector<int64_t>{2, 2, 1, 0}));
   EXPECT_EQ(RowsPerRank(7, 4), (std::vector<int64_t>{2, 2, 2, 1}));

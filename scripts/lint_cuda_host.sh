@@ -9,7 +9,7 @@ build_dir="${1:-build/default}"
 files=(engine/core/cuda_backend.cc engine/core/caching_allocator.cc engine/core/cuda_stream.cc
        engine/core/storage.cc engine/fsdp/comm_context.cc engine/fsdp/fsdp_collectives.cc
        engine/fsdp/fsdp_param.cc)
-for f in engine/ops/cuda/*.cc engine/dist/nccl/*.cc; do
+for f in engine/ops/cuda/*.cc engine/distributed/nccl/*.cc; do
   case "$f" in *_test.cc) ;; *) files+=("$f") ;; esac
 done
 if ! grep -q '"file": ".*engine/core/cuda_stream.cc"' "$build_dir/compile_commands.json" 2>/dev/null; then

@@ -302,7 +302,7 @@ struct RankReport {
 // reshard and of pg.all_gather_into_tensor on buffers of the same per-rank size and dtype,
 // alternating, each after a barrier.
 std::vector<AllGatherTiming> TimeAllGathers(const BenchConfig& c, const nn::ModulePtr& module,
-                                            dist::ProcessGroup& pg) {
+                                            distributed::ProcessGroup& pg) {
   std::vector<AllGatherTiming> out;
   for (fsdp2::FsdpParamGroup* group : FsdpGroupsOf(module)) {
     int64_t numel = 0;

@@ -9,6 +9,7 @@
 #include "conformance/driver_protocol.h"
 #include "conformance/observations.h"
 #include "engine/core/error.h"
+#include "fakes/threaded_backend.h"
 
 namespace fsdp::conformance::testing {
 
@@ -20,10 +21,10 @@ constexpr auto kToyTimeout = 3000ms;
 // A process group for ranks as processes sharing a directory: every collective is an exchange
 // of files. It implements all_reduce (SUM) and barrier, which is all the toy scenarios use;
 // other ops are outside the toy's purpose and say so.
-class FileToyGroup final : public dist::ProcessGroup {
+class StoreToyGroup final : public distributed::ProcessGroup {
  public:
-  FileToyGroup(int rank, int world, std::string dir)
-      : rank_(rank), world_(world), dir_(std::move(dir)) {}
+  StoreToyGroup(int rank, int world, std::shared_ptr<distributed::Store> store)
+      : rank_(rank), world_(world), store_(std::move(store)) {}
   int rank() const override { return rank_; }
   int size() const override { return world_; }
   std::string backend_name() const override { return "toy"; }
@@ -36,10 +37,10 @@ class FileToyGroup final : public dist::ProcessGroup {
   std::string group_name() const override { return "0"; }
 
  protected:
-  std::shared_ptr<dist::Work> all_reduce_impl(const Tensor& tensor,
-                                              const dist::ReduceOptions& options,
-                                              const dist::CollectiveInfo& /*info*/) override {
-    FSDP_CHECK(options.op == dist::ReduceOp::kSum, "toy group: all_reduce supports SUM only");
+  std::shared_ptr<distributed::Work> all_reduce_impl(const Tensor& tensor,
+                                              const distributed::ReduceOptions& options,
+                                              const distributed::CollectiveInfo& /*info*/) override {
+    FSDP_CHECK(options.op == distributed::ReduceOp::kSum, "toy group: all_reduce supports SUM only");
     const std::vector<double> mine = tensor.to_doubles();
     std::vector<double> sum(mine.size(), 0.0);
     for (const auto& contribution : Exchange(mine)) {
@@ -48,28 +49,28 @@ class FileToyGroup final : public dist::ProcessGroup {
       for (size_t i = 0; i < sum.size(); ++i) sum[i] += contribution[i];
     }
     Tensor(tensor).copy_(Tensor::from_doubles(sum, tensor.sizes(), DType::kFloat64));
-    return std::make_shared<dist::CompletedWork>();
+    return std::make_shared<distributed::CompletedWork>();
   }
-  void barrier_impl(const dist::CollectiveInfo& /*info*/) override { Exchange({}); }
-  std::shared_ptr<dist::Work> all_gather_into_tensor_impl(const Tensor&, const Tensor&,
-                                                          const dist::CollectiveInfo&) override {
+  void barrier_impl(const distributed::CollectiveInfo& /*info*/) override { Exchange({}); }
+  std::shared_ptr<distributed::Work> all_gather_into_tensor_impl(const Tensor&, const Tensor&,
+                                                          const distributed::CollectiveInfo&) override {
     Unsupported("all_gather_into_tensor");
   }
-  std::shared_ptr<dist::Work> reduce_scatter_tensor_impl(const Tensor&, const Tensor&,
-                                                         const dist::ReduceOptions&,
-                                                         const dist::CollectiveInfo&) override {
+  std::shared_ptr<distributed::Work> reduce_scatter_tensor_impl(const Tensor&, const Tensor&,
+                                                         const distributed::ReduceOptions&,
+                                                         const distributed::CollectiveInfo&) override {
     Unsupported("reduce_scatter_tensor");
   }
-  std::shared_ptr<dist::Work> broadcast_impl(const Tensor&, int,
-                                             const dist::CollectiveInfo&) override {
+  std::shared_ptr<distributed::Work> broadcast_impl(const Tensor&, int,
+                                             const distributed::CollectiveInfo&) override {
     Unsupported("broadcast");
   }
-  std::shared_ptr<dist::Work> all_gather_impl(const std::vector<Tensor>&, const Tensor&,
-                                              const dist::CollectiveInfo&) override {
+  std::shared_ptr<distributed::Work> all_gather_impl(const std::vector<Tensor>&, const Tensor&,
+                                              const distributed::CollectiveInfo&) override {
     Unsupported("all_gather");
   }
-  std::shared_ptr<dist::ProcessGroup> new_group_impl(const std::vector<int>&,
-                                                     const dist::CollectiveInfo&) override {
+  std::shared_ptr<distributed::ProcessGroup> new_group_impl(const std::vector<int>&,
+                                                     const distributed::CollectiveInfo&) override {
     Unsupported("new_group");
   }
 
@@ -81,25 +82,18 @@ class FileToyGroup final : public dist::ProcessGroup {
   // Every rank's contribution to the next collective, in rank order.
   std::vector<std::vector<double>> Exchange(const std::vector<double>& mine) {
     const uint64_t n = calls_++;
-    auto path = [&](int r) { return dir_ + "/x" + std::to_string(n) + ".r" + std::to_string(r); };
-    WriteFileAtomically(path(rank_), nlohmann::json(mine).dump());
+    auto key = [&](int r) { return "x" + std::to_string(n) + ".r" + std::to_string(r); };
+    store_->set(key(rank_), nlohmann::json(mine).dump());
     std::vector<std::vector<double>> all(world_);
-    const auto deadline = std::chrono::steady_clock::now() + kToyTimeout;
     for (int r = 0; r < world_; ++r) {
-      while (!std::filesystem::exists(path(r))) {
-        FSDP_CHECK_CODE(ErrorCode::kDeadlineExceeded, std::chrono::steady_clock::now() < deadline,
-                        "toy file group: rank ", rank_, " waited past the deadline for rank ", r);
-        std::this_thread::sleep_for(1ms);
-      }
-      std::ifstream in(path(r));
-      all[r] = nlohmann::json::parse(in).get<std::vector<double>>();
+      all[r] = nlohmann::json::parse(store_->get(key(r), kToyTimeout)).get<std::vector<double>>();
     }
     return all;
   }
 
   int rank_;
   int world_;
-  std::string dir_;
+  std::shared_ptr<distributed::Store> store_;
   uint64_t calls_ = 0;
 };
 
@@ -118,7 +112,6 @@ void RegisterToySum(ScenarioRegistry& registry) {
                    ParamSpec::SizeInt("scale", "multiplier of each contribution", 3),
                    ParamSpec::SizeInt("bias", "added to the expected total (non-zero fails)", 0)};
   s.info.default_world = 4;
-  s.info.backends = {kBackendThreaded, kBackendGloo, kBackendNccl, kToyProcBackend};
   s.run_rank = [](RankEnv& env) {
     const double factor = env.params.GetString("mode") == "doubled" ? 2 : 1;
     const double value = (env.rank + 1) * env.params.GetInt("scale") * factor;
@@ -165,7 +158,7 @@ void RegisterToyMatrix(ScenarioRegistry& registry) {
   s.info.params = {ParamSpec::Axis("a", "first axis", {"x", "y"}),
                    ParamSpec::Axis("b", "second axis", {"1", "2", "3"})};
   s.info.default_world = 2;
-  s.info.backends = {kBackendThreaded};
+  s.info.requirements.in_process = true;
   s.excluded = [](const CaseParams& p, int) -> std::optional<std::string> {
     if (p.GetString("a") == "y" && p.GetInt("b") == 3) return "the seed never runs y with 3";
     return std::nullopt;
@@ -197,7 +190,7 @@ void RegisterToyFlaws(ScenarioRegistry& registry) {
                    ParamSpec::SizeInt("bad_rank", "the rank that fails for rank_error", 1),
                    ParamSpec::SizeInt("sleep_ms", "how long every rank sleeps for sleep", 1500)};
   s.info.default_world = 2;
-  s.info.backends = {kBackendThreaded, kBackendGloo, kToyProcBackend};
+  s.info.requirements.devices = {DeviceType::kCPU};
   s.run_rank = [](RankEnv& env) -> nlohmann::json {
     const std::string flaw = env.params.GetString("flaw");
     if (flaw == "rank_error" && env.rank == env.params.GetInt("bad_rank")) {
@@ -229,7 +222,7 @@ void RegisterToyFlaws(ScenarioRegistry& registry) {
 void RegisterToyGpu(ScenarioRegistry& registry) {
   Scenario s;
   s.info = ToyInfo("toy/gpu", "needs a GPU");
-  s.info.requires_gpu = true;
+  s.info.requirements.devices = {DeviceType::kCUDA};
   s.info.default_world = 1;
   s.run_rank = [](RankEnv&) { return nlohmann::json::object(); };
   s.judge = [](const CaseParams&, int, const std::vector<nlohmann::json>&, CheckList& checks) {
@@ -240,9 +233,9 @@ void RegisterToyGpu(ScenarioRegistry& registry) {
 
 }  // namespace
 
-std::shared_ptr<dist::ProcessGroup> MakeFileToyGroup(int rank, int world,
-                                                     const std::string& store_dir) {
-  return std::make_shared<FileToyGroup>(rank, world, store_dir);
+std::shared_ptr<distributed::ProcessGroup> MakeStoreToyGroup(
+    int rank, int world, std::shared_ptr<distributed::Store> store) {
+  return std::make_shared<StoreToyGroup>(rank, world, std::move(store));
 }
 
 std::unique_ptr<Catalog> MakeToyCatalog() {
@@ -251,15 +244,17 @@ std::unique_ptr<Catalog> MakeToyCatalog() {
   RegisterToyMatrix(catalog->scenarios);
   RegisterToyFlaws(catalog->scenarios);
   RegisterToyGpu(catalog->scenarios);
-  RegisterDefaultBackends(catalog->backends);
-  Backend toyproc;
+  catalog->backends = fakes::DefaultBackends();
+  distributed::BackendSpec toyproc;
   toyproc.name = kToyProcBackend;
-  toyproc.description = "toy: one process per rank, file-based toy group";
-  toyproc.mode = LaunchMode::kProcesses;
-  toyproc.process_group = [](const ProcessGroupSpec& spec) {
-    return MakeFileToyGroup(spec.rank, spec.world, spec.store_dir);
+  toyproc.description = "toy: one process per rank, a toy group over the rendezvous store";
+  toyproc.capabilities.ranks = distributed::RankPlacement::kProcesses;
+  toyproc.capabilities.collectives = {distributed::CollectiveOp::kAllreduce,
+                                      distributed::CollectiveOp::kBarrier};
+  toyproc.process_group = [](const distributed::ProcessGroupSpec& spec) {
+    return MakeStoreToyGroup(spec.rank, spec.world, spec.store);
   };
-  catalog->backends.Add(std::move(toyproc));
+  catalog->backends.Register(std::move(toyproc));
   catalog->subjects.Add(kEngineSubject, [] { return std::make_shared<EngineSubject>(); });
   return catalog;
 }

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "conformance/catalog.h"
-#include "engine/dist/process_group.h"
+#include "engine/distributed/process_group.h"
 
 namespace fsdp::conformance::testing {
 
@@ -36,9 +36,9 @@ std::unique_ptr<Catalog> MakeToyCatalog();
 // The process-wide toy catalog (also what the test binary's `__worker` serves).
 const Catalog& ToyCatalog();
 
-// A file-based group for ranks as processes sharing `store_dir`: all_reduce (SUM) and
-// barrier only.
-std::shared_ptr<dist::ProcessGroup> MakeFileToyGroup(int rank, int world,
-                                                     const std::string& store_dir);
+// A toy group for ranks as processes that exchange values through the rendezvous `store`:
+// all_reduce (SUM) and barrier only.
+std::shared_ptr<distributed::ProcessGroup> MakeStoreToyGroup(
+    int rank, int world, std::shared_ptr<distributed::Store> store);
 
 }  // namespace fsdp::conformance::testing

@@ -4,7 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "engine/autograd/autograd_test_util.h"
+#include "engine/testing/autograd_test_util.h"
 
 namespace fsdp::autograd {
 namespace {

@@ -1,6 +1,6 @@
 // Execution order of the backward engine on graphs shaped like the seeds' models, checked
-// against the verified PyTorch orders of autograd-and-modules.md §4, plus the heap tie order
-// (§2.4), multi-root order, retain_graph, inputs=/grad(), reentrant backward and per-thread
+// against the verified PyTorch orders of docs/autograd.md, "Worked examples", plus the heap tie
+// order ("Tie order"), multi-root order, retain_graph, inputs=/grad(), reentrant backward and per-thread
 // independence. Set FSDP_AUTOGRAD_PRINT_ORDERS=1 to print the measured orders.
 #include <cstdlib>
 #include <iostream>
@@ -9,7 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "engine/autograd/autograd_test_util.h"
+#include "engine/testing/autograd_test_util.h"
 
 namespace fsdp::autograd {
 namespace {
@@ -196,7 +196,8 @@ TEST(AutogradOrderTest, TiedWeightMatchesPyTorch) {
   EXPECT_EQ(post_acc_calls, 1);
 }
 
-// §2.4: k AccumulateGrads made ready together come out in libstdc++ heap order.
+// docs/autograd.md, "Tie order": k AccumulateGrads made ready together come out in libstdc++
+// heap order.
 TEST(AutogradOrderTest, SimultaneousAccumulateGradsFollowHeapOrder) {
   const std::vector<std::pair<int, std::vector<int>>> cases = {
       {3, {0, 1, 2}}, {4, {0, 2, 1, 3}}, {5, {0, 2, 4, 1, 3}}, {6, {0, 2, 5, 4, 1, 3}},
@@ -215,7 +216,8 @@ TEST(AutogradOrderTest, SimultaneousAccumulateGradsFollowHeapOrder) {
   }
 }
 
-// §2.1.3: several roots run under a GraphRoot; the later-created root's branch runs first.
+// docs/autograd.md, "Multi-root backward": several roots run under a GraphRoot; the
+// later-created root's branch runs first.
 TEST(AutogradOrderTest, MultiRootRunsNewestBranchFirst) {
   OrderRecorder rec;
   Tensor a = Param(2, 2, 1);

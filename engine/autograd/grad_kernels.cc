@@ -5,25 +5,11 @@
 namespace fsdp::autograd::kernels {
 namespace {
 
-// Accumulation type: 16-bit floats are summed in float.
-template <typename T>
-struct Acc {
-  using type = T;
-};
-template <>
-struct Acc<Half> {
-  using type = float;
-};
-template <>
-struct Acc<BFloat16> {
-  using type = float;
-};
-
 // out[i] = a[i] + b[i] on host pointers of one dtype; `out` may alias `a`.
 void AddHost(const void* a, const void* b, void* out, DType dtype, int64_t n) {
   DispatchDType(dtype, [&](auto tag) {
     using T = decltype(tag);
-    using A = typename Acc<T>::type;
+    using A = OpMath<T>;  // 16-bit floats are summed in float ([Note: opmath type])
     const T* pa = static_cast<const T*>(a);
     const T* pb = static_cast<const T*>(b);
     T* po = static_cast<T*>(out);

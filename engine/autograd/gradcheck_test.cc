@@ -6,8 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "engine/autograd/autograd_test_util.h"
 #include "engine/autograd/grad_kernels.h"
+#include "engine/testing/autograd_test_util.h"
 
 namespace fsdp::autograd {
 namespace {

@@ -1,9 +1,9 @@
-// Hook order around one node (autograd-and-modules.md §3), tensor hooks, retain_grad,
+// Hook order around one node (docs/autograd.md, "Hooks"), tensor hooks, retain_grad,
 // post-accumulate-grad hooks, register_multi_grad_hook modes and end-of-backward callbacks.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "engine/autograd/autograd_test_util.h"
+#include "engine/testing/autograd_test_util.h"
 
 namespace fsdp::autograd {
 namespace {

@@ -1,4 +1,4 @@
-// record_function: the one entry point that differentiable operations (engine/ops/functional.h)
+// record_function: the one entry point that differentiable operations (engine/functional/functional.h)
 // use to attach autograd history to the outputs of a raw kernel.
 //
 // When grad mode is enabled and at least one input requires grad, it creates a Node named

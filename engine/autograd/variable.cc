@@ -199,5 +199,15 @@ RemovableHandle register_post_accumulate_grad_hook(const Tensor& tensor,
   return AddRemovableHook(meta.post_accumulate_grad_hooks, std::move(hook));
 }
 
+void zero_grad(const Tensor& param, bool set_to_none) {
+  Tensor g = param.grad();
+  if (!g.defined()) return;
+  if (set_to_none) {
+    param.set_grad(Tensor());
+  } else {
+    g.zero_();
+  }
+}
+
 }  // namespace autograd
 }  // namespace fsdp

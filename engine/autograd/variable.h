@@ -1,6 +1,6 @@
 // Per-tensor autograd state (AutogradMeta) and the tensor-level autograd functions that are
 // not Tensor members: gradient_edge, the cached AccumulateGrad of a leaf, tensor hooks
-// (Tensor.register_hook), retain_grad, and post-accumulate-grad hooks.
+// (Tensor.register_hook), retain_grad, post-accumulate-grad hooks, and zeroing a .grad.
 //
 // The Tensor members declared in engine/core/tensor.h (requires_grad, grad, grad_fn,
 // backward, ...) are implemented in variable.cc on top of this state.
@@ -98,5 +98,10 @@ bool retains_grad(const Tensor& tensor);
 // AccumulateGrad after .grad was updated, in registration order.
 RemovableHandle register_post_accumulate_grad_hook(const Tensor& tensor,
                                                    PostAccumulateGradHook hook);
+
+// The per-parameter step of nn.Module.zero_grad and Optimizer.zero_grad (one implementation
+// for both): a defined .grad becomes None (set_to_none) or is zeroed in place; a parameter
+// without .grad is left alone.
+void zero_grad(const Tensor& param, bool set_to_none);
 
 }  // namespace fsdp::autograd

@@ -10,8 +10,8 @@
 //   allocation on the same stream may reuse it, which is safe in that stream's order. Work on
 //   *other* streams that still reads or writes the block must have been ordered before the free
 //   by events; that is the caller's job, and FSDP's event-managed buffer lifetimes
-//   (fsdp-semantics.md §3.8: all_gather_state, reduce_scatter_state, post_reduce_event) exist to
-//   do it. A block is never handed to another stream.
+//   (docs/fsdp-behaviour.md, "Streams and the implicit forward prefetch": all_gather_state,
+//   reduce_scatter_state, post_reduce_event) exist to do it. A block is never handed to another stream.
 // - Allocate() rounds the size up to kRoundBytes, then takes the smallest free block of the
 //   stream that fits and is less than twice the rounded size (no block splitting), otherwise
 //   asks the raw memory for a new one. When that fails, it waits for the device, releases every

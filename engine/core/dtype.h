@@ -48,6 +48,23 @@ template <> struct DTypeOf<Half> { static constexpr DType value = DType::kFloat1
 template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::kBFloat16; };
 template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kInt64; };
 
+// [Note: opmath type] The one accumulation-type rule of the engine: arithmetic on elements of
+// storage type T runs in OpMath<T> (ATen's at::opmath_type; for floating types also
+// at::acc_type's CUDA rule): float for Half and BFloat16, T itself otherwise (float stays
+// float, double stays double, int64_t stays int64_t; unlike at::acc_type's CPU rule, float is
+// not widened to double). Used by the autograd gradient sums (engine/autograd/grad_kernels.cc),
+// the optimizer element loops (engine/optim/update_kernels.h) and, as OpMathDType, by the ops
+// kernels' compute copies (engine/ops/kernel_util.h ComputeDType).
+template <typename T> struct OpMathType { using type = T; };
+template <> struct OpMathType<Half> { using type = float; };
+template <> struct OpMathType<BFloat16> { using type = float; };
+template <typename T> using OpMath = typename OpMathType<T>::type;
+// The dtype of OpMath<T> for the storage type T of `dtype`: float32 for float16/bfloat16,
+// otherwise `dtype` itself.
+inline DType OpMathDType(DType dtype) {
+  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 ? DType::kFloat32 : dtype;
+}
+
 // Calls fn(T{}) with the C++ type of `dtype` (float, double, Half, BFloat16, int64_t).
 template <typename Fn>
 decltype(auto) DispatchDType(DType dtype, Fn&& fn) {

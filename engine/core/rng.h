@@ -24,6 +24,22 @@ class Generator {
     buffered_ = 0;
   }
 
+  // The inputs of a counter-based kernel drawing one 32-bit word per element, four elements
+  // per Philox block (element i reads word i % 4 of Philox(seed, 0, offset + i / 4)).
+  struct PhiloxInputs {
+    uint64_t seed;
+    uint64_t offset;  // the first reserved counter
+  };
+  // Reserves the ceil(numel / 4) Philox counters that `numel` such elements use and returns
+  // (seed, first counter); the generator's offset moves past them (PyTorch's
+  // philox_engine_inputs). The one place that advances the offset for dropout (CPU and CUDA
+  // masks stay equal because both take their counters from here).
+  PhiloxInputs reserve_philox(int64_t numel) {
+    const PhiloxInputs inputs{seed_, offset_};
+    set_offset(offset_ + static_cast<uint64_t>((numel + 3) / 4));
+    return inputs;
+  }
+
   // Next four 32-bit words; advances the counter by one.
   std::array<uint32_t, 4> next4();
   uint32_t next_u32();

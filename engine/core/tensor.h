@@ -3,7 +3,7 @@
 // Member functions never record autograd history: views (narrow/select/split/chunk on dim 0,
 // view/reshape/flatten/unsqueeze/squeeze) share storage and alias data; copies (clone, to,
 // copy_) move bytes. The differentiable operations are the free functions of
-// engine/ops/functional.h. The autograd accessors declared at the bottom (requires_grad, grad,
+// engine/functional/functional.h. The autograd accessors declared at the bottom (requires_grad, grad,
 // grad_fn, backward, ...) are implemented by engine/autograd.
 //
 // Ownership: Tensor is a cheap handle (shared_ptr<TensorImpl>); copies of a handle are the

@@ -4,7 +4,8 @@
 // ([Note: implicit forward prefetch] in docs/fsdp.md), the last reduce-scatter state, and the
 // post-forward order used by the default backward prefetch.
 //
-// Streams and events (fsdp-semantics §1, §3.8): on a CUDA device the context owns four
+// Streams and events (docs/fsdp-behaviour.md, "Streams and the implicit forward prefetch"): on
+// a CUDA device the context owns four
 // dedicated non-blocking CUDA streams (high priority, as FSDP2) and CommStream / CommEvent wrap
 // CudaStream / CudaEvent: the all-gather copy-in runs on the copy-in stream, the collective on
 // the all-gather stream, the copy-out on the current stream after waiting for the all-gather's

@@ -1,4 +1,5 @@
-// CommContext / CommStream / CommEvent on the host (fsdp-semantics §3.8): a CPU context uses
+// CommContext / CommStream / CommEvent on the host (docs/fsdp-behaviour.md, "Streams and the
+// implicit forward prefetch"): a CPU context uses
 // named no-op streams that never reach the CUDA runtime, the current-stream kind resolves the
 // thread's CudaStreamGuard at each use, the preconditions fail with clear errors, and a CUDA
 // context either owns four dedicated streams (device visible) or fails with Unavailable.

@@ -1,6 +1,6 @@
 // The policy structs of fully_shard (PyTorch's _fsdp_api.py): MixedPrecisionPolicy and
-// OffloadPolicy (CPUOffloadPolicy when offload_to_cpu is set). See fsdp-semantics §1.4, §1.9,
-// §1.10. Value types; thread-safe.
+// OffloadPolicy (CPUOffloadPolicy when offload_to_cpu is set). See docs/fsdp-behaviour.md,
+// "Dtypes", "Mixed precision" and "CPU offload". Value types; thread-safe.
 #pragma once
 
 #include <optional>

@@ -19,13 +19,13 @@ void DivIfNeeded(const Tensor& t, double factor) {
   out.copy_(ops::kernels::DivScalar(t, factor));
 }
 
-dist::ReduceOptions ToReduceOptions(const DivideFactors& factors) {
+distributed::ReduceOptions ToReduceOptions(const DivideFactors& factors) {
   switch (factors.op) {
-    case DivideFactors::Op::kAvg: return dist::Avg();
-    case DivideFactors::Op::kSum: return dist::Sum();
-    case DivideFactors::Op::kPremulSum: return dist::PremulSum(factors.premul);
+    case DivideFactors::Op::kAvg: return distributed::Avg();
+    case DivideFactors::Op::kSum: return distributed::Sum();
+    case DivideFactors::Op::kPremulSum: return distributed::PremulSum(factors.premul);
   }
-  return dist::Sum();
+  return distributed::Sum();
 }
 
 std::string DTypeSetStr(const std::set<DType>& dtypes) {
@@ -43,7 +43,7 @@ std::string DTypeSetStr(const std::set<DType>& dtypes) {
 }  // namespace
 
 std::shared_ptr<AllGatherResult> foreach_all_gather(
-    const std::vector<FsdpParam*>& fsdp_params, const std::shared_ptr<dist::ProcessGroup>& group,
+    const std::vector<FsdpParam*>& fsdp_params, const std::shared_ptr<distributed::ProcessGroup>& group,
     bool async_op, CommStream& all_gather_copy_in_stream, CommStream& all_gather_stream,
     Device device) {
   FSDP_CHECK(group != nullptr, "foreach_all_gather: null process group");
@@ -52,7 +52,8 @@ std::shared_ptr<AllGatherResult> foreach_all_gather(
   auto result = std::make_shared<AllGatherResult>();
   // Copy-in on the copy-in stream: the all-gather inputs (casts, CPU offload uploads) and
   // their copy into this rank's slice of the output. It does not wait for the current stream,
-  // so that it runs ahead of compute (fsdp-semantics §3.8); what it reads was ordered before it
+  // so that it runs ahead of compute (docs/fsdp-behaviour.md, "Streams and the implicit
+  // forward prefetch"); what it reads was ordered before it
   // by events: the optimizer step by the root pre-forward (or set_post_optim_event), the
   // post-forward-mesh shards by the group's reshard_after_forward_event.
   std::optional<CommStreamGuard> copy_in_guard(std::in_place, all_gather_copy_in_stream);
@@ -103,7 +104,7 @@ std::shared_ptr<AllGatherResult> foreach_all_gather(
 
 void foreach_all_gather_copy_out(AllGatherResult& all_gather_result,
                                  const std::vector<FsdpParam*>& fsdp_params,
-                                 const std::shared_ptr<dist::ProcessGroup>& group) {
+                                 const std::shared_ptr<distributed::ProcessGroup>& group) {
   const int world_size = group->size();
   if (all_gather_result.all_gather_work) {
     all_gather_result.all_gather_work->wait();
@@ -164,7 +165,7 @@ void foreach_reduce_scatter_copy_in(const std::vector<Tensor>& grads, const Tens
 
 ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
                                    std::vector<Tensor> unsharded_grads,
-                                   const std::shared_ptr<dist::ProcessGroup>& reduce_scatter_group,
+                                   const std::shared_ptr<distributed::ProcessGroup>& reduce_scatter_group,
                                    const ForeachReduceOptions& options) {
   FSDP_CHECK(fsdp_params.size() == unsharded_grads.size(), "foreach_reduce: ",
              fsdp_params.size(), " parameters but ", unsharded_grads.size(), " gradients");
@@ -234,9 +235,10 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
       stream_guard.reset();
       stream_guard.emplace(*post_reduce_stream);
     }
-    // HSDP: AVG when the reduce-scatter averaged, otherwise SUM (fsdp-semantics §1.8).
-    const dist::ReduceOptions all_reduce_op =
-        factors.op == DivideFactors::Op::kAvg ? dist::Avg() : dist::Sum();
+    // HSDP: AVG when the reduce-scatter averaged, otherwise SUM (docs/fsdp-behaviour.md,
+    // "Gradient divide factors").
+    const distributed::ReduceOptions all_reduce_op =
+        factors.op == DivideFactors::Op::kAvg ? distributed::Avg() : distributed::Sum();
     options.all_reduce_group->all_reduce(reduce_output, all_reduce_op);
   }
   DivIfNeeded(reduce_output, factors.post_divide);

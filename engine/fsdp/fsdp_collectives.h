@@ -1,5 +1,5 @@
 // fsdp_collectives: the stateless data paths of FSDP2 (PyTorch's _fsdp_collectives.py;
-// fsdp-semantics §1.5, §1.7, §1.8):
+// docs/fsdp-behaviour.md, "All-gather", "Reduce-scatter", "Gradient divide factors"):
 //
 //  * foreach_all_gather: copy-in of every parameter's all-gather input, back to back in group
 //    order, into this rank's slice [r*L, (r+1)*L) of one flat output buffer of W*L elements,
@@ -17,7 +17,8 @@
 //    the padded offsets, accumulation into existing sharded grads, and the sharded
 //    parameters' post-accumulate-grad hooks (once per parameter per reduction).
 //
-// Streams (fsdp-semantics §3.8; CPU: all no-ops): the all-gather copy-in runs under a guard of
+// Streams (docs/fsdp-behaviour.md, "Streams and the implicit forward prefetch"; CPU: all
+// no-ops): the all-gather copy-in runs under a guard of
 // the copy-in stream after it waited for the current stream; the collective on the all-gather
 // stream after it waited for the copy-in, then `all_gather_event` is recorded there; the
 // copy-out runs on the current stream after waiting for that event. The reduce-scatter copy-in
@@ -34,8 +35,8 @@
 #include <vector>
 
 #include "engine/core/tensor.h"
-#include "engine/dist/process_group.h"
-#include "engine/dist/work.h"
+#include "engine/distributed/process_group.h"
+#include "engine/distributed/work.h"
 #include "engine/fsdp/comm_context.h"
 #include "engine/fsdp/shard_layout.h"
 
@@ -46,7 +47,7 @@ class FsdpParam;
 // PyTorch's AllGatherResult.
 struct AllGatherResult {
   Tensor all_gather_output;                      // flat, W * L elements
-  std::shared_ptr<dist::Work> all_gather_work;   // set when issued with async_op
+  std::shared_ptr<distributed::Work> all_gather_work;   // set when issued with async_op
   CommEvent all_gather_event;                    // recorded after the collective
   // Per parameter, per all-gather input (one input per parameter here).
   std::vector<std::vector<DType>> param_all_gather_input_dtypes;
@@ -58,7 +59,7 @@ struct AllGatherResult {
 // Issues the all-gather of `fsdp_params`' all-gather inputs over `group`. All inputs must
 // share one dtype (mixed dtypes would need a byte all-gather, which this engine rejects).
 std::shared_ptr<AllGatherResult> foreach_all_gather(
-    const std::vector<FsdpParam*>& fsdp_params, const std::shared_ptr<dist::ProcessGroup>& group,
+    const std::vector<FsdpParam*>& fsdp_params, const std::shared_ptr<distributed::ProcessGroup>& group,
     bool async_op, CommStream& all_gather_copy_in_stream, CommStream& all_gather_stream,
     Device device);
 
@@ -66,7 +67,7 @@ std::shared_ptr<AllGatherResult> foreach_all_gather(
 // (created and re-allocated here as needed).
 void foreach_all_gather_copy_out(AllGatherResult& all_gather_result,
                                  const std::vector<FsdpParam*>& fsdp_params,
-                                 const std::shared_ptr<dist::ProcessGroup>& group);
+                                 const std::shared_ptr<distributed::ProcessGroup>& group);
 
 // Options of foreach_reduce beyond the parameters, gradients and group.
 struct ForeachReduceOptions {
@@ -76,7 +77,7 @@ struct ForeachReduceOptions {
   std::optional<DType> reduce_dtype;
   Device device;
   // HSDP: all-reduce the reduce-scatter output over this group. Default: null (FSDP).
-  std::shared_ptr<dist::ProcessGroup> all_reduce_group;
+  std::shared_ptr<distributed::ProcessGroup> all_reduce_group;
   // HSDP with set_requires_all_reduce(false): the output is summed into the partial reduce
   // output instead and no gradient is assigned. Default: true.
   bool all_reduce_grads = true;
@@ -109,7 +110,7 @@ struct ForeachReduceResult {
 // `unsharded_grads` is released after the copy-in.
 ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
                                    std::vector<Tensor> unsharded_grads,
-                                   const std::shared_ptr<dist::ProcessGroup>& reduce_scatter_group,
+                                   const std::shared_ptr<distributed::ProcessGroup>& reduce_scatter_group,
                                    const ForeachReduceOptions& options);
 
 // The [W, L] chunk-cat of `grads` (torch._chunk_cat(grads, dim=0, num_chunks=W)) written into

@@ -281,7 +281,7 @@ void FsdpParam::accumulate_sharded_grad(const Tensor& new_sharded_grad) {
     sharded_param_.set_grad(grad);
   }
   // Autograd never accumulates into the sharded parameter, so FSDP runs its
-  // post-accumulate-grad hooks itself (fsdp-semantics §6).
+  // post-accumulate-grad hooks itself (docs/fsdp-behaviour.md, "Post-accumulate-grad hooks").
   autograd::AutogradMeta* meta = autograd::get_autograd_meta(sharded_param_);
   if (meta != nullptr && meta->post_accumulate_grad_hooks) {
     wait_for_grad_offload();  // a hook may read the gradient on the host at once

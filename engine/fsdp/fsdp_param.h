@@ -1,5 +1,6 @@
 // FsdpParam: one parameter managed by fully_shard (PyTorch's FSDPParam), in its three forms
-// (fsdp-semantics §1.2–§1.7, §3.12):
+// (docs/fsdp-behaviour.md, "Dim-0 sharding" through "Reduce-scatter", and "Int
+// reshard_after_forward"):
 //
 //  * sharded: a zero-padded buffer of [c, *rest] rows (c = ceil(d0 / W)) holding this rank's
 //    torch.chunk rows at the top; the registered sharded parameter is a leaf view of its first
@@ -102,7 +103,7 @@ class FsdpParam {
   // re-pads it into a fresh padded buffer (the tensor is rebound to view that buffer).
   void reset_sharded_param();
 
-  // ---- Dtypes (fsdp-semantics §1.4; computed at lazy init) ----
+  // ---- Dtypes (docs/fsdp-behaviour.md, "Dtypes"; computed at lazy init) ----
   void init_dtype_attrs(const MixedPrecisionPolicy& mp_policy);
   DType orig_dtype() const { return orig_dtype_; }
   // Unset when equal to the original dtype or when the parameter is not floating point.
@@ -137,7 +138,8 @@ class FsdpParam {
   // ---- Gradients ----
   // The unsharded gradient of the last backward(s) (undefined when none).
   Tensor unsharded_grad() const;
-  // Gradient accumulation without reduction with a reduce dtype (fsdp-semantics §1.9).
+  // Gradient accumulation without reduction with a reduce dtype (docs/fsdp-behaviour.md,
+  // "Mixed precision").
   const Tensor& unsharded_accumulated_grad() const { return unsharded_accumulated_grad_; }
   void clear_unsharded_accumulated_grad() { unsharded_accumulated_grad_ = Tensor(); }
   void to_accumulated_grad_if_needed();

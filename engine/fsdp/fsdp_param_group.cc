@@ -6,7 +6,7 @@
 #include "engine/autograd/function.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/core/error.h"
-#include "engine/dist/comm_debug_mode.h"
+#include "engine/distributed/comm_debug_mode.h"
 #include "engine/fsdp/observer.h"
 #include "engine/nn/module.h"
 
@@ -17,10 +17,10 @@ using nn::Value;
 
 // Attribution of the group's collectives for CommDebugMode: FORWARD and IDLE (manual
 // unshard/reshard) count as forward, everything else as backward.
-dist::CommPhase PhaseOf(TrainingState state) {
+distributed::CommPhase PhaseOf(TrainingState state) {
   return (state == TrainingState::kForward || state == TrainingState::kIdle)
-             ? dist::CommPhase::kForward
-             : dist::CommPhase::kBackward;
+             ? distributed::CommPhase::kForward
+             : distributed::CommPhase::kBackward;
 }
 
 std::string DTypesStr(const std::set<std::optional<DType>>& dtypes) {
@@ -84,7 +84,7 @@ bool FsdpParamGroup::use_post_forward_mesh() const {
          post_forward_mesh_info_->shard_process_group != mesh_info_.shard_process_group;
 }
 
-const std::shared_ptr<dist::ProcessGroup>& FsdpParamGroup::all_gather_process_group() const {
+const std::shared_ptr<distributed::ProcessGroup>& FsdpParamGroup::all_gather_process_group() const {
   if (sharded_state_ == ShardedState::kShardedPostForward) {
     return post_forward_mesh_info_->shard_process_group;
   }
@@ -124,7 +124,8 @@ void FsdpParamGroup::validate_cpu_offload_params() {
 }
 
 void FsdpParamGroup::init_mixed_precision() {
-  // Frozen parameters are exempt from the uniformity checks (fsdp-semantics §1.4).
+  // Frozen parameters are exempt from the uniformity checks (docs/fsdp-behaviour.md,
+  // "Dtypes").
   std::set<std::optional<DType>> orig_dtypes;
   std::set<std::optional<DType>> reduce_dtypes;
   for (auto& p : fsdp_params_) {
@@ -163,7 +164,7 @@ void FsdpParamGroup::unshard(bool async_op) {
   }
   auto [copy_in_stream, all_gather_stream] =
       comm_ctx_->get_all_gather_streams(async_op, training_state_);
-  dist::CommPhaseGuard phase(module_fqn(), PhaseOf(training_state_));
+  distributed::CommPhaseGuard phase(module_fqn(), PhaseOf(training_state_));
   all_gather_result_ = foreach_all_gather(fsdp_param_ptrs(), all_gather_process_group(),
                                           async_op, *copy_in_stream, *all_gather_stream, device_);
 }
@@ -321,7 +322,7 @@ void FsdpParamGroup::prefetch_unshard(FsdpParamGroup& target, TrainingState pass
 void FsdpParamGroup::post_backward() {
   // Idempotent and safe on a group that did not take part in this backward.
   training_state_ = TrainingState::kPostBackward;
-  dist::CommPhaseGuard phase(module_fqn(), dist::CommPhase::kBackward);
+  distributed::CommPhaseGuard phase(module_fqn(), distributed::CommPhase::kBackward);
   for (auto& p : fsdp_params_) p->accumulate_unsharded_grad_if_needed();
   if (!reduce_grads) {
     if (reshard_after_backward) reshard();

@@ -1,7 +1,8 @@
 // FsdpParamGroup: all parameters claimed by one fully_shard call (PyTorch's FSDPParamGroup):
 // one all-gather to unshard them and one reduce-scatter per backward use to reduce their
 // gradients. It owns the group's TrainingState and ShardedState and implements the runtime
-// steps the FSDP state's hooks call (fsdp-semantics §2, §3.4–§3.9):
+// steps the FSDP state's hooks call (docs/fsdp-behaviour.md, "State machines" and "Forward
+// hooks" through "Backward prefetch"):
 //
 //  * unshard(async_op) issues the all-gather (no-op when a result is pending, when already
 //    UNSHARDED, or in PRE_BACKWARD with unshard_in_backward off); wait_for_unshard() copies
@@ -118,7 +119,7 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
   const std::shared_ptr<CommContext>& comm_ctx() const { return comm_ctx_; }
   void set_comm_ctx(std::shared_ptr<CommContext> comm_ctx) { comm_ctx_ = std::move(comm_ctx); }
   // The group the current all-gather runs over (post-forward group in SHARDED_POST_FORWARD).
-  const std::shared_ptr<dist::ProcessGroup>& all_gather_process_group() const;
+  const std::shared_ptr<distributed::ProcessGroup>& all_gather_process_group() const;
   const std::vector<int>& post_forward_indices() const { return post_forward_indices_; }
 
   // Runtime switches (FSDPModule setters). Defaults as in PyTorch.

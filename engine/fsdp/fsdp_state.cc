@@ -8,8 +8,8 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/variable.h"
 #include "engine/core/error.h"
+#include "engine/functional/functional.h"
 #include "engine/nn/module.h"
-#include "engine/ops/functional.h"
 
 namespace fsdp::fsdp2 {
 namespace {

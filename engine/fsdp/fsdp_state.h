@@ -1,4 +1,5 @@
-// FsdpState: the per-fully_shard-call hook owner (PyTorch's FSDPState; fsdp-semantics §3):
+// FsdpState: the per-fully_shard-call hook owner (PyTorch's FSDPState; docs/fsdp-behaviour.md,
+// "fully_shard and lazy init" through "End-of-backward callback"):
 //
 //  * forward pre-hook (prepended, with kwargs) and forward hook on the module: AC-recompute
 //    early return in PRE_BACKWARD, lazy init + iteration root, input cast, the group's

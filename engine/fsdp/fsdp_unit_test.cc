@@ -1,7 +1,7 @@
 // Single-rank unit tests of the FSDP units that need no process group: state names, the
 // observer contract's plumbing, reshard_after_forward validation, the reduce-scatter chunk-cat
 // copy-in and FsdpParam's rejection of scalar parameters. Multi-rank behaviour is tested in
-// fakes/fsdp_*_test.cc.
+// engine/fsdp/fsdp_*_test.cc (on fakes::RunRanks).
 #include <gtest/gtest.h>
 
 #include "engine/fsdp/fsdp_collectives.h"
@@ -60,7 +60,8 @@ TEST(FsdpPostForwardMesh, BoolsAndIntValidation) {
 }
 
 TEST(FsdpReduceScatterCopyIn, WorkedExampleRows) {
-  // §1.7: g0 [5,3], g1 [3] over W = 4 → [4, 7]; rank 3's row is all padding.
+  // docs/fsdp-behaviour.md, "Reduce-scatter" (worked example): g0 [5,3], g1 [3] over W = 4 →
+  // [4, 7]; rank 3's row is all padding.
   std::vector<double> g0(15), g1 = {100, 101, 102};
   for (int i = 0; i < 15; ++i) g0[i] = i;
   const Tensor out = Tensor::zeros({28}, DType::kFloat16);

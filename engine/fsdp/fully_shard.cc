@@ -53,7 +53,7 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
       options.mesh ? FsdpMeshInfo::FromMesh(options.mesh)
                    : FsdpMeshInfo::FromProcessGroup(options.process_group
                                                         ? options.process_group
-                                                        : dist::GetDefaultProcessGroup());
+                                                        : distributed::GetDefaultProcessGroup());
   const Device device = DeviceFor(options);
   std::optional<FsdpMeshInfo> post_forward_mesh_info =
       GetPostForwardMeshInfo(options.reshard_after_forward, mesh_info);

@@ -1,5 +1,6 @@
 // The FSDP2 API: fully_shard(module, options) and the FSDPModule facet (PyTorch's
-// torch.distributed.fsdp.fully_shard and FSDPModule; fsdp-semantics §3.1, §3.11–§3.13).
+// torch.distributed.fsdp.fully_shard and FSDPModule; docs/fsdp-behaviour.md, "fully_shard and
+// lazy init", "Runtime switches", "Int reshard_after_forward", "Manual unshard and reshard").
 //
 //   auto model = std::make_shared<nn::Transformer>(nn::ModelArgs{});
 //   for (const auto& block : model->layers()) fsdp2::fully_shard(block);
@@ -22,8 +23,8 @@
 #include <vector>
 
 #include "engine/core/tensor.h"
-#include "engine/dist/device_mesh.h"
-#include "engine/dist/process_group.h"
+#include "engine/distributed/device_mesh.h"
+#include "engine/distributed/process_group.h"
 #include "engine/fsdp/fsdp_api.h"
 #include "engine/fsdp/fsdp_param_group.h"
 #include "engine/fsdp/fsdp_state.h"
@@ -35,10 +36,10 @@ namespace fsdp::fsdp2 {
 struct FullyShardOptions {
   // The FSDP mesh: 1-D (FSDP) or 2-D (HSDP: dim 0 replicate, dim 1 shard). Default: null
   // (use `process_group`).
-  std::shared_ptr<dist::DeviceMesh> mesh;
+  std::shared_ptr<distributed::DeviceMesh> mesh;
   // A 1-D FSDP group, used when `mesh` is null. Default: null (the rank's default group,
-  // dist::GetDefaultProcessGroup()).
-  std::shared_ptr<dist::ProcessGroup> process_group;
+  // distributed::GetDefaultProcessGroup()).
+  std::shared_ptr<distributed::ProcessGroup> process_group;
   // true: reshard after forward; false: keep unsharded until post-backward; int k: reshard to
   // groups of k ranks after forward (1 <= k <= W, W % k == 0). The lazy-init root never
   // reshards after forward. Default: true.

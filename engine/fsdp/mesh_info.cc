@@ -4,7 +4,7 @@
 
 namespace fsdp::fsdp2 {
 
-FsdpMeshInfo FsdpMeshInfo::FromProcessGroup(std::shared_ptr<dist::ProcessGroup> group) {
+FsdpMeshInfo FsdpMeshInfo::FromProcessGroup(std::shared_ptr<distributed::ProcessGroup> group) {
   FSDP_CHECK(group != nullptr, "fully_shard: no process group (and no default group set)");
   FsdpMeshInfo info;
   info.shard_mesh_size = group->size();
@@ -13,7 +13,7 @@ FsdpMeshInfo FsdpMeshInfo::FromProcessGroup(std::shared_ptr<dist::ProcessGroup> 
   return info;
 }
 
-FsdpMeshInfo FsdpMeshInfo::FromMesh(std::shared_ptr<dist::DeviceMesh> mesh) {
+FsdpMeshInfo FsdpMeshInfo::FromMesh(std::shared_ptr<distributed::DeviceMesh> mesh) {
   FSDP_CHECK(mesh != nullptr, "fully_shard: null DeviceMesh");
   FSDP_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2,
              "fully_shard expects a 1D or 2D DeviceMesh but got ", mesh->str());
@@ -52,7 +52,7 @@ std::optional<FsdpMeshInfo> GetPostForwardMeshInfo(const ReshardAfterForward& re
   // The shard group's ranks viewed as [-1, k]: rows are the post-forward shard groups.
   const std::vector<int> ranks = mesh_info.shard_process_group->global_ranks();
   const std::string device_type = mesh_info.mesh ? mesh_info.mesh->device_type() : "cpu";
-  auto post_forward_mesh = dist::DeviceMesh::Create(
+  auto post_forward_mesh = distributed::DeviceMesh::Create(
       mesh_info.shard_process_group, device_type, {static_cast<int64_t>(shard_size / k), k}, ranks);
   FsdpMeshInfo info;
   info.mesh = post_forward_mesh;

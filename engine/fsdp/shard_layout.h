@@ -1,4 +1,5 @@
-// Pure arithmetic of FSDP's dim-0 sharding (docs: fsdp-semantics §1.2, §1.5, §1.7, §1.8):
+// Pure arithmetic of FSDP's dim-0 sharding (docs/fsdp-behaviour.md, "Dim-0 sharding",
+// "All-gather", "Reduce-scatter", "Gradient divide factors"):
 // torch.chunk row ranges with empty trailing shards, padded shard sizes, the rank-major then
 // parameter-major flat all-gather / reduce-scatter layouts, and gradient divide factors.
 // No tensors, no state: every function is a value computation. Thread-safe.
@@ -38,7 +39,8 @@ struct GroupLayout {
 
 GroupLayout ComputeGroupLayout(const std::vector<Shape>& global_shapes, int world);
 
-// Gradient divide factors (E2/E3, fsdp-semantics §1.8) for data-parallel size `n`, optionally a
+// Gradient divide factors (E2/E3, docs/fsdp-behaviour.md, "Gradient divide factors") for
+// data-parallel size `n`, optionally a
 // user factor from set_gradient_divide_factor (<= 0: unset).
 struct DivideFactors {
   enum class Op { kAvg, kSum, kPremulSum };

@@ -12,7 +12,7 @@ std::vector<int64_t> RowsPerRank(const Shape& shape, int world) {
 }
 
 TEST(FsdpShardLayout, TorchChunkRowsWithEmptyTrailingShards) {
-  // The table of fsdp-semantics §1.2.
+  // The table of docs/fsdp-behaviour.md, "Dim-0 sharding".
   EXPECT_EQ(RowsPerRank({5, 3}, 4), (std::vector<int64_t>{2, 2, 1, 0}));
   EXPECT_EQ(RowsPerRank({6, 4}, 4), (std::vector<int64_t>{2, 2, 2, 0}));
   EXPECT_EQ(RowsPerRank({7}, 4), (std::vector<int64_t>{2, 2, 2, 1}));
@@ -29,7 +29,7 @@ TEST(FsdpShardLayout, TorchChunkRowsWithEmptyTrailingShards) {
 }
 
 TEST(FsdpShardLayout, GroupLayoutOfTheWorkedExample) {
-  // fsdp-semantics §1.5: p0 [5,3], p1 [3], W = 4 -> L = 7, output 28.
+  // docs/fsdp-behaviour.md, "All-gather": p0 [5,3], p1 [3], W = 4 -> L = 7, output 28.
   const GroupLayout layout = ComputeGroupLayout({{5, 3}, {3}}, 4);
   EXPECT_EQ(layout.per_rank_numel, 7);
   EXPECT_EQ(layout.total_numel(4), 28);

@@ -1,4 +1,5 @@
-// TrainingState and ShardedState: the two state machines of FSDP2 (fsdp-semantics §2;
+// TrainingState and ShardedState: the two state machines of FSDP2 (docs/fsdp-behaviour.md,
+// "State machines";
 // PyTorch's _fsdp_common.TrainingState and _fsdp_param.ShardedState), with PyTorch's spelling
 // of each value ("FORWARD", "SHARDED_POST_FORWARD", ...) for events and error messages.
 // Value types; thread-safe. See docs/fsdp.md, [Note: FSDP state machines].

@@ -12,7 +12,8 @@
 //    forward pre-hook (appended) that enters a CheckpointRegion, and a forward hook
 //    (prepend=True, always_call=True) that exits it. FQNs are unchanged. The recompute calls
 //    the module's full operator() with the checkpoint's own two hooks switched off, so every
-//    other hook of the module and its submodules runs again (autograd-and-modules.md §5.3).
+//    other hook of the module and its submodules runs again (docs/modules.md, "[Note:
+//    activation checkpointing forms]").
 //  * CheckpointModuleCall(module, args): torch.utils.checkpoint.checkpoint(module, *args) for
 //    one call (Transformer's per-block checkpointing).
 //

@@ -8,10 +8,10 @@
 
 #include "engine/autograd/checkpoint.h"
 #include "engine/core/rank_context.h"
+#include "engine/functional/functional.h"
 #include "engine/nn/init.h"
 #include "engine/nn/models.h"
-#include "engine/nn/testing_util.h"
-#include "engine/ops/functional.h"
+#include "engine/testing/nn_test_util.h"
 
 namespace fsdp::nn {
 namespace {

@@ -3,8 +3,8 @@
 #include <cmath>
 #include <sstream>
 
+#include "engine/functional/functional.h"
 #include "engine/nn/init.h"
-#include "engine/ops/functional.h"
 
 namespace fsdp::nn {
 

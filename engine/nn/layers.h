@@ -1,7 +1,7 @@
 // Standard layers with PyTorch's registration order, names, shapes and default initialisation
 // (drawn from the calling rank's generator): Linear, Embedding, LayerNorm, RMSNorm,
 // BatchNorm1d, Dropout, ReLU, GELU, Identity and the containers Sequential, ModuleList and
-// ParameterList. Forwards use the differentiable ops of engine/ops/functional.h and read every
+// ParameterList. Forwards use the differentiable ops of engine/functional/functional.h and read every
 // parameter from its slot at call time (see Module).
 //
 // Ownership: parameters and buffers live in the Module registries; the classes keep only

@@ -1,9 +1,9 @@
 #include "engine/nn/models.h"
 
 #include "engine/core/rank_context.h"
+#include "engine/functional/functional.h"
 #include "engine/nn/checkpoint.h"
 #include "engine/nn/init.h"
-#include "engine/ops/functional.h"
 
 namespace fsdp::nn {
 

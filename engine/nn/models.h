@@ -1,5 +1,5 @@
 // The test models of PyTorch's FSDP tests, with the seeds' exact registration order, FQNs,
-// shapes and forwards (fsdp-semantics.md §11, seeds 001 and 003):
+// shapes and forwards (docs/modules.md, "[Note: seed model shapes]"; seeds 001 and 003):
 //   common_fsdp.py:    MLP, MLPStack, DoubleLinear
 //   common_dtensor.py: ModelArgs, Attention, FeedForward, TransformerBlock, Transformer,
 //                      MLPModule, MLPStacked, RMSNormPython

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "engine/autograd/variable.h"
 #include "engine/core/rank_context.h"
 
 namespace fsdp::nn {
@@ -408,15 +409,7 @@ Module& Module::train(bool mode) {
 }
 
 void Module::zero_grad(bool set_to_none) {
-  for (const Tensor& p : parameters()) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    if (set_to_none) {
-      p.set_grad(Tensor());
-    } else {
-      g.zero_();
-    }
-  }
+  for (const Tensor& p : parameters()) autograd::zero_grad(p, set_to_none);
 }
 
 Module& Module::requires_grad_(bool requires_grad) {

@@ -1,5 +1,6 @@
 // Module: the C++ counterpart of torch.nn.Module (module.py), with PyTorch's naming, state-dict
-// and forward-hook semantics. See docs/modules.md and autograd-and-modules.md §6.
+// and forward-hook semantics. See docs/modules.md, "[Note: names]" and "[Note: forward call
+// order]".
 //
 // A module owns three insertion-ordered registries, exactly like `_parameters`, `_buffers` and
 // `_modules`:

@@ -23,7 +23,8 @@ Names NamesOf(const Pairs& pairs) {
 
 Names Keys(const StateDict& sd) { return sd.keys(); }
 
-// The module of autograd-and-modules.md §6.2/§6.4 (verified against PyTorch): B has a buffer
+// The module of docs/modules.md, "[Note: the naming example]" (verified against PyTorch): B has
+// a buffer
 // `rb` and a child `lin`; the root registers a, shared = a, layers = [B, B], seq, tied (weight
 // tied to seq.0.weight), a non-persistent buffer np and, last, a parameter p.
 class B : public Cloneable<B> {

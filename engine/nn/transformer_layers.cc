@@ -1,7 +1,7 @@
 #include "engine/nn/transformer_layers.h"
 
+#include "engine/functional/functional.h"
 #include "engine/nn/init.h"
-#include "engine/ops/functional.h"
 
 namespace fsdp::nn {
 

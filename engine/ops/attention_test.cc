@@ -7,8 +7,8 @@
 #include "engine/ops/activation.h"
 #include "engine/ops/compare.h"
 #include "engine/ops/linalg.h"
-#include "engine/ops/ops_test_util.h"
 #include "engine/ops/shape_ops.h"
+#include "engine/testing/ops_test_util.h"
 
 namespace fsdp::ops::kernels {
 namespace {

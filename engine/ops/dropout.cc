@@ -12,9 +12,7 @@ Tensor DropoutMask(const Shape& shape, double p, DType dtype, Generator& generat
   FSDP_CHECK(p >= 0.0 && p <= 1.0, "dropout probability has to be between 0 and 1, but got ", p);
   FSDP_CHECK(IsFloatingPoint(dtype), "dropout: mask dtype must be floating point, got ", DTypeName(dtype));
   const int64_t n = Numel(shape);
-  const uint64_t seed = generator.seed();
-  const uint64_t offset = generator.offset();
-  generator.set_offset(offset + static_cast<uint64_t>((n + 3) / 4));
+  const auto [seed, offset] = generator.reserve_philox(n);
   const double keep = 1.0 - p;
   const double scale = p == 1.0 ? 0.0 : 1.0 / keep;
   std::vector<double> values(static_cast<size_t>(n));

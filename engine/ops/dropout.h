@@ -4,7 +4,8 @@
 // API) in a counter-based way, so it is a pure function of the generator state: element i is
 // kept iff u_i < 1 - p, where u_i = (w >> 8) * 2^-24 and w is word (i mod 4) of
 // Philox(seed, counter = offset + i / 4); afterwards the generator's offset has advanced by
-// ceil(numel / 4). A CUDA kernel can reproduce the same mask from (seed, offset).
+// ceil(numel / 4) (Generator::reserve_philox, shared with the CUDA kernel, which reproduces
+// the same mask from the same (seed, offset)).
 // Thread-safety: stateless, except that the generator passed in is advanced.
 #pragma once
 

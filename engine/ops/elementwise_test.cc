@@ -6,7 +6,7 @@
 
 #include "engine/ops/broadcast.h"
 #include "engine/ops/compare.h"
-#include "engine/ops/ops_test_util.h"
+#include "engine/testing/ops_test_util.h"
 
 namespace fsdp::ops::kernels {
 namespace {

@@ -24,8 +24,8 @@ inline bool IsReducedFloat(DType dtype) {
 }
 
 // The dtype a kernel computes in for tensors of `dtype`: float32 for float16/bfloat16,
-// otherwise `dtype` itself.
-inline DType ComputeDType(DType dtype) { return IsReducedFloat(dtype) ? DType::kFloat32 : dtype; }
+// otherwise `dtype` itself (OpMathDType, engine/core/dtype.h [Note: opmath type]).
+inline DType ComputeDType(DType dtype) { return OpMathDType(dtype); }
 
 // True when `t` can be used by a kernel as is: a CPU tensor of its own compute dtype.
 inline bool IsNative(const Tensor& t) {

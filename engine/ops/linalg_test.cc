@@ -3,8 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "engine/ops/compare.h"
-#include "engine/ops/ops_test_util.h"
 #include "engine/ops/shape_ops.h"
+#include "engine/testing/ops_test_util.h"
 
 namespace fsdp::ops::kernels {
 namespace {

@@ -7,7 +7,7 @@
 #include "engine/ops/dropout.h"
 #include "engine/ops/embedding.h"
 #include "engine/ops/loss.h"
-#include "engine/ops/ops_test_util.h"
+#include "engine/testing/ops_test_util.h"
 
 namespace fsdp::ops::kernels {
 namespace {

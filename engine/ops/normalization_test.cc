@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "engine/ops/ops_test_util.h"
+#include "engine/testing/ops_test_util.h"
 
 namespace fsdp::ops::kernels {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/ops/ops_test_util.h"
+#include "engine/testing/ops_test_util.h"
 
 namespace fsdp::ops::kernels {
 namespace {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "engine/ops/compare.h"
-#include "engine/ops/ops_test_util.h"
+#include "engine/testing/ops_test_util.h"
 
 namespace fsdp::ops::kernels {
 namespace {

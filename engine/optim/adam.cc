@@ -28,7 +28,7 @@ void AdamStepCpu(const std::string& who, const Tensor& param, const Tensor& grad
                  const Tensor& v, const Tensor& vmax, const math::AdamStepSpec& spec) {
   internal::DispatchFloating(param.dtype(), who.c_str(), [&](auto tag) {
     using T = decltype(tag);
-    using A = internal::Acc<T>;
+    using A = OpMath<T>;
     const math::AdamScalars<A> s = math::MakeAdamScalars<A>(spec);
     const auto round = internal::RoundingFor<T>();
     T* pp = param.data<T>();

@@ -55,8 +55,9 @@ void CheckOperand(const char* who, const Tensor& param, const Tensor& t, const c
 
 void* DataOrNull(const Tensor& t) { return t.defined() ? t.data_ptr() : nullptr; }
 
-// Calls launch(A{}, config, stream) with the accumulation type A of `param` (double for
-// float64, float otherwise) on its device's current stream, then checks the launch.
+// Calls launch(A{}, config, stream) with the accumulation type A of `param` (OpMath of its
+// storage type, engine/core/dtype.h: double for float64, float otherwise) on its device's
+// current stream, then checks the launch.
 template <typename Launch>
 void LaunchOver(const Tensor& param, const char* what, Launch&& launch) {
   const int64_t n = param.numel();
@@ -64,7 +65,7 @@ void LaunchOver(const Tensor& param, const char* what, Launch&& launch) {
   DeviceGuard guard(param.device());
   const LaunchConfig c = GridFor(n);
   cudaStream_t stream = StreamOf(param.device());
-  if (param.dtype() == DType::kFloat64) {
+  if (OpMathDType(param.dtype()) == DType::kFloat64) {
     launch(double{}, c, stream);
   } else {
     launch(float{}, c, stream);

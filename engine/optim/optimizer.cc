@@ -2,6 +2,7 @@
 
 #include <unordered_set>
 
+#include "engine/autograd/variable.h"
 #include "engine/ops/shape_ops.h"
 
 namespace fsdp::optim {
@@ -76,15 +77,7 @@ void Optimizer::add_param_group(std::vector<Tensor> params, std::optional<double
 
 void Optimizer::zero_grad(bool set_to_none) {
   for (auto& group : param_groups_) {
-    for (auto& p : group.params) {
-      Tensor g = p.grad();
-      if (!g.defined()) continue;
-      if (set_to_none) {
-        p.set_grad(Tensor());
-      } else {
-        g.zero_();
-      }
-    }
+    for (auto& p : group.params) autograd::zero_grad(p, set_to_none);
   }
 }
 

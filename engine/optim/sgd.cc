@@ -13,7 +13,7 @@ void SgdStepCpu(const Tensor& param, const Tensor& grad, const Tensor& buf,
                 const math::SgdStepSpec& spec) {
   internal::DispatchFloating(param.dtype(), "SGD", [&](auto tag) {
     using T = decltype(tag);
-    using A = internal::Acc<T>;
+    using A = OpMath<T>;
     const math::SgdScalars<A> s = math::MakeSgdScalars<A>(spec);
     const auto round = internal::RoundingFor<T>();
     T* pp = param.data<T>();

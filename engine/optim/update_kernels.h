@@ -1,7 +1,8 @@
-// CPU side of the optimizer element loops (internal to engine/optim): the storage type's
-// accumulation type and storage rounding (update_math.h), typed element access, and the
-// dispatch from a parameter's dtype to its C++ storage type. The update formulas themselves
-// live in update_math.h, shared with the CUDA kernels.
+// CPU side of the optimizer element loops (internal to engine/optim): the storage rounding of
+// a storage type T (update_math.h), typed element access in T's accumulation type OpMath<T>
+// (engine/core/dtype.h, [Note: opmath type]: float for float32/float16/bfloat16, double for
+// float64), and the dispatch from a parameter's dtype to its C++ storage type. The update
+// formulas themselves live in update_math.h, shared with the CUDA kernels.
 // Thread-safety: stateless.
 #pragma once
 
@@ -14,10 +15,6 @@
 
 namespace fsdp::optim::internal {
 
-// ATen's opmath type of a storage type: double for float64, float otherwise.
-template <typename T>
-using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
 // The update_math.h rounding policy of storage type T.
 template <typename T>
 auto RoundingFor() {
@@ -26,17 +23,17 @@ auto RoundingFor() {
   } else if constexpr (std::is_same_v<T, BFloat16>) {
     return math::BFloat16Rounding{};
   } else {
-    return math::ExactRounding<Acc<T>>{};
+    return math::ExactRounding<OpMath<T>>{};
   }
 }
 
 template <typename T>
-inline Acc<T> Load(const T* p, int64_t i) {
-  return static_cast<Acc<T>>(p[i]);
+inline OpMath<T> Load(const T* p, int64_t i) {
+  return static_cast<OpMath<T>>(p[i]);
 }
 
 template <typename T>
-inline void Store(T* p, int64_t i, Acc<T> x) {
+inline void Store(T* p, int64_t i, OpMath<T> x) {
   p[i] = static_cast<T>(x);
 }
 

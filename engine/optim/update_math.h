@@ -4,8 +4,9 @@
 //
 // Each update is PyTorch's sequence of single-tensor ops (`_single_tensor_sgd`,
 // `_single_tensor_adam`); every op's result is rounded to the parameter's storage dtype while
-// computing in the accumulation type A (ATen's opmath: double for float64, float for float32,
-// float16 and bfloat16). The rounding is a template argument `Round` (a callable A -> A):
+// computing in the accumulation type A (OpMath<T> of engine/core/dtype.h, ATen's opmath:
+// double for float64, float for float32, float16 and bfloat16). The rounding is a template
+// argument `Round` (a callable A -> A):
 //   ExactRounding<A>   float32 storage with float math, float64 with double math (identity);
 //   Float16Rounding    float -> float16 -> float, through the bit conversions of
 //   BFloat16Rounding   engine/ops/cuda/numerics.h (bit-for-bit those of engine/core/dtype.cc);

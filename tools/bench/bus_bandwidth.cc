@@ -7,9 +7,7 @@
 
 namespace fsdp::bench {
 
-namespace {
-
-std::string Normalized(const std::string& name) {
+std::string NormalizedName(const std::string& name) {
   std::string out;
   for (char c : name) {
     if (c == '-' || c == '_') continue;
@@ -17,45 +15,6 @@ std::string Normalized(const std::string& name) {
   }
   return out;
 }
-
-}  // namespace
-
-const std::vector<BenchCollective>& AllBenchCollectives() {
-  static const std::vector<BenchCollective> kAll = {
-      BenchCollective::kAllGather, BenchCollective::kReduceScatter, BenchCollective::kAllReduce,
-      BenchCollective::kBroadcast};
-  return kAll;
-}
-
-const char* BenchCollectiveName(BenchCollective op) {
-  switch (op) {
-    case BenchCollective::kAllGather:
-      return "all_gather";
-    case BenchCollective::kReduceScatter:
-      return "reduce_scatter";
-    case BenchCollective::kAllReduce:
-      return "all_reduce";
-    case BenchCollective::kBroadcast:
-      return "broadcast";
-  }
-  return "?";
-}
-
-std::vector<BenchCollective> ParseBenchCollectives(const std::string& name) {
-  const std::string n = Normalized(name);
-  if (n == "all") return AllBenchCollectives();
-  for (BenchCollective op : AllBenchCollectives()) {
-    if (n == Normalized(BenchCollectiveName(op))) return {op};
-  }
-  FSDP_THROW(ErrorCode::kInvalidArgument, "unknown collective '", name,
-             "' (choose all_gather, reduce_scatter, all_reduce, broadcast or all)");
-}
-
-bool IsReduction(BenchCollective op) {
-  return op == BenchCollective::kReduceScatter || op == BenchCollective::kAllReduce;
-}
-
-int BenchRoot(BenchCollective op) { return op == BenchCollective::kBroadcast ? 0 : -1; }
 
 const char* NcclTypeName(DType dtype) {
   switch (dtype) {
@@ -74,7 +33,7 @@ const char* NcclTypeName(DType dtype) {
 }
 
 DType ParseBenchDType(const std::string& name) {
-  const std::string n = Normalized(name);
+  const std::string n = NormalizedName(name);
   if (n == "float") return DType::kFloat32;
   if (n == "double") return DType::kFloat64;
   if (n == "half") return DType::kFloat16;
@@ -88,45 +47,36 @@ DType ParseBenchDType(const std::string& name) {
   }
 }
 
-const char* RedOpName(dist::ReduceOp op) {
+const char* RedOpName(distributed::ReduceOp op) {
   switch (op) {
-    case dist::ReduceOp::kSum:
+    case distributed::ReduceOp::kSum:
       return "sum";
-    case dist::ReduceOp::kAvg:
+    case distributed::ReduceOp::kAvg:
       return "avg";
-    case dist::ReduceOp::kMin:
+    case distributed::ReduceOp::kMin:
       return "min";
-    case dist::ReduceOp::kMax:
+    case distributed::ReduceOp::kMax:
       return "max";
-    case dist::ReduceOp::kPremulSum:
+    case distributed::ReduceOp::kPremulSum:
       return "premul_sum";
   }
   return "?";
 }
 
-dist::ReduceOp ParseRedOp(const std::string& name) {
-  const std::string n = Normalized(name);
-  for (dist::ReduceOp op :
-       {dist::ReduceOp::kSum, dist::ReduceOp::kAvg, dist::ReduceOp::kMin, dist::ReduceOp::kMax}) {
+distributed::ReduceOp ParseRedOp(const std::string& name) {
+  const std::string n = NormalizedName(name);
+  for (distributed::ReduceOp op :
+       {distributed::ReduceOp::kSum, distributed::ReduceOp::kAvg, distributed::ReduceOp::kMin, distributed::ReduceOp::kMax}) {
     if (n == RedOpName(op)) return op;
   }
   FSDP_THROW(ErrorCode::kInvalidArgument, "unknown reduce op '", name,
              "' (choose sum, avg, min or max)");
 }
 
-double BusBandwidthFactor(BenchCollective op, int world_size) {
-  FSDP_CHECK(world_size >= 1, "BusBandwidthFactor: world size must be >= 1, got ", world_size);
+double RingFactor(int world_size) {
+  FSDP_CHECK(world_size >= 1, "bus bandwidth: world size must be >= 1, got ", world_size);
   const double n = world_size;
-  switch (op) {
-    case BenchCollective::kAllGather:
-    case BenchCollective::kReduceScatter:
-      return (n - 1) / n;
-    case BenchCollective::kAllReduce:
-      return 2 * (n - 1) / n;
-    case BenchCollective::kBroadcast:
-      return 1;
-  }
-  return 1;
+  return (n - 1) / n;
 }
 
 double AlgBandwidthGBps(int64_t bytes, double seconds) {
@@ -134,32 +84,27 @@ double AlgBandwidthGBps(int64_t bytes, double seconds) {
   return static_cast<double>(bytes) / seconds / 1e9;
 }
 
-CollectiveCounts ComputeCounts(BenchCollective op, int64_t requested_bytes, DType dtype,
-                               int world_size) {
-  FSDP_CHECK(world_size >= 1, "ComputeCounts: world size must be >= 1, got ", world_size);
-  FSDP_CHECK(requested_bytes >= 0, "ComputeCounts: negative size ", requested_bytes);
+CollectiveCounts WholeArrayCounts(int64_t requested_bytes, DType dtype, int world_size) {
+  FSDP_CHECK(world_size >= 1, "collective counts: world size must be >= 1, got ", world_size);
+  FSDP_CHECK(requested_bytes >= 0, "collective counts: negative size ", requested_bytes);
   const auto elem = static_cast<int64_t>(ElementSize(dtype));
   CollectiveCounts c;
   c.count = requested_bytes / elem;
-  const bool split = op == BenchCollective::kAllGather || op == BenchCollective::kReduceScatter;
-  if (split) c.count = c.count / world_size * world_size;
   c.bytes = c.count * elem;
-  c.per_rank_numel = split ? c.count / world_size : c.count;
-  switch (op) {
-    case BenchCollective::kAllGather:
-      c.input_numel = c.per_rank_numel;
-      c.output_numel = c.count;
-      break;
-    case BenchCollective::kReduceScatter:
-      c.input_numel = c.count;
-      c.output_numel = c.per_rank_numel;
-      break;
-    case BenchCollective::kAllReduce:
-    case BenchCollective::kBroadcast:
-      c.input_numel = c.count;
-      c.output_numel = c.count;
-      break;
-  }
+  c.per_rank_numel = c.count;
+  c.input_numel = c.count;
+  c.output_numel = c.count;
+  return c;
+}
+
+CollectiveCounts EvenSplitCounts(int64_t requested_bytes, DType dtype, int world_size) {
+  FSDP_CHECK(world_size >= 1, "collective counts: world size must be >= 1, got ", world_size);
+  FSDP_CHECK(requested_bytes >= 0, "collective counts: negative size ", requested_bytes);
+  const auto elem = static_cast<int64_t>(ElementSize(dtype));
+  CollectiveCounts c;
+  c.count = requested_bytes / elem / world_size * world_size;
+  c.bytes = c.count * elem;
+  c.per_rank_numel = c.count / world_size;
   return c;
 }
 

@@ -1,17 +1,15 @@
-// The arithmetic of an nccl-tests-style collective benchmark: which collectives, how a byte
-// size becomes element counts per rank, the size sweep, and the bandwidth definitions of
+// The collective-independent arithmetic of an nccl-tests-style collective benchmark: how a
+// byte size becomes element counts, the size sweep, and the bandwidth definitions of
 // nccl-tests (doc/PERFORMANCE.md there):
 //
 //   algbw = size / time                        (size: the full array, see below)
-//   busbw = algbw * factor(op, n)
-//     all_gather, reduce_scatter: (n - 1) / n
-//     all_reduce:                 2 (n - 1) / n
-//     broadcast:                  1
+//   busbw = algbw * factor(collective, n)      (each collective's descriptor gives its factor,
+//                                               tools/bench/collective_descriptor.h)
 //
 // `size` is the whole (gathered / input) array: the all_gather output, the reduce_scatter
-// input, the all_reduce / broadcast tensor. Element counts are rounded down so the array splits
-// evenly over n ranks for all_gather and reduce_scatter (nccl-tests does the same), which may
-// make a row's size smaller than asked.
+// input, the all_reduce / broadcast tensor. Collectives that split the array over the ranks
+// round the element count down so it splits evenly over n ranks (nccl-tests does the same),
+// which may make a row's size smaller than asked (EvenSplitCounts).
 //
 // Also the names pg-bench prints: nccl-tests' datatype names ("float", "double", "half",
 // "bfloat16", "int64") and reduce-op names ("sum", "avg", "min", "max").
@@ -23,23 +21,13 @@
 #include <vector>
 
 #include "engine/core/dtype.h"
-#include "engine/dist/reduce_op.h"
+#include "engine/distributed/reduce_op.h"
 
 namespace fsdp::bench {
 
-enum class BenchCollective { kAllGather, kReduceScatter, kAllReduce, kBroadcast };
-
-// Every collective, in the order `-o all` runs them.
-const std::vector<BenchCollective>& AllBenchCollectives();
-// "all_gather", "reduce_scatter", "all_reduce", "broadcast".
-const char* BenchCollectiveName(BenchCollective op);
-// Parses one name (also "allgather", "reducescatter", "allreduce", "all-gather", ...);
-// "all" gives every collective. Throws InvalidArgument listing the choices.
-std::vector<BenchCollective> ParseBenchCollectives(const std::string& name);
-// True for the collectives that take a reduce op (reduce_scatter, all_reduce).
-bool IsReduction(BenchCollective op);
-// nccl-tests' root column: 0 for broadcast (pg-bench always broadcasts from rank 0), -1 else.
-int BenchRoot(BenchCollective op);
+// `name` in lower case without '-' and '_': how pg-bench compares the names of collectives,
+// datatypes and reduce ops ("All-Reduce" == "allreduce" == "all_reduce").
+std::string NormalizedName(const std::string& name);
 
 // nccl-tests' name of a dtype: "float", "double", "half", "bfloat16", "int64".
 const char* NcclTypeName(DType dtype);
@@ -47,12 +35,13 @@ const char* NcclTypeName(DType dtype);
 // InvalidArgument listing the choices.
 DType ParseBenchDType(const std::string& name);
 // "sum", "avg", "min", "max" ("premul_sum" for completeness).
-const char* RedOpName(dist::ReduceOp op);
+const char* RedOpName(distributed::ReduceOp op);
 // Parses "sum", "avg", "min", "max" (any case). Throws InvalidArgument listing the choices.
-dist::ReduceOp ParseRedOp(const std::string& name);
+distributed::ReduceOp ParseRedOp(const std::string& name);
 
-// busbw / algbw for `op` on `world_size` ranks (world_size >= 1).
-double BusBandwidthFactor(BenchCollective op, int world_size);
+// (n - 1) / n: the bus-bandwidth factor of the ring collectives (all_gather,
+// reduce_scatter; twice it for all_reduce). Throws InvalidArgument unless world_size >= 1.
+double RingFactor(int world_size);
 // bytes / seconds in GB/s (1e9 bytes per second). Zero time gives 0.
 double AlgBandwidthGBps(int64_t bytes, double seconds);
 
@@ -62,13 +51,16 @@ struct CollectiveCounts {
   int64_t bytes = 0;           // count * element size (the printed `size`)
   int64_t input_numel = 0;     // per-rank input tensor
   int64_t output_numel = 0;    // per-rank output tensor (== input for in-place collectives)
-  int64_t per_rank_numel = 0;  // count / world for all_gather and reduce_scatter, else count
+  int64_t per_rank_numel = 0;  // count / world for collectives that split the array, else count
 };
-// The counts for `requested_bytes` of `dtype` on `world_size` ranks, rounded down to whole
-// elements and, for all_gather / reduce_scatter, to a multiple of world_size. count == 0 means
-// the size is too small to run.
-CollectiveCounts ComputeCounts(BenchCollective op, int64_t requested_bytes, DType dtype,
-                               int world_size);
+// The counts of a collective whose every rank holds the whole array (all_reduce, broadcast):
+// `requested_bytes` of `dtype` rounded down to whole elements; input = output = per rank =
+// count. `world_size` does not matter (the signature is CollectiveDescriptor::counts').
+CollectiveCounts WholeArrayCounts(int64_t requested_bytes, DType dtype, int world_size);
+// The counts of a collective that splits the array evenly over `world_size` ranks
+// (all_gather, reduce_scatter): count rounded down to a multiple of world_size, per rank =
+// count / world_size. input_numel and output_numel are left 0 for the caller to set.
+CollectiveCounts EvenSplitCounts(int64_t requested_bytes, DType dtype, int world_size);
 
 // The byte sizes of a sweep, as nccl-tests: min, then size * factor while factor > 1, else
 // size + step, up to and including max. Throws InvalidArgument when min > max, when min is 0

@@ -29,7 +29,7 @@ int SignificandBits(DType dtype) {
 }
 
 // The expected reduced value of any element j with j mod P == k, for k in [0, P).
-std::vector<double> ReducedTable(dist::ReduceOp redop, int world_size, int64_t m) {
+std::vector<double> ReducedTable(distributed::ReduceOp redop, int world_size, int64_t m) {
   const int64_t p = 2 * m + 1;
   std::vector<double> table(static_cast<size_t>(p));
   for (int64_t k = 0; k < p; ++k) {
@@ -38,15 +38,15 @@ std::vector<double> ReducedTable(dist::ReduceOp redop, int world_size, int64_t m
       const auto v = static_cast<double>(CheckValue(r, k, m));
       if (r == 0) {
         acc = v;
-      } else if (redop == dist::ReduceOp::kMin) {
+      } else if (redop == distributed::ReduceOp::kMin) {
         acc = std::min(acc, v);
-      } else if (redop == dist::ReduceOp::kMax) {
+      } else if (redop == distributed::ReduceOp::kMax) {
         acc = std::max(acc, v);
       } else {
         acc += v;
       }
     }
-    if (redop == dist::ReduceOp::kAvg) acc /= world_size;
+    if (redop == distributed::ReduceOp::kAvg) acc /= world_size;
     table[static_cast<size_t>(k)] = acc;
   }
   return table;
@@ -59,6 +59,27 @@ double AsDouble(T v) {
   } else {
     return static_cast<double>(v);
   }
+}
+
+// Counts the elements i of `output` whose value is not expected(first + i): exactly, or
+// within `rel_tolerance` * |expected| when it is positive.
+template <typename Expected>
+int64_t CountWrong(const Tensor& output, int64_t first, double rel_tolerance,
+                   const Expected& expected) {
+  const int64_t n = output.numel();
+  int64_t wrong = 0;
+  DispatchDType(output.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* data = static_cast<const T*>(output.data_ptr());
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = expected(first + i);
+      const double got = AsDouble(data[i]);
+      const bool ok = rel_tolerance == 0 ? got == want
+                                         : std::abs(got - want) <= rel_tolerance * std::abs(want);
+      if (!ok) ++wrong;
+    }
+  });
+  return wrong;
 }
 
 }  // namespace
@@ -74,12 +95,8 @@ int64_t CheckValue(int rank, int64_t index, int64_t m) {
   return (index + rank) % p - m;
 }
 
-void FillCheckInput(BenchCollective op, const Tensor& input, const CollectiveCounts& counts,
-                    int rank, int world_size) {
-  FSDP_CHECK(input.numel() == counts.input_numel, "check data: ", BenchCollectiveName(op),
-             " input has ", input.numel(), " elements, expected ", counts.input_numel);
+void FillCheckValues(const Tensor& input, int rank, int64_t first, int world_size) {
   const int64_t m = CheckValueBound(input.dtype(), world_size);
-  const int64_t first = op == BenchCollective::kAllGather ? rank * counts.per_rank_numel : 0;
   const int64_t n = input.numel();
   DispatchDType(input.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -95,50 +112,25 @@ void FillCheckInput(BenchCollective op, const Tensor& input, const CollectiveCou
   });
 }
 
-int64_t CountWrongElements(BenchCollective op, dist::ReduceOp redop, const Tensor& output,
-                           const CollectiveCounts& counts, int rank, int world_size) {
-  FSDP_CHECK(output.numel() == counts.output_numel, "check data: ", BenchCollectiveName(op),
-             " output has ", output.numel(), " elements, expected ", counts.output_numel);
+int64_t CountWrongCopies(const Tensor& output, int64_t first, int world_size,
+                         const std::function<int(int64_t j)>& source_rank) {
+  const int64_t m = CheckValueBound(output.dtype(), world_size);
+  return CountWrong(output, first, 0.0, [&](int64_t j) {
+    return static_cast<double>(CheckValue(source_rank(j), j, m));
+  });
+}
+
+int64_t CountWrongReduction(const Tensor& output, int64_t first, distributed::ReduceOp redop,
+                            int world_size) {
   const DType dtype = output.dtype();
   const int64_t m = CheckValueBound(dtype, world_size);
   const int64_t p = 2 * m + 1;
-  const int64_t n = output.numel();
-  std::vector<double> table;
-  int64_t first = 0;  // full-array index of output element 0
-  if (IsReduction(op)) {
-    table = ReducedTable(redop, world_size, m);
-    if (op == BenchCollective::kReduceScatter) first = rank * counts.per_rank_numel;
-  }
-  const double tolerance = redop == dist::ReduceOp::kAvg && IsReduction(op)
+  const std::vector<double> table = ReducedTable(redop, world_size, m);
+  const double tolerance = redop == distributed::ReduceOp::kAvg
                                ? std::ldexp(1.0, 1 - SignificandBits(dtype))
                                : 0.0;
-  int64_t wrong = 0;
-  DispatchDType(dtype, [&](auto tag) {
-    using T = decltype(tag);
-    const T* data = static_cast<const T*>(output.data_ptr());
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t j = first + i;
-      double expected = 0;
-      switch (op) {
-        case BenchCollective::kAllGather:
-          expected =
-              static_cast<double>(CheckValue(static_cast<int>(j / counts.per_rank_numel), j, m));
-          break;
-        case BenchCollective::kBroadcast:
-          expected = static_cast<double>(CheckValue(0, j, m));
-          break;
-        case BenchCollective::kReduceScatter:
-        case BenchCollective::kAllReduce:
-          expected = table[static_cast<size_t>(j % p)];
-          break;
-      }
-      const double got = AsDouble(data[i]);
-      const bool ok = tolerance == 0 ? got == expected
-                                     : std::abs(got - expected) <= tolerance * std::abs(expected);
-      if (!ok) ++wrong;
-    }
-  });
-  return wrong;
+  return CountWrong(output, first, tolerance,
+                    [&](int64_t j) { return table[static_cast<size_t>(j % p)]; });
 }
 
 }  // namespace fsdp::bench

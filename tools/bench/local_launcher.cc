@@ -204,7 +204,7 @@ std::string LocalLaunchUsage() {
 
 Starts N local processes of PROGRAM with torchrun's launch variables (RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; FSDP_STORE_PATH for a
-file-store rendezvous), which fsdp::dist::DistributedSession::FromEnvironment reads.
+file-store rendezvous), which fsdp::distributed::DistributedSession::FromEnvironment reads.
 
 options (torchrun's underscore spellings such as --nproc_per_node also work):
   --nproc-per-node N   processes on this node (required)

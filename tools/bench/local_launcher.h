@@ -1,7 +1,7 @@
 // LocalLauncher: starts a world's local ranks as child processes the way torchrun does, for
 // `fsdp-launch` and for tools that re-execute themselves (pg-bench --backend gloo).
 //
-// Each child gets the variables engine/dist/launch.h reads: RANK (node_rank * nproc + local),
+// Each child gets the variables engine/distributed/launch.h reads: RANK (node_rank * nproc + local),
 // WORLD_SIZE (nnodes * nproc), LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node rank),
 // MASTER_ADDR, MASTER_PORT, and FSDP_STORE_PATH when rendezvous goes through a file store.
 // Rendezvous: --store-path DIR is passed on as FSDP_STORE_PATH; --master-port P (with

@@ -76,7 +76,7 @@ TEST(LocalLauncherArgsTest, ChildVariablesFollowTorchrun) {
   o.nnodes = 2;
   o.node_rank = 1;
   std::map<std::string, std::string> vars;
-  for (const auto& [k, v] : ChildLaunchVariables(o, 1, "node0", 29500, "/shared/store"))
+  for (const auto& [k, v] : ChildLaunchVariables(o, 1, "node0", 29500, "/mnt/nfs/store"))
     vars[k] = v;
   EXPECT_EQ(vars["RANK"], "3");
   EXPECT_EQ(vars["WORLD_SIZE"], "4");
@@ -85,7 +85,7 @@ TEST(LocalLauncherArgsTest, ChildVariablesFollowTorchrun) {
   EXPECT_EQ(vars["GROUP_RANK"], "1");
   EXPECT_EQ(vars["MASTER_ADDR"], "node0");
   EXPECT_EQ(vars["MASTER_PORT"], "29500");
-  EXPECT_EQ(vars["FSDP_STORE_PATH"], "/shared/store");
+  EXPECT_EQ(vars["FSDP_STORE_PATH"], "/mnt/nfs/store");
   std::map<std::string, std::string> tcp;
   for (const auto& [k, v] : ChildLaunchVariables(o, 0, "node0", 29500, "")) tcp[k] = v;
   EXPECT_EQ(tcp.count("FSDP_STORE_PATH"), 0u);

@@ -11,7 +11,7 @@
 #include "conformance/process_launcher.h"
 #include "engine/core/allocator.h"
 #include "engine/core/error.h"
-#include "engine/dist/launch.h"
+#include "engine/distributed/launch.h"
 #include "fakes/run_ranks.h"
 #include "fsdp/config.h"
 #include "tools/bench/local_launcher.h"
@@ -101,8 +101,8 @@ int RunThreaded(const PgBenchOptions& options) {
 // a branch to CreateLaunchedRank and nothing else.
 struct LaunchedRank {
   // The rank's RankContext (installed on this thread) and its world group.
-  std::unique_ptr<dist::DistributedSession> session;
-  dist::ProcessGroup* pg = nullptr;
+  std::unique_ptr<distributed::DistributedSession> session;
+  distributed::ProcessGroup* pg = nullptr;
   Device device = Device::CPU();  // where the benchmark allocates its tensors
 };
 
@@ -125,12 +125,12 @@ std::optional<std::string> BackendUnavailable(const std::string& backend) {
 // `pg-bench --backend gloo` stays Gloo whatever the environment says). NCCL: one GPU per
 // rank, cuda:LOCAL_RANK; its Work::wait() blocks the host until the collective finished on
 // the device, so the timed batches measure completed collectives.
-LaunchedRank CreateLaunchedRank(const std::string& backend, const dist::LaunchEnvironment& launch) {
+LaunchedRank CreateLaunchedRank(const std::string& backend, const distributed::LaunchEnvironment& launch) {
   if (auto reason = BackendUnavailable(backend)) FSDP_THROW(ErrorCode::kUnavailable, *reason);
-  dist::LaunchEnvironment env = launch;
+  distributed::LaunchEnvironment env = launch;
   env.backend = backend;
   LaunchedRank rank;
-  rank.session = dist::DistributedSession::Create(env);
+  rank.session = distributed::DistributedSession::Create(env);
   rank.pg = &rank.session->world();
   rank.device = backend == "nccl" ? env.device() : Device::CPU();
   return rank;
@@ -138,12 +138,12 @@ LaunchedRank CreateLaunchedRank(const std::string& backend, const dist::LaunchEn
 // ---- end of [Backend factory] ----------------------------------------------------------------
 
 // A process backend, this process being one launched rank.
-int RunLaunchedRank(const PgBenchOptions& options, const dist::LaunchEnvironment& launch) {
+int RunLaunchedRank(const PgBenchOptions& options, const distributed::LaunchEnvironment& launch) {
   FSDP_CHECK(!options.world || *options.world == launch.world_size, "--world ", *options.world,
              " disagrees with the launcher's world size ", launch.world_size, " (", launch.source,
              ")");
   LaunchedRank rank = CreateLaunchedRank(options.backend, launch);
-  dist::ProcessGroup& pg = *rank.pg;
+  distributed::ProcessGroup& pg = *rank.pg;
   PgBenchFacts facts;
   facts.backend = options.backend;
   facts.world = pg.size();
@@ -195,7 +195,7 @@ int PgBenchMain(int argc, char** argv) {
       std::cerr << "pg-bench: " + *reason + "\n";
       return 1;
     }
-    const dist::LaunchEnvironment launch = dist::ReadLaunchEnvironment();
+    const distributed::LaunchEnvironment launch = distributed::ReadLaunchEnvironment();
     if (launch.source == "default") return LaunchSelf(options, argc, argv);
     who = "rank " + std::to_string(launch.rank) + ": ";
     return RunLaunchedRank(options, launch);

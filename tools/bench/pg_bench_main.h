@@ -3,7 +3,7 @@
 //
 //   threaded  --world N ranks as threads of this process (fakes::RunRanks).
 //   gloo      one process per rank. Under a launcher (fsdp-launch, torchrun, mpirun, srun:
-//             the variables engine/dist/launch.h reads) this process is one rank; without
+//             the variables engine/distributed/launch.h reads) this process is one rank; without
 //             one, pg-bench starts --world copies of itself through LocalLauncher and
 //             returns their combined exit status.
 //   nccl      CreateLaunchedRank is the one place where a launched rank's group is made;

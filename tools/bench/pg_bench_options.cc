@@ -33,6 +33,31 @@ constexpr FlagName kFlags[] = {
     {"--collective", 'o'}, {"--redop", 'r'},
 };
 
+// The -o lines of the usage: the registered collectives, wrapped at 92 columns.
+std::string CollectiveOptionUsage() {
+  const std::string indent(27, ' ');
+  std::string out = "  -o, --collective OP      ";
+  size_t column = out.size();
+  const std::string words = CollectiveNames(", ") + ", or all";
+  size_t start = 0;
+  while (start < words.size()) {
+    size_t end = words.find(' ', start);
+    if (end == std::string::npos) end = words.size();
+    const std::string word = words.substr(start, end - start);
+    if (column > indent.size() && column + 1 + word.size() > 92) {
+      out += "\n" + indent;
+      column = indent.size();
+    } else if (column > indent.size()) {
+      out += ' ';
+      ++column;
+    }
+    out += word;
+    column += word.size();
+    start = end + 1;
+  }
+  return out + "\n" + indent + "(default all)\n";
+}
+
 }  // namespace
 
 std::string PgBenchUsage() {
@@ -50,9 +75,7 @@ Collective bandwidth benchmark in the style of nccl-tests, over any process-grou
                            (default 1)
   -d, --datatype T         float, double, half, bfloat16, int64 (or float32, fp16, bf16, ...;
                            default float)
-  -o, --collective OP      all_gather, reduce_scatter, all_reduce, broadcast, or all
-                           (default all)
-  -r, --redop OP           sum, avg, min, max (default sum)
+)" + CollectiveOptionUsage() + R"(  -r, --redop OP           sum, avg, min, max (default sum)
   --backend B              threaded (ranks as threads), gloo (processes over TCP), nccl
                            (default threaded)
   --world N                ranks: threads for threaded; for gloo, the processes pg-bench
@@ -123,7 +146,7 @@ PgBenchOptions ParsePgBenchArgs(const std::vector<std::string>& args, bool* help
     } else if (key == "d") {
       o.dtype = ParseBenchDType(value());
     } else if (key == "o") {
-      o.collectives = ParseBenchCollectives(value());
+      o.collectives = ParseCollectives(value());
     } else if (key == "r") {
       o.redop = ParseRedOp(value());
     } else if (key == "backend") {
@@ -145,10 +168,10 @@ PgBenchOptions ParsePgBenchArgs(const std::vector<std::string>& args, bool* help
              " is larger than -e ", FormatByteSize(o.max_bytes));
   FSDP_CHECK(o.factor > 1 || o.step_bytes > 0 || o.min_bytes == o.max_bytes,
              "pg-bench: -i must be > 0 when -f is 1 and -b differs from -e");
-  for (BenchCollective op : o.collectives) {
-    FSDP_CHECK(!IsReduction(op) || dist::ReduceOpSupports(o.redop, o.dtype), "pg-bench: -r ",
+  for (const CollectiveDescriptor* op : o.collectives) {
+    FSDP_CHECK(!op->reduces || distributed::ReduceOpSupports(o.redop, o.dtype), "pg-bench: -r ",
                RedOpName(o.redop), " needs a floating-point datatype, got -d ",
-               NcclTypeName(o.dtype), " (for ", BenchCollectiveName(op), ")");
+               NcclTypeName(o.dtype), " (for ", op->name, ")");
   }
   return o;
 }

@@ -15,8 +15,9 @@
 #include <vector>
 
 #include "engine/core/dtype.h"
-#include "engine/dist/reduce_op.h"
+#include "engine/distributed/reduce_op.h"
 #include "tools/bench/bus_bandwidth.h"
+#include "tools/bench/collectives/registry.h"
 
 namespace fsdp::bench {
 
@@ -29,9 +30,9 @@ struct PgBenchOptions {
   int warmup_iters = 5;                   // -w. Default: 5
   bool check = true;                      // -c. Default: 1
   DType dtype = DType::kFloat32;          // -d. Default: float
-  // -o. Default: all (all_gather, reduce_scatter, all_reduce, broadcast).
-  std::vector<BenchCollective> collectives = AllBenchCollectives();
-  dist::ReduceOp redop = dist::ReduceOp::kSum;  // -r. Default: sum
+  // -o. Default: all (every registered collective, collectives/registry.h).
+  std::vector<const CollectiveDescriptor*> collectives = AllCollectives();
+  distributed::ReduceOp redop = distributed::ReduceOp::kSum;  // -r. Default: sum
   std::string backend = "threaded";             // --backend. Default: threaded
   // --world: ranks (threaded: threads; gloo: processes to start when not launched by a
   // launcher, and a consistency check when launched). Default: none (2 when pg-bench starts

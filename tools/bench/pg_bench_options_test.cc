@@ -26,8 +26,8 @@ TEST(PgBenchOptionsTest, DefaultsAreNcclTests) {
   EXPECT_EQ(o.warmup_iters, 5);
   EXPECT_TRUE(o.check);
   EXPECT_EQ(o.dtype, DType::kFloat32);
-  EXPECT_EQ(o.redop, dist::ReduceOp::kSum);
-  EXPECT_EQ(o.collectives.size(), 4u);
+  EXPECT_EQ(o.redop, distributed::ReduceOp::kSum);
+  EXPECT_EQ(o.collectives, AllCollectives());
   EXPECT_EQ(o.backend, "threaded");
   EXPECT_FALSE(o.world.has_value());
 }
@@ -44,8 +44,9 @@ TEST(PgBenchOptionsTest, ParsesShortAttachedAndLongFlags) {
   EXPECT_EQ(o.warmup_iters, 0);
   EXPECT_FALSE(o.check);
   EXPECT_EQ(o.dtype, DType::kBFloat16);
-  EXPECT_EQ(o.collectives, std::vector<BenchCollective>{BenchCollective::kReduceScatter});
-  EXPECT_EQ(o.redop, dist::ReduceOp::kMax);
+  ASSERT_EQ(o.collectives.size(), 1u);
+  EXPECT_STREQ(o.collectives[0]->name, "reduce_scatter");
+  EXPECT_EQ(o.redop, distributed::ReduceOp::kMax);
   EXPECT_EQ(o.backend, "gloo");
   EXPECT_EQ(o.world, 4);
   EXPECT_EQ(o.json_path, "-");
@@ -57,7 +58,7 @@ TEST(PgBenchOptionsTest, ParsesShortAttachedAndLongFlags) {
   EXPECT_EQ(l.max_bytes, 8192);
   EXPECT_EQ(l.warmup_iters, 2);
   EXPECT_EQ(l.dtype, DType::kFloat32);
-  EXPECT_EQ(l.redop, dist::ReduceOp::kAvg);
+  EXPECT_EQ(l.redop, distributed::ReduceOp::kAvg);
 }
 
 TEST(PgBenchOptionsTest, ErrorsNameTheFlag) {
@@ -78,6 +79,20 @@ TEST(PgBenchOptionsTest, ErrorsNameTheFlag) {
   bool help = false;
   ParsePgBenchArgs({"-h"}, &help);
   EXPECT_TRUE(help);
+}
+
+TEST(PgBenchOptionsTest, UsageAndErrorsListTheRegisteredCollectives) {
+  const std::string usage = PgBenchUsage();
+  EXPECT_NE(usage.find("  -o, --collective OP      all_gather, reduce_scatter, all_reduce, "
+                       "broadcast, or all\n                           (default all)\n"),
+            std::string::npos)
+      << usage;
+  for (const CollectiveDescriptor* c : AllCollectives()) {
+    EXPECT_NE(usage.find(c->name), std::string::npos) << c->name;
+  }
+  EXPECT_NE(MessageOf({"-o", "alltoall"})
+                .find("(choose all_gather, reduce_scatter, all_reduce, broadcast or all)"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -25,8 +25,8 @@ std::string SweepText(const PgBenchOptions& o) {
 
 std::string CollectiveList(const PgBenchOptions& o) {
   std::string s;
-  for (BenchCollective op : o.collectives)
-    s += (s.empty() ? "" : ",") + std::string(BenchCollectiveName(op));
+  for (const CollectiveDescriptor* op : o.collectives)
+    s += (s.empty() ? "" : ",") + std::string(op->name);
   return s;
 }
 
@@ -44,7 +44,7 @@ double ReadLoadAverage() {
   return load;
 }
 
-Table PgBenchTable(const std::vector<PgBenchRow>& rows, BenchCollective collective,
+Table PgBenchTable(const std::vector<PgBenchRow>& rows, const CollectiveDescriptor& collective,
                    double memcpy_gbps) {
   Table table({
       {"size", "size", "(B)", 0},
@@ -59,7 +59,7 @@ Table PgBenchTable(const std::vector<PgBenchRow>& rows, BenchCollective collecti
       {"busbw_per_memcpy", "busbw/memcpy", "", 4},
   });
   for (const PgBenchRow& r : rows) {
-    if (r.collective != collective) continue;
+    if (r.collective != &collective) continue;
     table.AddRow({
         r.counts.bytes,
         r.counts.count,
@@ -76,11 +76,12 @@ Table PgBenchTable(const std::vector<PgBenchRow>& rows, BenchCollective collecti
   return table;
 }
 
-double AverageBusBandwidth(const std::vector<PgBenchRow>& rows, BenchCollective collective) {
+double AverageBusBandwidth(const std::vector<PgBenchRow>& rows,
+                           const CollectiveDescriptor& collective) {
   double sum = 0;
   int n = 0;
   for (const PgBenchRow& r : rows) {
-    if (r.collective != collective) continue;
+    if (r.collective != &collective) continue;
     sum += r.busbw_gbps;
     ++n;
   }
@@ -107,10 +108,11 @@ std::string PgBenchText(const PgBenchFacts& facts, const PgBenchOptions& options
      << (options.check ? 1 : 0) << "\n";
   os << "# memcpy bandwidth: " << Fixed(facts.memcpy.gbps, 2) << " GB/s (std::memcpy of "
      << BytesText(facts.memcpy.bytes) << ", best of " << facts.memcpy.repeats << ", one thread)\n";
-  for (BenchCollective op : options.collectives) {
-    os << "#\n# " << BenchCollectiveName(op) << "\n";
-    os << PgBenchTable(sweep.rows, op, facts.memcpy.gbps).ToText();
-    os << "# Avg bus bandwidth    : " << Fixed(AverageBusBandwidth(sweep.rows, op), 3) << " GB/s\n";
+  for (const CollectiveDescriptor* op : options.collectives) {
+    os << "#\n# " << op->name << "\n";
+    os << PgBenchTable(sweep.rows, *op, facts.memcpy.gbps).ToText();
+    os << "# Avg bus bandwidth    : " << Fixed(AverageBusBandwidth(sweep.rows, *op), 3)
+       << " GB/s\n";
   }
   for (const auto& s : sweep.skipped) os << "# " << s << "\n";
   if (options.check) {
@@ -136,7 +138,7 @@ nlohmann::json PgBenchJson(const PgBenchFacts& facts, const PgBenchOptions& opti
                  {"repeats", facts.memcpy.repeats},
                  {"best_seconds", facts.memcpy.best_seconds}};
   nlohmann::json collectives = nlohmann::json::array();
-  for (BenchCollective op : options.collectives) collectives.push_back(BenchCollectiveName(op));
+  for (const CollectiveDescriptor* op : options.collectives) collectives.push_back(op->name);
   j["options"] = {{"min_bytes", options.min_bytes},
                   {"max_bytes", options.max_bytes},
                   {"step_factor", options.factor},
@@ -148,10 +150,10 @@ nlohmann::json PgBenchJson(const PgBenchFacts& facts, const PgBenchOptions& opti
                   {"redop", RedOpName(options.redop)},
                   {"collectives", collectives}};
   nlohmann::json results = nlohmann::json::array();
-  for (BenchCollective op : options.collectives) {
-    results.push_back({{"collective", BenchCollectiveName(op)},
-                       {"avg_busbw_gbps", AverageBusBandwidth(sweep.rows, op)},
-                       {"rows", PgBenchTable(sweep.rows, op, facts.memcpy.gbps).ToJson()}});
+  for (const CollectiveDescriptor* op : options.collectives) {
+    results.push_back({{"collective", op->name},
+                       {"avg_busbw_gbps", AverageBusBandwidth(sweep.rows, *op)},
+                       {"rows", PgBenchTable(sweep.rows, *op, facts.memcpy.gbps).ToJson()}});
   }
   j["results"] = results;
   j["skipped"] = sweep.skipped;

@@ -33,10 +33,11 @@ double ReadLoadAverage();
 
 // The rows of `collective` from `rows` as a table (columns: size, count, type, redop, root,
 // time, algbw, busbw, #wrong, busbw/memcpy).
-Table PgBenchTable(const std::vector<PgBenchRow>& rows, BenchCollective collective,
+Table PgBenchTable(const std::vector<PgBenchRow>& rows, const CollectiveDescriptor& collective,
                    double memcpy_gbps);
 // Mean busbw of the rows of `collective` (nccl-tests' "Avg bus bandwidth"); 0 when none.
-double AverageBusBandwidth(const std::vector<PgBenchRow>& rows, BenchCollective collective);
+double AverageBusBandwidth(const std::vector<PgBenchRow>& rows,
+                           const CollectiveDescriptor& collective);
 // Total #wrong over every row (0 without -c 1).
 int64_t TotalWrong(const std::vector<PgBenchRow>& rows);
 

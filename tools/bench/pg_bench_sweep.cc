@@ -4,7 +4,6 @@
 
 #include "engine/core/error.h"
 #include "tools/bench/byte_size.h"
-#include "tools/bench/check_data.h"
 
 namespace fsdp::bench {
 
@@ -12,88 +11,58 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The buffers of one collective at one size, and how to issue it.
-struct CollectiveBuffers {
-  Tensor input;
-  Tensor output;  // the same tensor as input for in-place collectives
-
-  CollectiveBuffers(BenchCollective op, const CollectiveCounts& counts, DType dtype,
-                    Device device) {
-    input = Tensor::zeros({counts.input_numel}, dtype, device);
-    const bool in_place = op == BenchCollective::kAllReduce || op == BenchCollective::kBroadcast;
-    output = in_place ? input : Tensor::zeros({counts.output_numel}, dtype, device);
-  }
-
-  void Issue(dist::ProcessGroup& pg, BenchCollective op, dist::ReduceOp redop) const {
-    switch (op) {
-      case BenchCollective::kAllGather:
-        pg.all_gather_into_tensor(output, input)->wait();
-        break;
-      case BenchCollective::kReduceScatter:
-        pg.reduce_scatter_tensor(output, input, {redop, 1.0})->wait();
-        break;
-      case BenchCollective::kAllReduce:
-        pg.all_reduce(input, {redop, 1.0})->wait();
-        break;
-      case BenchCollective::kBroadcast:
-        pg.broadcast(input, BenchRoot(op))->wait();
-        break;
-    }
-  }
-};
-
 // Host copy for filling/verifying device tensors (a no-op view on the CPU).
 Tensor OnHost(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::CPU()); }
 
 }  // namespace
 
-PgBenchSweep RunPgBenchSweep(dist::ProcessGroup& pg, const PgBenchOptions& options, Device device) {
+PgBenchSweep RunPgBenchSweep(distributed::ProcessGroup& pg, const PgBenchOptions& options, Device device) {
   const int world = pg.size();
   const int rank = pg.rank();
   PgBenchSweep sweep;
   const auto sizes =
       SizeSweep(options.min_bytes, options.max_bytes, options.factor, options.step_bytes);
-  for (BenchCollective op : options.collectives) {
+  for (const CollectiveDescriptor* collective : options.collectives) {
+    const CollectiveDescriptor& op = *collective;
     for (int64_t requested : sizes) {
       const CollectiveCounts counts = ComputeCounts(op, requested, options.dtype, world);
       if (counts.per_rank_numel == 0) {
-        sweep.skipped.push_back(std::string(BenchCollectiveName(op)) + " " +
-                                FormatByteSize(requested) + ": too small for " +
-                                std::to_string(world) + " ranks of " + NcclTypeName(options.dtype) +
-                                " (skipped)");
+        sweep.skipped.push_back(std::string(op.name) + " " + FormatByteSize(requested) +
+                                ": too small for " + std::to_string(world) + " ranks of " +
+                                NcclTypeName(options.dtype) + " (skipped)");
         continue;
       }
-      CollectiveBuffers buffers(op, counts, options.dtype, device);
+      CollectiveBuffers buffers = AllocateBuffers(op, counts, options.dtype, device);
       PgBenchRow row;
-      row.collective = op;
+      row.collective = &op;
       row.counts = counts;
       row.dtype = options.dtype;
-      if (IsReduction(op)) row.redop = options.redop;
-      row.root = BenchRoot(op);
+      if (op.reduces) row.redop = options.redop;
+      row.root = op.root;
 
       if (options.check) {
         Tensor host_in = OnHost(buffers.input);
         FillCheckInput(op, host_in, counts, rank, world);
         if (!host_in.is_same(buffers.input)) buffers.input.copy_(host_in);
-        buffers.Issue(pg, op, options.redop);
+        RunCollective(op, pg, buffers, options.redop);
         const int64_t wrong =
             CountWrongElements(op, options.redop, OnHost(buffers.output), counts, rank, world);
         Tensor total = Tensor::full({1}, static_cast<double>(wrong), DType::kInt64, device);
-        pg.all_reduce(total, dist::Sum())->wait();
+        pg.all_reduce(total, distributed::Sum())->wait();
         row.wrong = static_cast<int64_t>(OnHost(total).item());
         buffers.input.zero_();
         if (!buffers.output.is_same(buffers.input)) buffers.output.zero_();
       }
 
-      for (int i = 0; i < options.warmup_iters; ++i) buffers.Issue(pg, op, options.redop);
+      for (int i = 0; i < options.warmup_iters; ++i) RunCollective(op, pg, buffers, options.redop);
       pg.barrier();
       const auto t0 = Clock::now();
-      for (int i = 0; i < options.iters; ++i) buffers.Issue(pg, op, options.redop);
+      for (int i = 0; i < options.iters; ++i) RunCollective(op, pg, buffers, options.redop);
       const auto t1 = Clock::now();
       const double mean_us =
           std::chrono::duration<double, std::micro>(t1 - t0).count() / options.iters;
       Tensor slowest = Tensor::full({1}, mean_us, DType::kFloat64, device);
-      pg.all_reduce(slowest, dist::Max())->wait();
+      pg.all_reduce(slowest, distributed::Max())->wait();
       row.time_us = OnHost(slowest).item();
       row.algbw_gbps = AlgBandwidthGBps(counts.bytes, row.time_us * 1e-6);
       row.busbw_gbps = row.algbw_gbps * BusBandwidthFactor(op, world);

@@ -24,7 +24,7 @@ TEST(PgBenchSweepTest, EveryRankReturnsTheSameVerifiedRows) {
     for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kInt64}) {
       PgBenchOptions o = SmallOptions();
       o.dtype = dtype;
-      o.redop = dtype == DType::kInt64 ? dist::ReduceOp::kMin : dist::ReduceOp::kAvg;
+      o.redop = dtype == DType::kInt64 ? distributed::ReduceOp::kMin : distributed::ReduceOp::kAvg;
       auto results =
           fakes::RunRanks(world, [&](fakes::RankEnv& env) { return RunPgBenchSweep(*env.pg, o); });
       ASSERT_TRUE(results.all_ok()) << results.summary();
@@ -41,12 +41,12 @@ TEST(PgBenchSweepTest, EveryRankReturnsTheSameVerifiedRows) {
       }
       for (const auto& r : rows) {
         ASSERT_TRUE(r.wrong.has_value());
-        EXPECT_EQ(*r.wrong, 0) << BenchCollectiveName(r.collective) << " " << r.counts.bytes;
+        EXPECT_EQ(*r.wrong, 0) << r.collective->name << " " << r.counts.bytes;
         EXPECT_GT(r.time_us, 0);
         EXPECT_DOUBLE_EQ(r.algbw_gbps, static_cast<double>(r.counts.bytes) / (r.time_us * 1e3));
-        EXPECT_DOUBLE_EQ(r.busbw_gbps, r.algbw_gbps * BusBandwidthFactor(r.collective, world));
-        EXPECT_EQ(r.redop.has_value(), IsReduction(r.collective));
-        EXPECT_EQ(r.root, BenchRoot(r.collective));
+        EXPECT_DOUBLE_EQ(r.busbw_gbps, r.algbw_gbps * BusBandwidthFactor(*r.collective, world));
+        EXPECT_EQ(r.redop.has_value(), r.collective->reduces);
+        EXPECT_EQ(r.root, r.collective->root);
       }
     }
   }
@@ -56,7 +56,7 @@ TEST(PgBenchSweepTest, TooSmallSizesAreSkippedWithAReason) {
   PgBenchOptions o = SmallOptions();
   o.min_bytes = 8;
   o.max_bytes = 64;
-  o.collectives = {BenchCollective::kAllGather};
+  o.collectives = {&FindCollective("all_gather")};
   auto results =
       fakes::RunRanks(4, [&](fakes::RankEnv& env) { return RunPgBenchSweep(*env.pg, o); });
   ASSERT_TRUE(results.all_ok()) << results.summary();
@@ -70,7 +70,7 @@ TEST(PgBenchSweepTest, TooSmallSizesAreSkippedWithAReason) {
 TEST(PgBenchSweepTest, WithoutCheckThereIsNoWrongCount) {
   PgBenchOptions o = SmallOptions();
   o.check = false;
-  o.collectives = {BenchCollective::kBroadcast};
+  o.collectives = {&FindCollective("broadcast")};
   auto results =
       fakes::RunRanks(2, [&](fakes::RankEnv& env) { return RunPgBenchSweep(*env.pg, o); });
   ASSERT_TRUE(results.all_ok()) << results.summary();
@@ -81,7 +81,7 @@ TEST(PgBenchSweepTest, WithoutCheckThereIsNoWrongCount) {
 
 TEST(PgBenchReportTest, TextAndJsonCarryRowsFactsAndMemcpyRatio) {
   PgBenchOptions o = SmallOptions();
-  o.collectives = {BenchCollective::kAllReduce, BenchCollective::kAllGather};
+  o.collectives = {&FindCollective("all_reduce"), &FindCollective("all_gather")};
   auto results =
       fakes::RunRanks(2, [&](fakes::RankEnv& env) { return RunPgBenchSweep(*env.pg, o); });
   ASSERT_TRUE(results.all_ok()) << results.summary();

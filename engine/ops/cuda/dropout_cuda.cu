@@ -1,7 +1,8 @@
 // CUDA dropout with the project's counter-based Philox (numerics.h mirrors
 // Generator::Philox): element i is kept iff its uniform from word (i mod 4) of
 // Philox(seed, 0, offset + i / 4) is below 1 - p, so the mask equals the CPU mask bit for bit
-// and the generator advances by the same ceil(numel / 4).
+// and the generator advances by the same ceil(numel / 4) (both reserve their counters with
+// Generator::reserve_philox).
 #include <cuda_runtime.h>
 
 #include "engine/ops/cuda/cuda_kernels.h"
@@ -29,9 +30,7 @@ __global__ void DropoutMaskKernel(void* out, ElemType to, int64_t n, uint64_t se
 
 Tensor DropoutMask(const Shape& shape, double p, DType dtype, Device device, Generator& generator) {
   const int64_t n = Numel(shape);
-  const uint64_t seed = generator.seed();
-  const uint64_t offset = generator.offset();
-  generator.set_offset(offset + static_cast<uint64_t>((n + 3) / 4));
+  const auto [seed, offset] = generator.reserve_philox(n);
   const double keep = 1.0 - p;
   const double scale = p == 1.0 ? 0.0 : 1.0 / keep;
   Tensor mask = Tensor::empty(shape, dtype, device);

@@ -1,0 +1,41 @@
+// Per-rank checks of judges (rank_checks.h).
+// Thread-safety: stateless functions over the caller's CheckList.
+#include "conformance/rank_checks.h"
+
+#include "conformance/observations.h"
+
+namespace fsdp::conformance {
+
+std::string RankName(int rank) { return "rank " + std::to_string(rank); }
+
+bool CheckRankEqual(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
+                    const RankCheck& check) {
+  const nlohmann::json& observed = RankObservation(per_rank, rank, check.key);
+  const std::string name = RankName(rank) + " " + check.what;
+  if (!check.path) return checks.CheckEqual(name, check.expected, observed);
+  const nlohmann::json::json_pointer pointer(*check.path);
+  return checks.CheckEqual(name, check.expected,
+                           observed.contains(pointer) ? observed.at(pointer) : nlohmann::json());
+}
+
+void CheckEveryRank(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int world,
+                    const std::vector<RankCheck>& rank_checks) {
+  for (int r = 0; r < world; ++r) {
+    for (const RankCheck& check : rank_checks) CheckRankEqual(checks, per_rank, r, check);
+  }
+}
+
+std::optional<std::string> CheckRankError(CheckList& checks,
+                                          const std::vector<nlohmann::json>& per_rank, int rank,
+                                          const std::string& code, const std::string& missing_what,
+                                          const std::string& missing_detail) {
+  const nlohmann::json& error = RankObservation(per_rank, rank, "error");
+  if (error.is_null()) {
+    checks.Fail(RankName(rank) + " " + missing_what, missing_detail);
+    return std::nullopt;
+  }
+  checks.CheckEqual(RankName(rank) + " error code", code, error.at("code"));
+  return error.at("message").get<std::string>();
+}
+
+}  // namespace fsdp::conformance

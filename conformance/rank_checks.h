@@ -1,0 +1,54 @@
+// Per-rank checks: what judges do for every rank of a case. They read one rank's observation
+// (RankObservation: DataLoss naming the rank and key when it is missing) and record a check
+// in a CheckList whose name starts with the rank ("rank 2 forward events"), with the expected
+// and the actual value, so that a failed check says which rank, what and expected vs got.
+//
+//   CheckEveryRank(checks, per_rank, world,
+//                  {{"forward_events", "forward events", expected_forward},
+//                   {"backward_events", "backward events", expected_backward}});
+//
+// records, for rank 0, 1, ... in turn, "rank r forward events" then "rank r backward events".
+//
+// Ownership: the functions borrow the CheckList and the observations for the call.
+// Thread-safety: none beyond CheckList's (one judge fills one list).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "conformance/checks.h"
+
+namespace fsdp::conformance {
+
+// "rank 3": how check names and messages name a rank.
+std::string RankName(int rank);
+
+// One per-rank equality: the rank's observation `key` (or, when `path` is set, the value at
+// that JSON pointer inside it: "/forward" for a member, "/2" for an element; null when
+// absent) must equal `expected`. The check is named "rank <r> <what>".
+struct RankCheck {
+  std::string key;
+  std::string what;
+  nlohmann::json expected;
+  std::optional<std::string> path;  // Default: none (the whole observation)
+};
+
+// Records `check` for `rank`. Returns the verdict.
+bool CheckRankEqual(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
+                    const RankCheck& check);
+// Records every one of `rank_checks` for rank 0, then for rank 1, ... up to world - 1.
+void CheckEveryRank(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int world,
+                    const std::vector<RankCheck>& rank_checks);
+
+// The rank's "error" observation (null, or {"code": ErrorCode name, "message": ...}) must be
+// an error with `code`. When it is null, records a failed check "rank <r> <missing_what>"
+// with `missing_detail` and returns nullopt; otherwise records "rank <r> error code" and
+// returns the error's message (for the caller's checks of its wording).
+std::optional<std::string> CheckRankError(CheckList& checks,
+                                          const std::vector<nlohmann::json>& per_rank, int rank,
+                                          const std::string& code, const std::string& missing_what,
+                                          const std::string& missing_detail);
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,518 @@
+#include "engine/distributed/gloo/gloo_process_group.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <numeric>
+#include <sstream>
+#include <type_traits>
+
+#include "engine/core/rank_context.h"
+#include "engine/distributed/flight_recorder.h"
+#include "engine/distributed/store/prefix_store.h"
+#include "engine/distributed/host_staging.h"
+
+namespace fsdp::distributed {
+
+namespace {
+
+// Gloo's view of a rendezvous Store: waits (and the wait before every read, which Gloo's
+// rendezvous expects of get) use the group's timeout instead of Gloo's own 30 s.
+class GlooRendezvousStore final : public ::gloo::rendezvous::Store {
+ public:
+  GlooRendezvousStore(std::shared_ptr<distributed::Store> store, std::chrono::milliseconds timeout)
+      : store_(std::move(store)), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, std::string(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    const std::string v = store_->get(key, timeout_);
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  std::shared_ptr<distributed::Store> store_;
+  std::chrono::milliseconds timeout_;
+};
+
+bool LooksLikeTimeout(const std::string& what) {
+  std::string lower = what;
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
+}
+
+// Runs `fn`, turning Gloo and store exceptions into fsdp::Error with `context` prepended.
+template <typename Fn>
+auto TranslateGlooErrors(const std::string& context, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const Error&) {
+    throw;
+  } catch (const ::gloo::IoException& e) {
+    FSDP_THROW(LooksLikeTimeout(e.what()) ? ErrorCode::kDeadlineExceeded : ErrorCode::kUnavailable,
+               context, ": gloo I/O error: ", e.what());
+  } catch (const ::gloo::Exception& e) {
+    FSDP_THROW(LooksLikeTimeout(e.what()) ? ErrorCode::kDeadlineExceeded : ErrorCode::kInternal,
+               context, ": gloo error: ", e.what());
+  } catch (const std::exception& e) {
+    FSDP_THROW(LooksLikeTimeout(e.what()) ? ErrorCode::kDeadlineExceeded : ErrorCode::kInternal,
+               context, ": ", e.what());
+  }
+}
+
+}  // namespace
+
+// ---- State --------------------------------------------------------------------------------
+
+// Tag of the barrier that ends a group's rendezvous; collectives use 2 * sequence (+ 1), which
+// never reaches it.
+constexpr uint32_t kConnectBarrierTag = 0xFFFFFFFFu;
+
+struct GlooProcessGroup::State {
+  std::shared_ptr<Store> store;
+  std::unique_ptr<GlooRendezvousStore> rendezvous_store;
+  std::shared_ptr<::gloo::transport::Device> device;
+  std::shared_ptr<::gloo::rendezvous::Context> context;
+  GlooOptions options;
+  int rank = 0;
+  int size = 1;
+  std::vector<int> global_ranks;
+  std::string name;
+  int subgroups_created = 0;
+  std::string broken;  // why the group is unusable; empty while healthy
+
+  std::string Describe() const {
+    std::ostringstream os;
+    os << "gloo group " << name << " (rank " << rank << "/" << size << ", global rank "
+       << global_ranks[static_cast<size_t>(rank)] << ", timeout " << options.timeout.count()
+       << " ms)";
+    return os.str();
+  }
+
+  // Rendezvous of this group's members under "<prefix>/pg<name>".
+  void Connect() {
+    rendezvous_store = std::make_unique<GlooRendezvousStore>(
+        std::make_shared<PrefixStore>(options.prefix + "/pg" + name, store), options.timeout);
+    auto ctx = std::make_shared<::gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(options.timeout);
+    TranslateGlooErrors("rendezvous of " + Describe(), [&] {
+      try {
+        ctx->connectFullMesh(*rendezvous_store, device);
+      } catch (const Error& e) {  // the store's own error (a peer never came): say who waited
+        FSDP_THROW(e.code(), "rendezvous of ", Describe(), ": ", e.message());
+      }
+    });
+    // No member returns before every member finished its side of the mesh: a rank that exits
+    // right after rendezvous (a case that issues no collective) would otherwise close pairs a
+    // slower peer is still connecting ("Connection closed by peer"). c10d ends
+    // init_process_group with a store-based barrier for the same reason.
+    TranslateGlooErrors("connect barrier of " + Describe(), [&] {
+      ::gloo::BarrierOptions o(ctx);
+      o.setTag(kConnectBarrierTag);
+      o.setTimeout(options.timeout);
+      ::gloo::barrier(o);
+    });
+    context = std::move(ctx);
+  }
+};
+
+std::shared_ptr<GlooProcessGroup> GlooProcessGroup::Create(std::shared_ptr<Store> store,
+                                                           int rank, int world_size,
+                                                           GlooOptions options) {
+  FSDP_CHECK(store != nullptr, "GlooProcessGroup::Create: null store");
+  FSDP_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "GlooProcessGroup::Create: rank ",
+             rank, " out of range for world size ", world_size);
+  FSDP_CHECK(options.timeout.count() > 0, "GlooProcessGroup::Create: timeout must be positive");
+  auto state = std::make_unique<State>();
+  state->store = std::move(store);
+  state->options = std::move(options);
+  state->rank = rank;
+  state->size = world_size;
+  state->global_ranks.resize(static_cast<size_t>(world_size));
+  std::iota(state->global_ranks.begin(), state->global_ranks.end(), 0);
+  state->name = "0";
+  ::gloo::transport::tcp::attr attr;
+  if (!state->options.iface.empty()) {
+    attr.iface = state->options.iface;
+  } else {
+    attr.hostname = state->options.hostname;
+  }
+  attr.ai_family = AF_INET;
+  state->device =
+      TranslateGlooErrors("creating the gloo TCP device for rank " + std::to_string(rank),
+                          [&] { return ::gloo::transport::tcp::CreateDevice(attr); });
+  state->Connect();
+  return std::shared_ptr<GlooProcessGroup>(new GlooProcessGroup(std::move(state)));
+}
+
+GlooProcessGroup::GlooProcessGroup(std::unique_ptr<State> state) : state_(std::move(state)) {}
+GlooProcessGroup::~GlooProcessGroup() = default;
+
+int GlooProcessGroup::rank() const { return state_->rank; }
+int GlooProcessGroup::size() const { return state_->size; }
+std::vector<int> GlooProcessGroup::global_ranks() const { return state_->global_ranks; }
+std::chrono::milliseconds GlooProcessGroup::timeout() const { return state_->options.timeout; }
+std::string GlooProcessGroup::group_name() const { return state_->name; }
+
+std::shared_ptr<Work> GlooProcessGroup::Done(const CollectiveInfo& info) const {
+  return std::make_shared<CompletedWork>(info.str(), timeout());
+}
+
+namespace {
+
+// Gloo tags are 32 bits; the op uses an odd tag and its fingerprint check the even one below.
+uint32_t OpTag(const CollectiveInfo& info) {
+  return static_cast<uint32_t>(info.sequence_number * 2 + 1);
+}
+uint32_t CheckTag(const CollectiveInfo& info) {
+  return static_cast<uint32_t>(info.sequence_number * 2);
+}
+constexpr uint8_t kRingReduceScatterSlotPrefix = 0x50;  // beyond Gloo's own prefixes (1..8)
+
+}  // namespace
+
+template <typename Fn>
+void GlooProcessGroup::Guarded(const CollectiveInfo& info, Fn&& fn) {
+  State& s = *state_;
+  FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, s.broken.empty(), "[", info.str(), "] ",
+                  s.Describe(), " is unusable after an earlier failure: ", s.broken);
+  if (s.options.check_collectives) CheckFingerprint(info);
+  try {
+    TranslateGlooErrors(
+        "[" + info.str() + "] " + s.Describe() + ", world size " + std::to_string(s.size),
+        std::forward<Fn>(fn));
+  } catch (const Error& e) {
+    s.broken = info.str() + ": " + e.message().substr(0, e.message().find('\n'));
+    FSDP_THROW(e.code(), e.message(), "\n  this rank's last collectives:\n",
+               CurrentFlightRecorder().Dump(4, "    "));
+  }
+}
+
+void GlooProcessGroup::CheckFingerprint(const CollectiveInfo& info) {
+  State& s = *state_;
+  const std::vector<int64_t> mine = EncodeFingerprint(info);
+  std::vector<int64_t> all(mine.size() * static_cast<size_t>(s.size));
+  try {
+    TranslateGlooErrors("[" + info.str() + "] fingerprint exchange on " + s.Describe(), [&] {
+      ::gloo::AllgatherOptions o(s.context);
+      o.setInput(const_cast<int64_t*>(mine.data()), mine.size());
+      o.setOutput(all.data(), all.size());
+      o.setTag(CheckTag(info));
+      o.setTimeout(s.options.timeout);
+      ::gloo::allgather(o);
+    });
+  } catch (const Error& e) {
+    s.broken = "fingerprint exchange failed: " + e.message().substr(0, e.message().find('\n'));
+    throw;
+  }
+  std::ostringstream diffs;
+  int differing = 0;
+  for (int r = 1; r < s.size; ++r) {
+    const std::string diff =
+        EncodedFingerprintMismatch(all.data(), all.data() + static_cast<size_t>(r) * mine.size());
+    if (diff.empty()) continue;
+    ++differing;
+    diffs << "\n  rank " << r << ": " << diff;
+  }
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, differing == 0, "[", info.str(),
+                  "] collective mismatch on ", s.Describe(), ": ", differing,
+                  " rank(s) issued a different collective than rank 0\n  rank 0 issued: ",
+                  EncodedFingerprintStr(all.data()), diffs.str());
+}
+
+namespace {
+
+// The type reductions compute in: float for f32/f16/bf16, double for f64, int64 for i64.
+template <typename Fn>
+void DispatchCompute(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat64:
+      fn(double{});
+      return;
+    case DType::kInt64:
+      fn(int64_t{});
+      return;
+    default:
+      fn(float{});
+      return;
+  }
+}
+
+bool Is16Bit(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
+
+template <typename C>
+void Combine(ReduceOp op, C* dst, const C* src, size_t n) {
+  switch (op) {
+    case ReduceOp::kMin:
+      for (size_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
+      break;
+    case ReduceOp::kMax:
+      for (size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
+      break;
+    default:
+      for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+      break;
+  }
+}
+
+template <typename C>
+::gloo::AllreduceOptions::Func ReduceFunction(ReduceOp op) {
+  return [op](void* c, const void* a, const void* b, size_t n) {
+    C* out = static_cast<C*>(c);
+    const C* x = static_cast<const C*>(a);
+    const C* y = static_cast<const C*>(b);
+    if (out != x) std::memcpy(out, x, n * sizeof(C));
+    Combine<C>(op, out, y, n);
+  };
+}
+
+// A host buffer of the compute type holding `n` elements of `src` (dtype `dtype`), scaled by
+// `premul` when the op is PREMUL_SUM. Points at `src` itself when no copy is needed and
+// `in_place_ok`.
+template <typename C>
+struct ComputeBuffer {
+  std::vector<C> storage;
+  C* data = nullptr;
+};
+
+template <typename C>
+ComputeBuffer<C> MakeComputeBuffer(const char* src, DType dtype, size_t n, char* writable,
+                                   const ReduceOptions& options) {
+  ComputeBuffer<C> b;
+  if (!Is16Bit(dtype) && writable != nullptr) {
+    b.data = reinterpret_cast<C*>(writable);
+    if (src != writable && n > 0) std::memcpy(writable, src, n * sizeof(C));
+  } else {
+    b.storage.resize(n);
+    if (n > 0) ConvertElements(src, dtype, b.storage.data(), DTypeOf<C>::value, n);
+    b.data = b.storage.data();
+  }
+  if (options.op == ReduceOp::kPremulSum) {
+    const C factor = static_cast<C>(options.premul_factor);
+    for (size_t i = 0; i < n; ++i) b.data[i] *= factor;
+  }
+  return b;
+}
+
+template <typename C>
+void FinishAvg(const ReduceOptions& options, C* data, size_t n, int size) {
+  if (options.op != ReduceOp::kAvg) return;
+  const C divisor = static_cast<C>(size);
+  for (size_t i = 0; i < n; ++i) data[i] /= divisor;
+}
+
+// Ring reduce-scatter on UnboundBuffer send/recv: afterwards chunk r of `data` on rank r
+// holds the reduction over ranks.
+template <typename C>
+void RingReduceScatter(::gloo::Context& ctx, C* data, size_t chunk, ReduceOp op, uint32_t tag,
+                       std::chrono::milliseconds timeout, const std::string& what) {
+  const int r = ctx.rank;
+  const int n = ctx.size;
+  if (n == 1 || chunk == 0) return;
+  std::vector<C> tmp(chunk);
+  auto data_buf = ctx.createUnboundBuffer(data, static_cast<size_t>(n) * chunk * sizeof(C));
+  auto tmp_buf = ctx.createUnboundBuffer(tmp.data(), chunk * sizeof(C));
+  const uint64_t slot = ::gloo::Slot::build(kRingReduceScatterSlotPrefix, tag);
+  const int right = (r + 1) % n;
+  const int left = (r - 1 + n) % n;
+  for (int step = 0; step < n - 1; ++step) {
+    const int send_index = (r - step - 1 + 2 * n) % n;
+    const int recv_index = (r - step - 2 + 2 * n) % n;
+    tmp_buf->recv(left, slot);
+    data_buf->send(right, slot, static_cast<size_t>(send_index) * chunk * sizeof(C),
+                   chunk * sizeof(C));
+    FSDP_CHECK_CODE(ErrorCode::kDeadlineExceeded, tmp_buf->waitRecv(timeout), what,
+                    ": ring reduce-scatter step ", step, " timed out receiving from rank ", left);
+    FSDP_CHECK_CODE(ErrorCode::kDeadlineExceeded, data_buf->waitSend(timeout), what,
+                    ": ring reduce-scatter step ", step, " timed out sending to rank ", right);
+    Combine<C>(op, data + static_cast<size_t>(recv_index) * chunk, tmp.data(), chunk);
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Work> GlooProcessGroup::all_gather_into_tensor_impl(const Tensor& output,
+                                                                    const Tensor& input,
+                                                                    const CollectiveInfo& info) {
+  HostStaging stage;
+  char* out = stage.Output(output, info.in_place);
+  // Gloo copies the input into the output's chunk itself; an aliased input goes via a copy.
+  std::vector<char> input_copy;
+  const char* in = stage.Input(input);
+  const size_t bytes = input.nbytes();
+  if (info.in_place && bytes > 0) {
+    const char* own = out + static_cast<size_t>(rank()) * bytes;
+    input_copy.assign(own, own + bytes);
+    in = input_copy.data();
+  }
+  Guarded(info, [&] {
+    if (bytes == 0) return;
+    ::gloo::AllgatherOptions o(state_->context);
+    o.setInput(const_cast<char*>(in), bytes);
+    o.setOutput(out, bytes * static_cast<size_t>(size()));
+    o.setTag(OpTag(info));
+    o.setTimeout(timeout());
+    ::gloo::allgather(o);
+  });
+  stage.WriteBack();
+  return Done(info);
+}
+
+std::shared_ptr<Work> GlooProcessGroup::reduce_scatter_tensor_impl(const Tensor& output,
+                                                                   const Tensor& input,
+                                                                   const ReduceOptions& options,
+                                                                   const CollectiveInfo& info) {
+  HostStaging stage;
+  const char* in = stage.Input(input);
+  const size_t chunk = static_cast<size_t>(output.numel());
+  const size_t total = static_cast<size_t>(input.numel());
+  std::vector<char> result(output.nbytes());
+  Guarded(info, [&] {
+    if (chunk == 0) return;
+    DispatchCompute(input.dtype(), [&](auto tag) {
+      using C = decltype(tag);
+      // Always a private working copy: the ring overwrites chunks of its buffer.
+      auto work = MakeComputeBuffer<C>(in, input.dtype(), total, nullptr, options);
+      RingReduceScatter<C>(*state_->context, work.data, chunk, options.op, OpTag(info), timeout(),
+                           "[" + info.str() + "]");
+      C* mine = work.data + static_cast<size_t>(rank()) * chunk;
+      FinishAvg<C>(options, mine, chunk, size());
+      ConvertElements(mine, DTypeOf<C>::value, result.data(), output.dtype(), chunk);
+    });
+  });
+  if (chunk > 0) {
+    char* out = stage.Output(output, false);
+    std::memcpy(out, result.data(), result.size());
+    stage.WriteBack();
+  }
+  return Done(info);
+}
+
+std::shared_ptr<Work> GlooProcessGroup::all_reduce_impl(const Tensor& tensor,
+                                                        const ReduceOptions& options,
+                                                        const CollectiveInfo& info) {
+  HostStaging stage;
+  char* data = stage.Output(tensor, true);
+  const size_t n = static_cast<size_t>(tensor.numel());
+  Guarded(info, [&] {
+    if (n == 0) return;
+    DispatchCompute(tensor.dtype(), [&](auto tag) {
+      using C = decltype(tag);
+      auto work = MakeComputeBuffer<C>(data, tensor.dtype(), n, data, options);
+      ::gloo::AllreduceOptions o(state_->context);
+      o.setOutput(work.data, n);
+      o.setReduceFunction(ReduceFunction<C>(options.op));
+      o.setTag(OpTag(info));
+      o.setTimeout(timeout());
+      ::gloo::allreduce(o);
+      FinishAvg<C>(options, work.data, n, size());
+      if (!work.storage.empty()) {
+        ConvertElements(work.data, DTypeOf<C>::value, data, tensor.dtype(), n);
+      }
+    });
+  });
+  stage.WriteBack();
+  return Done(info);
+}
+
+std::shared_ptr<Work> GlooProcessGroup::broadcast_impl(const Tensor& tensor, int root,
+                                                       const CollectiveInfo& info) {
+  HostStaging stage;
+  char* data = stage.Output(tensor, rank() == root);
+  const size_t bytes = tensor.nbytes();
+  Guarded(info, [&] {
+    if (bytes == 0) return;
+    ::gloo::BroadcastOptions o(state_->context);
+    o.setOutput(data, bytes);
+    o.setRoot(root);
+    o.setTag(OpTag(info));
+    o.setTimeout(timeout());
+    ::gloo::broadcast(o);
+  });
+  if (rank() != root) stage.WriteBack();
+  return Done(info);
+}
+
+std::shared_ptr<Work> GlooProcessGroup::all_gather_impl(const std::vector<Tensor>& outputs,
+                                                        const Tensor& input,
+                                                        const CollectiveInfo& info) {
+  HostStaging stage;
+  std::vector<size_t> counts;  // bytes per rank
+  size_t total = 0;
+  for (const auto& out : outputs) {
+    counts.push_back(out.nbytes());
+    total += out.nbytes();
+  }
+  std::vector<char> gathered(total);
+  std::vector<char> input_copy(input.nbytes());
+  if (!input_copy.empty()) std::memcpy(input_copy.data(), stage.Input(input), input_copy.size());
+  Guarded(info, [&] {
+    if (total == 0) return;
+    ::gloo::AllgathervOptions o(state_->context);
+    o.setInput(input_copy.data(), input_copy.size());
+    o.setOutput(gathered.data(), counts);
+    o.setTag(OpTag(info));
+    o.setTimeout(timeout());
+    ::gloo::allgatherv(o);
+  });
+  size_t offset = 0;
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    if (counts[r] > 0) {
+      std::memcpy(stage.Output(outputs[r], false), gathered.data() + offset, counts[r]);
+    }
+    offset += counts[r];
+  }
+  stage.WriteBack();
+  return Done(info);
+}
+
+void GlooProcessGroup::barrier_impl(const CollectiveInfo& info) {
+  Guarded(info, [&] {
+    ::gloo::BarrierOptions o(state_->context);
+    o.setTag(OpTag(info));
+    o.setTimeout(timeout());
+    ::gloo::barrier(o);
+  });
+}
+
+std::shared_ptr<ProcessGroup> GlooProcessGroup::new_group_impl(const std::vector<int>& ranks,
+                                                               const CollectiveInfo& info) {
+  State& s = *state_;
+  FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, s.broken.empty(), "[", info.str(), "] ",
+                  s.Describe(), " is unusable after an earlier failure: ", s.broken);
+  if (s.options.check_collectives) CheckFingerprint(info);
+  const std::string index = std::to_string(++s.subgroups_created);
+  const std::string name = s.name == "0" ? index : s.name + "." + index;
+  const int me = s.global_ranks[static_cast<size_t>(s.rank)];
+  const auto it = std::find(ranks.begin(), ranks.end(), me);
+  if (it == ranks.end()) return nullptr;
+  auto sub = std::make_unique<State>();
+  sub->store = s.store;
+  sub->device = s.device;
+  sub->options = s.options;
+  sub->rank = static_cast<int>(it - ranks.begin());
+  sub->size = static_cast<int>(ranks.size());
+  sub->global_ranks = ranks;
+  sub->name = name;
+  sub->Connect();
+  return std::shared_ptr<GlooProcessGroup>(new GlooProcessGroup(std::move(sub)));
+}
+
+}  // namespace fsdp::distributed

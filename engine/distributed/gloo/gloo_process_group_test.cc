@@ -1,0 +1,553 @@
+// GlooProcessGroup over real TCP: ranks as threads (in-process and TCP stores) at worlds
+// 1..4, and ranks as processes (this binary re-executed as a worker through the launcher,
+// with a FileStore in a fresh mktemp directory, and with MASTER_ADDR/MASTER_PORT).
+#include "engine/distributed/gloo/gloo_process_group.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <latch>
+#include <thread>
+
+#include "engine/core/rank_context.h"
+#include "engine/distributed/comm_debug_mode.h"
+#include "engine/distributed/device_mesh.h"
+#include "engine/distributed/launch.h"
+#include "engine/distributed/store/hash_store.h"
+#include "engine/distributed/store/tcp_store.h"
+
+namespace fsdp::distributed {
+namespace {
+
+using std::chrono::milliseconds;
+
+// ---- Ranks as threads ---------------------------------------------------------------------
+
+struct ThreadOutcome {
+  bool ok = true;
+  ErrorCode code = ErrorCode::kInternal;
+  std::string message;
+};
+
+// Runs fn(rank, pg) on `world` threads, each with its own RankContext and Gloo group.
+template <typename Fn>
+std::vector<ThreadOutcome> RunGlooThreads(int world, Fn fn, GlooOptions options = {},
+                                          std::shared_ptr<Store> store = nullptr) {
+  if (!store) store = std::make_shared<HashStore>();
+  std::vector<ThreadOutcome> out(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      RankContext context(r, world);
+      RankContextGuard guard(context);
+      try {
+        auto pg = GlooProcessGroup::Create(store, r, world, options);
+        fn(r, *pg);
+      } catch (const Error& e) {
+        out[r] = {false, e.code(), e.what()};
+      } catch (const std::exception& e) {
+        out[r] = {false, ErrorCode::kInternal, e.what()};
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+std::string Summary(const std::vector<ThreadOutcome>& outcomes) {
+  std::string s;
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    s += "rank " + std::to_string(r) + ": " + (outcomes[r].ok ? "ok" : outcomes[r].message) + "\n";
+  }
+  return s;
+}
+
+bool AllOk(const std::vector<ThreadOutcome>& outcomes) {
+  for (const auto& o : outcomes) {
+    if (!o.ok) return false;
+  }
+  return true;
+}
+
+// Exact-by-construction data, as in the threaded fake's tests: values in {-1, 0, 1}.
+double Value(int rank, int64_t i, int salt) {
+  return static_cast<double>((rank + i + salt) % 3) - 1;
+}
+std::vector<double> Values(int rank, int64_t n, int salt) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = Value(rank, i, salt);
+  return v;
+}
+Tensor MakeTensor(int rank, const Shape& shape, DType dtype, int salt) {
+  return Tensor::from_doubles(Values(rank, Numel(shape), salt), shape, dtype);
+}
+double RoundTo(DType dtype, double v) {
+  return Tensor::from_doubles({v}, {1}, dtype).to_doubles()[0];
+}
+double Factor(int rank) { return std::ldexp(1.0, -(rank % 3)); }
+double Reduced(DType dtype, ReduceOp op, int world, int64_t i, int salt) {
+  double acc = 0;
+  for (int r = 0; r < world; ++r) {
+    const double x = Value(r, i, salt);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        acc += x;
+        break;
+      case ReduceOp::kPremulSum:
+        acc += x * Factor(r);
+        break;
+      case ReduceOp::kMin:
+        acc = r == 0 ? x : std::min(acc, x);
+        break;
+      case ReduceOp::kMax:
+        acc = r == 0 ? x : std::max(acc, x);
+        break;
+    }
+  }
+  if (op == ReduceOp::kAvg) {
+    acc = dtype == DType::kFloat64
+              ? acc / world
+              : static_cast<double>(static_cast<float>(acc) / static_cast<float>(world));
+  }
+  return RoundTo(dtype, acc);
+}
+
+// Every collective of one dtype on `pg`, checked exactly. Shared by the thread and process
+// tests.
+void CheckEveryCollective(ProcessGroup& pg, DType dtype) {
+  const int r = pg.rank();
+  const int W = pg.size();
+  {
+    Tensor in = MakeTensor(r, {2, 3}, dtype, 1);
+    Tensor out = Tensor::zeros({2 * W, 3}, dtype);
+    pg.all_gather_into_tensor(out, in);
+    for (int q = 0; q < W; ++q) {
+      EXPECT_EQ(out.narrow(0, 2 * q, 2).to_doubles(), Values(q, 6, 1)) << "rank " << r;
+    }
+    Tensor whole = Tensor::zeros({3 * W}, dtype);
+    Tensor mine = whole.narrow(0, 3 * r, 3);
+    mine.copy_(MakeTensor(r, {3}, dtype, 2));
+    pg.all_gather_into_tensor(whole, mine);  // in place
+    for (int q = 0; q < W; ++q) EXPECT_EQ(whole.narrow(0, 3 * q, 3).to_doubles(), Values(q, 3, 2));
+  }
+  std::vector<ReduceOptions> ops = {Sum(), Min(), Max()};
+  if (IsFloatingPoint(dtype)) {
+    ops.push_back(Avg());
+    ops.push_back(PremulSum(Factor(r)));
+  }
+  int salt = 3;
+  for (const auto& op : ops) {
+    ++salt;
+    Tensor in = MakeTensor(r, {W * 4}, dtype, salt);
+    Tensor out = Tensor::zeros({4}, dtype);
+    pg.reduce_scatter_tensor(out, in, op);
+    const auto got = out.to_doubles();
+    for (int64_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(got[i], Reduced(dtype, op.op, W, r * 4 + i, salt))
+          << "reduce_scatter " << ReduceOpName(op.op) << " rank " << r;
+    }
+    Tensor buf = MakeTensor(r, {W * 4}, dtype, salt);
+    Tensor chunk = buf.narrow(0, 4 * r, 4);
+    pg.reduce_scatter_tensor(chunk, buf, op);  // in place
+    EXPECT_EQ(chunk.to_doubles(), got);
+    Tensor t = MakeTensor(r, {5}, dtype, salt);
+    pg.all_reduce(t, op);
+    const auto ar = t.to_doubles();
+    for (int64_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(ar[i], Reduced(dtype, op.op, W, i, salt)) << "all_reduce " << ReduceOpName(op.op);
+    }
+  }
+  Tensor b = MakeTensor(r, {4}, dtype, 9);
+  pg.broadcast(b, W - 1);
+  EXPECT_EQ(b.to_doubles(), Values(W - 1, 4, 9));
+  // allgather_ with uneven sizes, including an empty contribution from rank 0.
+  Tensor in = MakeTensor(r, {r}, dtype, 11);
+  std::vector<Tensor> outs;
+  for (int q = 0; q < W; ++q) outs.push_back(Tensor::zeros({q}, dtype));
+  pg.all_gather(outs, in);
+  for (int q = 0; q < W; ++q) EXPECT_EQ(outs[q].to_doubles(), Values(q, q, 11));
+  pg.barrier();
+}
+
+class GlooCollectivesTest : public testing::TestWithParam<int> {};
+
+TEST_P(GlooCollectivesTest, EveryCollectiveAndDtypeIsExact) {
+  const int world = GetParam();
+  GlooOptions options;
+  options.timeout = std::chrono::seconds(20);
+  auto outcomes = RunGlooThreads(
+      world,
+      [](int, ProcessGroup& pg) {
+        EXPECT_EQ(pg.backend_name(), "gloo");
+        EXPECT_EQ(pg.group_name(), "0");
+        for (DType dtype :
+             {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16, DType::kInt64}) {
+          CheckEveryCollective(pg, dtype);
+        }
+      },
+      options);
+  ASSERT_TRUE(AllOk(outcomes)) << Summary(outcomes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, GlooCollectivesTest, testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return "W" + std::to_string(info.param); });
+
+TEST(GlooProcessGroupTest, CommDebugModeRecordsGlooCollectives) {
+  auto outcomes = RunGlooThreads(2, [](int, ProcessGroup& pg) {
+    CommDebugMode mode;
+    Tensor shard = Tensor::ones({2});
+    Tensor full = Tensor::zeros({4});
+    pg.all_gather_into_tensor(full, shard);
+    pg.reduce_scatter_tensor(shard, full);
+    EXPECT_EQ(mode.get_comm_counts(), (CommDebugMode::Counts{{"c10d._allgather_base_", 1},
+                                                             {"c10d._reduce_scatter_base_", 1}}));
+  });
+  ASSERT_TRUE(AllOk(outcomes)) << Summary(outcomes);
+}
+
+TEST(GlooProcessGroupTest, SubgroupsAndMesh) {
+  auto outcomes = RunGlooThreads(4, [](int r, ProcessGroup& pg) {
+    auto evens = pg.new_group({0, 2});
+    auto odds = pg.new_group({1, 3});
+    auto mine = r % 2 == 0 ? evens : odds;
+    ASSERT_NE(mine, nullptr);
+    EXPECT_EQ(r % 2 == 0 ? odds : evens, nullptr);
+    EXPECT_EQ(mine->group_name(), r % 2 == 0 ? "1" : "2");
+    EXPECT_EQ(mine->rank(), r / 2);
+    Tensor t = Tensor::full({3}, r, DType::kBFloat16);
+    mine->all_reduce(t);
+    EXPECT_EQ(t.to_doubles()[0], r % 2 == 0 ? 2.0 : 4.0);
+    Tensor out = Tensor::zeros({2});
+    mine->reduce_scatter_tensor(out, Tensor::full({4}, r));
+    EXPECT_EQ(out.to_doubles()[0], r % 2 == 0 ? 2.0 : 4.0);
+    // init_device_mesh((2, 2)) on Gloo.
+    auto mesh = DeviceMesh::Init(pg.shared_from_this(), "cpu", {2, 2}, {"dp", "tp"});
+    auto tp = mesh->get_group("tp");
+    EXPECT_EQ(tp->global_ranks(), (r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3}));
+    Tensor x = Tensor::full({1}, r, DType::kInt64);
+    mesh->get_group("dp")->all_reduce(x);
+    EXPECT_EQ(x.item(), r % 2 == 0 ? 2 : 4);
+  });
+  ASSERT_TRUE(AllOk(outcomes)) << Summary(outcomes);
+}
+
+TEST(GlooProcessGroupTest, CheckCollectivesReportsMismatchOnEveryRank) {
+  GlooOptions options;
+  options.check_collectives = true;
+  options.timeout = std::chrono::seconds(10);
+  auto outcomes = RunGlooThreads(
+      3,
+      [](int r, ProcessGroup& pg) {
+        Tensor ok = Tensor::ones({2});
+        pg.all_reduce(ok);
+        Tensor t = Tensor::zeros({r == 2 ? 5 : 4});
+        pg.all_reduce(t);
+      },
+      options);
+  for (const auto& o : outcomes) {
+    ASSERT_FALSE(o.ok);
+    EXPECT_EQ(o.code, ErrorCode::kDataLoss) << o.message;
+    EXPECT_NE(o.message.find("rank 2: input numel differs: allreduce_ #2 float32 in [4]"),
+              std::string::npos)
+        << o.message;
+    EXPECT_NE(o.message.find("vs allreduce_ #2 float32 in [5]"), std::string::npos) << o.message;
+  }
+}
+
+TEST(GlooProcessGroupTest, CheckedNewGroupListsMustMatch) {
+  GlooOptions options;
+  options.check_collectives = true;
+  auto outcomes = RunGlooThreads(
+      2,
+      [](int r, ProcessGroup& pg) {
+        pg.new_group(r == 0 ? std::vector<int>{0} : std::vector<int>{1});
+      },
+      options);
+  for (const auto& o : outcomes) {
+    ASSERT_FALSE(o.ok);
+    EXPECT_EQ(o.code, ErrorCode::kDataLoss) << o.message;
+  }
+}
+
+TEST(GlooProcessGroupTest, MissingPeerTimesOutWithDeadlineExceededThenGroupIsUnusable) {
+  GlooOptions options;
+  options.timeout = milliseconds(500);
+  std::latch rank0_done(1);
+  const auto start = std::chrono::steady_clock::now();
+  auto outcomes = RunGlooThreads(
+      2,
+      [&](int r, ProcessGroup& pg) {
+        Tensor t = Tensor::ones({4});
+        pg.all_reduce(t);  // both
+        if (r == 1) {
+          rank0_done.wait();  // never joins the second collective
+          return;
+        }
+        try {
+          pg.all_reduce(t);
+        } catch (const Error& e) {
+          rank0_done.count_down();
+          EXPECT_EQ(e.code(), ErrorCode::kDeadlineExceeded) << e.what();
+          EXPECT_NE(e.message().find("allreduce_ #2 on group 0"), std::string::npos) << e.what();
+          EXPECT_NE(e.message().find("this rank's last collectives"), std::string::npos);
+          try {
+            pg.barrier();
+            ADD_FAILURE() << "a broken group must refuse collectives";
+          } catch (const Error& again) {
+            EXPECT_EQ(again.code(), ErrorCode::kFailedPrecondition) << again.what();
+          }
+          return;
+        }
+        rank0_done.count_down();
+        ADD_FAILURE() << "expected a timeout";
+      },
+      options);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  ASSERT_TRUE(AllOk(outcomes)) << Summary(outcomes);
+}
+
+TEST(GlooProcessGroupTest, RendezvousTimesOutWhenAPeerNeverComes) {
+  GlooOptions options;
+  options.timeout = milliseconds(300);
+  RankContext context(0, 2);
+  RankContextGuard guard(context);
+  try {
+    GlooProcessGroup::Create(std::make_shared<HashStore>(), 0, 2, options);
+    FAIL() << "expected a rendezvous timeout";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDeadlineExceeded) << e.what();
+    EXPECT_NE(e.message().find("rendezvous of gloo group 0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GlooProcessGroupTest, TcpStoreRendezvousInThreads) {
+  auto server = std::make_shared<TcpStore>("127.0.0.1", 0, /*is_server=*/true, std::chrono::seconds(10));
+  const int port = server->port();
+  ASSERT_GT(port, 0);
+  server->set("hello", "world");
+  EXPECT_EQ(server->get("hello"), "world");
+  try {
+    server->get("missing", milliseconds(100));
+    ADD_FAILURE() << "expected a timeout";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDeadlineExceeded) << e.what();
+  }
+  std::vector<std::shared_ptr<Store>> stores = {server};
+  for (int r = 1; r < 3; ++r) {
+    stores.push_back(std::make_shared<TcpStore>("127.0.0.1", port, false, std::chrono::seconds(10)));
+  }
+  std::vector<ThreadOutcome> out(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto pg = GlooProcessGroup::Create(stores[r], r, 3);
+        Tensor t = Tensor::full({2}, r + 1, DType::kFloat16);
+        pg->all_reduce(t);
+        EXPECT_EQ(t.to_doubles(), (std::vector<double>{6, 6}));
+      } catch (const Error& e) {
+        out[r] = {false, e.code(), e.what()};
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(AllOk(out)) << Summary(out);
+}
+
+// ---- Launcher -----------------------------------------------------------------------------
+
+EnvLookup MapEnv(std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+TEST(LaunchTest, ReadsTorchrunMpiAndSlurmVariables) {
+  auto torchrun = ReadLaunchEnvironment(MapEnv({{"RANK", "3"},
+                                                {"WORLD_SIZE", "8"},
+                                                {"LOCAL_RANK", "1"},
+                                                {"LOCAL_WORLD_SIZE", "2"},
+                                                {"MASTER_ADDR", "node0"},
+                                                {"MASTER_PORT", "29500"}}));
+  EXPECT_EQ(torchrun.source, "torchrun");
+  EXPECT_EQ(torchrun.rank, 3);
+  EXPECT_EQ(torchrun.world_size, 8);
+  EXPECT_EQ(torchrun.local_rank, 1);
+  EXPECT_EQ(torchrun.local_world_size, 2);
+  EXPECT_EQ(torchrun.str(), "rank 3/8 (local 1/2) from torchrun, store tcp://node0:29500");
+
+  auto mpi = ReadLaunchEnvironment(MapEnv({{"OMPI_COMM_WORLD_RANK", "1"},
+                                           {"OMPI_COMM_WORLD_SIZE", "2"},
+                                           {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                                           {"FSDP_STORE_PATH", "/mnt/nfs/run1"},
+                                           {"FSDP_PG_TIMEOUT_MS", "5000"},
+                                           {"GLOO_SOCKET_IFNAME", "eth0"}}));
+  EXPECT_EQ(mpi.source, "openmpi");
+  EXPECT_EQ(mpi.rank, 1);
+  EXPECT_EQ(mpi.store_path, "/mnt/nfs/run1");
+  EXPECT_EQ(mpi.iface, "eth0");
+  EXPECT_EQ(*mpi.timeout, milliseconds(5000));
+
+  auto slurm = ReadLaunchEnvironment(MapEnv({{"SLURM_PROCID", "5"},
+                                             {"SLURM_NTASKS", "6"},
+                                             {"SLURM_LOCALID", "1"},
+                                             {"SLURM_NTASKS_PER_NODE", "2(x3)"},
+                                             {"MASTER_ADDR", "n1"},
+                                             {"MASTER_PORT", "1234"}}));
+  EXPECT_EQ(slurm.source, "slurm");
+  EXPECT_EQ(slurm.local_world_size, 2);
+
+  auto single = ReadLaunchEnvironment(MapEnv({}));
+  EXPECT_EQ(single.source, "default");
+  EXPECT_EQ(single.world_size, 1);
+}
+
+TEST(LaunchTest, RejectsInconsistentVariables) {
+  auto code_of = [](std::map<std::string, std::string> vars) {
+    try {
+      ReadLaunchEnvironment(MapEnv(std::move(vars)));
+    } catch (const Error& e) {
+      return std::optional<std::string>(e.message());
+    }
+    return std::optional<std::string>();
+  };
+  EXPECT_NE(code_of({{"RANK", "0"}})->find("WORLD_SIZE is not set"), std::string::npos);
+  EXPECT_NE(code_of({{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"FSDP_STORE_PATH", "/x"}})
+                ->find("not below the world size"),
+            std::string::npos);
+  EXPECT_NE(code_of({{"RANK", "x"}, {"WORLD_SIZE", "4"}})->find("RANK='x'"), std::string::npos);
+  EXPECT_NE(code_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}})->find("needs a rendezvous"),
+            std::string::npos);
+}
+
+TEST(LaunchTest, SingleRankSessionNeedsNoRendezvous) {
+  auto session = DistributedSession::FromEnvironment(MapEnv({}));
+  EXPECT_EQ(session->world().size(), 1);
+  EXPECT_EQ(GetDefaultProcessGroup(), session->world_ptr());
+  Tensor t = Tensor::ones({2});
+  session->world().all_reduce(t);
+  EXPECT_EQ(t.to_doubles(), (std::vector<double>{1, 1}));
+}
+
+// ---- Ranks as processes -------------------------------------------------------------------
+
+// The worker half of the process tests. It is registered only inside a worker process
+// (RunWorkers sets FSDP_GLOO_TEST_WORKER and re-executes this binary filtered to it), so
+// ordinary runs neither list, skip nor disable it.
+class GlooProcessWorkerTest : public ::testing::Test {
+ public:
+  void TestBody() override {
+    auto session = DistributedSession::FromEnvironment();
+    ProcessGroup& pg = session->world();
+    ASSERT_EQ(pg.size(), 2);
+    for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt64}) {
+      CheckEveryCollective(pg, dtype);
+    }
+  }
+};
+
+const bool kWorkerRegistered = [] {
+  if (std::getenv("FSDP_GLOO_TEST_WORKER") == nullptr) return false;
+  ::testing::RegisterTest("GlooProcessWorker", "Rank", nullptr, nullptr, __FILE__, __LINE__,
+                          []() -> ::testing::Test* { return new GlooProcessWorkerTest; });
+  return true;
+}();
+
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Re-executes this test binary as `world` worker processes with the launcher's environment
+// plus `extra`; returns each worker's exit status and log.
+std::vector<std::pair<int, std::string>> RunWorkers(
+    int world, const std::string& dir, const std::map<std::string, std::string>& extra) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const std::string log = dir + "/worker" + std::to_string(r) + ".log";
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("FSDP_GLOO_TEST_WORKER", "1", 1);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("FSDP_PG_TIMEOUT_MS", "20000", 1);
+      for (const auto& [k, v] : extra) ::setenv(k.c_str(), v.c_str(), 1);
+      FILE* f = std::freopen(log.c_str(), "w", stdout);
+      if (f != nullptr) ::dup2(::fileno(stdout), STDERR_FILENO);
+      ::execl(self.c_str(), self.c_str(), "--gtest_filter=GlooProcessWorker.Rank",
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<std::pair<int, std::string>> results;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int r = 0; r < world; ++r) {
+    int status = 0;
+    // Wait with a hard limit: kill workers that outlive it.
+    while (::waitpid(pids[r], &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pids[r], SIGKILL);
+        ::waitpid(pids[r], &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    std::ifstream in(dir + "/worker" + std::to_string(r) + ".log");
+    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    results.emplace_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), log);
+  }
+  return results;
+}
+
+std::string MakeTempDir() {
+  char pattern[] = "/tmp/fsdp-gloo-XXXXXX";
+  const char* dir = ::mkdtemp(pattern);
+  return dir == nullptr ? std::string() : std::string(dir);
+}
+
+TEST(GlooProcessTest, TwoProcessesWithFileStore) {
+  const std::string dir = MakeTempDir();
+  ASSERT_FALSE(dir.empty());
+  const auto results = RunWorkers(2, dir, {{"FSDP_STORE_PATH", dir + "/store"}});
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].first, 0) << "worker " << r << " log:\n" << results[r].second;
+    EXPECT_NE(results[r].second.find("[  PASSED  ] 1 test"), std::string::npos)
+        << results[r].second;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GlooProcessTest, TwoProcessesWithMasterAddrAndPort) {
+  const std::string dir = MakeTempDir();
+  ASSERT_FALSE(dir.empty());
+  const auto results = RunWorkers(
+      2, dir, {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(FreePort())}});
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].first, 0) << "worker " << r << " log:\n" << results[r].second;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace fsdp::distributed
