@@ -32,21 +32,6 @@ bool ReduceOpSupports(ReduceOp op, DType dtype) {
 
 namespace {
 
-// The accumulator type of a payload type: float for f32/f16/bf16, double for f64, int64 for
-// i64.
-template <typename T>
-struct AccumulatorOf {
-  using type = float;
-};
-template <>
-struct AccumulatorOf<double> {
-  using type = double;
-};
-template <>
-struct AccumulatorOf<int64_t> {
-  using type = int64_t;
-};
-
 template <typename A>
 A MinOf(A a, A b) {
   if constexpr (std::is_floating_point_v<A>) {
@@ -68,7 +53,7 @@ A MaxOf(A a, A b) {
 template <typename T>
 void ReduceTyped(ReduceOp op, const std::vector<const void*>& inputs,
                  const std::vector<double>& factors, void* output, size_t numel) {
-  using A = typename AccumulatorOf<T>::type;
+  using A = OpMath<T>;  // float for f32/f16/bf16, double for f64, int64 for i64
   constexpr size_t kBlock = 1024;
   std::array<A, kBlock> acc;
   const size_t ranks = inputs.size();
