@@ -1,10 +1,7 @@
 #include "conformance/process_launcher.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -14,12 +11,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
 #include "conformance/driver_protocol.h"
 #include "engine/core/error.h"
-
-extern char** environ;
+#include "engine/distributed/launch/process_launcher.h"
 
 namespace fsdp::conformance {
 
@@ -27,9 +22,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double SecondsSince(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+// Between SIGTERM and SIGKILL when stopping a case's ranks.
+constexpr std::chrono::milliseconds kKillGrace{1000};
 
 std::string FormatSeconds(std::chrono::milliseconds ms) {
   char buf[32];
@@ -66,53 +60,6 @@ std::string LogTail(const std::string& path, int max_lines = 15) {
   return out;
 }
 
-std::string DescribeExit(int status) {
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
-           strsignal(WTERMSIG(status)) + ")";
-  }
-  return "ended with wait status " + std::to_string(status);
-}
-
-// One child process of a case.
-struct Child {
-  pid_t pid = -1;
-  bool running = false;
-  int wait_status = 0;
-  bool killed = false;
-  Clock::time_point started;
-  double seconds = 0;
-  std::string result_path;
-  std::string log_path;
-  std::string spawn_error;  // non-empty when the spawn itself failed
-};
-
-pid_t Spawn(const std::vector<std::string>& argv, const std::string& log_path, std::string* error) {
-  posix_spawn_file_actions_t actions;
-  posix_spawnattr_t attr;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawnattr_init(&attr);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                   0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attr, 0);  // own process group: stragglers die with children
-  std::vector<char*> cargv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, cargv[0], &actions, &attr, cargv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) {
-    *error = "cannot start " + argv[0] + ": " + std::strerror(rc);
-    return -1;
-  }
-  return pid;
-}
-
 }  // namespace
 
 std::string SelfExecutable() {
@@ -140,12 +87,13 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
   FSDP_CHECK_CODE(ErrorCode::kUnavailable, ::mkdir(store_dir.c_str(), 0700) == 0, "cannot create ",
                   store_dir, ": ", std::strerror(errno));
 
-  std::vector<Child> children(world);
+  std::vector<distributed::RankCommand> commands(static_cast<size_t>(world));
+  std::vector<std::string> result_paths(static_cast<size_t>(world));
+  std::vector<std::string> log_paths(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
-    Child& c = children[r];
     const std::string stem = run_dir + "/rank" + std::to_string(r);
-    c.result_path = stem + ".result.json";
-    c.log_path = stem + ".log";
+    result_paths[r] = stem + ".result.json";
+    log_paths[r] = stem + ".log";
     DriverRequest dr;
     dr.scenario = scenario.info.name;
     dr.params = request.params.values();
@@ -153,7 +101,7 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
     dr.world = world;
     dr.backend = request.backend;
     dr.store_dir = store_dir;
-    dr.output = c.result_path;
+    dr.output = result_paths[r];
     dr.request_file = stem + ".request.json";
     dr.timeout_s = static_cast<double>(request.timeout.count()) / 1000.0;
     dr.subject = subject_;
@@ -162,114 +110,76 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
     request_json["seed_test"] = scenario.info.seed_test;
     WriteFileAtomically(dr.request_file, request_json.dump(2) + "\n");
 
-    std::vector<std::string> argv = command_;
-    for (auto& a : dr.ToArgs()) argv.push_back(std::move(a));
-    c.started = Clock::now();
-    c.pid = Spawn(argv, c.log_path, &c.spawn_error);
-    c.running = c.pid > 0;
+    distributed::RankCommand& command = commands[r];
+    command.argv = command_;
+    command.search_path = false;  // the program is a path
+    for (auto& a : dr.ToArgs()) command.argv.push_back(std::move(a));
+    command.out = distributed::OutputSink::File(log_paths[r]);
+    command.err = distributed::OutputSink::SameAsStdout();
   }
 
   // Wait for every child, with the deadline and the grace period after a first failure.
-  const auto deadline = start + request.timeout;
-  bool any_failed = false;
-  int first_failed = -1;
-  Clock::time_point first_failure;
-  for (int r = 0; r < world; ++r) {
-    if (!children[r].spawn_error.empty() && !any_failed) {
-      any_failed = true;
-      first_failed = r;
-      first_failure = Clock::now();
-    }
-  }
-  auto running = [&] {
-    int n = 0;
-    for (const auto& c : children) n += c.running ? 1 : 0;
-    return n;
-  };
-  while (running() > 0) {
-    for (int r = 0; r < world; ++r) {
-      Child& c = children[r];
-      if (!c.running) continue;
-      int status = 0;
-      const pid_t got = ::waitpid(c.pid, &status, WNOHANG);
-      if (got == c.pid) {
-        c.running = false;
-        c.wait_status = status;
-        c.seconds = SecondsSince(c.started);
-        const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        if (!ok && !any_failed) {
-          any_failed = true;
-          first_failed = r;
-          first_failure = Clock::now();
-        }
-      }
-    }
-    if (running() == 0) break;
-    auto until = deadline;
-    if (any_failed) until = std::min(until, first_failure + request.failure_grace);
-    if (Clock::now() >= until) {
-      for (auto& c : children) {
-        if (!c.running) continue;
-        if (::kill(-c.pid, SIGKILL) != 0) ::kill(c.pid, SIGKILL);
-        ::waitpid(c.pid, &c.wait_status, 0);
-        c.running = false;
-        c.killed = true;
-        c.seconds = SecondsSince(c.started);
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  distributed::LaunchPolicy policy;
+  policy.deadline = std::max(request.timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                   Clock::now() - start),
+                             std::chrono::milliseconds(1));
+  policy.failure_grace = request.failure_grace;
+  policy.kill_grace = kKillGrace;
+  policy.forward_signals = true;
+  const distributed::WorldExit exits = distributed::ProcessLauncher(policy).Run(commands);
+  const int first_failed = exits.first_failed;
 
   std::vector<RankOutcome> outcomes(world);
   bool all_ok = true;
   for (int r = 0; r < world; ++r) {
-    Child& c = children[r];
+    const distributed::RankExit& c = exits.ranks[r];
+    const std::string& log_path = log_paths[r];
+    const std::string& result_path = result_paths[r];
     const std::string who = "rank " + std::to_string(r);
     if (!c.spawn_error.empty()) {
       outcomes[r] = RankOutcome::Failed(ErrorCode::kUnavailable, c.spawn_error, 0);
-    } else if (c.killed) {
-      if (any_failed && first_failed != r) {
+    } else if (c.stopped) {
+      if (first_failed >= 0 && first_failed != r) {
         outcomes[r] =
             RankOutcome::Failed(ErrorCode::kAborted,
                                 "killed " + FormatSeconds(request.failure_grace) + " after rank " +
                                     std::to_string(first_failed) +
-                                    " failed (blocked in a collective?)" + LogTail(c.log_path),
+                                    " failed (blocked in a collective?)" + LogTail(log_path),
                                 c.seconds);
       } else {
         outcomes[r] = RankOutcome::Failed(
             ErrorCode::kDeadlineExceeded,
             "scenario " + scenario.info.name + " " + who + " did not finish within " +
-                FormatSeconds(request.timeout) + "; killed" + LogTail(c.log_path),
+                FormatSeconds(request.timeout) + "; killed" + LogTail(log_path),
             c.seconds);
       }
     } else {
-      std::ifstream in(c.result_path, std::ios::binary);
+      std::ifstream in(result_path, std::ios::binary);
       if (!in) {
         outcomes[r] =
             RankOutcome::Failed(ErrorCode::kInternal,
-                                command_.front() + " " + DescribeExit(c.wait_status) +
-                                    " without writing " + c.result_path + LogTail(c.log_path),
+                                command_.front() + " " + c.Describe() +
+                                    " without writing " + result_path + LogTail(log_path),
                                 c.seconds);
       } else {
         RankOutcome parsed;
         try {
           nlohmann::json result = nlohmann::json::parse(in);
-          parsed = ParseResult(result, who + " result " + c.result_path);
+          parsed = ParseResult(result, who + " result " + result_path);
         } catch (const nlohmann::json::exception& e) {
           parsed = RankOutcome::Failed(
               ErrorCode::kDataLoss,
-              who + " wrote unreadable JSON to " + c.result_path + ": " + e.what(), 0);
+              who + " wrote unreadable JSON to " + result_path + ": " + e.what(), 0);
         } catch (const Error& e) {
           parsed = RankOutcome::Failed(e.code(), e.message(), 0);
         }
-        const bool exit_ok = WIFEXITED(c.wait_status) && WEXITSTATUS(c.wait_status) == 0;
+        const bool exit_ok = c.ok();
         if (parsed.status == RankOutcome::Status::kError) {
-          parsed.message += LogTail(c.log_path);
+          parsed.message += LogTail(log_path);
         } else if (!exit_ok) {
           parsed = RankOutcome::Failed(ErrorCode::kInternal,
-                                       command_.front() + " " + DescribeExit(c.wait_status) +
-                                           " after writing a result" + LogTail(c.log_path),
+                                       command_.front() + " " + c.Describe() +
+                                           " after writing a result" + LogTail(log_path),
                                        0);
         }
         parsed.seconds = c.seconds;
@@ -288,6 +198,8 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
         o.message += "\n    (files kept in " + run_dir + ")";
     }
   }
+  // The runner was interrupted: the ranks were stopped; now end as the signal would have.
+  if (exits.received_signal != 0) ::raise(exits.received_signal);
   return outcomes;
 }
 

@@ -1,11 +1,13 @@
 // ProcessLauncher: runs a case's ranks as child processes under the driver protocol
 // (driver_protocol.h). For every case it makes a fresh run directory (mkdtemp) holding an
 // empty `store/` directory for rendezvous and, per rank, `rankR.request.json`,
-// `rankR.result.json` and `rankR.log` (the child's stdout and stderr). Each child runs in its
-// own process group; the launcher waits with the case's deadline, stops stragglers with
-// SIGKILL to their process group, reads the result files and returns the outcomes. The run
-// directory is removed when every rank succeeded and kept (its path named in the errors)
-// otherwise.
+// `rankR.result.json` and `rankR.log` (the child's stdout and stderr). Spawning and waiting
+// are distributed::ProcessLauncher's (engine/distributed/launch/process_launcher.h): each
+// child runs in its own process group; the case's deadline, and once a rank failed the
+// failure grace, stop stragglers (SIGTERM, then SIGKILL to their process group); a SIGINT or
+// SIGTERM received meanwhile is forwarded to the ranks and, once they are stopped, re-raised.
+// This class maps the exits to outcomes: it reads the result files. The run directory is
+// removed when every rank succeeded and kept (its path named in the errors) otherwise.
 //
 // The same launcher serves the process backends (command = this binary + `__worker
 // --subject NAME`) and third-party drivers (command = the driver program).

@@ -1,15 +1,8 @@
 #include "conformance/threaded_launcher.h"
 
-#include <pthread.h>
-
 #include <chrono>
-#include <condition_variable>
-#include <cstdio>
-#include <mutex>
-#include <thread>
 
-#include "engine/core/rank_context.h"
-#include "fakes/threaded_process_group.h"
+#include "fakes/thread_launcher.h"
 
 namespace fsdp::conformance {
 
@@ -21,33 +14,14 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// What the launcher and one rank thread share. Owned jointly, so that a detached (hung) rank
-// thread never touches freed memory.
+// What one rank thread's body shares with the launcher: the rank's env and its outcome (set
+// by the body; read only once the launcher saw the rank finish).
 struct RankSlot {
-  RankSlot(int rank, int world, Device device) : context(rank, world, device) {}
-  RankContext context;
   RankEnv env;
   std::shared_ptr<const Subject> subject;
   const Scenario* scenario = nullptr;
-  std::shared_ptr<fakes::ThreadedWorld> world;  // set for fakes::ThreadedProcessGroup groups
   RankOutcome outcome;
-  bool done = false;  // guarded by Completion::mu
 };
-
-// Completion signalling shared by the rank threads and the launcher.
-struct Completion {
-  std::mutex mu;
-  std::condition_variable cv;
-  int finished = 0;
-  bool any_failed = false;
-  Clock::time_point first_failure;
-};
-
-std::string Seconds(std::chrono::milliseconds ms) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.3g s", static_cast<double>(ms.count()) / 1000.0);
-  return buf;
-}
 
 }  // namespace
 
@@ -58,17 +32,12 @@ RankOutcome RunGuarded(const std::function<nlohmann::json()>& body) {
     return RankOutcome::Ok(std::move(obs), SecondsSince(start));
   } catch (const CaseSkipped& e) {
     return RankOutcome::Skipped(e.reason(), SecondsSince(start));
-  } catch (const Error& e) {
-    return RankOutcome::Failed(e.code(), e.message(), SecondsSince(start));
   } catch (const nlohmann::json::exception& e) {
     return RankOutcome::Failed(ErrorCode::kInternal, std::string("JSON error: ") + e.what(),
                                SecondsSince(start));
-  } catch (const std::exception& e) {
-    return RankOutcome::Failed(ErrorCode::kInternal, std::string("uncaught exception: ") + e.what(),
-                               SecondsSince(start));
   } catch (...) {
-    return RankOutcome::Failed(ErrorCode::kInternal, "uncaught non-standard exception",
-                               SecondsSince(start));
+    fakes::RankError error = fakes::RankError::FromException(std::current_exception());
+    return RankOutcome::Failed(error.code, std::move(error.message), SecondsSince(start));
   }
 }
 
@@ -118,113 +87,44 @@ std::vector<RankOutcome> ThreadedLauncher::Launch(const LaunchRequest& request) 
     groups.resize(1);
   }
 
-  auto completion = std::make_shared<Completion>();
-  // Every rank thread shares all slots: the fake's world reads any rank's context in its
-  // reports, so no context may die while a (possibly detached) rank thread still runs.
-  auto all_slots = std::make_shared<std::vector<std::shared_ptr<RankSlot>>>();
-  std::vector<std::shared_ptr<RankSlot>>& slots = *all_slots;
-  std::vector<std::thread> threads;
-  slots.reserve(world);
-  threads.reserve(world);
+  fakes::ThreadLaunchOptions launch;
+  launch.world_size = world;
+  launch.groups = std::move(groups);
+  launch.device_of = [this](int r) { return backend_.DeviceOf(r); };
+  launch.timeout = request.timeout;
+  launch.failure_grace = request.failure_grace;
+  launch.label = "scenario " + name;
+  // The slots are shared with the rank threads, which may outlive this call (detached).
+  std::vector<std::shared_ptr<RankSlot>> slots;
   for (int r = 0; r < world; ++r) {
-    const Device device = backend_.DeviceOf(r);
-    auto slot = std::make_shared<RankSlot>(r, world, device);
+    auto slot = std::make_shared<RankSlot>();
     slot->env.scenario = name;
     slot->env.rank = r;
     slot->env.world = world;
     slot->env.params = request.params;
     slot->env.backend = request.backend;
-    slot->env.device = device;
-    slot->env.pg = groups[r];
+    slot->env.device = backend_.DeviceOf(r);
     slot->subject = subject_;
     slot->scenario = request.scenario;
-    // The fake's world learns about rank ends, so that peers of a failed rank fail promptly.
-    auto* threaded = dynamic_cast<fakes::ThreadedProcessGroup*>(groups[r].get());
-    if (threaded != nullptr) threaded->world().AttachRankContext(r, &slot->context);
-    slot->world = threaded != nullptr ? threaded->world().shared_from_this() : nullptr;
-    slots.push_back(slot);
+    slots.push_back(std::move(slot));
   }
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([all_slots, r, completion] {
-      const std::shared_ptr<RankSlot>& slot = (*all_slots)[r];
-      pthread_setname_np(pthread_self(), ("fsdp-rank-" + std::to_string(slot->env.rank)).c_str());
-      RankOutcome outcome;
-      {
-        RankContextGuard guard(slot->context);
-        distributed::SetDefaultProcessGroup(slot->env.pg);
-        outcome = RunGuarded([&] { return slot->subject->RunRank(*slot->scenario, slot->env); });
-        if (slot->world) {
-          if (outcome.status == RankOutcome::Status::kError) {
-            slot->world->MarkRankFailed(
-                slot->env.rank, std::string(ErrorCodeName(outcome.code)) + ": " + outcome.message);
-          } else {
-            slot->world->MarkRankReturned(slot->env.rank);
-          }
-        }
-        distributed::SetDefaultProcessGroup(nullptr);
-      }
-      slot->env.pg.reset();  // release the group before reporting completion
-      std::lock_guard<std::mutex> lock(completion->mu);
-      slot->outcome = std::move(outcome);
-      slot->done = true;
-      ++completion->finished;
-      if (slot->outcome.status == RankOutcome::Status::kError && !completion->any_failed) {
-        completion->any_failed = true;
-        completion->first_failure = Clock::now();
-      }
-      completion->cv.notify_all();
-    });
-  }
-  groups.clear();
+  const auto ranks = fakes::LaunchRankThreads(
+      std::move(launch), [slots](fakes::ThreadRank& rank) -> std::optional<fakes::RankError> {
+        RankSlot& slot = *slots[rank.rank];
+        slot.env.pg = rank.pg;
+        slot.outcome =
+            RunGuarded([&] { return slot.subject->RunRank(*slot.scenario, slot.env); });
+        slot.env.pg.reset();  // the launcher releases the group before reporting completion
+        if (slot.outcome.status != RankOutcome::Status::kError) return std::nullopt;
+        return fakes::RankError{slot.outcome.code, slot.outcome.message};
+      });
 
-  const auto deadline = start + request.timeout;
   std::vector<RankOutcome> outcomes(world);
-  {
-    std::unique_lock<std::mutex> lock(completion->mu);
-    while (completion->finished < world) {
-      auto until = deadline;
-      if (completion->any_failed) {
-        until = std::min(until, completion->first_failure + request.failure_grace);
-      }
-      if (Clock::now() >= until) break;
-      completion->cv.wait_until(lock, until);
-    }
-    int first_failed = -1;
-    for (int r = 0; r < world; ++r) {
-      if (slots[r]->done && slots[r]->outcome.status == RankOutcome::Status::kError &&
-          first_failed < 0) {
-        first_failed = r;
-      }
-    }
-    for (int r = 0; r < world; ++r) {
-      if (slots[r]->done) {
-        outcomes[r] = slots[r]->outcome;
-      } else if (first_failed >= 0) {
-        outcomes[r] = RankOutcome::Failed(ErrorCode::kAborted,
-                                          "still running " + Seconds(request.failure_grace) +
-                                              " after rank " + std::to_string(first_failed) +
-                                              " failed (blocked in a collective?); thread "
-                                              "detached",
-                                          SecondsSince(start));
-      } else {
-        outcomes[r] = RankOutcome::Failed(ErrorCode::kDeadlineExceeded,
-                                          "scenario " + name + " rank " + std::to_string(r) +
-                                              " did not finish within " + Seconds(request.timeout) +
-                                              " (hung? thread detached)",
-                                          SecondsSince(start));
-      }
-    }
-  }
-  for (int r = 0; r < world; ++r) {
-    bool done;
-    {
-      std::lock_guard<std::mutex> lock(completion->mu);
-      done = slots[r]->done;
-    }
-    if (done) {
-      threads[r].join();
+  for (const fakes::ThreadRankResult& r : ranks) {
+    if (r.detached) {
+      outcomes[r.rank] = RankOutcome::Failed(r.error->code, r.error->message, SecondsSince(start));
     } else {
-      threads[r].detach();
+      outcomes[r.rank] = slots[r.rank]->outcome;  // the rank finished: its thread is done with it
     }
   }
   return outcomes;

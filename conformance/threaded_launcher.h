@@ -14,6 +14,10 @@
 // the thread), and the rank is reported as DeadlineExceeded or Aborted. The process-group
 // timeout of the fake process group normally ends such a thread soon after.
 //
+// The threads, contexts, ThreadedWorld bookkeeping, deadline, grace period and teardown are
+// fakes::LaunchRankThreads' (fakes/thread_launcher.h); this class adds the groups from the
+// backend, the rank's RankEnv and the mapping to RankOutcome.
+//
 // Ownership: holds the factory and shares the subject. Thread-safety: one Launch at a time.
 #pragma once
 

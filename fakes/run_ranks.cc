@@ -1,10 +1,9 @@
 #include "fakes/run_ranks.h"
 
-#include <pthread.h>
-
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
+
+#include "fakes/thread_launcher.h"
 
 namespace fsdp::fakes::internal {
 
@@ -20,60 +19,22 @@ RunResult<std::monostate> RunRanksImpl(int world_size, const std::function<void(
     timeout = std::chrono::milliseconds(ms);
     stall_limit = std::chrono::milliseconds(0);
   }
-  auto world = ThreadedWorld::Create(world_size, timeout);
-  std::vector<std::unique_ptr<RankContext>> contexts;
-  contexts.reserve(static_cast<size_t>(world_size));
-  for (int r = 0; r < world_size; ++r) {
-    const uint64_t seed = options.seed + (options.seed_by_rank ? static_cast<uint64_t>(r) : 0);
-    contexts.push_back(std::make_unique<RankContext>(r, world_size, options.device, seed));
-    world->AttachRankContext(r, contexts.back().get());
-  }
-  RunResult<std::monostate> result(static_cast<size_t>(world_size));
-
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(world_size));
-  for (int r = 0; r < world_size; ++r) {
-    threads.emplace_back([&, r] {
-      // "fsdp-rank-N" in `info threads` (names are at most 15 characters).
-      pthread_setname_np(pthread_self(), ("fsdp-rank-" + std::to_string(r)).c_str());
-      RankContextGuard guard(*contexts[r]);
-      auto& out = result[r];
-      out.rank = r;
-      try {
-        RankEnv env;
-        env.rank = r;
-        env.world_size = world_size;
-        env.pg = world->CreateWorldGroup(r);
-        env.context = contexts[r].get();
-        env.world = world.get();
-        distributed::SetDefaultProcessGroup(env.pg);
-        fn(env);
-        out.value.emplace();
-      } catch (const Error& e) {
-        out.code = e.code();
-        out.message = e.what();
-      } catch (const std::exception& e) {
-        out.code = ErrorCode::kInternal;
-        out.message = std::string("non-fsdp exception: ") + e.what();
-      } catch (...) {
-        out.code = ErrorCode::kInternal;
-        out.message = "unknown exception (not derived from std::exception)";
-      }
-      if (out.code) {
-        world->MarkRankFailed(r, out.message);
-      } else {
-        world->MarkRankReturned(r);
-      }
-      // Drops this rank's handles (and anything fn stored in the default group slot).
-      distributed::SetDefaultProcessGroup(nullptr);
-    });
-  }
-
-  // Stall watchdog: a rank stuck outside collectives cannot be interrupted; rather than hang,
-  // report and abort once nothing has progressed for stall_limit.
   if (stall_limit.count() <= 0) stall_limit = 2 * timeout + std::chrono::milliseconds(10000);
-  while (!world->WaitAllFinished(world->last_progress() + stall_limit)) {
-    if (std::chrono::steady_clock::now() - world->last_progress() >= stall_limit) {
+  auto world = ThreadedWorld::Create(world_size, timeout);
+
+  ThreadLaunchOptions launch;
+  launch.world_size = world_size;
+  for (int r = 0; r < world_size; ++r) launch.groups.push_back(world->CreateWorldGroup(r));
+  launch.device_of = [&](int) { return options.device; };
+  launch.seed_of = [&](int r) {
+    return options.seed + (options.seed_by_rank ? static_cast<uint64_t>(r) : 0);
+  };
+  // No deadline: every rank is joined. Stall watchdog instead: a rank stuck outside
+  // collectives cannot be interrupted; rather than hang, report and abort once nothing has
+  // progressed for stall_limit.
+  launch.watchdog = [&] {
+    const auto last = world->last_progress();
+    if (std::chrono::steady_clock::now() - last >= stall_limit) {
       std::fprintf(stderr,
                    "fsdp::fakes::RunRanks: no rank made progress for %lld ms and not every rank "
                    "finished; aborting the process instead of hanging.\n%s",
@@ -81,8 +42,32 @@ RunResult<std::monostate> RunRanksImpl(int world_size, const std::function<void(
       std::fflush(stderr);
       std::abort();
     }
+    return last + stall_limit;
+  };
+  ThreadedWorld* world_ptr = world.get();
+  const auto ranks = LaunchRankThreads(
+      std::move(launch), [&fn, world_ptr](ThreadRank& rank) -> std::optional<RankError> {
+        RankEnv env;
+        env.rank = rank.rank;
+        env.world_size = rank.world_size;
+        env.pg = rank.pg;
+        env.context = rank.context;
+        env.world = world_ptr;
+        fn(env);
+        return std::nullopt;
+      });
+
+  RunResult<std::monostate> result(static_cast<size_t>(world_size));
+  for (const ThreadRankResult& r : ranks) {
+    auto& out = result[r.rank];
+    out.rank = r.rank;
+    if (r.ok()) {
+      out.value.emplace();
+    } else {
+      out.code = r.error->code;
+      out.message = r.error->what();
+    }
   }
-  for (auto& t : threads) t.join();
   return result;
 }
 

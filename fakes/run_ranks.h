@@ -21,6 +21,9 @@
 // the derived stall limit) so that stepping through one rank in gdb does not time out the
 // others (docs/process_groups.md, "Debugging fake ranks under gdb").
 //
+// RunRanks is a thin user of LaunchRankThreads (thread_launcher.h), with no deadline (every
+// rank thread is joined) and the stall watchdog.
+//
 // Ownership: RunRanks owns the threads, contexts and world for the call; results are values.
 // Thread-safety: fn runs concurrently on every rank; RunRanks itself may be called from any
 // thread (also nested inside a rank, though that is rarely useful).

@@ -12,7 +12,9 @@
 #   optim       -> core, ops, autograd, functional, nn
 #   distributed -> core                     (distributed/store/ -> core and store only;
 #                                            distributed/gloo/ and distributed/nccl/ never
-#                                            include each other)
+#                                            include each other; distributed/launch/, the
+#                                            process launcher, -> core and distributed but
+#                                            no backend folder)
 #   fsdp        -> core, ops, autograd, functional, nn, optim, distributed
 #   testing     -> anything in engine/      (test-only helpers, library fsdp_testing)
 #
@@ -104,6 +106,8 @@ while IFS= read -r hit; do
     elif [[ "$sub" == gloo && "$inc" == engine/distributed/nccl/* ]] ||
          [[ "$sub" == nccl && "$inc" == engine/distributed/gloo/* ]]; then
       violation "$where" "$inc" "engine/distributed/gloo/ and engine/distributed/nccl/ must not include each other"
+    elif [[ "$sub" == launch && ( "$inc" == engine/distributed/gloo/* || "$inc" == engine/distributed/nccl/* ) ]]; then
+      violation "$where" "$inc" "engine/distributed/launch/ may include only core and distributed (no backend folder)"
     fi
   fi
 done < <(grep -rEn --include='*.h' --include='*.cc' --include='*.cu' --include='*.cuh' \

@@ -2,22 +2,25 @@
 
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <thread>
 
-#include "conformance/process_launcher.h"
-#include "engine/core/allocator.h"
 #include "engine/core/error.h"
+#include "engine/core/rank_context.h"
+#include "engine/distributed/backend_registry.h"
 #include "engine/distributed/launch.h"
-#include "fakes/run_ranks.h"
-#include "fsdp/config.h"
-#include "tools/bench/local_launcher.h"
+#include "fakes/threaded_backend.h"
+#include "fakes/thread_launcher.h"
 #include "tools/bench/memcpy_bandwidth.h"
 #include "tools/bench/pg_bench_report.h"
 #include "tools/bench/pg_bench_sweep.h"
+#include "tools/launch/local_launcher.h"
 
 namespace fsdp::bench {
 
@@ -67,38 +70,61 @@ int ExitStatus(const PgBenchOptions& options, const PgBenchSweep& sweep) {
   return 0;
 }
 
-// --backend threaded: every rank is a thread of this process.
-int RunThreaded(const PgBenchOptions& options) {
+// A backend whose ranks are threads (--backend threaded): every rank is a thread of this
+// process, on the group spec.threaded_world gives it.
+int RunThreaded(const distributed::BackendSpec& spec, const PgBenchOptions& options) {
   const int world = options.world.value_or(kDefaultWorld);
   PgBenchFacts facts;
-  facts.backend = "threaded";
+  facts.backend = spec.name;
   facts.world = world;
   facts.processes = 1;
   facts.nproc = HardwareThreads();
   facts.hostname = HostName();
   facts.load_average = ReadLoadAverage();
   facts.memcpy = MeasureMemcpyBandwidth();
-  fakes::RunRanksOptions run_options;
+  std::chrono::milliseconds timeout = std::chrono::seconds(30);
   if (const char* v = std::getenv("FSDP_PG_TIMEOUT_MS")) {
-    run_options.timeout = std::chrono::milliseconds(std::atoll(v));
-    FSDP_CHECK(run_options.timeout.count() > 0, "FSDP_PG_TIMEOUT_MS='", v,
-               "' is not a positive integer");
+    timeout = std::chrono::milliseconds(std::atoll(v));
+    FSDP_CHECK(timeout.count() > 0, "FSDP_PG_TIMEOUT_MS='", v, "' is not a positive integer");
   }
-  auto results = fakes::RunRanks(
-      world, [&](fakes::RankEnv& env) { return RunPgBenchSweep(*env.pg, options); }, run_options);
-  if (!results.all_ok()) {
-    std::cerr << "pg-bench: the threaded run failed:\n" << results.summary();
+  const std::vector<std::shared_ptr<distributed::ProcessGroup>> groups =
+      spec.threaded_world(world, timeout);
+  FSDP_CHECK(static_cast<int>(groups.size()) == world, "backend ", spec.name, " made ",
+             groups.size(), " groups for a world of ", world);
+  // The one thread launcher: rank contexts, default groups, exceptions as rank errors, and
+  // peers of a failed rank released at once instead of at the timeout.
+  std::vector<std::optional<PgBenchSweep>> sweeps(static_cast<size_t>(world));
+  fakes::ThreadLaunchOptions launch;
+  launch.world_size = world;
+  launch.groups = groups;
+  launch.label = "pg-bench";
+  const std::vector<fakes::ThreadRankResult> results =
+      fakes::LaunchRankThreads(std::move(launch), [&](fakes::ThreadRank& rank) {
+        sweeps[static_cast<size_t>(rank.rank)] = RunPgBenchSweep(*rank.pg, options);
+        return std::optional<fakes::RankError>();
+      });
+  bool all_ok = true;
+  std::string summary;
+  for (const fakes::ThreadRankResult& result : results) {
+    all_ok = all_ok && result.ok();
+    summary += "rank " + std::to_string(result.rank) + ": " +
+               (result.ok() ? "ok" : result.error->what()) + "\n";
+  }
+  if (!all_ok) {
+    std::cerr << "pg-bench: the threaded run failed:\n" << summary;
     return 1;
   }
-  const PgBenchSweep& sweep = *results[0].value;
+  const PgBenchSweep& sweep = *sweeps[0];
   if (!EmitReport(facts, options, sweep)) return 2;
   return ExitStatus(options, sweep);
 }
 
 // ---- [Backend factory] ----------------------------------------------------------------------
-// A launched rank's process group and what keeps it alive. This is the one place that maps
-// --backend to a process group for ranks started by a launcher (gloo, nccl); a new backend adds
-// a branch to CreateLaunchedRank and nothing else.
+// --backend names a backend of fakes::DefaultBackends() (distributed::BackendRegistry); its
+// capabilities say whether its ranks are threads (RunThreaded) or processes. A launched rank's
+// process group and what keeps it alive: distributed::DistributedSession builds it from the
+// launch environment through the same registry, with the backend --backend names (never
+// FSDP_BACKEND's, so that `pg-bench --backend gloo` stays Gloo whatever the environment says).
 struct LaunchedRank {
   // The rank's RankContext (installed on this thread) and its world group.
   std::unique_ptr<distributed::DistributedSession> session;
@@ -106,43 +132,28 @@ struct LaunchedRank {
   Device device = Device::CPU();  // where the benchmark allocates its tensors
 };
 
-// Why `backend` cannot run in this build; nullopt when it can.
-std::optional<std::string> BackendUnavailable(const std::string& backend) {
-  if (backend == "gloo") return std::nullopt;
-  if (backend == "nccl") {
-#if FSDP_HAVE_NCCL
-    if (CudaDeviceCount() == 0) return "backend nccl: no CUDA device visible";
-    return std::nullopt;
-#else
-    return "backend nccl: not built (FSDP_HAVE_NCCL is 0: CUDA or NCCL was not found at "
-           "configure time)";
-#endif
-  }
-  return "unknown backend '" + backend + "'";
-}
-
-// The session of `launch` with the backend --backend names (never FSDP_BACKEND's, so that
-// `pg-bench --backend gloo` stays Gloo whatever the environment says). NCCL: one GPU per
-// rank, cuda:LOCAL_RANK; its Work::wait() blocks the host until the collective finished on
-// the device, so the timed batches measure completed collectives.
-LaunchedRank CreateLaunchedRank(const std::string& backend, const distributed::LaunchEnvironment& launch) {
-  if (auto reason = BackendUnavailable(backend)) FSDP_THROW(ErrorCode::kUnavailable, *reason);
+// Device backends (NCCL): one device per rank, the backend's device for LOCAL_RANK; its
+// Work::wait() blocks the host until the collective finished on the device, so the timed
+// batches measure completed collectives.
+LaunchedRank CreateLaunchedRank(const distributed::BackendSpec& spec,
+                                const distributed::LaunchEnvironment& launch) {
   distributed::LaunchEnvironment env = launch;
-  env.backend = backend;
+  env.backend = spec.name;
   LaunchedRank rank;
   rank.session = distributed::DistributedSession::Create(env);
   rank.pg = &rank.session->world();
-  rank.device = backend == "nccl" ? env.device() : Device::CPU();
+  rank.device = spec.DeviceOf(env.local_rank);
   return rank;
 }
 // ---- end of [Backend factory] ----------------------------------------------------------------
 
 // A process backend, this process being one launched rank.
-int RunLaunchedRank(const PgBenchOptions& options, const distributed::LaunchEnvironment& launch) {
+int RunLaunchedRank(const distributed::BackendSpec& spec, const PgBenchOptions& options,
+                    const distributed::LaunchEnvironment& launch) {
   FSDP_CHECK(!options.world || *options.world == launch.world_size, "--world ", *options.world,
              " disagrees with the launcher's world size ", launch.world_size, " (", launch.source,
              ")");
-  LaunchedRank rank = CreateLaunchedRank(options.backend, launch);
+  LaunchedRank rank = CreateLaunchedRank(spec, launch);
   distributed::ProcessGroup& pg = *rank.pg;
   PgBenchFacts facts;
   facts.backend = options.backend;
@@ -167,7 +178,10 @@ int LaunchSelf(const PgBenchOptions& options, int argc, char** argv) {
   launch.nproc_per_node = options.world.value_or(kDefaultWorld);
   launch.prefix_output = false;  // rank 0 prints the report; errors name their rank
   launch.name = "pg-bench";
-  launch.command.push_back(conformance::SelfExecutable());
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  FSDP_CHECK_CODE(ErrorCode::kUnavailable, !ec, "cannot resolve /proc/self/exe: ", ec.message());
+  launch.command.push_back(self.string());
   for (int i = 1; i < argc; ++i) launch.command.emplace_back(argv[i]);
   return RunLocalWorld(launch);
 }
@@ -190,15 +204,19 @@ int PgBenchMain(int argc, char** argv) {
   }
   std::string who;  // "rank R: " once this process is known to be a launched rank
   try {
-    if (options.backend == "threaded") return RunThreaded(options);
-    if (auto reason = BackendUnavailable(options.backend)) {
+    const distributed::BackendRegistry backends = fakes::DefaultBackends();
+    const distributed::BackendSpec& spec = backends.Get(options.backend);
+    if (auto reason = backends.Unavailable(spec.name)) {
       std::cerr << "pg-bench: " + *reason + "\n";
       return 1;
+    }
+    if (spec.capabilities.ranks == distributed::RankPlacement::kThreads) {
+      return RunThreaded(spec, options);
     }
     const distributed::LaunchEnvironment launch = distributed::ReadLaunchEnvironment();
     if (launch.source == "default") return LaunchSelf(options, argc, argv);
     who = "rank " + std::to_string(launch.rank) + ": ";
-    return RunLaunchedRank(options, launch);
+    return RunLaunchedRank(spec, options, launch);
   } catch (const Error& e) {
     std::cerr << "pg-bench: " + who + e.what() + "\n";  // one write: peers may be killed mid-way
     return e.code() == ErrorCode::kInvalidArgument ? 2 : 1;

@@ -5,6 +5,8 @@
 #include <cstdlib>
 
 #include "engine/core/error.h"
+#include "engine/distributed/backend_registry.h"
+#include "fakes/threaded_backend.h"
 #include "tools/bench/byte_size.h"
 
 namespace fsdp::bench {
@@ -151,9 +153,13 @@ PgBenchOptions ParsePgBenchArgs(const std::vector<std::string>& args, bool* help
       o.redop = ParseRedOp(value());
     } else if (key == "backend") {
       o.backend = value();
-      FSDP_CHECK(o.backend == "threaded" || o.backend == "gloo" || o.backend == "nccl",
-                 "pg-bench: --backend: unknown backend '", o.backend,
-                 "' (choose threaded, gloo or nccl)");
+      const distributed::BackendRegistry backends = fakes::DefaultBackends();
+      if (backends.Find(o.backend) == nullptr) {
+        std::string names;
+        for (const auto& n : backends.Names()) names += (names.empty() ? "" : ", ") + n;
+        FSDP_THROW(ErrorCode::kInvalidArgument, "pg-bench: --backend: unknown backend '",
+                   o.backend, "' (choose one of: ", names, ")");
+      }
     } else if (key == "world") {
       o.world = static_cast<int>(ParseInteger(flag, value(), 1, 65536));
     } else if (key == "json") {

@@ -33,7 +33,8 @@ struct PgBenchOptions {
   // -o. Default: all (every registered collective, collectives/registry.h).
   std::vector<const CollectiveDescriptor*> collectives = AllCollectives();
   distributed::ReduceOp redop = distributed::ReduceOp::kSum;  // -r. Default: sum
-  std::string backend = "threaded";             // --backend. Default: threaded
+  // --backend: a backend of fakes::DefaultBackends(). Default: threaded
+  std::string backend = "threaded";
   // --world: ranks (threaded: threads; gloo: processes to start when not launched by a
   // launcher, and a consistency check when launched). Default: none (2 when pg-bench starts
   // the ranks itself; the launcher's WORLD_SIZE otherwise).

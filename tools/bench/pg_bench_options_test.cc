@@ -71,6 +71,11 @@ TEST(PgBenchOptionsTest, ErrorsNameTheFlag) {
   EXPECT_NE(MessageOf({"stray"}).find("stray"), std::string::npos);
   EXPECT_NE(MessageOf({"-e"}).find("needs a value"), std::string::npos);
   EXPECT_NE(MessageOf({"--backend", "mpi"}).find("mpi"), std::string::npos);
+  // Any backend of fakes::DefaultBackends() is accepted; the error lists them.
+  EXPECT_NE(MessageOf({"--backend", "mpi"}).find("gloo, nccl, threaded"), std::string::npos);
+  for (const char* name : {"threaded", "gloo", "nccl"}) {
+    EXPECT_EQ(ParsePgBenchArgs({"--backend", name}).backend, name);
+  }
   EXPECT_NE(MessageOf({"-b", "2K", "-e", "1K"}).find("-b"), std::string::npos);
   EXPECT_NE(MessageOf({"-b", "1K", "-e", "2K", "-i", "0"}).find("-i"), std::string::npos);
   // AVG needs floating point, as in NCCL; only matters when a reduction is selected.

@@ -1,12 +1,7 @@
-#include "tools/bench/local_launcher.h"
+#include "tools/launch/local_launcher.h"
 
-#include <fcntl.h>
 #include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,17 +10,13 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
-#include <set>
 
 #include "engine/core/error.h"
-
-extern char** environ;
+#include "engine/distributed/launch/process_launcher.h"
 
 namespace fsdp::bench {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 int ParseIntFlag(const std::string& flag, const std::string& value, long min_value,
                  long max_value) {
@@ -86,115 +77,6 @@ std::string MakeTempStoreDir() {
                   "fsdp-launch: cannot create a store directory from ", templ, ": ",
                   std::strerror(errno));
   return std::string(buf.data());
-}
-
-std::string DescribeStatus(int status) {
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return "was killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
-           strsignal(WTERMSIG(status)) + ")";
-  }
-  return "ended with wait status " + std::to_string(status);
-}
-
-int ExitCodeOf(int status) {
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
-}
-
-// Signals received by the launcher while it runs a world (0: none).
-volatile sig_atomic_t g_received_signal = 0;
-void OnSignal(int sig) { g_received_signal = sig; }
-
-// Installs the forwarding handlers (SIGINT, SIGTERM; SIGPIPE ignored) for a run and restores
-// the previous ones.
-class SignalForwarding {
- public:
-  SignalForwarding() {
-    g_received_signal = 0;
-    struct sigaction sa {};
-    sa.sa_handler = OnSignal;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-    // A closed reader of our output (`fsdp-launch ... | head`) must not kill the launcher
-    // and orphan the ranks; writes then fail and the output is dropped.
-    struct sigaction ignore {};
-    ignore.sa_handler = SIG_IGN;
-    sigemptyset(&ignore.sa_mask);
-    ::sigaction(SIGPIPE, &ignore, &old_pipe_);
-  }
-  ~SignalForwarding() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-    ::sigaction(SIGPIPE, &old_pipe_, nullptr);
-  }
-  SignalForwarding(const SignalForwarding&) = delete;
-  SignalForwarding& operator=(const SignalForwarding&) = delete;
-
- private:
-  struct sigaction old_int_ {};
-  struct sigaction old_term_ {};
-  struct sigaction old_pipe_ {};
-};
-
-// One output stream of a child, split into lines for prefixing.
-struct OutputPipe {
-  int fd = -1;     // read end; -1 once closed
-  int target = 1;  // where complete lines go
-  std::string partial;
-};
-
-struct ChildProcess {
-  int rank = 0;
-  pid_t pid = -1;
-  bool running = false;
-  int status = 0;
-  bool signalled_by_us = false;
-  std::string spawn_error;
-  OutputPipe out, err;
-};
-
-// Reads what is available from `pipe`; writes complete lines with `prefix`. At EOF the rest
-// is written with a newline and the pipe is closed.
-void Pump(OutputPipe& pipe, const std::string& prefix) {
-  char buf[65536];
-  const ssize_t n = ::read(pipe.fd, buf, sizeof(buf));
-  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
-  if (n <= 0) {
-    if (!pipe.partial.empty()) WriteAll(pipe.target, prefix + pipe.partial + "\n");
-    pipe.partial.clear();
-    ::close(pipe.fd);
-    pipe.fd = -1;
-    return;
-  }
-  pipe.partial.append(buf, static_cast<size_t>(n));
-  size_t start = 0;
-  std::string lines;
-  for (size_t nl; (nl = pipe.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-    lines += prefix;
-    lines.append(pipe.partial, start, nl + 1 - start);
-  }
-  pipe.partial.erase(0, start);
-  if (!lines.empty()) WriteAll(pipe.target, lines);
-}
-
-// Builds "NAME=value" entries: the launcher's environment with `overrides` replacing or
-// adding variables.
-std::vector<std::string> ChildEnvironment(
-    const std::vector<std::pair<std::string, std::string>>& overrides) {
-  std::set<std::string> names;
-  for (const auto& [k, v] : overrides) names.insert(k);
-  std::vector<std::string> env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const std::string entry(*e);
-    const auto eq = entry.find('=');
-    if (eq != std::string::npos && names.count(entry.substr(0, eq))) continue;
-    env.push_back(entry);
-  }
-  for (const auto& [k, v] : overrides) env.push_back(k + "=" + v);
-  return env;
 }
 
 }  // namespace
@@ -339,185 +221,84 @@ int RunLocalWorld(const LocalLaunchOptions& options, const LaunchIo& io) {
   const std::string master_addr = options.master_addr.empty() ? "127.0.0.1" : options.master_addr;
   const int master_port = options.master_port > 0 ? options.master_port : FreeLocalPort();
 
-  SignalForwarding forwarding;
   const int n = options.nproc_per_node;
-  std::vector<ChildProcess> children(static_cast<size_t>(n));
-  std::vector<char*> argv;
-  for (const auto& a : options.command) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-
+  std::vector<distributed::RankCommand> commands(static_cast<size_t>(n));
   for (int local = 0; local < n; ++local) {
-    ChildProcess& c = children[static_cast<size_t>(local)];
-    c.rank = options.node_rank * n + local;
-    const auto env_strings = ChildEnvironment(
-        ChildLaunchVariables(options, local, master_addr, master_port, store_path));
-    std::vector<char*> envp;
-    for (const auto& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
-    envp.push_back(nullptr);
-
-    posix_spawn_file_actions_t actions;
-    posix_spawnattr_t attr;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawnattr_init(&attr);
-    if (local != 0) posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    int out_pipe[2] = {-1, -1}, err_pipe[2] = {-1, -1};
-    if (options.prefix_output) {
-      FSDP_CHECK_CODE(ErrorCode::kUnavailable,
-                      ::pipe2(out_pipe, O_CLOEXEC) == 0 && ::pipe2(err_pipe, O_CLOEXEC) == 0,
-                      "fsdp-launch: pipe: ", std::strerror(errno));
-      posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-      posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
-    } else {
-      if (io.out_fd != 1) posix_spawn_file_actions_adddup2(&actions, io.out_fd, 1);
-      if (io.err_fd != 2) posix_spawn_file_actions_adddup2(&actions, io.err_fd, 2);
-    }
-    // Own process group: a rank's children are stopped with it.
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF);
-    posix_spawnattr_setpgroup(&attr, 0);
-    sigset_t defaults;
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGINT);
-    sigaddset(&defaults, SIGTERM);
-    sigaddset(&defaults, SIGPIPE);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    const int rc = posix_spawnp(&c.pid, argv[0], &actions, &attr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attr);
-    if (options.prefix_output) {
-      ::close(out_pipe[1]);
-      ::close(err_pipe[1]);
-      c.out = {out_pipe[0], io.out_fd, ""};
-      c.err = {err_pipe[0], io.err_fd, ""};
-    }
-    if (rc != 0) {
-      c.spawn_error = "cannot start " + options.command[0] + ": " + std::strerror(rc);
-      c.status = 127 << 8;  // as a shell reports "command not found"
-      c.pid = -1;
-      if (c.out.fd >= 0) ::close(c.out.fd);
-      if (c.err.fd >= 0) ::close(c.err.fd);
-      c.out.fd = c.err.fd = -1;
-    } else {
-      c.running = true;
-    }
+    distributed::RankCommand& c = commands[static_cast<size_t>(local)];
+    const std::string prefix = "[rank " + std::to_string(options.node_rank * n + local) + "] ";
+    c.argv = options.command;
+    c.env = ChildLaunchVariables(options, local, master_addr, master_port, store_path);
+    c.inherit_stdin = local == 0;
+    c.out = options.prefix_output ? distributed::OutputSink::PrefixLines(prefix, io.out_fd)
+                                  : distributed::OutputSink::Inherit(io.out_fd);
+    c.err = options.prefix_output ? distributed::OutputSink::PrefixLines(prefix, io.err_fd)
+                                  : distributed::OutputSink::Inherit(io.err_fd);
   }
+  auto rank_of = [&](int index) { return options.node_rank * n + index; };
 
-  const auto start = Clock::now();
-  std::optional<Clock::time_point> kill_at;  // SIGKILL stragglers at this time
-  int exit_code = 0;
-  int failed_rank = -1;
+  distributed::LaunchPolicy policy;
+  policy.deadline = options.timeout;
+  policy.failure_grace = std::chrono::milliseconds(0);  // stop the others at once
+  policy.kill_grace = options.grace;
+  policy.forward_signals = true;
+  distributed::ProcessLauncher launcher(policy);
   std::string cause;  // why the run is being stopped
-  auto stop_all = [&](int sig, const std::string& why) {
-    if (kill_at) return;
-    cause = why;
-    kill_at = Clock::now() + options.grace;
-    for (auto& c : children) {
-      if (!c.running) continue;
-      c.signalled_by_us = true;
-      if (::kill(-c.pid, sig) != 0) ::kill(c.pid, sig);
+  launcher.set_on_stop([&](const distributed::StopEvent& event,
+                           const distributed::WorldExit& world) {
+    switch (event.reason) {
+      case distributed::StopReason::kRankFailed: {
+        const distributed::RankExit& e = world.ranks[static_cast<size_t>(event.rank)];
+        const std::string rank = std::to_string(rank_of(event.rank));
+        if (!e.spawn_error.empty()) {
+          WriteAll(io.err_fd, options.name + ": rank " + rank + ": " + e.spawn_error + "\n");
+          cause = "rank " + rank + " could not start";
+        } else {
+          WriteAll(io.err_fd, options.name + ": rank " + rank + " (pid " + std::to_string(e.pid) +
+                                  ") " + e.Describe() +
+                                  (event.others_running ? "; stopping the other ranks" : "") +
+                                  "\n");
+          cause = "rank " + rank + " failed";
+        }
+        break;
+      }
+      case distributed::StopReason::kSignal:
+        WriteAll(io.err_fd, options.name + ": received " + strsignal(event.signal) +
+                                "; forwarding it to every rank\n");
+        cause = options.name + " received " + strsignal(event.signal);
+        break;
+      case distributed::StopReason::kDeadline:
+        WriteAll(io.err_fd, options.name + ": the run exceeded --timeout-ms " +
+                                std::to_string(options.timeout.count()) + "; stopping every rank\n");
+        cause = "timeout";
+        break;
+      case distributed::StopReason::kNone:
+        break;
     }
-  };
-  for (auto& c : children) {
-    if (!c.spawn_error.empty() && failed_rank < 0) {
-      failed_rank = c.rank;
-      exit_code = 127;
-      WriteAll(io.err_fd,
-               options.name + ": rank " + std::to_string(c.rank) + ": " + c.spawn_error + "\n");
-      stop_all(SIGTERM, "rank " + std::to_string(c.rank) + " could not start");
-    }
-  }
+  });
+  const distributed::WorldExit world = launcher.Run(commands);
 
-  auto running = [&] {
-    int k = 0;
-    for (const auto& c : children) k += c.running ? 1 : 0;
-    return k;
-  };
-  auto prefix_of = [&](const ChildProcess& c) { return "[rank " + std::to_string(c.rank) + "] "; };
-  // Moves output along for up to `wait_ms`; returns false when no pipe is open.
-  auto pump_output = [&](int wait_ms) {
-    std::vector<pollfd> fds;
-    std::vector<std::pair<OutputPipe*, const ChildProcess*>> owners;
-    for (auto& c : children) {
-      for (OutputPipe* p : {&c.out, &c.err}) {
-        if (p->fd < 0) continue;
-        fds.push_back({p->fd, POLLIN, 0});
-        owners.emplace_back(p, &c);
-      }
-    }
-    if (fds.empty()) {
-      if (wait_ms > 0) ::poll(nullptr, 0, wait_ms);
-      return false;
-    }
-    const int ready = ::poll(fds.data(), fds.size(), wait_ms);
-    if (ready <= 0) return true;
-    for (size_t k = 0; k < fds.size(); ++k) {
-      if (fds[k].revents & (POLLIN | POLLHUP | POLLERR)) {
-        Pump(*owners[k].first, prefix_of(*owners[k].second));
-      }
-    }
-    return true;
-  };
-
-  while (running() > 0) {
-    pump_output(10);
-    for (auto& c : children) {
-      if (!c.running) continue;
-      int status = 0;
-      const pid_t got = ::waitpid(c.pid, &status, WNOHANG);
-      if (got != c.pid) continue;
-      c.running = false;
-      c.status = status;
-      const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!ok && !c.signalled_by_us && failed_rank < 0) {
-        failed_rank = c.rank;
-        exit_code = ExitCodeOf(status);
-        WriteAll(io.err_fd, options.name + ": rank " + std::to_string(c.rank) + " (pid " +
-                                std::to_string(c.pid) + ") " + DescribeStatus(status) +
-                                (running() > 0 ? "; stopping the other ranks" : "") + "\n");
-        stop_all(SIGTERM, "rank " + std::to_string(c.rank) + " failed");
-      }
-    }
-    if (g_received_signal != 0 && !kill_at) {
-      const int sig = g_received_signal;
-      exit_code = 128 + sig;
-      WriteAll(io.err_fd,
-               options.name + ": received " + strsignal(sig) + "; forwarding it to every rank\n");
-      stop_all(sig, options.name + " received " + strsignal(sig));
-    }
-    if (options.timeout.count() > 0 && !kill_at && Clock::now() - start >= options.timeout) {
+  int exit_code = 0;
+  switch (world.stop_reason) {
+    case distributed::StopReason::kRankFailed:
+      exit_code = world.ranks[static_cast<size_t>(world.first_failed)].exit_code();
+      break;
+    case distributed::StopReason::kSignal:
+      exit_code = 128 + world.received_signal;
+      break;
+    case distributed::StopReason::kDeadline:
       exit_code = 124;
-      WriteAll(io.err_fd, options.name + ": the run exceeded --timeout-ms " +
-                              std::to_string(options.timeout.count()) + "; stopping every rank\n");
-      stop_all(SIGTERM, "timeout");
-    }
-    if (kill_at && Clock::now() >= *kill_at) {
-      for (auto& c : children) {
-        if (!c.running) continue;
-        if (::kill(-c.pid, SIGKILL) != 0) ::kill(c.pid, SIGKILL);
-      }
-      kill_at = Clock::now() + std::chrono::hours(24);  // SIGKILL once
-    }
+      break;
+    case distributed::StopReason::kNone:
+      break;
   }
-  // Drain what the ranks wrote last (bounded: a leftover grandchild may hold a pipe open).
-  const auto drain_until = Clock::now() + std::chrono::seconds(2);
-  while (pump_output(10) && Clock::now() < drain_until) {
-  }
-  for (auto& c : children) {
-    for (OutputPipe* p : {&c.out, &c.err}) {
-      if (p->fd < 0) continue;
-      if (!p->partial.empty()) WriteAll(p->target, prefix_of(c) + p->partial + "\n");
-      ::close(p->fd);
-      p->fd = -1;
-    }
-  }
-
   if (exit_code != 0) {
-    for (const auto& c : children) {
-      if (c.rank == failed_rank || !c.spawn_error.empty()) continue;
-      const bool ok = WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0;
-      if (ok && !c.signalled_by_us) continue;
-      WriteAll(io.err_fd, options.name + ": rank " + std::to_string(c.rank) + " " +
-                              DescribeStatus(c.status) +
-                              (c.signalled_by_us ? " (stopped: " + cause + ")" : "") + "\n");
+    for (int i = 0; i < n; ++i) {
+      const distributed::RankExit& e = world.ranks[static_cast<size_t>(i)];
+      if (i == world.first_failed || !e.spawn_error.empty()) continue;
+      if (e.ok() && !e.stopped) continue;
+      WriteAll(io.err_fd, options.name + ": rank " + std::to_string(rank_of(i)) + " " +
+                              e.Describe() + (e.stopped ? " (stopped: " + cause + ")" : "") +
+                              "\n");
     }
   }
   if (remove_store) {

@@ -10,7 +10,10 @@
 // local port in MASTER_ADDR/MASTER_PORT for programs that rendezvous over TCP themselves
 // (launch.h prefers FSDP_STORE_PATH when both are set).
 //
-// Children run in their own process groups, so that a rank's own children die with it. Their
+// Spawning, waiting, teardown and signal forwarding are distributed::ProcessLauncher's
+// (engine/distributed/launch/process_launcher.h); this file keeps fsdp-launch's options, the
+// torchrun variables, the rendezvous and the messages. Children run in their own process
+// groups, so that a rank's own children die with it. Their
 // stdout and stderr pass through, each line prefixed with "[rank R] " unless
 // prefix_output is false (then they inherit the launcher's descriptors). When a child exits
 // non-zero or by a signal, the launcher says which rank failed and how, sends SIGTERM to the

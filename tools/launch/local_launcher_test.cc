@@ -1,4 +1,4 @@
-#include "tools/bench/local_launcher.h"
+#include "tools/launch/local_launcher.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
