@@ -105,7 +105,11 @@ TEST(Observations, ValidateCatchesMalformedConventions) {
               HasSubstr("events[0]"));
   EXPECT_THAT(err({{"losses", {"a"}}}), HasSubstr("losses[0]"));
   EXPECT_THAT(err({{"tensors", {{"w", {{"shape", {3}}, {"dtype", "float32"}, {"data", {1}}}}}}}),
-              HasSubstr("3 elements) but 1 data values"));
+              HasSubstr("has shape [3] but 1 data values"));
+  EXPECT_THAT(err({{"tensors", {{"w", {{"shape", {4294967296LL, 4294967296LL}}, {"dtype", "float32"}, {"data", {1}}}}}}}),
+              HasSubstr("but 1 data values"));
+  EXPECT_THAT(err({{"tensors", {{"w", {{"shape", {1}}, {"dtype", "float33"}, {"data", {1}}}}}}}),
+              HasSubstr("is not float32, float64, float16, bfloat16 or int64"));
 }
 
 TEST(Observations, AccessorsNameTheRankAndKey) {

@@ -13,6 +13,8 @@
 #include "engine/core/error.h"
 #include "engine/core/rank_context.h"
 #include "engine/distributed/store/file_store.h"
+#include "engine/serialization/atomic_file.h"
+#include "engine/serialization/safetensors.h"
 
 namespace fsdp::conformance {
 
@@ -51,10 +53,15 @@ std::vector<std::string> DriverRequest::ToArgs() const {
                                    "--store-dir", store_dir,
                                    "--output",    output,
                                    "--request",   request_file,
-                                   "--timeout-s", timeout};
+                                   "--timeout-s", timeout,
+                                   "--tensors-output", tensors_output};
   if (!subject.empty()) {
     args.push_back("--subject");
     args.push_back(subject);
+  }
+  for (const auto& [k, v] : inputs) {
+    args.push_back("--input");
+    args.push_back(k + "=" + v);
   }
   for (const auto& [k, v] : params) {
     args.push_back("--param");
@@ -68,7 +75,8 @@ DriverRequest DriverRequest::FromArgs(const std::vector<std::string>& args) {
   std::set<std::string> seen;
   const std::set<std::string> known = {"--protocol",  "--scenario",  "--rank",   "--world",
                                        "--backend",   "--store-dir", "--output", "--request",
-                                       "--timeout-s", "--subject",   "--param"};
+                                       "--timeout-s", "--subject",   "--param",
+                                       "--tensors-output", "--input"};
   for (size_t i = 0; i < args.size(); i += 2) {
     const std::string& flag = args[i];
     FSDP_CHECK(known.count(flag), "driver protocol: unknown flag '", flag, "'");
@@ -78,6 +86,12 @@ DriverRequest DriverRequest::FromArgs(const std::vector<std::string>& args) {
       auto [k, v] = ParseParamAssignment(value);
       FSDP_CHECK(r.params.count(k) == 0, "driver protocol: --param ", k, " given twice");
       r.params[k] = v;
+      continue;
+    }
+    if (flag == "--input") {
+      auto [k, v] = ParseParamAssignment(value);
+      FSDP_CHECK(r.inputs.count(k) == 0, "driver protocol: --input ", k, " given twice");
+      r.inputs[k] = v;
       continue;
     }
     FSDP_CHECK(seen.insert(flag).second, "driver protocol: ", flag, " given twice");
@@ -108,10 +122,13 @@ DriverRequest DriverRequest::FromArgs(const std::vector<std::string>& args) {
       r.timeout_s = *t;
     } else if (flag == "--subject") {
       r.subject = value;
+    } else if (flag == "--tensors-output") {
+      r.tensors_output = value;
     }
   }
   for (const char* required : {"--protocol", "--scenario", "--rank", "--world", "--backend",
-                               "--store-dir", "--output", "--request", "--timeout-s"}) {
+                               "--store-dir", "--output", "--request", "--timeout-s",
+                               "--tensors-output"}) {
     FSDP_CHECK(seen.count(required), "driver protocol: missing ", required);
   }
   FSDP_CHECK(r.world >= 1 && r.rank < r.world, "driver protocol: rank ", r.rank,
@@ -122,7 +139,8 @@ DriverRequest DriverRequest::FromArgs(const std::vector<std::string>& args) {
 nlohmann::json DriverRequest::ToJson() const {
   nlohmann::json j = {{"protocol", protocol},   {"scenario", scenario}, {"params", params},
                       {"rank", rank},           {"world", world},       {"backend", backend},
-                      {"store_dir", store_dir}, {"output", output},     {"timeout_s", timeout_s}};
+                      {"store_dir", store_dir}, {"output", output},     {"timeout_s", timeout_s},
+                      {"tensors_output", tensors_output}, {"inputs", inputs}};
   if (!subject.empty()) j["subject"] = subject;
   return j;
 }
@@ -185,19 +203,6 @@ RankOutcome ParseResult(const nlohmann::json& result, const std::string& who) {
              "\" (expected ok, error or skipped)");
 }
 
-void WriteFileAtomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    FSDP_CHECK_CODE(ErrorCode::kUnavailable, out.good(), "cannot open ", tmp, " for writing");
-    out << text;
-    out.flush();
-    FSDP_CHECK_CODE(ErrorCode::kUnavailable, out.good(), "cannot write ", tmp);
-  }
-  FSDP_CHECK_CODE(ErrorCode::kUnavailable, std::rename(tmp.c_str(), path.c_str()) == 0,
-                  "cannot rename ", tmp, " to ", path);
-}
-
 int RunWorker(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& err) {
   DriverRequest request;
   try {
@@ -230,6 +235,18 @@ int RunWorker(const std::vector<std::string>& args, const Catalog& catalog, std:
     env.params = cases.front();
     env.backend = backend.name;
     env.device = device;
+    if (!request.inputs.empty()) {
+      for (const auto& [role, path] : request.inputs) {
+        FSDP_CHECK(role == kWeightsInput || role == kRankInput, "driver protocol: unknown --input ",
+                   "role '", role, "' (expected ", kWeightsInput, " or ", kRankInput, ")");
+      }
+      auto path_of = [&](const char* role) {
+        auto it = request.inputs.find(role);
+        return it == request.inputs.end() ? std::string() : it->second;
+      };
+      env.inputs = std::make_shared<const RankInputs>(
+          RankInputs::Load(path_of(kWeightsInput), path_of(kRankInput)));
+    }
     if (backend.process_group) {
       distributed::ProcessGroupSpec spec;
       spec.rank = request.rank;
@@ -258,12 +275,18 @@ int RunWorker(const std::vector<std::string>& args, const Catalog& catalog, std:
       ~DefaultGroup() { distributed::SetDefaultProcessGroup(nullptr); }
     } default_group(env.pg);
     nlohmann::json observations = subject->RunRank(scenario, env);
-    ValidateObservations(observations, "rank " + std::to_string(request.rank));
+    const std::string who = "rank " + std::to_string(request.rank);
+    ValidateObservations(observations, who);
+    // Raw tensors travel as .safetensors, as a third-party driver's do.
+    const NamedTensors tensors = TakeTensors(observations, who);
+    if (!tensors.empty()) {
+      serialization::SaveSafetensors(request.tensors_output, tensors, {{"format", "pt"}});
+    }
     return observations;
   });
   outcome.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   try {
-    WriteFileAtomically(request.output, ResultJson(outcome).dump());
+    serialization::WriteFileAtomically(request.output, ResultJson(outcome).dump());
   } catch (const Error& e) {
     err << "fsdp-conform " << kWorkerCommand << ": " << e.message() << "\n";
     return 2;

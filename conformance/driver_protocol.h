@@ -6,15 +6,19 @@
 //     `PATH <flags>` once per rank; the driver runs the scenario in its own framework.
 //
 // Flags (all given, in this order; values never empty except as noted):
-//   --protocol 1 --scenario NAME --rank R --world W --backend B --store-dir DIR
-//   --output FILE --request FILE --timeout-s SECONDS [--param KEY=VALUE]...
+//   --protocol 2 --scenario NAME --rank R --world W --backend B --store-dir DIR
+//   --output FILE --request FILE --timeout-s SECONDS --tensors-output FILE
+//   [--input ROLE=FILE]... [--param KEY=VALUE]...
 // FILE of --request holds the same as JSON (DriverRequest::ToJson) plus the scenario's
-// description and seed test. The driver writes FILE of --output, one JSON object:
+// description, seed test and observation schema. `--input` names the case's runner-owned
+// input files (case_inputs.h: "weights", "rank"). The driver writes FILE of --output, one
+// JSON object:
 //   {"status": "ok", "observations": {...}}
 //   {"status": "error", "error": {"code": "InvalidArgument", "message": "..."}}
 //   {"status": "skipped", "reason": "..."}
-// and exits 0 (ok, skipped) or non-zero (error). The runner judges the observations exactly
-// like an in-process subject's.
+// and, when it observed tensors, the `.safetensors` FILE of --tensors-output (tensor name ->
+// tensor; the observations' `tensors`), and exits 0 (ok, skipped) or non-zero (error). The
+// runner judges the observations exactly like an in-process subject's.
 //
 // Thread-safety: stateless functions; value types.
 #pragma once
@@ -31,7 +35,7 @@
 
 namespace fsdp::conformance {
 
-inline constexpr int kDriverProtocolVersion = 1;
+inline constexpr int kDriverProtocolVersion = 2;
 inline constexpr const char* kWorkerCommand = "__worker";
 
 struct DriverRequest {
@@ -46,6 +50,10 @@ struct DriverRequest {
   std::string request_file;  // this request as JSON
   double timeout_s = 300;    // the case's deadline; the runner kills the rank after it
   std::string subject;       // __worker only: the in-process subject to run ("" otherwise)
+  // Where the driver writes its tensor observations (a .safetensors file; none: no tensors).
+  std::string tensors_output;
+  // The case's input files by role ("weights", "rank"); empty when the case has none.
+  std::map<std::string, std::string> inputs;
 
   std::vector<std::string> ToArgs() const;
   // Strict: every required flag exactly once, no unknown flags; InvalidArgument otherwise.
@@ -60,10 +68,6 @@ RankOutcome ParseResult(const nlohmann::json& result, const std::string& who);
 
 // Parses "InvalidArgument" etc. (ErrorCodeName's spellings); nullopt for anything else.
 std::optional<ErrorCode> ParseErrorCode(const std::string& name);
-
-// Writes `text` to `path` atomically (temporary file in the same directory, then rename).
-// Throws Unavailable naming the path on failure.
-void WriteFileAtomically(const std::string& path, const std::string& text);
 
 // The `__worker` side: parses the flags (args exclude the program name and "__worker"),
 // builds the rank's RankContext and world group from `catalog`, runs the subject and writes

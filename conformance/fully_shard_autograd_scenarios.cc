@@ -92,6 +92,7 @@ Scenario ShardedTraining(const std::string& test, const std::string& description
     if (!p.has("reshard_after_forward")) return std::nullopt;
     return SkipIntNotAFactor(p, world);
   };
+  s.inputs = ParityInputs(kind);
   s.run_rank = [kind, plan = std::move(plan)](RankEnv& env) {
     return RunShardedParityRank(kind, plan, env);
   };

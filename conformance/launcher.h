@@ -13,10 +13,12 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "conformance/case_inputs.h"
 #include "conformance/params.h"
 #include "conformance/scenario.h"
 #include "engine/core/error.h"
@@ -41,6 +43,8 @@ struct RankOutcome {
 struct LaunchRequest {
   const Scenario* scenario = nullptr;  // required; outlives the launch
   CaseParams params;                   // the case
+  // The case's inputs (Scenario::inputs), made once by the runner; null when it has none.
+  std::shared_ptr<const CaseInputs> inputs;
   int world = 1;
   std::string backend;                        // backend name passed to ranks
   std::chrono::milliseconds timeout{300000};  // Default: 300 s for the whole case

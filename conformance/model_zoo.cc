@@ -570,6 +570,33 @@ nn::ModulePtr ZooModel::BuildEngineWithWeights(uint64_t seed, DType dtype) const
   return module;
 }
 
+nn::ModulePtr ZooModel::BuildEngineFromInputs(const RankInputs& inputs, DType dtype) const {
+  nn::ModulePtr module = BuildEngine();
+  module->to(dtype);
+  module->load_state_dict(inputs.weights(), /*strict=*/true);
+  return module;
+}
+
+CaseInputs ZooModel::MakeCaseInputs(uint64_t seed, DType dtype, int64_t steps, int world) const {
+  FSDP_CHECK(world >= 1, "MakeCaseInputs: world must be >= 1, got ", world);
+  CaseInputs inputs;
+  nn::ModulePtr module = BuildEngine();
+  module->to(dtype);
+  for (const auto& [key, tensor] :
+       MakeStateDict(*module, MakeParameters(seed, dtype), MakeBuffers(seed, dtype), dtype)) {
+    inputs.weights.emplace_back(key, tensor);
+  }
+  inputs.ranks.resize(static_cast<size_t>(world));
+  for (int64_t step = 0; step < steps; ++step) {
+    const ZooInput global = MakeInput(seed, step, dtype, world * batch_);
+    for (int r = 0; r < world; ++r) {
+      inputs.ranks[static_cast<size_t>(r)].emplace_back(StepInputName(step),
+                                                        global.RankSlice(r, world).ToEngine());
+    }
+  }
+  return inputs;
+}
+
 reference::RefTensorMap ZooModel::MakeParameters(uint64_t seed, DType dtype) const {
   Generator gen = StreamGenerator(seed, kWeightStream);
   reference::RefTensorMap out;
@@ -659,12 +686,9 @@ Tensor ZooModel::Loss(const std::vector<Tensor>& outputs, const reference::LossS
 // ---- Training ----------------------------------------------------------------------------------
 
 EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
-                                 const OptimConfig& optim_config, uint64_t seed, int64_t steps,
-                                 DType dtype, int rank, int world,
-                                 const ParameterSnapshot& snapshot,
+                                 const OptimConfig& optim_config, const RankInputs& inputs,
+                                 int64_t steps, const ParameterSnapshot& snapshot,
                                  const ParameterSnapshot& grad_snapshot) {
-  FSDP_CHECK(world >= 1 && rank >= 0 && rank < world, "TrainEngine: rank ", rank, " outside world ",
-             world);
   EngineTrainingRecord record;
   auto optimizer = MakeEngineOptimizer(optim_config, module.named_parameters());
   Device device = Device::CPU();
@@ -675,9 +699,7 @@ EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
     }
   }
   for (int64_t step = 0; step < steps; ++step) {
-    const Tensor input = model.MakeInput(seed, step, dtype, world * model.batch())
-                             .RankSlice(rank, world)
-                             .ToEngine(device);
+    const Tensor input = inputs.Get(StepInputName(step)).to(device);
     Tensor loss = ZooModel::Loss(model.Forward(module, input), model.LossAt(step));
     loss.backward();
     record.losses.push_back(loss.item());

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "conformance/case_inputs.h"
 #include "conformance/checks.h"
 #include "conformance/params.h"
 #include "engine/core/device.h"
@@ -183,6 +184,15 @@ class ZooModel {
   nn::ModulePtr BuildEngine() const;
   // Engine module in `dtype` holding exactly the weights of MakeParameters/MakeBuffers(seed).
   nn::ModulePtr BuildEngineWithWeights(uint64_t seed, DType dtype) const;
+  // Engine module in `dtype` loaded (strictly) from the case's runner-owned weights.
+  nn::ModulePtr BuildEngineFromInputs(const RankInputs& inputs, DType dtype) const;
+
+  // The runner-owned inputs of a case that runs this model for `steps` steps on `world` ranks
+  // (Scenario::inputs): weights = every key of the engine module's state dict (tied
+  // parameters under each key) holding MakeParameters/MakeBuffers(seed, dtype); rank r gets
+  // StepInputName(k) = rows [r * batch, (r + 1) * batch) of MakeInput(seed, k, dtype,
+  // world * batch) for every step k, features in `dtype`, token ids in int64.
+  CaseInputs MakeCaseInputs(uint64_t seed, DType dtype, int64_t steps, int world) const;
 
   // Weights and buffers of [Note: zoo randomness], rounded to `dtype`.
   reference::RefTensorMap MakeParameters(uint64_t seed, DType dtype) const;
@@ -237,15 +247,15 @@ struct EngineTrainingRecord {
 // modules); sharded families pass a snapshot that gathers the full parameters.
 using ParameterSnapshot = std::function<reference::RefTensorMap(nn::Module& module)>;
 
-// `steps` steps of rank `rank` of `world`: input MakeInput(seed, step, dtype, world * batch)
-// sliced to the rank's rows, forward, LossAt(step), backward, optimizer step over
-// module.named_parameters(), zero_grad(SetToNoneAfterStep(step)). The module's parameters must
-// live on one device (the inputs go there). `grad_snapshot`, when set, reads the gradients
-// after each backward (before the optimizer step) into record.gradients.
+// `steps` steps on the rank's runner-owned inputs: input `inputs.Get(StepInputName(step))`
+// (the rank's slice of the step's global batch, ZooCaseInputs), forward, LossAt(step),
+// backward, optimizer step over module.named_parameters(), zero_grad(SetToNoneAfterStep(step)).
+// The module's parameters must live on one device (the inputs go there). `grad_snapshot`, when
+// set, reads the gradients after each backward (before the optimizer step) into
+// record.gradients.
 EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
-                                 const OptimConfig& optim_config, uint64_t seed, int64_t steps,
-                                 DType dtype, int rank = 0, int world = 1,
-                                 const ParameterSnapshot& snapshot = {},
+                                 const OptimConfig& optim_config, const RankInputs& inputs,
+                                 int64_t steps, const ParameterSnapshot& snapshot = {},
                                  const ParameterSnapshot& grad_snapshot = {});
 
 // The oracle's run of the same steps over `world` ranks, each step's global batch of

@@ -151,8 +151,10 @@ TEST(ModelZoo, SingleRankTrainingMatchesTheOracle) {
     SCOPED_TRACE(kind);
     OptimConfig optim;
     optim.kind = kind;
-    nn::ModulePtr module = model.BuildEngineWithWeights(5, DType::kFloat64);
-    const EngineTrainingRecord engine = TrainEngine(model, *module, optim, 5, 4, DType::kFloat64);
+    // Through the runner-owned inputs: the same bytes a driver reads from its files.
+    const auto inputs = model.MakeCaseInputs(5, DType::kFloat64, 4, /*world=*/1).ForRank(0);
+    nn::ModulePtr module = model.BuildEngineFromInputs(*inputs, DType::kFloat64);
+    const EngineTrainingRecord engine = TrainEngine(model, *module, optim, *inputs, 4);
     const auto oracle = TrainOracle(model, optim, 5, 4, DType::kFloat64);
     ASSERT_EQ(engine.losses.size(), 4u);
     ASSERT_EQ(oracle.size(), 4u);
@@ -164,6 +166,28 @@ TEST(ModelZoo, SingleRankTrainingMatchesTheOracle) {
           << why;
     }
   }
+}
+
+TEST(ModelZoo, CaseInputsHoldEveryStateDictKeyAndEachRanksSlice) {
+  const ZooModel model = ZooModel::Make("transformer", Defaults("transformer"));
+  const int world = 3;
+  const CaseInputs inputs = model.MakeCaseInputs(7, DType::kFloat32, 2, world);
+  nn::ModulePtr module = model.BuildEngine();
+  std::vector<std::string> keys;
+  for (const auto& [key, t] : inputs.weights) keys.push_back(key);
+  std::vector<std::string> expected_keys;
+  for (const auto& [key, t] : module->state_dict()) expected_keys.push_back(key);
+  EXPECT_EQ(keys, expected_keys);  // tied output.weight included, under its own key
+  ASSERT_EQ(inputs.ranks.size(), static_cast<size_t>(world));
+  for (int64_t step = 0; step < 2; ++step) {
+    const ZooInput global = model.MakeInput(7, step, DType::kFloat32, world * model.batch());
+    for (int r = 0; r < world; ++r) {
+      const auto rank_inputs = inputs.ForRank(r);
+      const Tensor& mine = rank_inputs->Get(StepInputName(step));
+      EXPECT_EQ(mine.to_int64s(), global.RankSlice(r, world).ToEngine().to_int64s());
+    }
+  }
+  EXPECT_THROW(inputs.ForRank(0)->Get("step2/input"), Error);
 }
 
 TEST(ModelZoo, MapsRoundTripThroughObservations) {

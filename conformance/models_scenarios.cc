@@ -85,13 +85,12 @@ class FdForward {
 nlohmann::json RunModelRank(const std::string& kind, RankEnv& env) {
   const CaseParams& p = env.params;
   const ZooModel model = ZooModel::Make(kind, p);
-  const uint64_t seed = static_cast<uint64_t>(p.GetInt("seed"));
   const double h = p.GetDouble("fd_step");
   const int64_t entries = p.GetInt("fd_entries");
   FSDP_CHECK(h > 0, "fd_step must be positive, got ", h);
 
-  nn::ModulePtr module = model.BuildEngineWithWeights(seed, DType::kFloat64);
-  const Tensor input = model.MakeInput(seed, 0, DType::kFloat64).ToEngine();
+  nn::ModulePtr module = model.BuildEngineFromInputs(env.Inputs(), DType::kFloat64);
+  const Tensor input = env.Inputs().Get(StepInputName(0));
   const reference::LossSpec spec = model.LossAt(0);
 
   // Analytic gradients: loss.backward() through the model's real forward.
@@ -243,6 +242,11 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
   s.info.max_world = 1;
   s.info.requirements.devices = {DeviceType::kCPU};
   const std::string name = kind.name;
+  // One float64 forward/backward at world 1: the weights and the input of step 0.
+  s.inputs = [name](const CaseParams& p, int world) {
+    return ZooModel::Make(name, p).MakeCaseInputs(static_cast<uint64_t>(p.GetInt("seed")),
+                                                  DType::kFloat64, /*steps=*/1, world);
+  };
   s.run_rank = [name](RankEnv& env) { return RunModelRank(name, env); };
   s.judge = [name](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,
                    CheckList& checks) { JudgeModel(name, p, per_rank, checks); };

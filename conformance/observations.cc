@@ -48,6 +48,40 @@ nlohmann::json TensorJson(const std::vector<int64_t>& shape, const std::string& 
   return {{"shape", shape}, {"dtype", dtype}, {"data", data}};
 }
 
+NamedTensors TakeTensors(nlohmann::json& observations, const std::string& who) {
+  NamedTensors out;
+  if (!observations.is_object() || !observations.contains(kTensors)) return out;
+  ValidateObservations(nlohmann::json{{kTensors, observations[kTensors]}}, who);
+  for (auto it = observations[kTensors].begin(); it != observations[kTensors].end(); ++it) {
+    const auto& v = *it;
+    const DType dtype = ParseDType(v["dtype"].get<std::string>());
+    const auto shape = v["shape"].get<std::vector<int64_t>>();
+    if (dtype == DType::kInt64) {
+      out.emplace_back(it.key(), Tensor::from_int64s(v["data"].get<std::vector<int64_t>>(), shape));
+    } else {
+      out.emplace_back(it.key(),
+                       Tensor::from_doubles(v["data"].get<std::vector<double>>(), shape, dtype));
+    }
+  }
+  observations.erase(kTensors);
+  return out;
+}
+
+void MergeTensors(nlohmann::json& observations, const NamedTensors& tensors, const std::string& who) {
+  if (tensors.empty()) return;
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, observations.is_object(), who,
+                  ": observations must be a JSON object");
+  nlohmann::json& into = observations[kTensors];
+  if (into.is_null()) into = nlohmann::json::object();
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, into.is_object(), who,
+                  ": tensors must be an object {name: {shape, dtype, data}}");
+  for (const auto& [name, tensor] : tensors) {
+    FSDP_CHECK_CODE(ErrorCode::kDataLoss, !into.contains(name), who, ": tensor '", name,
+                    "' is both in the observations JSON and in the tensors file");
+    into[name] = TensorToJson(tensor);
+  }
+}
+
 nlohmann::json EventJson(const std::string& kind, const std::string& fqn,
                          const std::string& training_state) {
   return nlohmann::json::array({kind, fqn, training_state});
@@ -100,11 +134,25 @@ void ValidateObservations(const nlohmann::json& obs, const std::string& who) {
           v.is_object() && v.contains("shape") && v["shape"].is_array() && v.contains("dtype") &&
               v["dtype"].is_string() && v.contains("data") && v["data"].is_array(),
           who, ": tensors.", it.key(), " must be {shape: [..], dtype: str, data: [..]}");
+      bool known_dtype = true;
+      try {
+        ParseDType(v["dtype"].get<std::string>());
+      } catch (const Error&) {
+        known_dtype = false;
+      }
+      FSDP_CHECK_CODE(ErrorCode::kDataLoss, known_dtype, who, ": tensors.", it.key(), ".dtype ",
+                      v["dtype"].dump(), " is not float32, float64, float16, bfloat16 or int64");
       int64_t numel = 1;
       for (const auto& d : v["shape"]) {
         FSDP_CHECK_CODE(ErrorCode::kDataLoss, d.is_number_integer() && d.get<int64_t>() >= 0, who,
                         ": tensors.", it.key(), ".shape must hold non-negative integers");
-        numel *= d.get<int64_t>();
+        const int64_t dim = d.get<int64_t>();
+        // No element count above the data's length can be right; refuse it before it overflows.
+        FSDP_CHECK_CODE(ErrorCode::kDataLoss,
+                        dim == 0 || numel <= static_cast<int64_t>(v["data"].size()) / dim, who,
+                        ": tensors.", it.key(), " has shape ", v["shape"].dump(), " but ",
+                        v["data"].size(), " data values");
+        numel *= dim;
       }
       FSDP_CHECK_CODE(ErrorCode::kDataLoss, numel == static_cast<int64_t>(v["data"].size()), who,
                       ": tensors.", it.key(), " has shape ", v["shape"].dump(), " (", numel,

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "conformance/case_inputs.h"
 #include "engine/core/tensor.h"
 
 namespace fsdp::conformance {
@@ -32,6 +33,14 @@ nlohmann::json TensorToJson(const Tensor& tensor);
 // The same from plain values, for subjects that do not use fsdp::Tensor.
 nlohmann::json TensorJson(const std::vector<int64_t>& shape, const std::string& dtype,
                           const std::vector<double>& data);
+
+// The `tensors` of `observations` as engine tensors (each in its declared dtype), removed from
+// the observations: what a process rank writes to its --tensors-output file. DataLoss naming
+// `who` and the tensor when an entry is malformed.
+NamedTensors TakeTensors(nlohmann::json& observations, const std::string& who);
+// Adds `tensors` (read from a --tensors-output file) to observations["tensors"]; DataLoss
+// naming `who` and the tensor when a name is already there.
+void MergeTensors(nlohmann::json& observations, const NamedTensors& tensors, const std::string& who);
 
 // ["unshard", "layers.0", "FORWARD"].
 nlohmann::json EventJson(const std::string& kind, const std::string& fqn,

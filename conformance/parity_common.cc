@@ -42,6 +42,13 @@ ParityCase DecodeParityCase(const std::string& kind, const CaseParams& params) {
   return c;
 }
 
+InputsFn ParityInputs(const std::string& kind) {
+  return [kind](const CaseParams& params, int world) {
+    const ParityCase c = DecodeParityCase(kind, params);
+    return c.model.MakeCaseInputs(c.seed, c.dtype, c.steps, world);
+  };
+}
+
 std::string StepPrefix(int64_t step) { return "step" + std::to_string(step) + "/"; }
 
 std::string GradPrefix(int64_t step) { return "grad" + std::to_string(step) + "/"; }

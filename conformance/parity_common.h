@@ -12,6 +12,7 @@
 #include "conformance/checks.h"
 #include "conformance/model_zoo.h"
 #include "conformance/params.h"
+#include "conformance/scenario.h"
 #include "engine/core/dtype.h"
 
 namespace fsdp::conformance {
@@ -37,6 +38,10 @@ struct ParityCase {
 // Decodes the case of zoo model `kind`. Throws InvalidArgument when steps < 1 (and what
 // CaseParams and ZooModel::Make throw for missing or malformed parameters).
 ParityCase DecodeParityCase(const std::string& kind, const CaseParams& params);
+// The runner-owned inputs of a parity case of zoo model `kind` (Scenario::inputs): the model's
+// weights and every rank's per-step batches (ZooModel::MakeCaseInputs with the case's seed,
+// dtype and steps).
+InputsFn ParityInputs(const std::string& kind);
 // "step<k>/": the prefix of step k's parameters in the observations.
 std::string StepPrefix(int64_t step);
 // "grad<k>/": the prefix of step k's gradients (after backward, before the optimizer step).

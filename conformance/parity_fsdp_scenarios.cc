@@ -34,6 +34,7 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.max_world = 8;
   s.skip = SkipIntNotAFactor;
   const std::string name = kind.name;
+  s.inputs = ParityInputs(name);
   s.run_rank = [name](RankEnv& env) {
     return RunShardedParityRank(name, ShardChildrenThenRoot, env);
   };

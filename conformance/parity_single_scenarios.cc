@@ -38,9 +38,8 @@ constexpr const char* kFamily = "parity/single";
 
 nlohmann::json RunParityRank(const std::string& kind, RankEnv& env) {
   const ParityCase c = DecodeParityCase(kind, env.params);
-  nn::ModulePtr module = c.model.BuildEngineWithWeights(c.seed, c.dtype);
-  const EngineTrainingRecord record =
-      TrainEngine(c.model, *module, c.optim, c.seed, c.steps, c.dtype);
+  nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
+  const EngineTrainingRecord record = TrainEngine(c.model, *module, c.optim, env.Inputs(), c.steps);
   nlohmann::json obs = TrainingObservations(record, c.dtype);
   obs["param_names"] = ParameterNamesOf(*module);
   return obs;
@@ -97,6 +96,7 @@ Scenario MakeParityScenario(const ZooModelKind& kind) {
   s.info.max_world = 1;
   s.info.requirements.devices = {DeviceType::kCPU};
   const std::string name = kind.name;
+  s.inputs = ParityInputs(name);
   s.run_rank = [name](RankEnv& env) { return RunParityRank(name, env); };
   s.judge = [name](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,
                    CheckList& checks) { JudgeParity(name, p, per_rank, checks); };

@@ -13,8 +13,11 @@
 #include <sstream>
 
 #include "conformance/driver_protocol.h"
+#include "conformance/observations.h"
 #include "engine/core/error.h"
 #include "engine/distributed/launch/process_launcher.h"
+#include "engine/serialization/atomic_file.h"
+#include "engine/serialization/safetensors.h"
 
 namespace fsdp::conformance {
 
@@ -87,7 +90,12 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
   FSDP_CHECK_CODE(ErrorCode::kUnavailable, ::mkdir(store_dir.c_str(), 0700) == 0, "cannot create ",
                   store_dir, ": ", std::strerror(errno));
 
+  // The case's runner-owned inputs, as files every rank's command names.
+  std::vector<std::map<std::string, std::string>> input_files(static_cast<size_t>(world));
+  if (request.inputs) input_files = request.inputs->WriteFiles(run_dir);
+
   std::vector<distributed::RankCommand> commands(static_cast<size_t>(world));
+  std::vector<std::string> tensor_paths(static_cast<size_t>(world));
   std::vector<std::string> result_paths(static_cast<size_t>(world));
   std::vector<std::string> log_paths(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
@@ -105,10 +113,12 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
     dr.request_file = stem + ".request.json";
     dr.timeout_s = static_cast<double>(request.timeout.count()) / 1000.0;
     dr.subject = subject_;
+    dr.inputs = input_files[r];
+    dr.tensors_output = tensor_paths[r] = stem + ".tensors.safetensors";
     nlohmann::json request_json = dr.ToJson();
     request_json["description"] = scenario.info.description;
     request_json["seed_test"] = scenario.info.seed_test;
-    WriteFileAtomically(dr.request_file, request_json.dump(2) + "\n");
+    serialization::WriteFileAtomically(dr.request_file, request_json.dump(2) + "\n");
 
     distributed::RankCommand& command = commands[r];
     command.argv = command_;
@@ -166,6 +176,13 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
         try {
           nlohmann::json result = nlohmann::json::parse(in);
           parsed = ParseResult(result, who + " result " + result_path);
+          // The rank's raw tensors, when it wrote any, join its observations.
+          if (parsed.status == RankOutcome::Status::kOk &&
+              std::filesystem::exists(tensor_paths[r])) {
+            MergeTensors(parsed.observations,
+                         serialization::LoadSafetensors(tensor_paths[r]).Tensors(),
+                         who + " tensors " + tensor_paths[r]);
+          }
         } catch (const nlohmann::json::exception& e) {
           parsed = RankOutcome::Failed(
               ErrorCode::kDataLoss,

@@ -120,9 +120,11 @@ TEST(DriverRequest, ArgsRoundTrip) {
   r.request_file = "/tmp/r.json";
   r.timeout_s = 12.5;
   r.subject = "engine";
+  r.tensors_output = "/tmp/t.safetensors";
+  r.inputs = {{"weights", "/tmp/w.safetensors"}, {"rank", "/tmp/rank2.inputs.safetensors"}};
   const std::vector<std::string> args = r.ToArgs();
   EXPECT_EQ(args[0], "--protocol");
-  EXPECT_EQ(args[1], "1");
+  EXPECT_EQ(args[1], "2");
   const DriverRequest back = DriverRequest::FromArgs(args);
   EXPECT_EQ(back.ToJson(), r.ToJson());
 }
@@ -153,9 +155,11 @@ TEST(DriverRequest, FromArgsIsStrict) {
   EXPECT_THAT(err(with({"--rank", "0"})), HasSubstr("--rank given twice"));
   EXPECT_THAT(err(with({"--param"})), HasSubstr("--param needs a value"));
   EXPECT_THAT(err({"--scenario", "f/c"}), HasSubstr("missing --protocol"));
+  EXPECT_THAT(err(with({"--input", "rank=a", "--input", "rank=b"})),
+              HasSubstr("--input rank given twice"));
   auto bad_protocol = args;
-  bad_protocol[1] = "2";
-  EXPECT_THAT(err(bad_protocol), HasSubstr("version 2 is not supported"));
+  bad_protocol[1] = "1";
+  EXPECT_THAT(err(bad_protocol), HasSubstr("version 1 is not supported"));
   auto bad_rank = args;
   bad_rank[5] = "1";  // rank 1 of world 1
   EXPECT_THAT(err(bad_rank), HasSubstr("rank 1 is outside world 1"));

@@ -205,6 +205,17 @@ CaseResult Runner::RunCase(const PlannedCase& planned) const {
   request.timeout = options_.timeout;
   request.failure_grace = options_.failure_grace;
   std::vector<RankOutcome> outcomes;
+  if (scenario.inputs) {
+    try {
+      auto inputs = std::make_shared<CaseInputs>(scenario.inputs(planned.params, planned.world));
+      inputs->Validate(scenario.info.name, planned.world);
+      request.inputs = std::move(inputs);
+    } catch (const Error& e) {
+      result.errors.push_back(std::string("inputs: ") + ErrorCodeName(e.code()) + ": " +
+                              e.message());
+      return finish(CaseStatus::kFailed);
+    }
+  }
   try {
     outcomes = MakeLauncher()->Launch(request);
   } catch (const Error& e) {

@@ -26,6 +26,12 @@ distributed::ProcessGroup& RankEnv::group() const {
   return *pg;
 }
 
+const RankInputs& RankEnv::Inputs() const {
+  FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, inputs != nullptr, "scenario ", scenario,
+                  ", rank ", rank, ": the scenario declares no inputs (Scenario::inputs)");
+  return *inputs;
+}
+
 // The family is everything before the LAST '/', so families may nest ("parity/single").
 std::string ScenarioInfo::family() const {
   const size_t slash = name.rfind('/');

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "conformance/case_inputs.h"
 #include "conformance/checks.h"
 #include "conformance/params.h"
 #include "engine/core/device.h"
@@ -46,13 +47,22 @@ struct RankEnv {
   // backend provides no group (a single rank that does not communicate).
   std::shared_ptr<distributed::ProcessGroup> pg;
 
+  // The case's runner-owned inputs for this rank (case_inputs.h); null when the scenario
+  // declares none.
+  std::shared_ptr<const RankInputs> inputs;
+
   // The world group, or FailedPrecondition naming the scenario when there is none.
   distributed::ProcessGroup& group() const;
+  // *inputs, or FailedPrecondition naming the scenario when it has none.
+  const RankInputs& Inputs() const;
 };
 
 using RankBody = std::function<nlohmann::json(RankEnv& env)>;
 using JudgeFn = std::function<void(const CaseParams& params, int world,
                                    const std::vector<nlohmann::json>& per_rank, CheckList& checks)>;
+// The runner-owned inputs of a case (case_inputs.h): a pure function of the parameters and
+// the world size, so that the judge can recompute what every subject was given.
+using InputsFn = std::function<CaseInputs(const CaseParams& params, int world)>;
 // Returns a reason when a case must not run (see Scenario::excluded and Scenario::skip).
 using CaseFilter = std::function<std::optional<std::string>(const CaseParams& params, int world)>;
 
@@ -115,6 +125,10 @@ struct Scenario {
   ScenarioInfo info;
   RankBody run_rank;  // required
   JudgeFn judge;      // required
+  // Optional. The tensors the runner materialises for every case (weights, per-rank inputs and
+  // targets); a body reads them with env.Inputs(). Unset: the case has no tensor inputs (its
+  // data follow from the parameters by rules its description states).
+  InputsFn inputs;
   // Optional. Combinations the seed never runs (e.g. an int reshard_after_forward with
   // async_op): dropped from the product of unfixed axes; when every case of a run is excluded,
   // the scenario is reported skipped with the reason.

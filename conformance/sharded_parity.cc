@@ -96,12 +96,11 @@ fsdp2::FullyShardOptions ShardOptionsOf(const RankEnv& env) {
 
 nlohmann::json RunShardedParityRank(const std::string& kind, const ShardPlan& plan, RankEnv& env) {
   const ParityCase c = DecodeParityCase(kind, env.params);
-  nn::ModulePtr module = c.model.BuildEngineWithWeights(c.seed, c.dtype);
+  nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
   module->to(env.device);  // cuda:<local rank> on GPU backends; TrainEngine follows the params
   plan(module, ShardOptionsOf(env));
   const EngineTrainingRecord record =
-      TrainEngine(c.model, *module, c.optim, c.seed, c.steps, c.dtype, env.rank, env.world,
-                  LocalShards, LocalGradShards);
+      TrainEngine(c.model, *module, c.optim, env.Inputs(), c.steps, LocalShards, LocalGradShards);
   nlohmann::json obs = TrainingObservations(record, c.dtype);
   obs[kTensors].update(MapToJson(FullParameters(*module), DTypeName(c.dtype), "full/"));
   return obs;

@@ -104,6 +104,8 @@ std::vector<RankOutcome> ThreadedLauncher::Launch(const LaunchRequest& request) 
     slot->env.params = request.params;
     slot->env.backend = request.backend;
     slot->env.device = backend_.DeviceOf(r);
+    // The same bytes a process rank reads from its files, through the same codec.
+    if (request.inputs) slot->env.inputs = request.inputs->ForRank(r);
     slot->subject = subject_;
     slot->scenario = request.scenario;
     slots.push_back(std::move(slot));

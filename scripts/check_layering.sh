@@ -15,6 +15,7 @@
 #                                            include each other; distributed/launch/, the
 #                                            process launcher, -> core and distributed but
 #                                            no backend folder)
+#   serialization -> core                   (safetensors files, atomic writes)
 #   fsdp        -> core, ops, autograd, functional, nn, optim, distributed
 #   testing     -> anything in engine/      (test-only helpers, library fsdp_testing)
 #
@@ -44,8 +45,9 @@ declare -A allowed=(
   [nn]="core ops autograd functional"
   [optim]="core ops autograd functional nn"
   [distributed]="core"
+  [serialization]="core"
   [fsdp]="core ops autograd functional nn optim distributed"
-  [testing]="core ops autograd functional nn optim distributed fsdp"
+  [testing]="core ops autograd functional nn optim distributed serialization fsdp"
 )
 
 violation() {  # violation FILE:LINE INCLUDE RULE
