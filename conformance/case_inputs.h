@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "conformance/observation_schema.h"
 #include "engine/core/tensor.h"
 #include "engine/nn/module.h"
 
@@ -45,6 +46,17 @@ std::string StepInputName(int64_t step);
 std::string StepTargetName(int64_t step);
 // "rank<R>.inputs.safetensors".
 std::string RankInputsFileName(int rank);
+
+// What Scenario::inputs makes, in words, for drivers (docs/observations.md, `fsdp-conform
+// list --json`): the weights file and each rank's tensors.
+struct InputsDoc {
+  // What weights.safetensors holds, e.g. "the state dict of the Transformer (...), in the
+  // case's dtype"; empty: no weights file.
+  std::string weights;
+  // The rank file's tensors by name pattern (placeholders as TensorObservation's).
+  std::vector<TensorObservation> rank_tensors;
+  bool empty() const { return weights.empty() && rank_tensors.empty(); }
+};
 
 // What one rank reads.
 class RankInputs {

@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <ostream>
 #include <set>
 
 #include "conformance/observations.h"
+#include "conformance/schema_doc.h"
 #include "conformance/threaded_launcher.h"
 #include "engine/core/error.h"
 #include "engine/core/rank_context.h"
@@ -34,6 +36,76 @@ int ParseIntFlag(const std::string& flag, const std::string& value) {
 }
 
 }  // namespace
+
+std::vector<DriverRequest> WriteCaseRequests(const Scenario& scenario, const CaseParams& params,
+                                             int world, const std::string& backend,
+                                             const std::string& run_dir, double timeout_s,
+                                             const std::string& subject, const CaseInputs* inputs) {
+  const std::string store_dir = run_dir + "/store";
+  std::error_code ec;
+  std::filesystem::create_directory(store_dir, ec);
+  FSDP_CHECK_CODE(ErrorCode::kUnavailable, !ec, "cannot create ", store_dir, ": ", ec.message());
+  std::filesystem::permissions(store_dir, std::filesystem::perms::owner_all,
+                               std::filesystem::perm_options::replace, ec);
+  std::vector<std::map<std::string, std::string>> input_files(static_cast<size_t>(world));
+  if (inputs != nullptr) input_files = inputs->WriteFiles(run_dir);
+  std::vector<DriverRequest> requests;
+  for (int r = 0; r < world; ++r) {
+    const std::string stem = run_dir + "/rank" + std::to_string(r);
+    DriverRequest dr;
+    dr.scenario = scenario.info.name;
+    dr.params = params.values();
+    dr.rank = r;
+    dr.world = world;
+    dr.backend = backend;
+    dr.store_dir = store_dir;
+    dr.output = stem + ".result.json";
+    dr.request_file = stem + ".request.json";
+    dr.timeout_s = timeout_s;
+    dr.subject = subject;
+    dr.inputs = input_files[static_cast<size_t>(r)];
+    dr.tensors_output = stem + ".tensors.safetensors";
+    serialization::WriteFileAtomically(dr.request_file,
+                                       RequestFileJson(dr, scenario).dump(2) + "\n");
+    requests.push_back(std::move(dr));
+  }
+  return requests;
+}
+
+nlohmann::json RequestFileJson(const DriverRequest& request, const Scenario& scenario) {
+  nlohmann::json j = request.ToJson();
+  j["args"] = request.ToArgs();
+  j["description"] = scenario.info.description;
+  j["seed_test"] = scenario.info.seed_test;
+  const nlohmann::json schema = ScenarioSchemaJson(scenario);
+  j["inputs_doc"] = schema["inputs"];
+  j["observations_schema"] = schema["observations"];
+  return j;
+}
+
+RankOutcome ReadRankResult(const std::string& result_path, const std::string& tensors_path,
+                           const std::string& who) {
+  constexpr size_t kMaxResultBytes = size_t{64} << 20;
+  try {
+    const std::string text = serialization::ReadRegularFile(result_path, kMaxResultBytes);
+    nlohmann::json result;
+    try {
+      result = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      return RankOutcome::Failed(ErrorCode::kDataLoss,
+                                 who + " wrote unreadable JSON to " + result_path + ": " + e.what(), 0);
+    }
+    RankOutcome outcome = ParseResult(result, who + " result " + result_path);
+    if (outcome.status == RankOutcome::Status::kOk && !tensors_path.empty() &&
+        std::filesystem::exists(tensors_path)) {
+      MergeTensors(outcome.observations, serialization::LoadSafetensors(tensors_path).Tensors(),
+                   who + " tensors " + tensors_path);
+    }
+    return outcome;
+  } catch (const Error& e) {
+    return RankOutcome::Failed(e.code(), e.message(), 0);
+  }
+}
 
 std::optional<ErrorCode> ParseErrorCode(const std::string& name) {
   for (ErrorCode c : kAllCodes) {

@@ -61,10 +61,29 @@ struct DriverRequest {
   nlohmann::json ToJson() const;
 };
 
+// The driver requests of one case whose files live in `run_dir` (an existing directory): makes
+// `run_dir/store/` (0700), writes the case's input files (when `inputs` is given) and, per
+// rank, `rankR.request.json` (RequestFileJson); the requests name `rankR.result.json` and
+// `rankR.tensors.safetensors` there. `subject` is for the __worker only ("" for drivers).
+std::vector<DriverRequest> WriteCaseRequests(const Scenario& scenario, const CaseParams& params,
+                                             int world, const std::string& backend,
+                                             const std::string& run_dir, double timeout_s,
+                                             const std::string& subject, const CaseInputs* inputs);
+// What `rankR.request.json` holds: the request (DriverRequest::ToJson), the flags as "args",
+// and the scenario's description, seed test, input description and observation schema.
+nlohmann::json RequestFileJson(const DriverRequest& request, const Scenario& scenario);
+
 // The result file of a rank for an outcome, and back. ParseResult throws DataLoss naming
 // `who` when the JSON does not follow the protocol.
 nlohmann::json ResultJson(const RankOutcome& outcome);
 RankOutcome ParseResult(const nlohmann::json& result, const std::string& who);
+
+// One rank's outcome from the files it wrote: its result JSON at `result_path` (a regular file
+// of at most 64 MiB) and, when it exists, its tensors file at `tensors_path`, merged into the
+// observations. Errors in the files become a failed outcome (DataLoss naming the file), never
+// an exception.
+RankOutcome ReadRankResult(const std::string& result_path, const std::string& tensors_path,
+                           const std::string& who);
 
 // Parses "InvalidArgument" etc. (ErrorCodeName's spellings); nullopt for anything else.
 std::optional<ErrorCode> ParseErrorCode(const std::string& name);

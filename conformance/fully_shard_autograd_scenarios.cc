@@ -85,6 +85,7 @@ Scenario ShardedTraining(const std::string& test, const std::string& description
     }
   }
   s.info.params = std::move(params);
+  s.info.observations = ShardedParitySchema();
   s.info.default_world = 4;  // min(4, gpus)
   s.info.min_world = 1;
   s.info.max_world = 8;
@@ -92,7 +93,9 @@ Scenario ShardedTraining(const std::string& test, const std::string& description
     if (!p.has("reshard_after_forward")) return std::nullopt;
     return SkipIntNotAFactor(p, world);
   };
+  s.info.inputs = ZooInputsDoc(ZooModel::Kind(kind), "the case's dtype");
   s.inputs = ParityInputs(kind);
+  s.expect = [kind](const CaseParams& p, int world) { return ExpectShardedParity(kind, p, world); };
   s.run_rank = [kind, plan = std::move(plan)](RankEnv& env) {
     return RunShardedParityRank(kind, plan, env);
   };

@@ -597,6 +597,20 @@ CaseInputs ZooModel::MakeCaseInputs(uint64_t seed, DType dtype, int64_t steps, i
   return inputs;
 }
 
+InputsDoc ZooInputsDoc(const ZooModelKind& kind, const std::string& dtype_text) {
+  InputsDoc doc;
+  doc.weights = "every key of the " + kind.name + " model's state_dict() (tied parameters under "
+                "each of their keys, buffers included), in " + dtype_text +
+                ": load it with load_state_dict(strict=True) into the model built from the "
+                "case's size parameters";
+  doc.rank_tensors.push_back(
+      {"step{k}/input", dtype_text + " features, or int64 token ids",
+       "[batch, ...]: rows [rank * batch, (rank + 1) * batch) of step k's global batch of "
+       "world * batch rows",
+       "the rank's model input of step k, one per step"});
+  return doc;
+}
+
 reference::RefTensorMap ZooModel::MakeParameters(uint64_t seed, DType dtype) const {
   Generator gen = StreamGenerator(seed, kWeightStream);
   reference::RefTensorMap out;

@@ -231,6 +231,10 @@ class ZooModel {
 
 // ---- Single-rank training ----------------------------------------------------------------------
 
+// The description (ScenarioInfo::inputs) of ZooModel::MakeCaseInputs for a case of `kind` whose
+// dtype is `dtype_text` ("the case's dtype", "float64").
+InputsDoc ZooInputsDoc(const ZooModelKind& kind, const std::string& dtype_text);
+
 // What TrainEngine reports for its rank.
 struct EngineTrainingRecord {
   std::vector<double> losses;  // one per step, the rank's own loss

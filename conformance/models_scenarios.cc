@@ -243,6 +243,29 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
   s.info.requirements.devices = {DeviceType::kCPU};
   const std::string name = kind.name;
   // One float64 forward/backward at world 1: the weights and the input of step 0.
+  s.info.observations
+      .Add(ObservationKey::StringList("param_names", "the FQNs of named_parameters(), in order"))
+      .Add(ObservationKey::StringList(
+          "grad_none", "the FQNs whose .grad is None after loss.backward() (unused parameters)"))
+      .Add(ObservationKey::Losses("[the loss of the forward on step0/input]"))
+      .Add(ObservationKey::String("loss_dtype", "the dtype the loss was computed in"))
+      .Add(ObservationKey::Custom(
+          "fd",
+          {{"type", "object"},
+           {"additionalProperties",
+            {{"type", "object"},
+             {"required", {"index", "value"}},
+             {"additionalProperties", false},
+             {"properties",
+              {{"index", {{"type", "array"}, {"items", {{"type", "integer"}, {"minimum", 0}}}}},
+               {"value", {{"type", "array"}, {"items", {{"type", "number"}}}}}}}}}},
+          "per parameter FQN: flat element indices and the central difference of the float64 "
+          "loss with step fd_step at each (the subject's own finite differences)"))
+      .AddTensors({"grad/{fqn}", "float64", "the parameter's shape",
+                   "each parameter's .grad after loss.backward() (absent when None)"})
+      .AddTensors({"output{k}", "float64", "the model's output k",
+                   "the model's outputs (a tuple output flattened in order)"});
+  s.info.inputs = ZooInputsDoc(kind, "float64");
   s.inputs = [name](const CaseParams& p, int world) {
     return ZooModel::Make(name, p).MakeCaseInputs(static_cast<uint64_t>(p.GetInt("seed")),
                                                   DType::kFloat64, /*steps=*/1, world);

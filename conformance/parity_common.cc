@@ -53,6 +53,25 @@ std::string StepPrefix(int64_t step) { return "step" + std::to_string(step) + "/
 
 std::string GradPrefix(int64_t step) { return "grad" + std::to_string(step) + "/"; }
 
+ObservationSchema TrainingSchema(const std::string& parameters, bool with_grads) {
+  ObservationSchema schema;
+  schema.Add(ObservationKey::Losses(
+      "the rank's loss of every step, in order (the loss of the rank's own batch)"));
+  schema.Add(ObservationKey::String(
+      "loss_dtype", "the dtype the loss was computed in (float32 for the Transformer, whose "
+                    "forward ends with .float(); otherwise the case's dtype)"));
+  schema.AddTensors({"step{k}/{fqn}", "the case's dtype",
+                     parameters + " (shape as stored)",
+                     "every parameter after optimizer step k, by named_parameters() FQN (a tied "
+                     "parameter once, under its first FQN)"});
+  if (with_grads) {
+    schema.AddTensors({"grad{k}/{fqn}", "the case's dtype", "like step{k}/{fqn}",
+                       "each parameter's .grad after backward k, before optimizer step k (absent "
+                       "when the .grad is None)"});
+  }
+  return schema;
+}
+
 nlohmann::json TrainingObservations(const EngineTrainingRecord& record, DType dtype) {
   nlohmann::json obs;
   obs[kLosses] = record.losses;

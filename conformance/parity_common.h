@@ -46,6 +46,9 @@ InputsFn ParityInputs(const std::string& kind);
 std::string StepPrefix(int64_t step);
 // "grad<k>/": the prefix of step k's gradients (after backward, before the optimizer step).
 std::string GradPrefix(int64_t step);
+// The schema of TrainingObservations: losses, loss_dtype, "step{k}/{fqn}" parameters and, with
+// `with_grads`, "grad{k}/{fqn}" gradients; `parameters` says what the parameter tensors hold.
+ObservationSchema TrainingSchema(const std::string& parameters, bool with_grads);
 // A training run's observations: losses, "loss_dtype", and `tensors` with every step's
 // parameters (StepPrefix) and, when recorded, gradients (GradPrefix), in `dtype`.
 nlohmann::json TrainingObservations(const EngineTrainingRecord& record, DType dtype);

@@ -29,12 +29,15 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.params.push_back(ParamSpec::SizeString(
       "reshard_after_forward", "fully_shard reshard_after_forward: True, False or an int factor",
       "True"));
+  s.info.observations = ShardedParitySchema();
   s.info.default_world = 2;
   s.info.min_world = 1;
   s.info.max_world = 8;
   s.skip = SkipIntNotAFactor;
   const std::string name = kind.name;
+  s.info.inputs = ZooInputsDoc(kind, "the case's dtype");
   s.inputs = ParityInputs(name);
+  s.expect = [name](const CaseParams& p, int world) { return ExpectShardedParity(name, p, world); };
   s.run_rank = [name](RankEnv& env) {
     return RunShardedParityRank(name, ShardChildrenThenRoot, env);
   };

@@ -91,11 +91,15 @@ Scenario MakeParityScenario(const ZooModelKind& kind) {
   s.info.params = ParityParams(
       kind, ParamSpec::Axis("dtype", "the engine's parameter and input dtype",
                             {"float32", "float64"}));
+  s.info.observations = TrainingSchema("the full parameter", /*with_grads=*/false);
+  s.info.observations.Add(ObservationKey::StringList(
+      "param_names", "the FQNs of named_parameters(), in order"));
   s.info.default_world = 1;
   s.info.min_world = 1;
   s.info.max_world = 1;
   s.info.requirements.devices = {DeviceType::kCPU};
   const std::string name = kind.name;
+  s.info.inputs = ZooInputsDoc(kind, "the case's dtype");
   s.inputs = ParityInputs(name);
   s.run_rank = [name](RankEnv& env) { return RunParityRank(name, env); };
   s.judge = [name](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,

@@ -86,40 +86,19 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
   const auto start = Clock::now();
 
   const std::string run_dir = MakeRunDir();
-  const std::string store_dir = run_dir + "/store";
-  FSDP_CHECK_CODE(ErrorCode::kUnavailable, ::mkdir(store_dir.c_str(), 0700) == 0, "cannot create ",
-                  store_dir, ": ", std::strerror(errno));
-
-  // The case's runner-owned inputs, as files every rank's command names.
-  std::vector<std::map<std::string, std::string>> input_files(static_cast<size_t>(world));
-  if (request.inputs) input_files = request.inputs->WriteFiles(run_dir);
+  const std::vector<DriverRequest> requests = WriteCaseRequests(
+      scenario, request.params, world, request.backend, run_dir,
+      static_cast<double>(request.timeout.count()) / 1000.0, subject_, request.inputs.get());
 
   std::vector<distributed::RankCommand> commands(static_cast<size_t>(world));
   std::vector<std::string> tensor_paths(static_cast<size_t>(world));
   std::vector<std::string> result_paths(static_cast<size_t>(world));
   std::vector<std::string> log_paths(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
-    const std::string stem = run_dir + "/rank" + std::to_string(r);
-    result_paths[r] = stem + ".result.json";
-    log_paths[r] = stem + ".log";
-    DriverRequest dr;
-    dr.scenario = scenario.info.name;
-    dr.params = request.params.values();
-    dr.rank = r;
-    dr.world = world;
-    dr.backend = request.backend;
-    dr.store_dir = store_dir;
-    dr.output = result_paths[r];
-    dr.request_file = stem + ".request.json";
-    dr.timeout_s = static_cast<double>(request.timeout.count()) / 1000.0;
-    dr.subject = subject_;
-    dr.inputs = input_files[r];
-    dr.tensors_output = tensor_paths[r] = stem + ".tensors.safetensors";
-    nlohmann::json request_json = dr.ToJson();
-    request_json["description"] = scenario.info.description;
-    request_json["seed_test"] = scenario.info.seed_test;
-    serialization::WriteFileAtomically(dr.request_file, request_json.dump(2) + "\n");
-
+    const DriverRequest& dr = requests[static_cast<size_t>(r)];
+    result_paths[r] = dr.output;
+    tensor_paths[r] = dr.tensors_output;
+    log_paths[r] = run_dir + "/rank" + std::to_string(r) + ".log";
     distributed::RankCommand& command = commands[r];
     command.argv = command_;
     command.search_path = false;  // the program is a path
@@ -164,32 +143,14 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
             c.seconds);
       }
     } else {
-      std::ifstream in(result_path, std::ios::binary);
-      if (!in) {
+      if (!std::filesystem::exists(result_path)) {
         outcomes[r] =
             RankOutcome::Failed(ErrorCode::kInternal,
                                 command_.front() + " " + c.Describe() +
                                     " without writing " + result_path + LogTail(log_path),
                                 c.seconds);
       } else {
-        RankOutcome parsed;
-        try {
-          nlohmann::json result = nlohmann::json::parse(in);
-          parsed = ParseResult(result, who + " result " + result_path);
-          // The rank's raw tensors, when it wrote any, join its observations.
-          if (parsed.status == RankOutcome::Status::kOk &&
-              std::filesystem::exists(tensor_paths[r])) {
-            MergeTensors(parsed.observations,
-                         serialization::LoadSafetensors(tensor_paths[r]).Tensors(),
-                         who + " tensors " + tensor_paths[r]);
-          }
-        } catch (const nlohmann::json::exception& e) {
-          parsed = RankOutcome::Failed(
-              ErrorCode::kDataLoss,
-              who + " wrote unreadable JSON to " + result_path + ": " + e.what(), 0);
-        } catch (const Error& e) {
-          parsed = RankOutcome::Failed(e.code(), e.message(), 0);
-        }
+        RankOutcome parsed = ReadRankResult(result_path, tensor_paths[r], who);
         const bool exit_ok = c.ok();
         if (parsed.status == RankOutcome::Status::kError) {
           parsed.message += LogTail(log_path);

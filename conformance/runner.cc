@@ -224,6 +224,12 @@ CaseResult Runner::RunCase(const PlannedCase& planned) const {
     return finish(CaseStatus::kFailed);
   }
 
+  JudgeOutcomes(scenario, planned.params, planned.world, outcomes, result);
+  return finish(result.status);
+}
+
+void JudgeOutcomes(const Scenario& scenario, const CaseParams& params, int world,
+                   const std::vector<RankOutcome>& outcomes, CaseResult& result) {
   result.observations.assign(outcomes.size(), nullptr);
   std::string skipped;
   for (size_t r = 0; r < outcomes.size(); ++r) {
@@ -236,22 +242,30 @@ CaseResult Runner::RunCase(const PlannedCase& planned) const {
       result.observations[r] = o.observations;
       try {
         ValidateObservations(o.observations, "rank " + std::to_string(r));
+        if (!scenario.info.observations.empty()) {
+          scenario.info.observations.Validate(o.observations, "rank " + std::to_string(r));
+        }
       } catch (const Error& e) {
         result.errors.push_back(std::string(ErrorCodeName(e.code())) + ": " + e.message());
       }
     }
   }
-  if (!result.errors.empty()) return finish(CaseStatus::kFailed);
+  if (!result.errors.empty()) {
+    result.status = CaseStatus::kFailed;
+    return;
+  }
   if (!skipped.empty()) {
     result.skip_reason = skipped;
-    return finish(CaseStatus::kSkipped);
+    result.status = CaseStatus::kSkipped;
+    return;
   }
 
   try {
-    scenario.judge(planned.params, planned.world, result.observations, result.checks);
+    scenario.judge(params, world, result.observations, result.checks);
   } catch (const CaseSkipped& e) {
     result.skip_reason = "judge: " + e.reason();
-    return finish(CaseStatus::kSkipped);
+    result.status = CaseStatus::kSkipped;
+    return;
   } catch (const Error& e) {
     result.errors.push_back(std::string("judge: ") + ErrorCodeName(e.code()) + ": " + e.message());
   } catch (const std::exception& e) {
@@ -261,7 +275,7 @@ CaseResult Runner::RunCase(const PlannedCase& planned) const {
     result.errors.push_back("judge: recorded no checks");
   }
   const bool passed = result.errors.empty() && result.checks.all_passed();
-  return finish(passed ? CaseStatus::kPassed : CaseStatus::kFailed);
+  result.status = passed ? CaseStatus::kPassed : CaseStatus::kFailed;
 }
 
 std::vector<CaseResult> Runner::RunAll(const std::function<void(const CaseResult&)>& on_result) {

@@ -69,6 +69,13 @@ struct CaseResult {
   nlohmann::json ToJson() const;
 };
 
+// The runner's verdict on a case's rank outcomes (however they were obtained: launched now, or
+// read from a driver's files by `fsdp-conform check`): rank errors and skips, observations
+// validated by the conventions and strictly by the scenario's schema, then the judge. Fills
+// result.observations, errors, checks, skip_reason and status (never throws).
+void JudgeOutcomes(const Scenario& scenario, const CaseParams& params, int world,
+                   const std::vector<RankOutcome>& outcomes, CaseResult& result);
+
 class Runner {
  public:
   Runner(const Catalog& catalog, RunOptions options);

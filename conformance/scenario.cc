@@ -110,6 +110,10 @@ void ValidateScenario(const Scenario& s) {
   ValidateParamSpecs(i.name, i.params);
   FSDP_CHECK(static_cast<bool>(s.run_rank), "scenario ", i.name, ": run_rank is not set");
   FSDP_CHECK(static_cast<bool>(s.judge), "scenario ", i.name, ": judge is not set");
+  FSDP_CHECK(!s.inputs || !i.inputs.empty(), "scenario ", i.name,
+             ": declares inputs but no ScenarioInfo::inputs description");
+  FSDP_CHECK(i.inputs.empty() || s.inputs, "scenario ", i.name,
+             ": describes inputs but Scenario::inputs is not set");
 }
 
 }  // namespace fsdp::conformance

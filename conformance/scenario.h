@@ -28,6 +28,7 @@
 
 #include "conformance/case_inputs.h"
 #include "conformance/checks.h"
+#include "conformance/observation_schema.h"
 #include "conformance/params.h"
 #include "engine/core/device.h"
 #include "engine/distributed/backend_registry.h"
@@ -63,6 +64,10 @@ using JudgeFn = std::function<void(const CaseParams& params, int world,
 // The runner-owned inputs of a case (case_inputs.h): a pure function of the parameters and
 // the world size, so that the judge can recompute what every subject was given.
 using InputsFn = std::function<CaseInputs(const CaseParams& params, int world)>;
+// What a conforming subject reports on each rank of a case (element r for rank r), in the
+// schema's form, holding what the judge compares against: computed by the oracle or by the
+// rules the judge applies, never by the engine.
+using ExpectFn = std::function<std::vector<nlohmann::json>(const CaseParams& params, int world)>;
 // Returns a reason when a case must not run (see Scenario::excluded and Scenario::skip).
 using CaseFilter = std::function<std::optional<std::string>(const CaseParams& params, int world)>;
 
@@ -107,6 +112,11 @@ struct ScenarioInfo {
   // "test_fully_shard_comm.py::TestFullyShardCommunication::test_fully_shard_communication_count"
   std::string seed_test;
   std::vector<ParamSpec> params;  // Default: none
+  // What each rank reports (observation_schema.h); the runner validates every rank's
+  // observations against it strictly before judging.
+  ObservationSchema observations;
+  // What the runner-owned inputs hold (required when Scenario::inputs is set).
+  InputsDoc inputs;
   int default_world = 2;          // Default: 2; the seed's world size
   int min_world = 1;              // Default: 1
   int max_world = 8;              // Default: 8
@@ -129,6 +139,9 @@ struct Scenario {
   // targets); a body reads them with env.Inputs(). Unset: the case has no tensor inputs (its
   // data follow from the parameters by rules its description states).
   InputsFn inputs;
+  // Optional. The expected observations (`fsdp-conform expect` writes them for third parties
+  // to debug against). A scenario that has it should judge against it too.
+  ExpectFn expect;
   // Optional. Combinations the seed never runs (e.g. an int reshard_after_forward with
   // async_op): dropped from the product of unfixed axes; when every case of a run is excluded,
   // the scenario is reported skipped with the reason.

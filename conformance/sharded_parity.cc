@@ -94,6 +94,15 @@ fsdp2::FullyShardOptions ShardOptionsOf(const RankEnv& env) {
   return options;
 }
 
+ObservationSchema ShardedParitySchema() {
+  ObservationSchema schema = TrainingSchema(
+      "the rank's local shard: rows torch.chunk(param, world, dim=0)[rank] (possibly empty)",
+      /*with_grads=*/true);
+  schema.AddTensors({"full/{fqn}", "the case's dtype", "the full parameter",
+                     "every parameter after the last step, all-gathered (full_tensor())"});
+  return schema;
+}
+
 nlohmann::json RunShardedParityRank(const std::string& kind, const ShardPlan& plan, RankEnv& env) {
   const ParityCase c = DecodeParityCase(kind, env.params);
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
@@ -106,33 +115,59 @@ nlohmann::json RunShardedParityRank(const std::string& kind, const ShardPlan& pl
   return obs;
 }
 
+std::vector<nlohmann::json> ExpectShardedParity(const std::string& kind, const CaseParams& params,
+                                                int world) {
+  const ParityCase c = DecodeParityCase(kind, params);
+  const auto oracle = TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, world);
+  const std::string dtype = DTypeName(c.dtype);
+  std::vector<nlohmann::json> expected(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    nlohmann::json& e = expected[static_cast<size_t>(r)];
+    e[kLosses] = nlohmann::json::array();
+    e[kTensors] = nlohmann::json::object();
+  }
+  for (int64_t k = 0; k < c.steps; ++k) {
+    const auto& step = oracle[static_cast<size_t>(k)];
+    const auto grads = reference::ShardsOnAllRanks(step.grads, world);
+    const auto params_k = reference::ShardsOnAllRanks(step.params, world);
+    for (int r = 0; r < world; ++r) {
+      nlohmann::json& e = expected[static_cast<size_t>(r)];
+      e[kLosses].push_back(step.rank_losses.at(r));
+      e[kTensors].update(MapToJson(grads.at(r), dtype, GradPrefix(k)));
+      e[kTensors].update(MapToJson(params_k.at(r), dtype, StepPrefix(k)));
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    expected[static_cast<size_t>(r)][kTensors].update(
+        MapToJson(oracle.back().params, dtype, "full/"));
+  }
+  return expected;
+}
+
 void JudgeShardedParity(const std::string& kind, const CaseParams& params, int world,
                         const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
   const ParityCase c = DecodeParityCase(kind, params);
   const Tolerance tol = c.ToleranceFor(c.dtype);
-  const auto expected = TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, world);
+  const std::vector<nlohmann::json> expected = ExpectShardedParity(kind, params, world);
   ErrorStats param_err;
   ErrorStats grad_err;
   for (int r = 0; r < world; ++r) {
     const std::string who = RankName(r);
-    std::vector<double> expected_losses;
-    for (const auto& step : expected) expected_losses.push_back(step.rank_losses.at(r));
     const DType loss_dtype =
         ParseDType(RankObservation(per_rank, r, "loss_dtype").get<std::string>());
-    checks.CheckClose(who + " losses vs oracle", expected_losses, Losses(per_rank, r),
+    checks.CheckClose(who + " losses vs oracle", Losses(expected, r), Losses(per_rank, r),
                       c.ToleranceFor(loss_dtype));
     for (int64_t k = 0; k < c.steps; ++k) {
-      const auto& step = expected[static_cast<size_t>(k)];
       const std::string at = who + " step " + std::to_string(k);
       grad_err.Merge(CheckMapsClose(checks, at + " gradient shards",
-                                    reference::ShardsOnAllRanks(step.grads, world).at(r),
+                                    MapFromObservations(expected, r, GradPrefix(k)),
                                     MapFromObservations(per_rank, r, GradPrefix(k)), tol));
       param_err.Merge(CheckMapsClose(checks, at + " parameter shards",
-                                     reference::ShardsOnAllRanks(step.params, world).at(r),
+                                     MapFromObservations(expected, r, StepPrefix(k)),
                                      MapFromObservations(per_rank, r, StepPrefix(k)), tol));
     }
     param_err.Merge(CheckMapsClose(checks, who + " full parameters after the last step",
-                                   expected.back().params,
+                                   MapFromObservations(expected, r, "full/"),
                                    MapFromObservations(per_rank, r, "full/"), tol));
   }
   checks.SetFigure("steps", c.steps);

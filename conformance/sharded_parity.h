@@ -46,10 +46,16 @@ void ShardEveryChildThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardO
 // `reshard_after_forward` parameter, that value.
 fsdp2::FullyShardOptions ShardOptionsOf(const RankEnv& env);
 
+// The observations RunShardedParityRank reports (see above).
+ObservationSchema ShardedParitySchema();
 // One rank's run of zoo model `kind` under `plan` (observations as described above). The
 // case needs the ParityParams of the kind plus a "dtype" parameter.
 nlohmann::json RunShardedParityRank(const std::string& kind, const ShardPlan& plan, RankEnv& env);
-// Judges every rank's observations against the oracle; figures: steps, param/grad max errors.
+// What each rank should report, from the oracle's data-parallel run: losses, "step{k}/{fqn}" and
+// "grad{k}/{fqn}" shards (the rank's torch.chunk rows), "full/{fqn}" after the last step.
+std::vector<nlohmann::json> ExpectShardedParity(const std::string& kind, const CaseParams& params,
+                                                int world);
+// Judges every rank's observations against ExpectShardedParity; figures: steps, param/grad max errors.
 void JudgeShardedParity(const std::string& kind, const CaseParams& params, int world,
                         const std::vector<nlohmann::json>& per_rank, CheckList& checks);
 
