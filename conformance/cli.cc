@@ -7,6 +7,7 @@
 
 #include "conformance/driver_protocol.h"
 #include "conformance/report.h"
+#include "engine/fsdp/semantics.h"
 #include "conformance/runner.h"
 #include "engine/core/error.h"
 
@@ -34,6 +35,9 @@ run options:
   --world N            world size instead of each scenario's default (scenarios whose
                        range excludes N are skipped)
   --param KEY=VALUE    fix a parameter (repeatable); KEY must belong to a matched scenario
+  --semantics NAME     FSDP semantics profile the run is judged by: torch-2.4 (default) or
+                       torch-2.8 (sets the `semantics` parameter of every scenario that
+                       declares it)
   --json FILE|-        write the results as JSON to FILE, or to stdout with '-' (the table
                        then goes to stderr)
   --timeout SECONDS    deadline per case (default 300); stragglers are stopped
@@ -42,7 +46,8 @@ run options:
   --driver PATH        program run once per rank under the driver protocol
                        (docs/scenarios.md) when --subject external
 
-The run table ends with the line "N passed, N failed, N skipped".
+The run table is followed by "semantics: NAME" and ends with the line
+"N passed, N failed, N skipped".
 Exit status: 0 nothing failed, 1 a case failed, 2 usage or name error.
 )";
 
@@ -111,13 +116,16 @@ class FlagParser {
 };
 
 nlohmann::json ParamJson(const ParamSpec& p) {
-  return {{"name", p.name},
-          {"description", p.description},
-          {"kind", ParamKindName(p.kind)},
-          {"type", ParamTypeName(p.type)},
-          {"values", p.values},
-          {"default",
-           p.kind == ParamKind::kAxis ? nlohmann::json("all") : nlohmann::json(p.default_value())}};
+  nlohmann::json j = {
+      {"name", p.name},
+      {"description", p.description},
+      {"kind", ParamKindName(p.kind)},
+      {"type", ParamTypeName(p.type)},
+      {"values", p.values},
+      {"default",
+       p.kind == ParamKind::kAxis ? nlohmann::json("all") : nlohmann::json(p.default_value())}};
+  if (p.domain) j["accepts"] = p.domain->text;
+  return j;
 }
 
 // The backends of `backends` whose capabilities meet the scenario's requirements.
@@ -198,6 +206,7 @@ int List(const std::vector<std::string>& args, const Catalog& catalog, std::ostr
     std::vector<std::string> subjects = catalog.subjects.Names();
     subjects.push_back(kExternalSubject);
     doc["subjects"] = subjects;
+    doc["semantics"] = fsdp2::SemanticsNames();
     out << doc.dump(2) << "\n";
     return kExitOk;
   }
@@ -230,12 +239,16 @@ int List(const std::vector<std::string>& args, const Catalog& catalog, std::ostr
   std::vector<std::string> subjects = catalog.subjects.Names();
   subjects.push_back(std::string(kExternalSubject) + " (--driver PATH)");
   out << "subjects: " << Join(subjects, ", ") << "\n";
+  out << "semantics: " << Join(fsdp2::SemanticsNames(), ", ") << " (default "
+      << fsdp2::SemanticsName(fsdp2::kDefaultSemantics) << ")\n";
   return kExitOk;
 }
 
 int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& out,
         std::ostream& err) {
-  FlagParser flags("run", {"--backend", "--world", "--json", "--timeout", "--subject", "--driver"},
+  FlagParser flags("run",
+                   {"--backend", "--world", "--json", "--timeout", "--subject", "--driver",
+                    "--semantics"},
                    {"--param"}, {});
   flags.Parse(args, 1);
   RunOptions options;
@@ -267,6 +280,7 @@ int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostre
     options.params[k] = v;
   }
   if (auto s = flags.Value("--subject")) options.subject = *s;
+  options.semantics = flags.Value("--semantics");
   if (auto d = flags.Value("--driver")) options.driver = *d;
   const std::optional<std::string> json_path = flags.Value("--json");
   if (json_path) FSDP_CHECK(!json_path->empty(), "run: --json needs a FILE or '-'");
@@ -283,11 +297,11 @@ int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostre
     writer.Row(results.back());
   }
   const Tally tally = CountResults(results);
-  table << SummaryLine(tally) << "\n";
+  table << SemanticsLine(runner.semantics()) << "\n" << SummaryLine(tally) << "\n";
   table.flush();
 
   if (json_path) {
-    const std::string doc = ResultsJson(results).dump(2) + "\n";
+    const std::string doc = ResultsJson(results, runner.semantics()).dump(2) + "\n";
     if (*json_path == "-") {
       out << doc;
       out.flush();

@@ -2,7 +2,8 @@
 //
 //   fsdp-conform list [PATTERN...] [--json]
 //   fsdp-conform run PATTERN... [--backend NAME] [--world N] [--param KEY=VALUE]...
-//                    [--json FILE|-] [--timeout SECONDS] [--subject NAME] [--driver PATH]
+//                    [--semantics NAME] [--json FILE|-] [--timeout SECONDS] [--subject NAME]
+//                    [--driver PATH]
 //   fsdp-conform help | --help | -h
 //   fsdp-conform __worker FLAGS...      (hidden: one rank of a process backend)
 //

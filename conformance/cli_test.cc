@@ -111,6 +111,26 @@ TEST(Cli, RunPrintsATableAndTheSummaryLast) {
   EXPECT_EQ(r.err, "");
 }
 
+TEST(Cli, RunRecordsTheSemanticsProfile) {
+  const CliResult table = Cli({"run", "toy/sum", "--world", "2"});
+  EXPECT_EQ(table.code, kExitOk) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("\nsemantics: torch-2.4\n2 passed, 0 failed, 0 skipped\n"));
+  const CliResult json = Cli({"run", "toy/sum", "--world", "2", "--semantics", "torch-2.8",
+                              "--json", "-"});
+  ASSERT_EQ(json.code, kExitOk) << json.err;
+  EXPECT_THAT(json.err, HasSubstr("\nsemantics: torch-2.8\n"));
+  EXPECT_EQ(nlohmann::json::parse(json.out)["semantics"], "torch-2.8");
+  const CliResult list = Cli({"list"});
+  EXPECT_THAT(list.out, HasSubstr("semantics: torch-2.4, torch-2.8 (default torch-2.4)"));
+  const CliResult list_json = Cli({"list", "--json"});
+  EXPECT_EQ(nlohmann::json::parse(list_json.out)["semantics"],
+            nlohmann::json::array({"torch-2.4", "torch-2.8"}));
+  const CliResult unknown = Cli({"run", "toy/sum", "--semantics", "torch-2.6"});
+  EXPECT_EQ(unknown.code, kExitUsage);
+  EXPECT_THAT(unknown.err, HasSubstr("unknown FSDP semantics 'torch-2.6'"));
+  EXPECT_EQ(unknown.out, "");
+}
+
 TEST(Cli, RunFailureExitsNonZeroWithDetails) {
   const CliResult r =
       Cli({"run", "toy/sum", "--param", "bias=2", "--param=mode=plain", "--world=2"});

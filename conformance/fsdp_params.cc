@@ -1,35 +1,113 @@
 #include "conformance/fsdp_params.h"
 
-#include <cctype>
+#include <vector>
 
 #include "engine/core/error.h"
 
 namespace fsdp::conformance {
 
-ParamSpec ReshardAfterForwardAxis(const std::string& description) {
-  return ParamSpec::Axis("reshard_after_forward", description, {"True", "False", "2"});
+namespace {
+
+constexpr const char* kNone = "None";
+
+std::string KnownProfiles() {
+  std::string out;
+  const std::vector<std::string> names = fsdp2::SemanticsNames();
+  for (size_t i = 0; i < names.size(); ++i) {
+    out += (i == 0 ? "" : (i + 1 == names.size() ? " or " : ", ")) + names[i];
+  }
+  return out;
 }
 
-fsdp2::ReshardAfterForward ParseReshardAfterForward(const std::string& value) {
-  if (value == "True") return true;
-  if (value == "False") return false;
-  bool digits = !value.empty() && value.size() <= 9;
-  for (char c : value) digits = digits && std::isdigit(static_cast<unsigned char>(c)) != 0;
-  FSDP_CHECK(digits, "reshard_after_forward must be True, False or a positive integer; got '",
-             value, "'");
-  return std::stoi(value);
+// reshard_after_forward's spellings: the bools as Python spells them, None, an int >= 1.
+std::optional<std::string> CanonicalReshardAfterForward(const std::string& value) {
+  if (const std::optional<bool> b = ParseBool(value); b && value != "1" && value != "0") {
+    return *b ? "True" : "False";
+  }
+  if (value == kNone || value == "none") return std::string(kNone);
+  const std::optional<int64_t> k = ParseInt(value);
+  if (k && *k >= 1 && *k <= (int64_t{1} << 30)) return std::to_string(*k);
+  return std::nullopt;
+}
+
+}  // namespace
+
+ParamSpec SemanticsParam() {
+  ParamSpec spec = ParamSpec::SizeString(
+      kSemanticsParam,
+      "FSDP semantics profile: the PyTorch release whose rules the case is judged by",
+      fsdp2::SemanticsName(fsdp2::kDefaultSemantics));
+  spec.domain = ParamDomain{KnownProfiles(), [](const std::string& value) -> std::optional<std::string> {
+                              if (fsdp2::FindSemantics(value)) return value;
+                              return std::nullopt;
+                            }};
+  return spec;
+}
+
+fsdp2::Semantics SemanticsOf(const CaseParams& params) {
+  if (!params.has(kSemanticsParam)) return fsdp2::kDefaultSemantics;
+  return fsdp2::ParseSemantics(params.GetString(kSemanticsParam));
+}
+
+ParamSpec ReshardAfterForwardAxis(const std::string& description) {
+  ParamSpec spec = ParamSpec::Axis("reshard_after_forward", description, {"True", "False", "2"});
+  spec.domain = ParamDomain{"True, False, None under torch-2.8, or an int >= 1",
+                            CanonicalReshardAfterForward};
+  return spec;
+}
+
+std::optional<fsdp2::ReshardAfterForward> ParseReshardAfterForward(const std::string& value,
+                                                                   fsdp2::Semantics semantics) {
+  const std::optional<std::string> canonical = CanonicalReshardAfterForward(value);
+  FSDP_CHECK(canonical.has_value(),
+             "reshard_after_forward must be True, False, None or a positive integer; got '", value,
+             "'");
+  if (*canonical == "True") return fsdp2::ReshardAfterForward(true);
+  if (*canonical == "False") return fsdp2::ReshardAfterForward(false);
+  if (*canonical == kNone) {
+    FSDP_CHECK(fsdp2::HasReshardAfterForwardNone(semantics),
+               "reshard_after_forward=None is not valid under semantics ",
+               fsdp2::SemanticsName(semantics),
+               ": its fully_shard takes a bool or an int (None arrived in PyTorch 2.8; run with "
+               "--semantics torch-2.8)");
+    return std::nullopt;
+  }
+  return fsdp2::ReshardAfterForward(static_cast<int>(*ParseInt(*canonical)));
+}
+
+std::optional<fsdp2::ReshardAfterForward> ReshardAfterForwardOf(const CaseParams& params) {
+  return ParseReshardAfterForward(params.GetString("reshard_after_forward"), SemanticsOf(params));
 }
 
 std::optional<std::string> SkipIntNotAFactor(const CaseParams& params, int world) {
-  const std::string raf = params.GetString("reshard_after_forward");
-  const fsdp2::ReshardAfterForward parsed = ParseReshardAfterForward(raf);
-  const int* k = std::get_if<int>(&parsed);
+  const std::optional<fsdp2::ReshardAfterForward> parsed = ReshardAfterForwardOf(params);
+  const int* k = parsed ? std::get_if<int>(&*parsed) : nullptr;
   if (k == nullptr) return std::nullopt;
   if (*k < 1 || *k > world || world % *k != 0) {
-    return "reshard_after_forward=" + raf + " is not a factor of world size " +
-           std::to_string(world);
+    return "reshard_after_forward=" + params.GetString("reshard_after_forward") +
+           " is not a factor of world size " + std::to_string(world);
   }
   return std::nullopt;
+}
+
+std::vector<TestRun> LaterProfileTestRuns(int world, std::map<std::string, std::string> fixed) {
+  fixed[kSemanticsParam] = fsdp2::SemanticsName(fsdp2::Semantics::kTorch2_8);
+  std::map<std::string, std::string> with_none = fixed;
+  with_none["reshard_after_forward"] = kNone;
+  return {{world, std::move(fixed)}, {world, std::move(with_none)}};
+}
+
+bool ReshardsAfterForward(const CaseParams& params, bool is_root) {
+  const fsdp2::Semantics semantics = SemanticsOf(params);
+  const std::optional<fsdp2::ReshardAfterForward> raf = ReshardAfterForwardOf(params);
+  // None: True for non-root modules, False for the root (torch-2.8; ParseReshardAfterForward
+  // rejects None under torch-2.4).
+  if (!raf) return !is_root;
+  // torch-2.4: lazy init keeps the root unsharded after forward whatever was passed.
+  if (is_root && semantics == fsdp2::Semantics::kTorch2_4) return false;
+  if (const bool* b = std::get_if<bool>(&*raf)) return *b;
+  // An int k reshards to groups of k ranks; k == 1 means False.
+  return std::get<int>(*raf) > 1;
 }
 
 }  // namespace fsdp::conformance

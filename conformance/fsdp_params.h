@@ -1,22 +1,63 @@
-// The fully_shard knobs that FSDP scenario families share as parameters: the
-// `reshard_after_forward` axis (True, False or an int factor), its parsing, and the skip rule
-// for an int that is not a factor of the world size. Stateless; thread-safe.
+// The fully_shard knobs that FSDP scenario families share as parameters, and the rules their
+// judges derive expectations from:
+//
+//   semantics              the FSDP semantics profile the case is judged by (a fixed value, not
+//                          an axis; default torch-2.4): which PyTorch release's rules apply
+//                          where FSDP2 changed (docs/scenarios.md, "Semantics profiles";
+//                          engine/fsdp/semantics.h). `fsdp-conform run --semantics` sets it.
+//   reshard_after_forward  an axis running the seed's values {True, False, 2} that accepts
+//                          every valid value when fixed: True, False, None (torch-2.8 and
+//                          later) or an int >= 1 (one that does not divide the world size
+//                          skips the case).
+//
+// Stateless; thread-safe.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "conformance/params.h"
+#include "conformance/scenario.h"
 #include "engine/fsdp/fully_shard.h"
+#include "engine/fsdp/semantics.h"
 
 namespace fsdp::conformance {
 
-// The seeds' axis {True, False, 2}.
+inline constexpr const char* kSemanticsParam = "semantics";
+
+// The `semantics` parameter: a size (fixed value) whose domain is the known profiles, default
+// torch-2.4.
+ParamSpec SemanticsParam();
+// The case's profile; the default profile when the scenario has no `semantics` parameter.
+fsdp2::Semantics SemanticsOf(const CaseParams& params);
+
+// The seed's axis {True, False, 2}; --param also takes None and any int >= 1.
 ParamSpec ReshardAfterForwardAxis(const std::string& description = "fully_shard reshard_after_forward");
-// "True" / "False" / an integer string; InvalidArgument naming the value otherwise.
-fsdp2::ReshardAfterForward ParseReshardAfterForward(const std::string& value);
-// A skip reason when the case's `reshard_after_forward` is an int that does not divide
-// `world` (FSDP2 reshards to a sub-mesh of that size); nullopt otherwise.
+// "True" / "False" / "None" / an integer string as the fully_shard option (nullopt is None).
+// InvalidArgument naming the value for anything else, and for None under a profile without
+// None (torch-2.4, whose fully_shard takes a bool or an int).
+std::optional<fsdp2::ReshardAfterForward> ParseReshardAfterForward(const std::string& value,
+                                                                   fsdp2::Semantics semantics);
+// The case's `reshard_after_forward` under the case's profile, as ParseReshardAfterForward.
+std::optional<fsdp2::ReshardAfterForward> ReshardAfterForwardOf(const CaseParams& params);
+// For Scenario::skip: a skip reason when the case's `reshard_after_forward` is an int that does
+// not divide `world` (FSDP2 reshards to a sub-mesh of that size); nullopt otherwise. Throws
+// InvalidArgument for a value the case's profile rejects (None under torch-2.4), so that the
+// runner's plan fails before anything runs.
 std::optional<std::string> SkipIntNotAFactor(const CaseParams& params, int world);
+
+// ctest's extra runs (ScenarioInfo::test_runs) of a scenario whose expectations depend on the
+// profile: at `world`, with `fixed` and semantics=torch-2.8, once as given and once with
+// reshard_after_forward=None.
+std::vector<TestRun> LaterProfileTestRuns(int world, std::map<std::string, std::string> fixed = {});
+
+// The judges' rule (docs/fsdp-behaviour.md, "Semantics profiles"): whether a module that
+// fully_shard was applied to with the case's `reshard_after_forward` reshards its parameters
+// after forward (so that backward all-gathers them again), given whether it is the root of
+// lazy init. Non-root: True, an int > 1 and None do; False and the int 1 do not. The root:
+// never under torch-2.4; under torch-2.8 as a non-root module except for None.
+bool ReshardsAfterForward(const CaseParams& params, bool is_root);
 
 }  // namespace fsdp::conformance

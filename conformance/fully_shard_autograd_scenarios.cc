@@ -61,7 +61,8 @@ std::vector<ParamSpec> Override(std::vector<ParamSpec> params, ParamSpec spec) {
 // given overrides of the kind's parameters.
 Scenario ShardedTraining(const std::string& test, const std::string& description,
                          const std::string& kind, ShardPlan plan,
-                         const std::vector<ParamSpec>& overrides) {
+                         const std::vector<ParamSpec>& overrides,
+                         std::vector<TestRun> test_runs = {}) {
   Scenario s;
   s.info.name = "fully_shard_autograd/" + test;
   s.info.description = description;
@@ -84,11 +85,13 @@ Scenario ShardedTraining(const std::string& test, const std::string& description
       params.push_back(spec);
     }
   }
+  params.push_back(SemanticsParam());
   s.info.params = std::move(params);
   s.info.observations = ShardedParitySchema();
   s.info.default_world = 4;  // min(4, gpus)
   s.info.min_world = 1;
   s.info.max_world = 8;
+  s.info.test_runs = std::move(test_runs);
   s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
     if (!p.has("reshard_after_forward")) return std::nullopt;
     return SkipIntNotAFactor(p, world);
@@ -112,7 +115,8 @@ Scenario UnusedForwardOutput() {
       "losses, parameter and gradient shards vs the oracle at every step",
       "double_linear", ShardSubmodulesThenRoot({"lin1"}),
       {ParamSpec::SizeBool("use_second_linear", "DoubleLinear use_second_linear", true),
-       ReshardAfterForwardAxis()});
+       ReshardAfterForwardAxis()},
+      LaterProfileTestRuns(4, {{"reshard_after_forward", "True"}}));
 }
 
 Scenario UnusedForwardModule() {
@@ -123,7 +127,8 @@ Scenario UnusedForwardModule() {
       "parameter and gradient shards vs the oracle at every step",
       "double_linear", ShardSubmodulesThenRoot({"lin1", "lin2"}),
       {ParamSpec::SizeBool("use_second_linear", "DoubleLinear use_second_linear", false),
-       ReshardAfterForwardAxis()});
+       ReshardAfterForwardAxis()},
+      LaterProfileTestRuns(4, {{"reshard_after_forward", "True"}}));
 }
 
 Scenario NontensorActivations() {
@@ -145,7 +150,7 @@ Scenario PostAccGradHookRuns() {
       "test_fully_shard_autograd.py::TestFullyShardPostAccGradHookMultiThread::"
       "test_post_acc_grad_hook_runs";
   s.info.params = {ParamSpec::SizeInt("dim", "MLP dim", 8),
-                   ParamSpec::SizeInt("seed", "seed of the input batch", 0)};
+                   ParamSpec::SizeInt("seed", "seed of the input batch", 0), SemanticsParam()};
   s.info.default_world = 2;
   s.info.min_world = 1;
   s.info.max_world = 8;
@@ -155,6 +160,7 @@ Scenario PostAccGradHookRuns() {
     auto model = std::make_shared<nn::MLP>(dim);
     fsdp2::FullyShardOptions options;
     options.process_group = env.pg;
+    options.semantics = SemanticsOf(env.params);
     for (const char* name : {"in_proj", "out_proj"}) fsdp2::fully_shard(model->child(name), options);
     fsdp2::fully_shard(model, options);
     std::map<std::string, int64_t> counts;
@@ -198,6 +204,7 @@ nlohmann::json OptimParityRank(RankEnv& env) {
   auto ref_model = std::static_pointer_cast<nn::Transformer>(model->deep_copy());
   fsdp2::FullyShardOptions options;
   options.process_group = env.pg;
+  options.semantics = SemanticsOf(p);
   for (const auto& layer : ref_model->layers()) fsdp2::fully_shard(layer, options);
   fsdp2::fully_shard(ref_model, options);
   const optim::AdamWOptions optim_options{.lr = p.GetDouble("lr")};
@@ -268,7 +275,8 @@ Scenario PostAccGradHookOptimParity() {
                    ParamSpec::SizeInt("iterations", "training iterations", 10),
                    ParamSpec::SizeDouble("lr", "AdamW lr (foreach=False)", 1e-2),
                    ParamSpec::SizeInt("step_size", "StepLR step_size", 5),
-                   ParamSpec::SizeInt("seed", "model seed; rank r draws tokens from seed + r", 42)};
+                   ParamSpec::SizeInt("seed", "model seed; rank r draws tokens from seed + r", 42),
+                   SemanticsParam()};
   s.info.default_world = 2;  // min(2, gpus)
   s.info.min_world = 1;
   s.info.max_world = 8;

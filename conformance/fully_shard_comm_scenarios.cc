@@ -7,10 +7,11 @@
 //   unshard_no_param_group, unshard_without_lazy_init   TestFullyShardUnshardMultiThread
 // Each rank shards Transformer(ModelArgs(n_layers)) block by block and then the root, runs one
 // forward under a CommDebugMode and one `loss.sum().backward()` under another, and reports the
-// two count tables as comm_counts {"forward": {op: n}, "backward": {op: n}}. The judge derives
-// the expected tables from the rules of docs/fsdp-behaviour.md, "Collective counts" and "Manual
-// unshard and reshard" (era E3: the root is never
-// resharded after forward), so the scenarios run at any n_layers and world size.
+// two count tables as comm_counts {"forward": {op: n}, "backward": {op: n}}. The judges derive
+// the expected tables and event lists from the rules of docs/fsdp-behaviour.md, "Collective
+// counts", "Backward prefetch" and "Manual unshard and reshard", under the case's semantics
+// profile ("Semantics profiles": whether the root reshards after forward), so the scenarios run
+// at any n_layers, world size and reshard_after_forward.
 #include <functional>
 #include <map>
 #include <optional>
@@ -51,9 +52,9 @@ nlohmann::json CountsJson(const std::map<std::string, int64_t>& counts) {
 // `_init_transformer`-style model: every TransformerBlock sharded, then the root.
 // checkpoint_impl: "none", "utils" (per-block checkpoint inside the Transformer) or
 // "composable" (nn::checkpoint on each block before fully_shard).
-std::shared_ptr<nn::Transformer> ShardedTransformer(const RankEnv& env,
-                                                    fsdp2::ReshardAfterForward raf,
-                                                    const std::string& checkpoint_impl = "none") {
+std::shared_ptr<nn::Transformer> ShardedTransformer(
+    const RankEnv& env, std::optional<fsdp2::ReshardAfterForward> raf,
+    const std::string& checkpoint_impl = "none") {
   nn::ModelArgs args;
   args.n_layers = env.params.GetInt("n_layers");
   args.dropout_p = 0.0;
@@ -62,6 +63,7 @@ std::shared_ptr<nn::Transformer> ShardedTransformer(const RankEnv& env,
   model->to(env.device);  // cuda:<local rank> on GPU backends
   fsdp2::FullyShardOptions options;
   options.process_group = env.pg;
+  options.semantics = SemanticsOf(env.params);
   options.reshard_after_forward = raf;
   for (const nn::ModulePtr& block : model->layers()) {
     if (checkpoint_impl == "composable") nn::checkpoint(block);
@@ -109,7 +111,18 @@ void JudgeCounts(const nlohmann::json& expected, int world,
 
 std::vector<ParamSpec> CommonParams() {
   return {ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers (TransformerBlocks, each sharded)", 2),
-          ParamSpec::SizeInt("seed", "seed of the token batch", 0)};
+          ParamSpec::SizeInt("seed", "seed of the token batch", 0), SemanticsParam()};
+}
+
+// Whether the sharded Transformer's blocks and its root reshard after forward in this case
+// (fsdp_params.h, ReshardsAfterForward): a resharded group all-gathers again in backward.
+struct Resharded {
+  bool blocks;
+  bool root;
+};
+Resharded ReshardedOf(const CaseParams& params) {
+  return {ReshardsAfterForward(params, /*is_root=*/false),
+          ReshardsAfterForward(params, /*is_root=*/true)};
 }
 
 ScenarioInfo CommonInfo(const std::string& case_name, const std::string& description) {
@@ -132,6 +145,17 @@ nlohmann::json ForwardUnshards(int64_t n_layers, bool with_root) {
   if (with_root) events.push_back(EventJson("unshard", "", "FORWARD"));
   for (int64_t i = 0; i < n_layers; ++i) events.push_back(EventJson("unshard", Layer(i), "FORWARD"));
   return events;
+}
+
+// The root's own unshard at the start of backward, when it was resharded after forward.
+nlohmann::json RootBackwardUnshard(bool root_resharded) {
+  nlohmann::json events = nlohmann::json::array();
+  if (root_resharded) events.push_back(EventJson("unshard", "", "PRE_BACKWARD"));
+  return events;
+}
+
+void Append(nlohmann::json& events, const nlohmann::json& more) {
+  for (const auto& e : more) events.push_back(e);
 }
 
 // One use of the blocks in backward (docs/fsdp-behaviour.md, "Backward prefetch"): the last
@@ -158,34 +182,41 @@ std::vector<ParamSpec> PrefetchParams() {
           ParamSpec::Axis("checkpoint_impl", "activation checkpointing of each block",
                           {"none", "utils", "composable"}),
           ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 3),
-          ParamSpec::SizeInt("seed", "seed of the token batch", 0)};
+          ParamSpec::SizeInt("seed", "seed of the token batch", 0), SemanticsParam()};
 }
 
 Scenario CommunicationCount() {
   Scenario s;
   s.info = CommonInfo("fully_shard_communication_count",
                       "Transformer(n_layers) fully sharded: forward all-gathers N+1; backward "
-                      "all-gathers N (0 without reshard after forward) and reduce-scatters N+1");
+                      "all-gathers the groups resharded after forward (N, the root too under "
+                      "torch-2.8 with an explicit value) and reduce-scatters N+1");
   s.info.name = "fully_shard_comm/communication_count";
   s.info.params.insert(s.info.params.begin(),
                        ReshardAfterForwardAxis(
-                           "fully_shard reshard_after_forward (bool or int factor)"));
+                           "fully_shard reshard_after_forward (bool, int factor or None)"));
+  s.info.test_runs = LaterProfileTestRuns(4);
+  s.info.test_runs.push_back({8, {{"reshard_after_forward", "4"}}});
+  for (const TestRun& run : LaterProfileTestRuns(8, {{"reshard_after_forward", "4"}})) {
+    s.info.test_runs.push_back(run);
+  }
   s.skip = SkipIntNotAFactor;
   s.run_rank = [](RankEnv& env) {
-    auto model = ShardedTransformer(env, ParseReshardAfterForward(env.params.GetString("reshard_after_forward")));
+    auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params));
     return ForwardBackwardCounts(*model, Tokens(env), [] {});
   };
   s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
-    // docs/fsdp-behaviour.md, "Collective counts" (E1-E3): every group all-gathers once in
-    // forward; in backward a group all-gathers
-    // iff it was resharded after forward (never the root); every group reduce-scatters once.
+    // docs/fsdp-behaviour.md, "Collective counts": every group all-gathers once in forward; in
+    // backward a group all-gathers iff it was resharded after forward (the root per the
+    // profile, "Semantics profiles"); every group reduce-scatters once.
     const int64_t n = params.GetInt("n_layers");
-    const std::string raf = params.GetString("reshard_after_forward");
+    const Resharded resharded = ReshardedOf(params);
+    const int64_t backward_all_gathers = (resharded.blocks ? n : 0) + (resharded.root ? 1 : 0);
     nlohmann::json expected;
     expected["forward"] = {{kAllGather, n + 1}};
     expected["backward"] = nlohmann::json::object();
-    if (raf != "False" && n > 0) expected["backward"][kAllGather] = n;
+    if (backward_all_gathers > 0) expected["backward"][kAllGather] = backward_all_gathers;
     expected["backward"][kReduceScatter] = n + 1;
     JudgeCounts(expected, world, per_rank, checks);
   };
@@ -237,11 +268,11 @@ Scenario BackwardPrefetchMultiForward() {
       "test_fully_shard_comm.py::TestFullyShardPrefetch::test_fully_shard_backward_prefetch "
       "(_test_backward_prefetch_multi_forward; seed body truncated; docs/fsdp-behaviour.md, \"Several forwards before one backward\")";
   s.info.params = PrefetchParams();
+  s.info.test_runs = LaterProfileTestRuns(4, {{"checkpoint_impl", "none"}});
   s.skip = SkipIntNotAFactor;
   s.run_rank = [](RankEnv& env) {
-    auto model = ShardedTransformer(
-        env, ParseReshardAfterForward(env.params.GetString("reshard_after_forward")),
-        env.params.GetString("checkpoint_impl"));
+    auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params),
+                                    env.params.GetString("checkpoint_impl"));
     const Tensor tokens = Tokens(env);
     fsdp2::RecordingObserver observer;
     fsdp2::ScopedObserver install(observer);
@@ -261,18 +292,19 @@ Scenario BackwardPrefetchMultiForward() {
   s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
     // docs/fsdp-behaviour.md, "Several forwards before one backward": forward 2 re-unshards
-    // the blocks only when they were resharded after forward
-    // (the root never is). Backward runs the block pattern once per use; with False the first
-    // use finds the blocks unsharded, and the second needs all-gathers again because
+    // the root and the blocks only when they were resharded after forward (the root per the
+    // profile, "Semantics profiles"). Backward starts with the root's unshard when it was
+    // resharded, then runs the block pattern once per use; without reshard after forward the
+    // first use finds the blocks unsharded, and the second needs all-gathers again because
     // post_backward resharded them. The root's post_backward comes once, at the end.
     const int64_t n = params.GetInt("n_layers");
-    const bool raf_false = params.GetString("reshard_after_forward") == "False";
+    const Resharded resharded = ReshardedOf(params);
     nlohmann::json fwd = ForwardUnshards(n, /*with_root=*/true);
-    if (!raf_false) {
-      for (const auto& e : ForwardUnshards(n, /*with_root=*/false)) fwd.push_back(e);
-    }
-    nlohmann::json bwd = BlockBackwardEvents(n, /*with_unshard=*/!raf_false);
-    for (const auto& e : BlockBackwardEvents(n, /*with_unshard=*/true)) bwd.push_back(e);
+    if (resharded.root) fwd.push_back(EventJson("unshard", "", "FORWARD"));
+    if (resharded.blocks) Append(fwd, ForwardUnshards(n, /*with_root=*/false));
+    nlohmann::json bwd = RootBackwardUnshard(resharded.root);
+    Append(bwd, BlockBackwardEvents(n, /*with_unshard=*/resharded.blocks));
+    Append(bwd, BlockBackwardEvents(n, /*with_unshard=*/true));
     bwd.push_back(EventJson("post_backward", "", "POST_BACKWARD"));
     CheckEveryRank(checks, per_rank, world,
                    {{"forward_events", "forward events", fwd},
@@ -294,11 +326,11 @@ Scenario BackwardPrefetchForwardBackward() {
       "(_test_backward_prefetch_forward_backward)";
   s.info.params = PrefetchParams();
   s.info.params.push_back(ParamSpec::SizeInt("iterations", "forward/backward/step iterations", 3));
+  s.info.test_runs = LaterProfileTestRuns(4, {{"checkpoint_impl", "none"}});
   s.skip = SkipIntNotAFactor;
   s.run_rank = [](RankEnv& env) {
-    auto model = ShardedTransformer(
-        env, ParseReshardAfterForward(env.params.GetString("reshard_after_forward")),
-        env.params.GetString("checkpoint_impl"));
+    auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params),
+                                    env.params.GetString("checkpoint_impl"));
     optim::SGD optim(model->parameters(), optim::SGDOptions{.lr = 1e-2});
     const Tensor tokens = Tokens(env);
     fsdp2::RecordingObserver observer;
@@ -329,14 +361,15 @@ Scenario BackwardPrefetchForwardBackward() {
   s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
     // docs/fsdp-behaviour.md, "Backward prefetch": forward unshards the root, then every
-    // block in order; backward:
-    // the root (never resharded after forward) prefetches the last block, each block i
+    // block in order; backward: the root unshards first if it was resharded after forward
+    // (per the profile, "Semantics profiles") and prefetches the last block, each block i
     // prefetches block i-1 before its post_backward, and the root's post_backward comes from
-    // the end-of-backward callback. Without reshard after forward no unshard is issued.
+    // the end-of-backward callback. Groups not resharded after forward issue no unshard.
     const int64_t n = params.GetInt("n_layers");
-    const bool raf_false = params.GetString("reshard_after_forward") == "False";
+    const Resharded resharded = ReshardedOf(params);
     const nlohmann::json fwd = ForwardUnshards(n, /*with_root=*/true);
-    nlohmann::json bwd = BlockBackwardEvents(n, /*with_unshard=*/!raf_false);
+    nlohmann::json bwd = RootBackwardUnshard(resharded.root);
+    Append(bwd, BlockBackwardEvents(n, /*with_unshard=*/resharded.blocks));
     bwd.push_back(EventJson("post_backward", "", "POST_BACKWARD"));
     const int64_t iterations = params.GetInt("iterations");
     // Element `it` of each rank's per-iteration lists (null when the rank reported fewer).
@@ -363,10 +396,14 @@ Scenario BackwardPrefetchUnusedInBackward() {
   s.info.seed_test =
       "test_fully_shard_comm.py::TestFullyShardPrefetch::test_fully_shard_backward_prefetch "
       "(_test_backward_prefetch_unused_in_backward)";
-  s.info.params = {ParamSpec::Axis("reshard_after_forward", "fully_shard reshard_after_forward",
-                                   {"True"}),
-                   ParamSpec::SizeInt("dim", "Linear / DoubleLinear dim", 8),
-                   ParamSpec::SizeInt("seed", "seed of the input batch", 0)};
+  ParamSpec raf_axis = ReshardAfterForwardAxis();
+  raf_axis.values = {"True"};  // the seed runs True only
+  s.info.params = {raf_axis, ParamSpec::SizeInt("dim", "Linear / DoubleLinear dim", 8),
+                   ParamSpec::SizeInt("seed", "seed of the input batch", 0), SemanticsParam()};
+  s.info.test_runs = {{4, {{"reshard_after_forward", "False"}}},
+                      {4, {{"reshard_after_forward", "2"}}}};
+  for (const TestRun& run : LaterProfileTestRuns(4)) s.info.test_runs.push_back(run);
+  s.skip = SkipIntNotAFactor;
   s.run_rank = [](RankEnv& env) {
     const int64_t dim = env.params.GetInt("dim");
     auto lin0 = std::make_shared<nn::Linear>(dim, dim);
@@ -376,8 +413,8 @@ Scenario BackwardPrefetchUnusedInBackward() {
     model->to(env.device);
     fsdp2::FullyShardOptions options;
     options.process_group = env.pg;
-    options.reshard_after_forward =
-        ParseReshardAfterForward(env.params.GetString("reshard_after_forward"));
+    options.semantics = SemanticsOf(env.params);
+    options.reshard_after_forward = ReshardAfterForwardOf(env.params);
     fsdp2::fully_shard(lin0, options);
     fsdp2::fully_shard(double_linear->child("lin1"), options);
     fsdp2::fully_shard(double_linear->child("lin2"), options);
@@ -405,26 +442,36 @@ Scenario BackwardPrefetchUnusedInBackward() {
     }
     return obs;
   };
-  s.judge = [](const CaseParams&, int world, const std::vector<nlohmann::json>& per_rank,
+  s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
-    // docs/fsdp-behaviour.md, "Backward prefetch" (E2 / early E3, as the seed asserts):
-    // post_forward_order is
-    // [0, 1.lin1, 1.lin2]; lin2's pre-backward prefetches its predecessor lin1 although lin1
-    // is not in that backward; the pending all-gather is kept (not the last backward) and
-    // consumed by lin1's own unshard in the second backward, which then prefetches 0.
+    // docs/fsdp-behaviour.md, "Backward prefetch" and "End-of-backward callback" (the sweep
+    // of groups still UNSHARDED, as the seed asserts): post_forward_order is
+    // [0, 1.lin1, 1.lin2]; the root has no parameters, so the profile's root rule plays no
+    // part. Resharded after forward (the seed's True), lin2's pre-backward prefetches its
+    // predecessor lin1 although lin1 is not in that backward; the pending all-gather is kept
+    // (not the last backward) and consumed by lin1's own unshard in the second backward,
+    // which then prefetches 0. Not resharded, the first backward issues no unshard and its
+    // sweep gives lin1, still UNSHARDED, its post_backward (which reshards it); the second
+    // backward then all-gathers lin1 and prefetches 0.
+    const bool r = ReshardsAfterForward(params, /*is_root=*/false);
+    auto unshard = [](const char* fqn) { return EventJson("unshard", fqn, "PRE_BACKWARD"); };
+    auto post_backward = [](const char* fqn) {
+      return EventJson("post_backward", fqn, "POST_BACKWARD");
+    };
     const nlohmann::json expected_forward = {EventJson("unshard", "0", "FORWARD"),
                                              EventJson("unshard", "1.lin1", "FORWARD"),
                                              EventJson("unshard", "1.lin2", "FORWARD")};
-    const nlohmann::json expected_backward1 = {
-        EventJson("unshard", "1.lin2", "PRE_BACKWARD"),
-        EventJson("unshard", "1.lin1", "PRE_BACKWARD"),
-        EventJson("post_backward", "1.lin2", "POST_BACKWARD"),
-        EventJson("unshard", "0", "PRE_BACKWARD"),
-        EventJson("post_backward", "0", "POST_BACKWARD")};
-    const nlohmann::json expected_backward2 = {
-        EventJson("unshard", "0", "PRE_BACKWARD"),
-        EventJson("post_backward", "1.lin1", "POST_BACKWARD"),
-        EventJson("post_backward", "0", "POST_BACKWARD")};
+    nlohmann::json expected_backward1 = nlohmann::json::array();
+    nlohmann::json expected_backward2 = nlohmann::json::array();
+    if (r) {
+      expected_backward1 = {unshard("1.lin2"), unshard("1.lin1"), post_backward("1.lin2"),
+                            unshard("0"), post_backward("0")};
+      expected_backward2 = {unshard("0"), post_backward("1.lin1"), post_backward("0")};
+    } else {
+      expected_backward1 = {post_backward("1.lin2"), post_backward("0"), post_backward("1.lin1")};
+      expected_backward2 = {unshard("1.lin1"), unshard("0"), post_backward("1.lin1"),
+                            post_backward("0")};
+    }
     CheckEveryRank(checks, per_rank, world,
                    {{"forward_events", "forward events", expected_forward},
                     {"backward1_events", "backward through lin2 (not last)", expected_backward1},
@@ -438,6 +485,7 @@ ScenarioInfo UnshardInfo(const std::string& case_name, const std::string& descri
   info.name = "fully_shard_comm/" + case_name;
   info.description = description;
   info.seed_test = "test_fully_shard_comm.py::TestFullyShardUnshardMultiThread::test_" + case_name;
+  info.params = {SemanticsParam()};
   info.default_world = 2;
   info.min_world = 1;
   info.max_world = 8;
@@ -455,6 +503,7 @@ Scenario UnshardNoParamGroup() {
         std::make_shared<nn::Linear>(4, 4), std::make_shared<nn::Linear>(4, 4)});
     fsdp2::FullyShardOptions options;
     options.process_group = env.pg;
+    options.semantics = SemanticsOf(env.params);
     for (const nn::ModulePtr& lin : model->children()) fsdp2::fully_shard(lin, options);
     fsdp2::FSDPModule root = fsdp2::fully_shard(model, options);
     fsdp2::UnshardHandle handle = root.unshard(/*async_op=*/true);
@@ -478,7 +527,7 @@ Scenario UnshardWithoutLazyInit() {
   s.info = UnshardInfo("unshard_without_lazy_init",
                        "MLP(dim) broadcast from rank 0 and fully sharded: unshard() before any "
                        "forward registers unsharded parameters equal to the reference copy");
-  s.info.params = {ParamSpec::SizeInt("dim", "MLP dim", 4)};
+  s.info.params.insert(s.info.params.begin(), ParamSpec::SizeInt("dim", "MLP dim", 4));
   s.run_rank = [](RankEnv& env) {
     auto model = std::make_shared<nn::MLP>(env.params.GetInt("dim"));
     if (env.pg) {
@@ -491,6 +540,7 @@ Scenario UnshardWithoutLazyInit() {
     }
     fsdp2::FullyShardOptions options;
     options.process_group = env.pg;
+    options.semantics = SemanticsOf(env.params);
     fsdp2::FSDPModule fsdp_model = fsdp2::fully_shard(model, options);
     fsdp_model.unshard();
     for (const auto& [name, param] : model->named_parameters()) {

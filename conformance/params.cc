@@ -153,7 +153,11 @@ ParamSpec ParamSpec::SizeString(std::string name, std::string description,
 }
 
 std::string ParamSpec::ValuesText() const {
-  if (kind == ParamKind::kAxis) return JoinValues(values, "|");
+  if (kind == ParamKind::kAxis) {
+    const std::string listed = JoinValues(values, "|");
+    return domain ? listed + " (accepts " + domain->text + ")" : listed;
+  }
+  if (domain) return domain->text + ", default " + default_value();
   return std::string(ParamTypeName(type)) + ", default " + default_value();
 }
 
@@ -171,8 +175,19 @@ std::string ParamSpec::Canonicalize(const std::string& value) const {
         if (listed_word_bool && *ParseBool(v) == *ParseBool(value)) return v;
       }
     }
+    if (domain) {
+      if (std::optional<std::string> canonical = domain->canonicalize(value)) return *canonical;
+      FSDP_THROW(ErrorCode::kInvalidArgument, "parameter '", name, "' has no value '", value,
+                 "'; it accepts ", domain->text, " (by default it runs ",
+                 JoinValues(values, ", "), ")");
+    }
     FSDP_THROW(ErrorCode::kInvalidArgument, "parameter '", name, "' has no value '", value,
                "'; valid values: ", JoinValues(values, ", "));
+  }
+  if (domain) {
+    if (std::optional<std::string> canonical = domain->canonicalize(value)) return *canonical;
+    FSDP_THROW(ErrorCode::kInvalidArgument, "parameter '", name, "' takes ", domain->text,
+               "; got '", value, "' (default ", default_value(), ")");
   }
   switch (type) {
     case ParamType::kInt:
@@ -217,6 +232,17 @@ void ValidateParamSpecs(const std::string& scenario, const std::vector<ParamSpec
         FSDP_CHECK(!v.empty() && v.find_first_of(",=") == std::string::npos, "scenario ", scenario,
                    ": axis '", s.name, "' value '", v,
                    "' must be non-empty and contain neither ',' nor '='");
+      }
+    }
+    if (s.domain) {
+      FSDP_CHECK(static_cast<bool>(s.domain->canonicalize) && !s.domain->text.empty(),
+                 "scenario ", scenario, ": parameter '", s.name,
+                 "' has a domain without text or canonicalize function");
+      for (const auto& v : s.values) {
+        const std::optional<std::string> canonical = s.domain->canonicalize(v);
+        FSDP_CHECK(canonical.has_value() && *canonical == v, "scenario ", scenario,
+                   ": parameter '", s.name, "' lists '", v, "', which its domain (",
+                   s.domain->text, ") does not spell that way");
       }
     }
   }

@@ -6,12 +6,16 @@
 // an axis runs every value (the cartesian product over all unfixed axes, each combination one
 // "case"). Sizes the seed hard-codes (layers, dims, batch, iterations) are SIZE parameters with
 // the seed's value as the single default. Values are kept as strings, spelled as the seed
-// spells them ("True", "False", "2", "separate"), and read through typed getters.
+// spells them ("True", "False", "2", "separate"), and read through typed getters. A parameter
+// may declare a DOMAIN, every value of its type: an axis with a domain still runs its listed
+// values by default and accepts any value of the domain when fixed; a size with a domain
+// accepts exactly the domain.
 //
 // Thread-safety: value types; const member functions are safe to call concurrently.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -31,6 +35,15 @@ enum class ParamType { kInt, kDouble, kBool, kString };
 const char* ParamKindName(ParamKind kind);  // "axis", "size"
 const char* ParamTypeName(ParamType type);  // "int", "double", "bool", "string"
 
+// The values a parameter accepts (see the file comment), e.g. reshard_after_forward's "True,
+// False, None or an int >= 1".
+struct ParamDomain {
+  std::string text;  // the accepted values in words, for `list` and error messages
+  // The canonical spelling of `value` ("true" -> "True", "02" -> "2"), or nullopt when the
+  // domain does not contain it. Must be pure (called from any thread).
+  std::function<std::optional<std::string>(const std::string& value)> canonicalize;
+};
+
 // One declared parameter of a scenario.
 struct ParamSpec {
   std::string name;                     // e.g. "reshard_after_forward"; [A-Za-z0-9_] only
@@ -39,6 +52,9 @@ struct ParamSpec {
   ParamType type = ParamType::kString;  // Default: string; used to validate SIZE values
   // AXIS: the seed's values in the seed's order (at least one). SIZE: exactly one, the default.
   std::vector<std::string> values;
+  // Every accepted value (see ParamDomain). Default: none (an axis accepts exactly `values`, a
+  // size any value of `type`).
+  std::optional<ParamDomain> domain;
 
   static ParamSpec Axis(std::string name, std::string description, std::vector<std::string> values);
   static ParamSpec SizeInt(std::string name, std::string description, int64_t default_value);
@@ -48,11 +64,13 @@ struct ParamSpec {
 
   // The default of a SIZE parameter; the first value of an axis.
   const std::string& default_value() const { return values.front(); }
-  // "True|False|2" for an axis; "int, default 2" for a size.
+  // "True|False|2" for an axis ("True|False|2 (accepts True, False, None or an int >= 1)"
+  // with a domain); "int, default 2" for a size ("torch-2.4 or torch-2.8, default torch-2.4"
+  // with a domain).
   std::string ValuesText() const;
   // Validates a user-supplied value and returns it in canonical form (for an axis, the listed
-  // spelling: "true" becomes "True" when "True" is listed). Throws InvalidArgument naming the
-  // parameter and its valid values.
+  // spelling: "true" becomes "True" when "True" is listed; otherwise the domain's spelling).
+  // Throws InvalidArgument naming the parameter and its valid values.
   std::string Canonicalize(const std::string& value) const;
 };
 

@@ -73,6 +73,50 @@ TEST(ParamSpec, SizeValuesAreTyped) {
   EXPECT_EQ(Specs()[0].ValuesText(), "True|False|2");
 }
 
+// A toy domain: the even numbers, spelled without leading zeros.
+ParamDomain EvenNumbers() {
+  return {"an even int", [](const std::string& v) -> std::optional<std::string> {
+            const std::optional<int64_t> n = ParseInt(v);
+            if (!n || *n % 2 != 0) return std::nullopt;
+            return std::to_string(*n);
+          }};
+}
+
+TEST(ParamSpec, AxisWithADomainRunsItsValuesAndAcceptsTheDomain) {
+  ParamSpec axis = ParamSpec::Axis("k", "", {"2", "4"});
+  axis.domain = EvenNumbers();
+  EXPECT_EQ(axis.Canonicalize("4"), "4");
+  EXPECT_EQ(axis.Canonicalize("006"), "6");  // not listed, in the domain: its spelling
+  const std::string err = ErrorOf([&] { axis.Canonicalize("3"); });
+  EXPECT_THAT(err, HasSubstr("parameter 'k' has no value '3'; it accepts an even int"));
+  EXPECT_THAT(err, HasSubstr("by default it runs 2, 4"));
+  EXPECT_EQ(axis.ValuesText(), "2|4 (accepts an even int)");
+  const auto cases = ExpandCases("f/c", {axis}, {});
+  ASSERT_EQ(cases.size(), 2u);  // unfixed: the listed values only
+  EXPECT_EQ(ExpandCases("f/c", {axis}, {{"k", "8"}}).front().GetString("k"), "8");
+}
+
+TEST(ParamSpec, SizeWithADomainAcceptsExactlyTheDomain) {
+  ParamSpec size = ParamSpec::SizeString("profile", "", "2");
+  size.domain = EvenNumbers();
+  EXPECT_EQ(size.Canonicalize("10"), "10");
+  EXPECT_THAT(ErrorOf([&] { size.Canonicalize("x"); }),
+              HasSubstr("parameter 'profile' takes an even int; got 'x' (default 2)"));
+  EXPECT_EQ(size.ValuesText(), "an even int, default 2");
+}
+
+TEST(ValidateParamSpecs, ListedValuesMustBeInTheirDomain) {
+  ParamSpec axis = ParamSpec::Axis("k", "", {"2", "3"});
+  axis.domain = EvenNumbers();
+  EXPECT_THAT(ErrorOf([&] { ValidateParamSpecs("f/c", {axis}); }),
+              HasSubstr("lists '3', which its domain (an even int) does not spell that way"));
+  ParamSpec size = ParamSpec::SizeString("s", "", "02");
+  size.domain = EvenNumbers();
+  EXPECT_THAT(ErrorOf([&] { ValidateParamSpecs("f/c", {size}); }), HasSubstr("lists '02'"));
+  axis.values = {"2", "4"};
+  EXPECT_NO_THROW(ValidateParamSpecs("f/c", {axis}));
+}
+
 TEST(ValidateParamSpecs, RejectsDuplicatesAndBadDefaults) {
   EXPECT_NO_THROW(ValidateParamSpecs("f/c", Specs()));
   auto dup = Specs();

@@ -110,11 +110,14 @@ void TableWriter::Row(const CaseResult& r) {
   out_.flush();
 }
 
-nlohmann::json ResultsJson(const std::vector<CaseResult>& results) {
+std::string SemanticsLine(const std::string& semantics) { return "semantics: " + semantics; }
+
+nlohmann::json ResultsJson(const std::vector<CaseResult>& results, const std::string& semantics) {
   const Tally t = CountResults(results);
   nlohmann::json cases = nlohmann::json::array();
   for (const auto& r : results) cases.push_back(r.ToJson());
   return {{"version", 1},
+          {"semantics", semantics},
           {"summary", {{"passed", t.passed}, {"failed", t.failed}, {"skipped", t.skipped}}},
           {"cases", std::move(cases)}};
 }

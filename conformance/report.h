@@ -1,5 +1,5 @@
-// Report: the human table that `fsdp-conform run` prints while cases finish, the summary line,
-// and the --json document.
+// Report: the human table that `fsdp-conform run` prints while cases finish, the semantics and
+// summary lines, and the --json document.
 //
 // Ownership: a TableWriter borrows its stream. Thread-safety: one thread.
 #pragma once
@@ -22,6 +22,8 @@ struct Tally {
 Tally CountResults(const std::vector<CaseResult>& results);
 // Exactly "N passed, N failed, N skipped".
 std::string SummaryLine(const Tally& tally);
+// Exactly "semantics: NAME": the run's FSDP semantics profile, printed before the summary.
+std::string SemanticsLine(const std::string& semantics);
 
 // Prints one row per case, with column widths fixed from the plan so that rows can stream:
 //   SCENARIO  CASE  BACKEND  WORLD  STATUS  FIGURES  TIME
@@ -44,8 +46,10 @@ class TableWriter {
 };
 
 // The --json document:
-//   {"version": 1, "summary": {"passed": N, "failed": N, "skipped": N},
+//   {"version": 1, "semantics": "torch-2.4",
+//    "summary": {"passed": N, "failed": N, "skipped": N},
 //    "cases": [CaseResult::ToJson(), ...]}
-nlohmann::json ResultsJson(const std::vector<CaseResult>& results);
+// `semantics` is the run's profile (Runner::semantics()).
+nlohmann::json ResultsJson(const std::vector<CaseResult>& results, const std::string& semantics);
 
 }  // namespace fsdp::conformance

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "conformance/driver_protocol.h"
+#include "conformance/fsdp_params.h"
 #include "conformance/observations.h"
 #include "conformance/process_launcher.h"
 #include "conformance/threaded_launcher.h"
@@ -106,6 +107,17 @@ std::vector<PlannedCase> Runner::Plan() {
     FSDP_CHECK(any, "no matched scenario has parameter '", key,
                "'; parameters: ", ParamsOfScenarios(scenarios));
   }
+  // The run's semantics profile: a known name, one value for the whole run.
+  semantics_ = fsdp2::SemanticsName(fsdp2::kDefaultSemantics);
+  const auto param_semantics = options_.params.find(kSemanticsParam);
+  if (options_.semantics) {
+    semantics_ = fsdp2::SemanticsName(fsdp2::ParseSemantics(*options_.semantics));
+    FSDP_CHECK(param_semantics == options_.params.end() || param_semantics->second == semantics_,
+               "--semantics ", semantics_, " and --param semantics=", param_semantics->second,
+               " disagree; give one of them");
+  } else if (param_semantics != options_.params.end()) {
+    semantics_ = fsdp2::SemanticsName(fsdp2::ParseSemantics(param_semantics->second));
+  }
 
 
   std::vector<PlannedCase> plan;
@@ -115,6 +127,8 @@ std::vector<PlannedCase> Runner::Plan() {
     for (const auto& p : info.params) {
       if (auto it = options_.params.find(p.name); it != options_.params.end()) {
         fixed[p.name] = it->second;
+      } else if (p.name == kSemanticsParam && options_.semantics) {
+        fixed[p.name] = semantics_;
       }
     }
     // Validates and canonicalises the values even when the scenario is then skipped.
@@ -145,7 +159,15 @@ std::vector<PlannedCase> Runner::Plan() {
         }
       }
       PlannedCase pc{s, c, world, std::nullopt};
-      if (s->skip) pc.skip_reason = s->skip(c, world);
+      if (s->skip) {
+        // A skip rule may also reject a value that is invalid in combination (e.g.
+        // reshard_after_forward=None under torch-2.4): the plan fails, naming the case.
+        try {
+          pc.skip_reason = s->skip(c, world);
+        } catch (const Error& e) {
+          FSDP_THROW(e.code(), "scenario ", info.name, " (", c.Label(), "): ", e.message());
+        }
+      }
       if (!pc.skip_reason && subject_) pc.skip_reason = subject_->Unsupported(*s, c, backend_);
       kept.push_back(std::move(pc));
     }

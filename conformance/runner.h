@@ -31,6 +31,11 @@ struct RunOptions {
   std::optional<std::string> backend;
   std::optional<int> world;                       // Default: each scenario's default world
   std::map<std::string, std::string> params;      // --param KEY=VALUE; Default: none
+  // --semantics: the FSDP semantics profile of the run ("torch-2.4", "torch-2.8";
+  // docs/scenarios.md, "Semantics profiles"). It fixes the `semantics` parameter of every
+  // matched scenario that declares one (a --param semantics= must agree with it). Default:
+  // unset (--param semantics= if given, else each scenario's default, torch-2.4).
+  std::optional<std::string> semantics;
   std::chrono::milliseconds timeout{300000};      // Default: 300 s per case
   std::chrono::milliseconds failure_grace{5000};  // Default: 5 s (see LaunchRequest)
   std::string subject = kEngineSubject;           // Default: "engine"; or "external"
@@ -89,6 +94,9 @@ class Runner {
   std::vector<CaseResult> RunAll(const std::function<void(const CaseResult&)>& on_result = {});
 
   const std::string& backend() const { return backend_; }
+  // The run's semantics profile, recorded in the report: --semantics, else --param semantics=,
+  // else the default profile. Valid after Plan().
+  const std::string& semantics() const { return semantics_; }
   const RunOptions& options() const { return options_; }
 
  private:
@@ -97,6 +105,7 @@ class Runner {
   const Catalog& catalog_;
   RunOptions options_;
   std::string backend_;
+  std::string semantics_;
   std::shared_ptr<Subject> subject_;  // null for the external subject
   bool planned_ = false;
 };

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "conformance/catalog.h"
 #include "conformance/testing/toy_catalog.h"
 #include "engine/core/error.h"
 
@@ -231,6 +232,72 @@ TEST(Runner, ParamAppliesToTheScenariosThatHaveIt) {
   EXPECT_EQ(results[2].scenario, "toy/sum");
   EXPECT_FALSE(results[2].params.has("b"));
   for (const auto& r : results) EXPECT_EQ(r.status, CaseStatus::kPassed) << Dump(r);
+}
+
+// --semantics against the default catalog: planning only (nothing runs).
+std::vector<PlannedCase> PlanDefault(RunOptions options, std::string* semantics = nullptr) {
+  Runner runner(DefaultCatalog(), std::move(options));
+  std::vector<PlannedCase> plan = runner.Plan();
+  if (semantics) *semantics = runner.semantics();
+  return plan;
+}
+
+std::string PlanDefaultError(RunOptions options) {
+  try {
+    PlanDefault(std::move(options));
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Runner, SemanticsFixesTheParameterOfTheScenariosThatDeclareIt) {
+  const std::string count = "fully_shard_comm/communication_count";
+  const std::string parity = "parity/fsdp/mlp";  // declares no `semantics`
+  std::string semantics;
+  RunOptions o = Options({count, parity});
+  o.semantics = "torch-2.8";
+  const std::vector<PlannedCase> plan = PlanDefault(o, &semantics);
+  EXPECT_EQ(semantics, "torch-2.8");
+  int declaring = 0;
+  for (const PlannedCase& pc : plan) {
+    if (pc.scenario->info.name == count) {
+      ++declaring;
+      EXPECT_EQ(pc.params.GetString("semantics"), "torch-2.8");
+    } else {
+      EXPECT_FALSE(pc.params.has("semantics")) << pc.scenario->info.name;
+    }
+  }
+  EXPECT_EQ(declaring, 3);  // reshard_after_forward True, False, 2
+  // Without --semantics: each scenario's default, recorded as the default profile.
+  for (const PlannedCase& pc : PlanDefault(Options({count}), &semantics)) {
+    EXPECT_EQ(pc.params.GetString("semantics"), "torch-2.4");
+  }
+  EXPECT_EQ(semantics, "torch-2.4");
+  // --param semantics= alone sets the run's profile too.
+  RunOptions param = Options({count});
+  param.params = {{"semantics", "torch-2.8"}};
+  PlanDefault(param, &semantics);
+  EXPECT_EQ(semantics, "torch-2.8");
+}
+
+TEST(Runner, SemanticsErrorsNameTheProblem) {
+  RunOptions unknown = Options({"fully_shard_comm/communication_count"});
+  unknown.semantics = "torch-2.6";
+  EXPECT_THAT(PlanDefaultError(unknown),
+              HasSubstr("unknown FSDP semantics 'torch-2.6'; known profiles: torch-2.4, torch-2.8"));
+  RunOptions disagree = unknown;
+  disagree.semantics = "torch-2.8";
+  disagree.params = {{"semantics", "torch-2.4"}};
+  EXPECT_THAT(PlanDefaultError(disagree),
+              HasSubstr("--semantics torch-2.8 and --param semantics=torch-2.4 disagree"));
+  RunOptions none = Options({"fully_shard_comm/communication_count"});
+  none.params = {{"reshard_after_forward", "None"}};
+  const std::string err = PlanDefaultError(none);
+  EXPECT_THAT(err, HasSubstr("scenario fully_shard_comm/communication_count (n_layers=2,"));
+  EXPECT_THAT(err, HasSubstr("reshard_after_forward=None is not valid under semantics torch-2.4"));
+  none.semantics = "torch-2.8";
+  EXPECT_EQ(PlanDefaultError(none), "");
 }
 
 TEST(Runner, TableSubjectRunsItsBodiesAndSkipsTheRest) {

@@ -87,9 +87,9 @@ void ShardEveryChildThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardO
 fsdp2::FullyShardOptions ShardOptionsOf(const RankEnv& env) {
   fsdp2::FullyShardOptions options;
   options.process_group = env.pg;
+  options.semantics = SemanticsOf(env.params);
   if (env.params.has("reshard_after_forward")) {
-    options.reshard_after_forward =
-        ParseReshardAfterForward(env.params.GetString("reshard_after_forward"));
+    options.reshard_after_forward = ReshardAfterForwardOf(env.params);
   }
   return options;
 }

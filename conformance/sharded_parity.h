@@ -42,8 +42,9 @@ ShardPlan ShardSubmodulesThenRoot(std::vector<std::string> fqns);
 // seed's `for module in model: fully_shard(module)` over an nn.Sequential.
 void ShardEveryChildThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options);
 
-// The case's fully_shard options on this rank: its process group and, when the case has a
-// `reshard_after_forward` parameter, that value.
+// The case's fully_shard options on this rank: its process group, its semantics profile (the
+// default when the case has no `semantics` parameter) and, when the case has a
+// `reshard_after_forward` parameter, that value (None as nullopt).
 fsdp2::FullyShardOptions ShardOptionsOf(const RankEnv& env);
 
 // The observations RunShardedParityRank reports (see above).

@@ -34,10 +34,13 @@ FsdpState* GetFsdpState(const nn::Module& module) {
   return static_cast<FsdpState*>(module.attachment(kFsdpAttachment).get());
 }
 
-FsdpState::FsdpState(nn::Module* module, Device device, MixedPrecisionPolicy mp_policy)
+FsdpState::FsdpState(nn::Module* module, Device device, MixedPrecisionPolicy mp_policy,
+                     Semantics semantics, bool auto_reshard_after_forward)
     : module_(module),
       device_(device),
       mp_policy_(mp_policy),
+      semantics_(semantics),
+      auto_reshard_after_forward_(auto_reshard_after_forward),
       state_ctx_(std::make_shared<StateContext>()),
       comm_ctx_(std::make_shared<CommContext>()) {}
 
@@ -159,9 +162,10 @@ void FsdpState::lazy_init() {
     state_ctx_->all_states.push_back(state);
     visited.insert(state);
   }
-  if (param_group_) {
-    // E1–E3: the root does not reshard after forward, since for training its parameters
-    // would be freed and all-gathered again immediately.
+  if (param_group_ && LazyInitKeepsRootUnsharded(semantics_, auto_reshard_after_forward_)) {
+    // The root does not reshard after forward, since for training its parameters would be
+    // freed and all-gathered again immediately: always under torch-2.4, only for None under
+    // torch-2.8 (semantics.h).
     param_group_->set_post_forward_mesh_info(std::nullopt);
   }
   init_fqns();

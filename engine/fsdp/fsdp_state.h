@@ -7,8 +7,10 @@
 //    prefetch; the group's post_forward (reshard, post-forward order), a pre-backward tensor
 //    hook on every output tensor that requires grad, output cast.
 //  * lazy init at the first forward of any FSDP module: root detection (the first state to
-//    run forward), all_states in pre-order, the root's reshard-after-forward override (the
-//    root never reshards after forward, E1–E3), FQNs, shared CommContext and StateContext.
+//    run forward), all_states in pre-order, the root's reshard-after-forward override (per the
+//    root's Semantics: torch-2.4 always keeps the root unsharded after forward, torch-2.8 only
+//    when its reshard_after_forward was left None; semantics.h), FQNs, shared CommContext and
+//    StateContext.
 //  * pre-backward (from the output tensor hooks): PRE_BACKWARD, queue the root end-of-
 //    backward callback once per backward, the group's pre_backward (guarded), explicit
 //    backward prefetch.
@@ -34,6 +36,7 @@
 #include "engine/fsdp/comm_context.h"
 #include "engine/fsdp/fsdp_api.h"
 #include "engine/fsdp/fsdp_param_group.h"
+#include "engine/fsdp/semantics.h"
 #include "engine/fsdp/training_state.h"
 #include "engine/nn/value.h"
 
@@ -58,7 +61,10 @@ struct StateContext {
 
 class FsdpState : public std::enable_shared_from_this<FsdpState> {
  public:
-  FsdpState(nn::Module* module, Device device, MixedPrecisionPolicy mp_policy);
+  // `auto_reshard_after_forward`: PyTorch's `_auto_reshard_after_forward`, true when
+  // fully_shard was given reshard_after_forward=None (semantics.h).
+  FsdpState(nn::Module* module, Device device, MixedPrecisionPolicy mp_policy,
+            Semantics semantics = kDefaultSemantics, bool auto_reshard_after_forward = false);
   ~FsdpState();
   FsdpState(const FsdpState&) = delete;
   FsdpState& operator=(const FsdpState&) = delete;
@@ -70,6 +76,10 @@ class FsdpState : public std::enable_shared_from_this<FsdpState> {
   nn::Module* module() const { return module_; }
   Device device() const { return device_; }
   const MixedPrecisionPolicy& mp_policy() const { return mp_policy_; }
+  Semantics semantics() const { return semantics_; }
+  bool auto_reshard_after_forward() const { return auto_reshard_after_forward_; }
+  // set_reshard_after_forward clears it: the value is then the user's.
+  void set_auto_reshard_after_forward(bool value) { auto_reshard_after_forward_ = value; }
   const std::shared_ptr<FsdpParamGroup>& param_group() const { return param_group_; }
   void set_param_group(std::shared_ptr<FsdpParamGroup> group) { param_group_ = std::move(group); }
   TrainingState training_state() const { return training_state_; }
@@ -104,6 +114,8 @@ class FsdpState : public std::enable_shared_from_this<FsdpState> {
   nn::Module* module_;
   Device device_;
   MixedPrecisionPolicy mp_policy_;
+  Semantics semantics_;
+  bool auto_reshard_after_forward_;
   std::shared_ptr<FsdpParamGroup> param_group_;
   std::optional<bool> is_root_;
   TrainingState training_state_ = TrainingState::kIdle;

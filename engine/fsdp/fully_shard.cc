@@ -55,10 +55,16 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
                                                         ? options.process_group
                                                         : distributed::GetDefaultProcessGroup());
   const Device device = DeviceFor(options);
+  // None (torch-2.8) is True until lazy init finds the root; torch-2.4's unset value is its
+  // default True, and its lazy init keeps the root unsharded whatever the value (semantics.h).
+  const bool auto_reshard_after_forward =
+      !options.reshard_after_forward.has_value() &&
+      HasReshardAfterForwardNone(options.semantics);
   std::optional<FsdpMeshInfo> post_forward_mesh_info =
-      GetPostForwardMeshInfo(options.reshard_after_forward, mesh_info);
+      GetPostForwardMeshInfo(options.reshard_after_forward.value_or(true), mesh_info);
 
-  auto state = std::make_shared<FsdpState>(module.get(), device, options.mp_policy);
+  auto state = std::make_shared<FsdpState>(module.get(), device, options.mp_policy,
+                                           options.semantics, auto_reshard_after_forward);
 
   // Managed modules (post-order) and their parameters: direct parameters in registration
   // order, tied parameters once, ignored ones skipped.
@@ -181,6 +187,7 @@ void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool re
 
 void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recurse) {
   for (FsdpState* s : states(recurse)) {
+    s->set_auto_reshard_after_forward(false);
     if (const auto& group = s->param_group()) {
       group->set_post_forward_mesh_info(
           GetPostForwardMeshInfo(reshard_after_forward, group->mesh_info()));

@@ -29,6 +29,7 @@
 #include "engine/fsdp/fsdp_param_group.h"
 #include "engine/fsdp/fsdp_state.h"
 #include "engine/fsdp/mesh_info.h"
+#include "engine/fsdp/semantics.h"
 #include "engine/nn/module.h"
 
 namespace fsdp::fsdp2 {
@@ -40,10 +41,16 @@ struct FullyShardOptions {
   // A 1-D FSDP group, used when `mesh` is null. Default: null (the rank's default group,
   // distributed::GetDefaultProcessGroup()).
   std::shared_ptr<distributed::ProcessGroup> process_group;
+  // The PyTorch release whose rules apply where FSDP2 changed (semantics.h; docs/fsdp-behaviour.md,
+  // "Semantics profiles"). Default: torch-2.4.
+  Semantics semantics = kDefaultSemantics;
   // true: reshard after forward; false: keep unsharded until post-backward; int k: reshard to
-  // groups of k ranks after forward (1 <= k <= W, W % k == 0). The lazy-init root never
-  // reshards after forward. Default: true.
-  ReshardAfterForward reshard_after_forward = true;
+  // groups of k ranks after forward (1 <= k <= W, W % k == 0); nullopt: None, the release's
+  // default. torch-2.4 has no None: there nullopt is its default True, and lazy init keeps the
+  // root unsharded after forward whatever the value. torch-2.8: None is True for non-root
+  // modules and False for the root, and an explicit true or int also reshards the root.
+  // Default: nullopt.
+  std::optional<ReshardAfterForward> reshard_after_forward;
   MixedPrecisionPolicy mp_policy;  // Default: no mixed precision
   OffloadPolicy offload_policy;    // Default: no offload
   // Parameters left unmanaged (not sharded). Default: none.
@@ -86,7 +93,9 @@ class FSDPModule {
   void set_requires_all_reduce(bool requires_all_reduce, bool recurse = true);
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
   // Bool only: recomputes the post-forward mesh of this module's (and with recurse every FSDP
-  // submodule's) group; can also make the root reshard after forward.
+  // submodule's) group; can also make the root reshard after forward. Under torch-2.8 it also
+  // marks the value as set by the user (clears `auto_reshard_after_forward`), so a later lazy
+  // init keeps it for the root.
   void set_reshard_after_forward(bool reshard_after_forward, bool recurse = true);
   void set_modules_to_forward_prefetch(const std::vector<nn::ModulePtr>& modules);
   void set_modules_to_backward_prefetch(const std::vector<nn::ModulePtr>& modules);

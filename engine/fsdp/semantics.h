@@ -1,0 +1,51 @@
+// Semantics: the PyTorch release whose FSDP2 rules fully_shard follows where releases differ
+// observably (docs/fsdp-behaviour.md, "Semantics profiles"). Two profiles:
+//
+//   torch-2.4  (default) reshard_after_forward is a bool or an int, default True, and lazy init
+//              clears the root's post-forward mesh whatever was passed: the root never reshards
+//              after forward (PyTorch 2.4 through 2.7).
+//   torch-2.8  reshard_after_forward may also be None, the default: True for non-root modules,
+//              False for the root. Lazy init clears the root's post-forward mesh only when the
+//              root's value was left None (neither fully_shard nor set_reshard_after_forward
+//              set it), so an explicit True or int reshards the root too (PyTorch 2.8 and
+//              later).
+//
+// The profile is a fully_shard option (FullyShardOptions::semantics), kept by each FsdpState.
+// Everything else the engine does is the same under both profiles.
+//
+// Value types and stateless functions; thread-safe.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp::fsdp2 {
+
+enum class Semantics {
+  kTorch2_4,  // "torch-2.4"
+  kTorch2_8,  // "torch-2.8"
+};
+
+inline constexpr Semantics kDefaultSemantics = Semantics::kTorch2_4;
+
+// "torch-2.4", "torch-2.8".
+const char* SemanticsName(Semantics semantics);
+// Every profile's name, oldest first.
+std::vector<std::string> SemanticsNames();
+// The profile named `name`; nullopt for an unknown name.
+std::optional<Semantics> FindSemantics(const std::string& name);
+// The profile named `name`; InvalidArgument naming the value and the known profiles otherwise.
+Semantics ParseSemantics(const std::string& name);
+
+// Whether fully_shard accepts reshard_after_forward=None (torch-2.8 and later).
+bool HasReshardAfterForwardNone(Semantics semantics);
+
+// Whether the root's lazy init clears its post-forward mesh, so that the root keeps its
+// parameters unsharded after forward. `auto_reshard_after_forward` is PyTorch's
+// `_auto_reshard_after_forward`: true when the root's reshard_after_forward was left None and
+// set_reshard_after_forward was not called. torch-2.4: always; torch-2.8: only when
+// `auto_reshard_after_forward`.
+bool LazyInitKeepsRootUnsharded(Semantics semantics, bool auto_reshard_after_forward);
+
+}  // namespace fsdp::fsdp2
