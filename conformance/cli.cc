@@ -6,6 +6,8 @@
 #include <set>
 
 #include "conformance/driver_protocol.h"
+#include "conformance/offline_case.h"
+#include "conformance/schema_doc.h"
 #include "conformance/report.h"
 #include "engine/fsdp/semantics.h"
 #include "conformance/runner.h"
@@ -26,6 +28,16 @@ commands:
   run PATTERN... [options]
       Run every scenario matching a glob pattern ('*' and '?', e.g. 'fully_shard_comm/*').
       Unfixed parameter axes run every value (each combination is one case).
+  schema [PATTERN...] [--markdown]
+      Print what each scenario's driver reads (input files) and must report (observations)
+      as JSON Schema, or as the Markdown page docs/observations.md.
+  expect SCENARIO --dir DIR [--world N] [--param KEY=VALUE]... [--backend NAME]
+      Write one case (every axis fixed) into DIR as the runner would: the input files,
+      rankR.request.json per rank (their "args" are the driver's flags) and, where the
+      scenario can say, the expected observations in DIR/expected/.
+  check DIR
+      Judge the results a driver wrote into DIR (prepared by expect, or a run directory the
+      runner kept): schema validation and the scenario's judge, as run does.
   help
       Print this text.
 
@@ -166,7 +178,10 @@ nlohmann::json ScenarioJson(const Scenario& s, const distributed::BackendRegistr
                            return c;
                          }()}}},
           {"requires_gpu", i.requirements.requires_gpu()},
-          {"params", params}};
+          {"params", params},
+          {"inputs", InputsJson(i.inputs)},
+          {"observations",
+           i.observations.empty() ? nlohmann::json(nullptr) : i.observations.ToJsonSchema()}};
 }
 
 std::string Join(const std::vector<std::string>& items, const std::string& sep) {
@@ -242,6 +257,75 @@ int List(const std::vector<std::string>& args, const Catalog& catalog, std::ostr
   out << "semantics: " << Join(fsdp2::SemanticsNames(), ", ") << " (default "
       << fsdp2::SemanticsName(fsdp2::kDefaultSemantics) << ")\n";
   return kExitOk;
+}
+
+int SchemaCommand(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& out) {
+  FlagParser flags("schema", {}, {}, {"--markdown"});
+  flags.Parse(args, 1);
+  const std::vector<const Scenario*> scenarios = flags.positional().empty()
+                                                     ? catalog.scenarios.All()
+                                                     : catalog.scenarios.Match(flags.positional());
+  if (flags.Has("--markdown")) {
+    out << ObservationsMarkdown(scenarios);
+    return kExitOk;
+  }
+  nlohmann::json doc = nlohmann::json::array();
+  for (const Scenario* s : scenarios) doc.push_back(ScenarioSchemaJson(*s));
+  out << doc.dump(2) << "\n";
+  return kExitOk;
+}
+
+int ExpectCommand(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& out) {
+  FlagParser flags("expect", {"--dir", "--world", "--backend"}, {"--param"}, {});
+  flags.Parse(args, 1);
+  FSDP_CHECK(flags.positional().size() == 1, "expect: name exactly one scenario");
+  const std::optional<std::string> dir = flags.Value("--dir");
+  FSDP_CHECK(dir && !dir->empty(), "expect: --dir DIR is required");
+  int world = 0;
+  if (auto w = flags.Value("--world")) {
+    auto v = ParseInt(*w);
+    FSDP_CHECK(v && *v >= 1, "expect: --world expects a positive integer, got '", *w, "'");
+    world = static_cast<int>(*v);
+  }
+  std::map<std::string, std::string> params;
+  for (const std::string& kv : flags.Values("--param")) {
+    auto [k, v] = ParseParamAssignment(kv);
+    FSDP_CHECK(params.count(k) == 0, "expect: --param ", k, " given twice");
+    params[k] = v;
+  }
+  const ResolvedCase c = ResolveCase(catalog, flags.positional().front(), world, params);
+  const PreparedCase prepared =
+      PrepareCase(c, flags.Value("--backend").value_or(kBackendGloo), *dir);
+  out << c.scenario->info.name << " at world " << c.world << " written to " << *dir << "\n";
+  for (const std::string& f : prepared.request_files) out << "  " << f << "\n";
+  out << (prepared.has_expected
+              ? "  expected observations: " + *dir + "/expected/\n"
+              : "  no expected observations: this scenario's judge derives them from what the "
+                "ranks report\n");
+  out << "Run your driver once per rank with the \"args\" of each request file, then: "
+         "fsdp-conform check "
+      << *dir << "\n";
+  return kExitOk;
+}
+
+int CheckCommand(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& out) {
+  FlagParser flags("check", {}, {}, {});
+  flags.Parse(args, 1);
+  FSDP_CHECK(flags.positional().size() == 1, "check: name exactly one directory");
+  const CaseResult result = CheckCase(catalog, flags.positional().front());
+  PlannedCase planned;
+  planned.scenario = &catalog.scenarios.Get(result.scenario);
+  planned.params = result.params;
+  planned.world = result.world;
+  TableWriter table(out, {planned}, result.backend);
+  table.Header();
+  table.Row(result);
+  Tally tally;
+  (result.status == CaseStatus::kPassed   ? tally.passed
+   : result.status == CaseStatus::kFailed ? tally.failed
+                                          : tally.skipped)++;
+  out << SummaryLine(tally) << "\n";
+  return result.status == CaseStatus::kFailed ? kExitFailed : kExitOk;
 }
 
 int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& out,
@@ -342,10 +426,13 @@ int RunCli(const std::vector<std::string>& args, const Catalog& catalog, std::os
   try {
     if (command == "list") return List(args, catalog, out);
     if (command == "run") return Run(args, catalog, out, err);
+    if (command == "schema") return SchemaCommand(args, catalog, out);
+    if (command == "expect") return ExpectCommand(args, catalog, out);
+    if (command == "check") return CheckCommand(args, catalog, out);
     if (command == kWorkerCommand) {
       return RunWorker(std::vector<std::string>(args.begin() + 1, args.end()), catalog, err);
     }
-    err << "fsdp-conform: error: unknown command '" << command << "' (commands: list, run, help)\n";
+    err << "fsdp-conform: error: unknown command '" << command << "' (commands: list, run, schema, expect, check, help)\n";
     return kExitUsage;
   } catch (const Error& e) {
     err << "fsdp-conform: error: " << e.message() << "\n";

@@ -96,7 +96,8 @@ std::vector<ZooModelKind> MakeKinds() {
         ParamSpec::SizeInt("n_heads", "ModelArgs.n_heads", 4),
         ParamSpec::SizeBool("weight_tying", "ModelArgs.weight_tying", true),
         ParamSpec::SizeInt("seq_len", "tokens per input row (<= max_seq_len)", 16), Batch(2)},
-       /*sgd_lr=*/3e-4});
+       /*sgd_lr=*/3e-4,
+       /*float32_output=*/true});
   kinds.push_back({"mlp",
                    "common_fsdp.py MLP(dim), loss out.sum()",
                    "test_fully_shard_autograd.py::TestFullyShardPostAccGradHookMultiThread::"

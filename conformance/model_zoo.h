@@ -161,6 +161,12 @@ struct ZooModelKind {
   // Transformer's summed logits grow with the batch, and beyond 3e-4 (batch 2-4) its
   // parameters blow up chaotically, so that no two precisions agree.
   double sgd_lr = 1e-3;
+  // The model's output (hence loss) is float32 whatever its parameters' dtype (the
+  // Transformer's forward ends with `.float()`). Default: false (the parameters' dtype).
+  bool float32_output = false;
+
+  // The dtype a loss of this model is computed in when its parameters are `dtype`.
+  DType LossDType(DType dtype) const { return float32_output ? DType::kFloat32 : dtype; }
 };
 
 // One seed model at one configuration. Build with ZooModel::Make(kind, case parameters).

@@ -124,6 +124,7 @@ std::vector<nlohmann::json> ExpectShardedParity(const std::string& kind, const C
   for (int r = 0; r < world; ++r) {
     nlohmann::json& e = expected[static_cast<size_t>(r)];
     e[kLosses] = nlohmann::json::array();
+    e["loss_dtype"] = DTypeName(ZooModel::Kind(kind).LossDType(c.dtype));
     e[kTensors] = nlohmann::json::object();
   }
   for (int64_t k = 0; k < c.steps; ++k) {
@@ -153,10 +154,10 @@ void JudgeShardedParity(const std::string& kind, const CaseParams& params, int w
   ErrorStats grad_err;
   for (int r = 0; r < world; ++r) {
     const std::string who = RankName(r);
-    const DType loss_dtype =
-        ParseDType(RankObservation(per_rank, r, "loss_dtype").get<std::string>());
+    const nlohmann::json& loss_dtype = RankObservation(expected, r, "loss_dtype");
+    checks.CheckEqual(who + " loss dtype", loss_dtype, RankObservation(per_rank, r, "loss_dtype"));
     checks.CheckClose(who + " losses vs oracle", Losses(expected, r), Losses(per_rank, r),
-                      c.ToleranceFor(loss_dtype));
+                      c.ToleranceFor(ParseDType(loss_dtype.get<std::string>())));
     for (int64_t k = 0; k < c.steps; ++k) {
       const std::string at = who + " step " + std::to_string(k);
       grad_err.Merge(CheckMapsClose(checks, at + " gradient shards",
