@@ -68,8 +68,8 @@ std::vector<double> ReduceInputs(const ReduceLayout& layout, int rank, int64_t b
                                  int64_t count);
 
 // The suite's rule for reductions without a result: AVG and PREMUL_SUM on a dtype that is not
-// floating point (int64) must fail on every rank (docs/scenarios.md, "Unsupported
-// combinations").
+// floating point (int64) must fail on every rank (docs/scenarios.md, "Where the suite
+// chooses").
 bool ReductionIsRejected(distributed::ReduceOp op, DType dtype);
 
 // Rank `rank`'s PREMUL_SUM factor: 2 for even ranks, 1 for odd ranks.
