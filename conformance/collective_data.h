@@ -25,18 +25,18 @@
 //     number distinct per rank: ranks 2k and 2k + 1 get +(k + 1) and -(k + 1), the last rank
 //     of an odd world gets 0. At the other positions one HIGH rank has d = +1 and the next
 //     rank (LOW) d = -1; they advance by one rank per such position, so that across a
-//     reduce-scatter (world chunks) every rank is once the only maximum and once the only
-//     minimum.
+//     reduce-scatter (world chunks) every rank is at least once the only maximum and once the
+//     only minimum.
 //
 // So, per element: MIN and MAX are s(a - 1) and s(a + 1) (in the order of s), AVG = s * a
 // exactly (the deviations cancel), SUM = s * a * world, PREMUL_SUM = SUM + the even ranks'
 // values: five different numbers at every world >= 2 (a = 2 keeps SUM = 4 away from MAX = 3
-// at world 2). Every value of a rank has one sign, |values| <= 3 and their sum is
+// at world 2). The values of an element share one sign, |values| <= 3 and their sum is
 // a * world <= 128, so every partial sum (and every premultiplied one, <= 256) is an integer
 // that bfloat16 holds exactly. Dropping a rank changes SUM, AVG and PREMUL_SUM; duplicating
 // one (its data and factor in another rank's place) changes them too, because codes differ;
-// MIN and MAX change as well over a whole reduce-scatter, where each rank is once the only
-// extreme. conformance/collective_data_test.cc proves these properties.
+// MIN and MAX change as well over a whole reduce-scatter, where each rank is at least once the
+// only extreme. conformance/collective_data_test.cc proves these properties.
 //
 // Thread-safety: pure functions.
 #pragma once

@@ -5,7 +5,7 @@
 //     result is an integer (or, for AVG, the quotient) that the dtype holds exactly;
 //   * every op's result differs from every other op's, at every element;
 //   * a dropped or a duplicated rank contribution changes every reduction (MIN and MAX over a
-//     whole reduce-scatter, where each rank is once the only extreme);
+//     whole reduce-scatter, where each rank is at least once the only extreme);
 //   * reduce-scatter chunks (what each rank receives) differ, so a chunk delivered to the
 //     wrong rank shows; gathered blocks differ per rank; PREMUL_SUM factors applied to the
 //     wrong ranks show.
