@@ -1,4 +1,5 @@
-// Family `fully_shard_comm`, the TestFullyShardCollectiveOps part (seed 000, 128 threads):
+// Family `fully_shard_comm`, the TestFullyShardCollectiveOps part (seed 000, 128 ranks by
+// default; any backend, e.g. gloo at small worlds):
 //   all_gather_fp32       test_all_gather_fp32
 //   reduce_scatter_fp32   test_reduce_scatter_fp32
 //   reduce_scatter_fp16   test_reduce_scatter_fp16
@@ -11,21 +12,27 @@
 // parameter equal the originals bit for bit; with an int reshard_after_forward the group is
 // resharded to the post-forward mesh and all-gathered again over it (the int is the post-
 // forward group size, so it must divide the world size).
-// reduce_scatter_*: gradients ones * rank are reduce-scattered in the reduce dtype; every
-// rank's sharded gradient's full_tensor() must equal the seed's reference reduction (clone,
-// pre-divide, all_reduce AVG or SUM, post-divide), and the divide factors must follow
-// docs/fsdp-behaviour.md, "Gradient divide factors", which the judge recomputes from the world
-// size.
+// reduce_scatter_*: gradients are reduce-scattered in the reduce dtype; every rank's sharded
+// gradient's full_tensor() must equal the seed's reference reduction (clone, pre-divide,
+// all_reduce AVG or SUM, post-divide), every rank's own shard must equal the average the judge
+// derives by rule, and the divide factors must follow docs/fsdp-behaviour.md, "Gradient divide
+// factors", which the judge recomputes from the world size. The seed's gradients are
+// ones * rank: equal elements (a shard delivered to the wrong rank would pass) and a zero
+// contribution from rank 0 (a lost rank 0 would pass). Here element e of parameter p on rank r
+// is ReduceInput({world, padded shard numel of p}, r, e) ([Note: exact collective data],
+// collective_data.h): shards differ, every rank counts, and every result is exact.
 //
 // The stream axes select the CommContext's dedicated streams or the current stream. On the
 // CPU backends streams only order work (every collective completes in order), so those cases
 // must give the same results; on CUDA they are real streams.
+#include <algorithm>
 #include <cctype>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "conformance/collective_data.h"
 #include "conformance/observations.h"
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
@@ -113,7 +120,8 @@ int64_t Mismatches(const Tensor& expected, const Tensor& actual) {
 }
 
 // The parameters and worlds every TestFullyShardCollectiveOps scenario shares: the seed's
-// shapes and seed, 128 threads by default.
+// shapes and seed, the seed's 128 ranks by default. Nothing reaches into an in-process world,
+// so every backend runs them.
 void AddSeedGroupInfo(ScenarioInfo& info) {
   info.params.push_back(ParamSpec::SizeString(
       "param_sizes", "parameter shapes, comma separated (_get_param_sizes)", kSeedParamSizes));
@@ -121,7 +129,8 @@ void AddSeedGroupInfo(ScenarioInfo& info) {
   info.default_world = 128;
   info.min_world = 1;
   info.max_world = 128;
-  info.requirements.in_process = true;
+  // ctest: also the smallest worlds (as the gloo backend does, tools/CMakeLists.txt).
+  info.test_runs = {{2, {}}, {3, {}}};
 }
 
 // ---- all_gather_fp32 --------------------------------------------------------------------------
@@ -197,6 +206,8 @@ Scenario AllGatherFp32() {
       ParamSpec::SizeInt("post_forward_size", "the int reshard_after_forward (post-forward group size)", 8),
   };
   AddSeedGroupInfo(s.info);
+  // At the small worlds of ctest, the int reshard_after_forward groups the whole world.
+  for (TestRun& run : s.info.test_runs) run.params["post_forward_size"] = std::to_string(run.world);
   // The seed skips an int reshard_after_forward with async_op or the default streams.
   s.excluded = [](const CaseParams& p, int) -> std::optional<std::string> {
     if (p.GetString("reshard_after_forward") == "int" &&
@@ -247,6 +258,36 @@ const char* DivideOpName(fsdp2::DivideFactors::Op op) {
   return "?";
 }
 
+// torch.chunk's dim-0 split of a parameter of `dim0` rows over `world` ranks, as FSDP2 shards:
+// every rank's padded shard has `chunk_rows` rows, rank r owns `rows` rows from `row_begin`.
+struct Dim0Chunk {
+  int64_t chunk_rows = 0;
+  int64_t row_begin = 0;
+  int64_t rows = 0;
+};
+
+Dim0Chunk ChunkOf(int64_t dim0, int rank, int world) {
+  Dim0Chunk c;
+  c.chunk_rows = (dim0 + world - 1) / world;
+  c.row_begin = std::min(dim0, rank * c.chunk_rows);
+  c.rows = std::min(dim0, c.row_begin + c.chunk_rows) - c.row_begin;
+  return c;
+}
+
+int64_t RowNumel(const Shape& shape) {
+  int64_t n = 1;
+  for (size_t d = 1; d < shape.size(); ++d) n *= shape[d];
+  return n;
+}
+
+// The gradients' layout for parameter `shape`: one chunk per rank's padded shard.
+ReduceLayout GradLayout(const Shape& shape, int world) {
+  return {world, std::max<int64_t>(1, ChunkOf(shape[0], 0, world).chunk_rows * RowNumel(shape))};
+}
+
+// The name of parameter i's sharded gradient in `tensors`.
+std::string GradName(size_t i) { return "grad." + std::to_string(i); }
+
 // `grad` divided by `factor` in its own dtype (`_div_if_needed`; 1 is a no-op).
 Tensor DivIfNeeded(const Tensor& grad, double factor) {
   if (factor == 1.0) return grad;
@@ -263,7 +304,9 @@ nlohmann::json ReduceScatterRank(RankEnv& env, DType reduce_dtype) {
   g.group->reshard();
   std::vector<Tensor> unsharded_grads;
   for (const Tensor& p : g.orig_params) {
-    unsharded_grads.push_back(Tensor::full(p.sizes(), static_cast<double>(env.rank), p.dtype()));
+    unsharded_grads.push_back(Tensor::from_doubles(
+        ReduceInputs(GradLayout(p.sizes(), env.world), env.rank, 0, p.numel()), p.sizes(),
+        p.dtype(), p.device()));
   }
   fsdp2::ForeachReduceOptions options;
   options.orig_dtype = g.orig_params[0].dtype();
@@ -281,18 +324,18 @@ nlohmann::json ReduceScatterRank(RankEnv& env, DType reduce_dtype) {
   obs["pre_divide"] = f.pre_divide;
   obs["post_divide"] = f.post_divide;
   std::vector<int64_t> mismatches;
-  std::vector<double> first_values;
   for (size_t i = 0; i < g.orig_params.size(); ++i) {
     Tensor reduced = DivIfNeeded(unsharded_grads[i].to(reduce_dtype), f.pre_divide);
     env.group().all_reduce(reduced, f.op == fsdp2::DivideFactors::Op::kAvg ? distributed::Avg() : distributed::Sum());
     reduced = DivIfNeeded(reduced, f.post_divide).to(options.orig_dtype);
     const fsdp2::FsdpParam& p = *g.group->fsdp_params()[i];
-    const Tensor full_grad = p.full_grad();
-    mismatches.push_back(Mismatches(reduced, full_grad));
-    first_values.push_back(full_grad.numel() > 0 ? full_grad.to_doubles()[0] : 0.0);
+    mismatches.push_back(Mismatches(reduced, p.full_grad()));
+    const Tensor sharded_grad = p.sharded_param().grad();
+    FSDP_CHECK_CODE(ErrorCode::kInternal, sharded_grad.defined(), "parameter ", i,
+                    " has no sharded gradient after foreach_reduce");
+    obs[kTensors][GradName(i)] = TensorToJson(sharded_grad);
   }
   obs["full_grad_mismatches"] = mismatches;
-  obs["first_values"] = first_values;
   return obs;
 }
 
@@ -300,10 +343,12 @@ Scenario ReduceScatter(const std::string& test, DType reduce_dtype) {
   Scenario s;
   s.info.name = "fully_shard_comm/" + test;
   s.info.description =
-      std::string("foreach_reduce of gradients ones * rank over the seed's 8 parameter shapes in ") +
+      std::string("foreach_reduce of exact per-rank gradients over the seed's 8 parameter shapes "
+                  "in ") +
       DTypeName(reduce_dtype) +
-      ": every sharded gradient's full_tensor() equals the seed's all_reduce reference, with "
-      "the divide factors of docs/fsdp-behaviour.md, \"Gradient divide factors\"";
+      ": every sharded gradient's full_tensor() equals the seed's all_reduce reference and "
+      "every rank's shard the average by rule, with the divide factors of "
+      "docs/fsdp-behaviour.md, \"Gradient divide factors\"";
   s.info.seed_test = std::string(kSeedClass) + "test_" + test;
   s.info.params = {
       ParamSpec::Axis("reduce_scatter_stream", "the current stream or the CommContext's",
@@ -315,7 +360,8 @@ Scenario ReduceScatter(const std::string& test, DType reduce_dtype) {
                            const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
     // The rule, recomputed here: f32/bf16 reduce with AVG; f16 sums with the factor world
     // split into pre * post (pre doubles while it divides world and world / pre > pre).
-    const size_t n = ParseShapes(params.GetString("param_sizes")).size();
+    const std::vector<Shape> shapes = ParseShapes(params.GetString("param_sizes"));
+    const size_t n = shapes.size();
     std::string op = "AVG";
     double pre = 1.0;
     double post = 1.0;
@@ -329,8 +375,6 @@ Scenario ReduceScatter(const std::string& test, DType reduce_dtype) {
       }
       post = world / pre;
     }
-    // Mean of 0..world-1; every rank's every element.
-    const double mean = (world - 1) / 2.0;
     for (int r = 0; r < world; ++r) {
       const std::string who = RankName(r);
       if (world > 1) {
@@ -343,10 +387,20 @@ Scenario ReduceScatter(const std::string& test, DType reduce_dtype) {
                      {"full_grad_mismatches",
                       "elements of full_tensor(grad) differing from the reference",
                       std::vector<int64_t>(n, 0)});
-      checks.CheckClose(who + " first element of each gradient = mean rank",
-                        std::vector<double>(n, mean),
-                        RankObservation(per_rank, r, "first_values").get<std::vector<double>>(),
-                        Tolerance{reduce_dtype == DType::kFloat16 ? 1e-3 * (1 + mean) : 1e-6, 0});
+      // This rank's rows of every parameter: the average of every rank's gradient, exact.
+      for (size_t i = 0; i < n; ++i) {
+        const Dim0Chunk chunk = ChunkOf(shapes[i][0], r, world);
+        const int64_t row_numel = RowNumel(shapes[i]);
+        Shape sharded_shape = shapes[i];
+        sharded_shape[0] = chunk.rows;
+        checks.CheckEqual(who + " " + GradName(i) + " shape", nlohmann::json(sharded_shape),
+                          nlohmann::json(TensorShape(per_rank, r, GradName(i))));
+        checks.CheckClose(who + " " + GradName(i) + " = average of the ranks' gradients",
+                          ExpectedReductions(distributed::ReduceOp::kAvg,
+                                             GradLayout(shapes[i], world),
+                                             chunk.row_begin * row_numel, chunk.rows * row_numel),
+                          TensorData(per_rank, r, GradName(i)), Tolerance{0, 0});
+      }
     }
   };
   return s;

@@ -38,4 +38,15 @@ std::optional<std::string> CheckRankError(CheckList& checks,
   return error.at("message").get<std::string>();
 }
 
+bool CheckRankFailed(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
+                     const std::string& what) {
+  const nlohmann::json& error = RankObservation(per_rank, rank, "error");
+  const bool failed = !error.is_null();
+  checks.CheckTrue(RankName(rank) + " " + what, failed,
+                   failed ? error.at("code").get<std::string>() + ": " +
+                                error.at("message").get<std::string>()
+                          : "the rank reported no error");
+  return failed;
+}
+
 }  // namespace fsdp::conformance

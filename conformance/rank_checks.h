@@ -51,4 +51,10 @@ std::optional<std::string> CheckRankError(CheckList& checks,
                                           const std::string& code, const std::string& missing_what,
                                           const std::string& missing_detail);
 
+// The rank's "error" observation must be an error, whatever its code and message (for calls
+// that PyTorch promises to fail without saying how). Records "rank <r> <what>" with the error
+// ("Code: message") or "the rank reported no error" as detail; returns the verdict.
+bool CheckRankFailed(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
+                     const std::string& what);
+
 }  // namespace fsdp::conformance

@@ -70,5 +70,22 @@ TEST(RankChecks, ErrorChecksCodeOrReportsItsAbsence) {
   EXPECT_FALSE(checks.checks()[1].passed);
 }
 
+TEST(RankChecks, FailedAcceptsAnyErrorAndReportsItsAbsence) {
+  const std::vector<nlohmann::json> per_rank = {
+      {{"error", {{"code", "InvalidArgument"}, {"message", "no AVG on int64"}}}},
+      {{"error", nullptr}},
+  };
+  CheckList checks;
+  EXPECT_TRUE(CheckRankFailed(checks, per_rank, 0, "call fails"));
+  EXPECT_FALSE(CheckRankFailed(checks, per_rank, 1, "call fails"));
+  ASSERT_EQ(checks.checks().size(), 2u);
+  EXPECT_EQ(checks.checks()[0].name, "rank 0 call fails");
+  EXPECT_TRUE(checks.checks()[0].passed);
+  EXPECT_EQ(checks.checks()[0].detail, "InvalidArgument: no AVG on int64");
+  EXPECT_EQ(checks.checks()[1].name, "rank 1 call fails");
+  EXPECT_EQ(checks.checks()[1].detail, "the rank reported no error");
+  EXPECT_FALSE(checks.checks()[1].passed);
+}
+
 }  // namespace
 }  // namespace fsdp::conformance

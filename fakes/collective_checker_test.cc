@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <latch>
+#include <thread>
+#include <utility>
 
 #include "fakes/run_ranks.h"
 
@@ -56,6 +58,41 @@ TEST(CollectiveCheckerTest, MismatchedSizeFailsEveryRank) {
   });
   ExpectAllFailWith(results, ErrorCode::kDataLoss,
                     {"rank 2 issued: allreduce_ #1", "input numel 4 [4] vs 5 [5]"});
+}
+
+// What the faults/mismatched_op and faults/mismatched_size scenarios see (they check only that
+// every rank fails): after a barrier (#1), the faulty rank (the last, or rank 0, which every
+// rank is compared with) issues another collective or another size than the others'
+// all_reduce (#2); every rank gets DataLoss showing both calls.
+TEST(CollectiveCheckerTest, MismatchAfterABarrierShowsBothCallsOnEveryRank) {
+  const std::vector<std::pair<std::string, std::string>> faults = {
+      {"broadcast", "broadcast_ #2"},
+      {"all_gather_into_tensor", "_allgather_base_ #2"},
+      {"barrier", "barrier #2"},
+      {"size", "allreduce_ #2 float32 in [5]"}};
+  for (int faulty : {3, 0}) {
+    for (const auto& [fault, faulty_call] : faults) {
+      auto results = RunRanks(4, [faulty, fault = fault](RankEnv& env) {
+        env.pg->barrier();
+        Tensor t = Tensor::ones({env.rank == faulty && fault == "size" ? 5 : 4});
+        if (env.rank != faulty || fault == "size") {
+          env.pg->all_reduce(t);
+        } else if (fault == "broadcast") {
+          env.pg->broadcast(t, 0);
+        } else if (fault == "all_gather_into_tensor") {
+          env.pg->all_gather_into_tensor(Tensor::zeros({16}), t);
+        } else {
+          env.pg->barrier();
+        }
+      });
+      SCOPED_TRACE("faulty rank " + std::to_string(faulty) + ": " + fault);
+      ExpectAllFailWith(results, ErrorCode::kDataLoss,
+                        {"collective mismatch",
+                         "rank " + std::to_string(faulty) + " issued: " + faulty_call,
+                         fault == "size" ? "issued: allreduce_ #2 float32 in [4]"
+                                         : "issued: allreduce_ #2"});
+    }
+  }
 }
 
 TEST(CollectiveCheckerTest, MismatchedDtypeReduceOpRootAndGroupRanks) {
@@ -173,6 +210,7 @@ TEST(CollectiveCheckerTest, RankThatReturnedIsReportedUnavailableAtOnce) {
   for (int r : {0, 2}) {
     ASSERT_FALSE(results[r].ok());
     EXPECT_EQ(*results[r].code, ErrorCode::kUnavailable) << results[r].str();
+    EXPECT_TRUE(Contains(results[r].message, "allreduce_ #1")) << results[r].message;
     EXPECT_TRUE(Contains(results[r].message, "rank 1 has returned from the rank function"))
         << results[r].message;
   }
@@ -214,6 +252,36 @@ TEST(CollectiveCheckerTest, MissingRankTimesOutOnEveryWaitingRankWithReport) {
     EXPECT_TRUE(Contains(m, "allreduce_ #1 on group 0 (rank 3/4")) << m;
     EXPECT_TRUE(Contains(m, "[completed]")) << m;
   }
+}
+
+// What faults/missing_rank mode=sleep sees (it checks only that every rank fails, and when):
+// the others time out naming the missing rank, and the late rank, when it finally issues the
+// collective, fails at once with the same report.
+TEST(CollectiveCheckerTest, LateRankFailsAtOnceWhenItFinallyIssues) {
+  constexpr auto kDeadline = milliseconds(300);
+  std::vector<steady_clock::duration> late_wait(1);
+  auto results = RunRanks(
+      3,
+      [&](RankEnv& env) {
+        env.pg->barrier();  // #1
+        Tensor t = Tensor::ones({4});
+        if (env.rank == 2) {
+          std::this_thread::sleep_for(kDeadline + milliseconds(200));
+          const auto issued = steady_clock::now();
+          try {
+            env.pg->all_reduce(t);  // #2, after the others gave up
+          } catch (...) {
+            late_wait[0] = steady_clock::now() - issued;
+            throw;
+          }
+          return;
+        }
+        env.pg->all_reduce(t);  // #2
+      },
+      Timeout(kDeadline));
+  ExpectAllFailWith(results, ErrorCode::kDeadlineExceeded,
+                    {"allreduce_ #2", "timed out after 300 ms", "missing rank 2"});
+  EXPECT_LT(late_wait[0], std::chrono::seconds(2));
 }
 
 TEST(CollectiveCheckerTest, MissingRankInSubgroupNamesGlobalRanks) {

@@ -342,6 +342,34 @@ TEST(ThreadedProcessGroupTest, ArgumentErrorsAreLocalAndNameTheCall) {
   ASSERT_TRUE(results.all_ok()) << results.summary();
 }
 
+// c10d returns nothing for async_op=False, so the collectives/* scenarios check a Work only for
+// async_op=True (returned, wait() returns). The threaded fake: every call returns a Work,
+// complete and successful at once for a synchronous call, and after wait() for an asynchronous
+// one.
+TEST(ThreadedProcessGroupTest, WorkOfSyncAndAsyncCallsIsCompleteAndSuccessful) {
+  auto results = RunRanks(2, [](RankEnv& env) {
+    auto& pg = *env.pg;
+    for (bool async_op : {false, true}) {
+      Tensor t = Tensor::ones({4});
+      Tensor full = Tensor::zeros({8});
+      std::vector<Tensor> outs = {Tensor::zeros({4}), Tensor::zeros({4})};
+      const std::vector<std::shared_ptr<distributed::Work>> works = {
+          pg.all_reduce(t, distributed::Sum(), async_op),
+          pg.reduce_scatter_tensor(t, Tensor::ones({8}), distributed::Sum(), async_op),
+          pg.all_gather_into_tensor(full, t, async_op),
+          pg.broadcast(t, 0, async_op),
+          pg.all_gather(outs, t, async_op)};
+      for (const auto& work : works) {
+        ASSERT_NE(work, nullptr) << "rank " << env.rank << " async_op " << async_op;
+        if (async_op) work->wait();
+        EXPECT_TRUE(work->is_completed()) << work->description();
+        EXPECT_TRUE(work->is_success()) << work->description();
+      }
+    }
+  });
+  ASSERT_TRUE(results.all_ok()) << results.summary();
+}
+
 TEST(ThreadedProcessGroupTest, WorldGroupsForLaunchersThatStartTheirOwnThreads) {
   auto groups = MakeThreadedWorldGroups(3, std::chrono::seconds(10));
   ASSERT_EQ(groups.size(), 3u);

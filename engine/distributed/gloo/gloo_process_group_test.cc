@@ -214,6 +214,68 @@ TEST(GlooProcessGroupTest, CommDebugModeRecordsGlooCollectives) {
   ASSERT_TRUE(AllOk(outcomes)) << Summary(outcomes);
 }
 
+// The collectives/* scenarios check only that AVG and PREMUL_SUM on int64 fail on every rank
+// and leave the group usable (c10d does not say how); our ProcessGroup front rejects them with
+// InvalidArgument naming the op and the dtype, before any communication: no sequence number is
+// used, on any rank.
+TEST(GlooProcessGroupTest, FrontRejectsAvgAndPremulSumOnInt64BeforeCommunicating) {
+  auto outcomes = RunGlooThreads(2, [](int, ProcessGroup& pg) {
+    const uint64_t sequence = pg.sequence_number();
+    for (const ReduceOptions& op : {Avg(), PremulSum(2.0)}) {
+      for (bool async_op : {false, true}) {
+        Tensor t = Tensor::ones({4}, DType::kInt64);
+        Tensor out = Tensor::zeros({2}, DType::kInt64);
+        for (bool scatter : {false, true}) {
+          try {
+            if (scatter) {
+              pg.reduce_scatter_tensor(out, t, op, async_op);
+            } else {
+              pg.all_reduce(t, op, async_op);
+            }
+            ADD_FAILURE() << ReduceOpName(op.op) << " on int64 was accepted";
+          } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+            EXPECT_NE(e.message().find(ReduceOpName(op.op)), std::string::npos) << e.what();
+            EXPECT_NE(e.message().find("int64"), std::string::npos) << e.what();
+          }
+        }
+      }
+    }
+    EXPECT_EQ(pg.sequence_number(), sequence);
+    Tensor t = Tensor::ones({4}, DType::kInt64);
+    pg.all_reduce(t);
+    EXPECT_EQ(t.to_doubles(), std::vector<double>(4, 2.0));
+    EXPECT_EQ(pg.sequence_number(), sequence + 1);
+  });
+  ASSERT_TRUE(AllOk(outcomes)) << Summary(outcomes);
+}
+
+// c10d returns nothing for async_op=False, so the collectives/* scenarios check a Work only for
+// async_op=True (returned, wait() returns). Ours: every call returns a Work, complete and
+// successful at once for a synchronous call, and after wait() for an asynchronous one.
+TEST(GlooProcessGroupTest, WorkOfSyncAndAsyncCallsIsCompleteAndSuccessful) {
+  auto outcomes = RunGlooThreads(2, [](int r, ProcessGroup& pg) {
+    for (bool async_op : {false, true}) {
+      Tensor t = Tensor::ones({4});
+      Tensor full = Tensor::zeros({8});
+      std::vector<Tensor> outs = {Tensor::zeros({4}), Tensor::zeros({4})};
+      const std::vector<std::shared_ptr<Work>> works = {
+          pg.all_reduce(t, Sum(), async_op),
+          pg.reduce_scatter_tensor(t, Tensor::ones({8}), Sum(), async_op),
+          pg.all_gather_into_tensor(full, t, async_op),
+          pg.broadcast(t, 0, async_op),
+          pg.all_gather(outs, t, async_op)};
+      for (const auto& work : works) {
+        ASSERT_NE(work, nullptr) << "rank " << r << " async_op " << async_op;
+        if (async_op) work->wait();
+        EXPECT_TRUE(work->is_completed()) << work->description();
+        EXPECT_TRUE(work->is_success()) << work->description();
+      }
+    }
+  });
+  ASSERT_TRUE(AllOk(outcomes)) << Summary(outcomes);
+}
+
 TEST(GlooProcessGroupTest, SubgroupsAndMesh) {
   auto outcomes = RunGlooThreads(4, [](int r, ProcessGroup& pg) {
     auto evens = pg.new_group({0, 2});
