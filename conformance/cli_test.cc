@@ -46,7 +46,7 @@ TEST(Cli, UsageWithoutArgumentsAndWithHelp) {
   }
   const CliResult unknown = Cli({"frobnicate"});
   EXPECT_EQ(unknown.code, kExitUsage);
-  EXPECT_THAT(unknown.err, HasSubstr("unknown command 'frobnicate' (commands: list, run, help)"));
+  EXPECT_THAT(unknown.err, HasSubstr("unknown command 'frobnicate' (commands: list, run, schema, expect, check, help)"));
 }
 
 TEST(Cli, ListShowsScenariosParametersAndBackends) {
