@@ -31,6 +31,7 @@
 #include "engine/fsdp/observer.h"
 #include "engine/functional/functional.h"
 #include "engine/nn/checkpoint.h"
+#include "engine/nn/init.h"
 #include "engine/nn/layers.h"
 #include "engine/optim/sgd.h"
 #include "engine/nn/models.h"
@@ -60,6 +61,7 @@ std::shared_ptr<nn::Transformer> ShardedTransformer(
   args.dropout_p = 0.0;
   args.checkpoint_activations = checkpoint_impl == "utils";
   auto model = std::make_shared<nn::Transformer>(args);
+  model->load_state_dict(env.Inputs().weights());
   model->to(env.device);  // cuda:<local rank> on GPU backends
   fsdp2::FullyShardOptions options;
   options.process_group = env.pg;
@@ -74,10 +76,70 @@ std::shared_ptr<nn::Transformer> ShardedTransformer(
 }
 
 Tensor Tokens(const RankEnv& env) {
-  // The runner's randomness: the same tokens on every rank, from the case's seed.
+  return env.Inputs().Get(StepInputName(0)).to(env.device);
+}
+
+// The state dict of `module` as the weights of a case's inputs.
+NamedTensors WeightsOf(nn::Module& module) {
+  NamedTensors weights;
+  for (const auto& [key, tensor] : module.state_dict()) weights.emplace_back(key, tensor.clone());
+  return weights;
+}
+
+// Runner-owned inputs of the Transformer scenarios: the weights of
+// Transformer(ModelArgs(n_layers, dropout_p=0)) initialised from generator seed `seed`, and one
+// token batch [2, max_seq_len] (the same on every rank), int64 in [0, vocab_size).
+CaseInputs TransformerInputs(const CaseParams& params, int world) {
   nn::ModelArgs args;
-  Generator generator(static_cast<uint64_t>(env.params.GetInt("seed")));
-  return Tensor::randint(0, args.vocab_size, {2, args.max_seq_len}, &generator).to(env.device);
+  args.n_layers = params.GetInt("n_layers");
+  args.dropout_p = 0.0;
+  const auto seed = static_cast<uint64_t>(params.GetInt("seed"));
+  nn::ManualSeed(seed);
+  nn::Transformer model(args);
+  CaseInputs inputs;
+  inputs.weights = WeightsOf(model);
+  Generator generator(seed);
+  const Tensor tokens = Tensor::randint(0, args.vocab_size, {2, args.max_seq_len}, &generator);
+  inputs.ranks.assign(static_cast<size_t>(world), {{StepInputName(0), tokens}});
+  return inputs;
+}
+
+InputsDoc TransformerInputsDoc() {
+  InputsDoc doc;
+  doc.weights =
+      "every key of Transformer(ModelArgs(n_layers=n_layers, dropout_p=0.0)).state_dict() "
+      "(common_dtensor.py's Transformer: vocab_size 8, max_seq_len 16, dim 16, n_heads 4, "
+      "weight tying, so output.weight equals tok_embeddings.weight), float32";
+  doc.rank_tensors.push_back({"step0/input", "int64", "[2, 16]",
+                              "the token batch (the same on every rank)"});
+  return doc;
+}
+
+// Every rank's expected observations are `expected`.
+ExpectFn SameOnEveryRank(std::function<nlohmann::json(const CaseParams&)> expected) {
+  return [expected = std::move(expected)](const CaseParams& params, int world) {
+    return std::vector<nlohmann::json>(static_cast<size_t>(world), expected(params));
+  };
+}
+
+// A judge comparing `keys` of every rank's observations with the scenario's expectations.
+JudgeFn JudgeKeysAgainst(ExpectFn expect, std::vector<std::pair<std::string, std::string>> keys) {
+  return [expect = std::move(expect), keys = std::move(keys)](
+             const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
+             CheckList& checks) {
+    const std::vector<nlohmann::json> expected = expect(params, world);
+    for (int r = 0; r < world; ++r) {
+      for (const auto& [key, what] : keys) {
+        CheckRankEqual(checks, per_rank, r, {key, what, expected[static_cast<size_t>(r)].at(key)});
+      }
+    }
+  };
+}
+
+ObservationKey EventsKey(const std::string& key, const std::string& meaning) {
+  return ObservationKey::Events(
+      key, meaning + ": the FSDP events of kinds unshard and post_backward, in order, as "
+                     "[kind, module FQN (root \"\"), training state]");
 }
 
 // Runs forward and backward under two CommDebugModes; `between` runs after forward.
@@ -96,22 +158,27 @@ nlohmann::json ForwardBackwardCounts(nn::Transformer& model, const Tensor& token
   return obs;
 }
 
-// Compares every rank's comm_counts with the expected tables.
-void JudgeCounts(const nlohmann::json& expected, int world,
-                 const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
-  std::vector<RankCheck> rank_checks;
-  for (const std::string phase : {"forward", "backward"}) {
-    rank_checks.push_back({kCommCounts, phase + " comm counts", expected.at(phase), "/" + phase});
-  }
-  CheckEveryRank(checks, per_rank, world, rank_checks);
-  checks.SetFigure("fwd_all_gather", expected.at("forward").value(kAllGather, 0));
-  checks.SetFigure("bwd_all_gather", expected.at("backward").value(kAllGather, 0));
-  checks.SetFigure("bwd_reduce_scatter", expected.at("backward").value(kReduceScatter, 0));
+// Compares every rank's comm_counts with the expectations, phase by phase.
+JudgeFn JudgeCountsAgainst(ExpectFn expect) {
+  return [expect = std::move(expect)](const CaseParams& params, int world,
+                                      const std::vector<nlohmann::json>& per_rank,
+                                      CheckList& checks) {
+    const nlohmann::json expected = expect(params, world).front().at(kCommCounts);
+    std::vector<RankCheck> rank_checks;
+    for (const std::string phase : {"forward", "backward"}) {
+      rank_checks.push_back({kCommCounts, phase + " comm counts", expected.at(phase), "/" + phase});
+    }
+    CheckEveryRank(checks, per_rank, world, rank_checks);
+    checks.SetFigure("fwd_all_gather", expected.at("forward").value(kAllGather, 0));
+    checks.SetFigure("bwd_all_gather", expected.at("backward").value(kAllGather, 0));
+    checks.SetFigure("bwd_reduce_scatter", expected.at("backward").value(kReduceScatter, 0));
+  };
 }
 
 std::vector<ParamSpec> CommonParams() {
   return {ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers (TransformerBlocks, each sharded)", 2),
-          ParamSpec::SizeInt("seed", "seed of the token batch", 0), SemanticsParam()};
+          ParamSpec::SizeInt("seed", "seed of the weights and the token batch", 0),
+          SemanticsParam()};
 }
 
 // Whether the sharded Transformer's blocks and its root reshard after forward in this case
@@ -134,6 +201,7 @@ ScenarioInfo CommonInfo(const std::string& case_name, const std::string& descrip
   info.default_world = 4;  // min(4, gpus)
   info.min_world = 2;      // world 1 skips the all-gather (E3), which the seed never runs
   info.max_world = 8;
+  info.inputs = TransformerInputsDoc();
   return info;
 }
 
@@ -182,7 +250,16 @@ std::vector<ParamSpec> PrefetchParams() {
           ParamSpec::Axis("checkpoint_impl", "activation checkpointing of each block",
                           {"none", "utils", "composable"}),
           ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 3),
-          ParamSpec::SizeInt("seed", "seed of the token batch", 0), SemanticsParam()};
+          ParamSpec::SizeInt("seed", "seed of the weights and the token batch", 0),
+          SemanticsParam()};
+}
+
+ObservationSchema CountsSchema() {
+  ObservationSchema schema;
+  schema.Add(ObservationKey::CommCounts(
+      "collectives issued by the rank, by phase (\"forward\": the forward pass, \"backward\": "
+      "loss.sum().backward()), each {CommDebugMode op key: count}"));
+  return schema;
 }
 
 Scenario CommunicationCount() {
@@ -201,15 +278,16 @@ Scenario CommunicationCount() {
     s.info.test_runs.push_back(run);
   }
   s.skip = SkipIntNotAFactor;
+  s.info.observations = CountsSchema();
+  s.inputs = TransformerInputs;
   s.run_rank = [](RankEnv& env) {
     auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params));
     return ForwardBackwardCounts(*model, Tokens(env), [] {});
   };
-  s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
-               CheckList& checks) {
-    // docs/fsdp-behaviour.md, "Collective counts": every group all-gathers once in forward; in
-    // backward a group all-gathers iff it was resharded after forward (the root per the
-    // profile, "Semantics profiles"); every group reduce-scatters once.
+  // docs/fsdp-behaviour.md, "Collective counts": every group all-gathers once in forward; in
+  // backward a group all-gathers iff it was resharded after forward (the root per the profile,
+  // "Semantics profiles"); every group reduce-scatters once.
+  s.expect = SameOnEveryRank([](const CaseParams& params) {
     const int64_t n = params.GetInt("n_layers");
     const Resharded resharded = ReshardedOf(params);
     const int64_t backward_all_gathers = (resharded.blocks ? n : 0) + (resharded.root ? 1 : 0);
@@ -218,8 +296,9 @@ Scenario CommunicationCount() {
     expected["backward"] = nlohmann::json::object();
     if (backward_all_gathers > 0) expected["backward"][kAllGather] = backward_all_gathers;
     expected["backward"][kReduceScatter] = n + 1;
-    JudgeCounts(expected, world, per_rank, checks);
-  };
+    return nlohmann::json{{kCommCounts, expected}};
+  });
+  s.judge = JudgeCountsAgainst(s.expect);
   return s;
 }
 
@@ -229,6 +308,8 @@ Scenario ManualReshard() {
                       "reshard_after_forward=False everywhere, then a manual reshard() of every "
                       "FSDP module after forward: backward all-gathers and reduce-scatters once "
                       "per FSDP module");
+  s.info.observations = CountsSchema();
+  s.inputs = TransformerInputs;
   s.run_rank = [](RankEnv& env) {
     auto model = ShardedTransformer(env, false);
     return ForwardBackwardCounts(*model, Tokens(env), [&] {
@@ -237,16 +318,16 @@ Scenario ManualReshard() {
       }
     });
   };
-  s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
-               CheckList& checks) {
-    // docs/fsdp-behaviour.md, "Manual unshard and reshard": num_fsdp_modules = the blocks plus
-    // the root.
+  // docs/fsdp-behaviour.md, "Manual unshard and reshard": num_fsdp_modules = the blocks plus
+  // the root.
+  s.expect = SameOnEveryRank([](const CaseParams& params) {
     const int64_t num_fsdp_modules = params.GetInt("n_layers") + 1;
     nlohmann::json expected;
     expected["forward"] = {{kAllGather, num_fsdp_modules}};
     expected["backward"] = {{kAllGather, num_fsdp_modules}, {kReduceScatter, num_fsdp_modules}};
-    JudgeCounts(expected, world, per_rank, checks);
-  };
+    return nlohmann::json{{kCommCounts, expected}};
+  });
+  s.judge = JudgeCountsAgainst(s.expect);
   return s;
 }
 
@@ -270,6 +351,11 @@ Scenario BackwardPrefetchMultiForward() {
   s.info.params = PrefetchParams();
   s.info.test_runs = LaterProfileTestRuns(4, {{"checkpoint_impl", "none"}});
   s.skip = SkipIntNotAFactor;
+  s.info.observations
+      .Add(EventsKey("forward_events", "during both forwards"))
+      .Add(EventsKey("backward_events", "during the backward of the summed losses"))
+      .Add(EventsKey("events", "forward_events then backward_events (for the report)").Optional());
+  s.inputs = TransformerInputs;
   s.run_rank = [](RankEnv& env) {
     auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params),
                                     env.params.GetString("checkpoint_impl"));
@@ -289,14 +375,13 @@ Scenario BackwardPrefetchMultiForward() {
     for (const auto& e : obs["backward_events"]) obs[kEvents].push_back(e);
     return obs;
   };
-  s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
-               CheckList& checks) {
-    // docs/fsdp-behaviour.md, "Several forwards before one backward": forward 2 re-unshards
-    // the root and the blocks only when they were resharded after forward (the root per the
-    // profile, "Semantics profiles"). Backward starts with the root's unshard when it was
-    // resharded, then runs the block pattern once per use; without reshard after forward the
-    // first use finds the blocks unsharded, and the second needs all-gathers again because
-    // post_backward resharded them. The root's post_backward comes once, at the end.
+  // docs/fsdp-behaviour.md, "Several forwards before one backward": forward 2 re-unshards the
+  // root and the blocks only when they were resharded after forward (the root per the profile,
+  // "Semantics profiles"). Backward starts with the root's unshard when it was resharded, then
+  // runs the block pattern once per use; without reshard after forward the first use finds the
+  // blocks unsharded, and the second needs all-gathers again because post_backward resharded
+  // them. The root's post_backward comes once, at the end.
+  s.expect = SameOnEveryRank([](const CaseParams& params) {
     const int64_t n = params.GetInt("n_layers");
     const Resharded resharded = ReshardedOf(params);
     nlohmann::json fwd = ForwardUnshards(n, /*with_root=*/true);
@@ -306,11 +391,10 @@ Scenario BackwardPrefetchMultiForward() {
     Append(bwd, BlockBackwardEvents(n, /*with_unshard=*/resharded.blocks));
     Append(bwd, BlockBackwardEvents(n, /*with_unshard=*/true));
     bwd.push_back(EventJson("post_backward", "", "POST_BACKWARD"));
-    CheckEveryRank(checks, per_rank, world,
-                   {{"forward_events", "forward events", fwd},
-                    {"backward_events", "backward events", bwd}});
-    checks.SetFigure("events", fwd.size() + bwd.size());
-  };
+    return nlohmann::json{{"forward_events", fwd}, {"backward_events", bwd}};
+  });
+  s.judge = JudgeKeysAgainst(s.expect, {{"forward_events", "forward events"},
+                                        {"backward_events", "backward events"}});
   return s;
 }
 
@@ -328,6 +412,18 @@ Scenario BackwardPrefetchForwardBackward() {
   s.info.params.push_back(ParamSpec::SizeInt("iterations", "forward/backward/step iterations", 3));
   s.info.test_runs = LaterProfileTestRuns(4, {{"checkpoint_impl", "none"}});
   s.skip = SkipIntNotAFactor;
+  s.info.observations
+      .Add(ObservationKey::Custom(
+          "forward_events",
+          {{"type", "array"}, {"items", EventsKey("x", "").schema}},
+          "per iteration, the FSDP events of kinds unshard and post_backward during forward, "
+          "as [kind, module FQN (root \"\"), training state]"))
+      .Add(ObservationKey::Custom(
+          "backward_events", {{"type", "array"}, {"items", EventsKey("x", "").schema}},
+          "per iteration, the same during loss.sum().backward()"))
+      .Add(EventsKey("events", "every iteration's forward then backward events (for the report)")
+               .Optional());
+  s.inputs = TransformerInputs;
   s.run_rank = [](RankEnv& env) {
     auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params),
                                     env.params.GetString("checkpoint_impl"));
@@ -358,30 +454,38 @@ Scenario BackwardPrefetchForwardBackward() {
     obs["backward_events"] = backward;
     return obs;
   };
-  s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
-               CheckList& checks) {
-    // docs/fsdp-behaviour.md, "Backward prefetch": forward unshards the root, then every
-    // block in order; backward: the root unshards first if it was resharded after forward
-    // (per the profile, "Semantics profiles") and prefetches the last block, each block i
-    // prefetches block i-1 before its post_backward, and the root's post_backward comes from
-    // the end-of-backward callback. Groups not resharded after forward issue no unshard.
+  // docs/fsdp-behaviour.md, "Backward prefetch": forward unshards the root, then every block in
+  // order; backward: the root unshards first if it was resharded after forward (per the
+  // profile, "Semantics profiles") and prefetches the last block, each block i prefetches block
+  // i-1 before its post_backward, and the root's post_backward comes from the end-of-backward
+  // callback. Groups not resharded after forward issue no unshard. Every iteration alike.
+  s.expect = SameOnEveryRank([](const CaseParams& params) {
     const int64_t n = params.GetInt("n_layers");
     const Resharded resharded = ReshardedOf(params);
     const nlohmann::json fwd = ForwardUnshards(n, /*with_root=*/true);
     nlohmann::json bwd = RootBackwardUnshard(resharded.root);
     Append(bwd, BlockBackwardEvents(n, /*with_unshard=*/resharded.blocks));
     bwd.push_back(EventJson("post_backward", "", "POST_BACKWARD"));
-    const int64_t iterations = params.GetInt("iterations");
+    const auto iterations = static_cast<size_t>(params.GetInt("iterations"));
+    return nlohmann::json{{"forward_events", std::vector<nlohmann::json>(iterations, fwd)},
+                          {"backward_events", std::vector<nlohmann::json>(iterations, bwd)}};
+  });
+  s.judge = [expect = s.expect](const CaseParams& params, int world,
+                                const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
+    const nlohmann::json expected = expect(params, world).front();
     // Element `it` of each rank's per-iteration lists (null when the rank reported fewer).
     std::vector<RankCheck> rank_checks;
-    for (int64_t it = 0; it < iterations; ++it) {
+    for (size_t it = 0; it < expected["forward_events"].size(); ++it) {
       const std::string iteration = "iteration " + std::to_string(it);
       const std::string element = "/" + std::to_string(it);
-      rank_checks.push_back({"forward_events", iteration + " forward events", fwd, element});
-      rank_checks.push_back({"backward_events", iteration + " backward events", bwd, element});
+      rank_checks.push_back(
+          {"forward_events", iteration + " forward events", expected["forward_events"][it], element});
+      rank_checks.push_back({"backward_events", iteration + " backward events",
+                             expected["backward_events"][it], element});
     }
     CheckEveryRank(checks, per_rank, world, rank_checks);
-    checks.SetFigure("events_per_iteration", fwd.size() + bwd.size());
+    checks.SetFigure("events_per_iteration",
+                     expected["forward_events"][0].size() + expected["backward_events"][0].size());
   };
   return s;
 }
@@ -399,17 +503,45 @@ Scenario BackwardPrefetchUnusedInBackward() {
   ParamSpec raf_axis = ReshardAfterForwardAxis();
   raf_axis.values = {"True"};  // the seed runs True only
   s.info.params = {raf_axis, ParamSpec::SizeInt("dim", "Linear / DoubleLinear dim", 8),
-                   ParamSpec::SizeInt("seed", "seed of the input batch", 0), SemanticsParam()};
+                   ParamSpec::SizeInt("seed", "seed of the weights and the input batch", 0),
+                   SemanticsParam()};
   s.info.test_runs = {{4, {{"reshard_after_forward", "False"}}},
                       {4, {{"reshard_after_forward", "2"}}}};
   for (const TestRun& run : LaterProfileTestRuns(4)) s.info.test_runs.push_back(run);
   s.skip = SkipIntNotAFactor;
+  s.info.inputs.weights =
+      "every key of Sequential(Linear(dim, dim), DoubleLinear(dim)).state_dict() (0.weight, "
+      "0.bias, 1.lin1.weight, 1.lin1.bias, 1.lin2.weight, 1.lin2.bias), float32";
+  s.info.inputs.rank_tensors = {
+      {"step0/input", "float32", "[4, dim]", "the input batch (the same on every rank)"}};
+  s.inputs = [](const CaseParams& params, int world) {
+    const int64_t dim = params.GetInt("dim");
+    const auto seed = static_cast<uint64_t>(params.GetInt("seed"));
+    nn::ManualSeed(seed);
+    nn::Sequential model(std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(dim, dim),
+                                                    std::make_shared<nn::DoubleLinear>(dim)});
+    CaseInputs inputs;
+    inputs.weights = WeightsOf(model);
+    Generator generator(seed);
+    inputs.ranks.assign(static_cast<size_t>(world),
+                        {{StepInputName(0), Tensor::randn({4, dim}, DType::kFloat32, &generator)}});
+    return inputs;
+  };
+  s.info.observations.Add(EventsKey("forward_events", "during forward"))
+      .Add(EventsKey("backward1_events",
+                     "during the first backward, through lin2's output only, after "
+                     "set_is_last_backward(False)"))
+      .Add(EventsKey("backward2_events",
+                     "during the second backward, through lin1's output, after "
+                     "set_is_last_backward(True)"))
+      .Add(EventsKey("events", "the three lists concatenated (for the report)").Optional());
   s.run_rank = [](RankEnv& env) {
     const int64_t dim = env.params.GetInt("dim");
     auto lin0 = std::make_shared<nn::Linear>(dim, dim);
     auto double_linear = std::make_shared<nn::DoubleLinear>(dim);
     auto model =
         std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{lin0, double_linear});
+    model->load_state_dict(env.Inputs().weights());
     model->to(env.device);
     fsdp2::FullyShardOptions options;
     options.process_group = env.pg;
@@ -419,8 +551,7 @@ Scenario BackwardPrefetchUnusedInBackward() {
     fsdp2::fully_shard(double_linear->child("lin1"), options);
     fsdp2::fully_shard(double_linear->child("lin2"), options);
     fsdp2::FSDPModule root = fsdp2::fully_shard(model, options);
-    Generator generator(static_cast<uint64_t>(env.params.GetInt("seed")));
-    const Tensor inp = Tensor::randn({4, dim}, DType::kFloat32, &generator).to(env.device);
+    const Tensor inp = env.Inputs().Get(StepInputName(0)).to(env.device);
     fsdp2::RecordingObserver observer;
     fsdp2::ScopedObserver install(observer);
     const std::set<fsdp2::EventKind> kinds = {fsdp2::EventKind::kUnshard,
@@ -442,8 +573,7 @@ Scenario BackwardPrefetchUnusedInBackward() {
     }
     return obs;
   };
-  s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
-               CheckList& checks) {
+  s.expect = SameOnEveryRank([](const CaseParams& params) {
     // docs/fsdp-behaviour.md, "Backward prefetch" and "End-of-backward callback" (the sweep
     // of groups still UNSHARDED, as the seed asserts): post_forward_order is
     // [0, 1.lin1, 1.lin2]; the root has no parameters, so the profile's root rule plays no
@@ -472,11 +602,13 @@ Scenario BackwardPrefetchUnusedInBackward() {
       expected_backward2 = {unshard("1.lin1"), unshard("0"), post_backward("1.lin1"),
                             post_backward("0")};
     }
-    CheckEveryRank(checks, per_rank, world,
-                   {{"forward_events", "forward events", expected_forward},
-                    {"backward1_events", "backward through lin2 (not last)", expected_backward1},
-                    {"backward2_events", "backward through lin1 (last)", expected_backward2}});
-  };
+    return nlohmann::json{{"forward_events", expected_forward},
+                          {"backward1_events", expected_backward1},
+                          {"backward2_events", expected_backward2}};
+  });
+  s.judge = JudgeKeysAgainst(s.expect, {{"forward_events", "forward events"},
+                                        {"backward1_events", "backward through lin2 (not last)"},
+                                        {"backward2_events", "backward through lin1 (last)"}});
   return s;
 }
 
@@ -498,6 +630,12 @@ Scenario UnshardNoParamGroup() {
   s.info = UnshardInfo("unshard_no_param_group",
                        "Sequential(Linear(4,4), Linear(4,4)) with each Linear and the param-less "
                        "root sharded: root.unshard(async_op=True).wait() succeeds");
+  s.info.observations
+      .Add(ObservationKey::Boolean("root_has_param_group",
+                                   "whether the root FSDP module manages any parameter (it must "
+                                   "not: each Linear took its own)"))
+      .Add(ObservationKey::Boolean("unshard_completed",
+                                   "root.unshard(async_op=True).wait() returned without error"));
   s.run_rank = [](RankEnv& env) {
     auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
         std::make_shared<nn::Linear>(4, 4), std::make_shared<nn::Linear>(4, 4)});
@@ -528,6 +666,12 @@ Scenario UnshardWithoutLazyInit() {
                        "MLP(dim) broadcast from rank 0 and fully sharded: unshard() before any "
                        "forward registers unsharded parameters equal to the reference copy");
   s.info.params.insert(s.info.params.begin(), ParamSpec::SizeInt("dim", "MLP dim", 4));
+  s.info.observations
+      .AddTensors({"reference/{fqn}", "float32", "the parameter's shape",
+                   "each parameter after the broadcast from rank 0, before fully_shard"})
+      .AddTensors({"unsharded/{fqn}", "float32", "the parameter's shape",
+                   "each registered parameter after fully_shard(model).unshard(), before any "
+                   "forward (lazy init run by unshard)"});
   s.run_rank = [](RankEnv& env) {
     auto model = std::make_shared<nn::MLP>(env.params.GetInt("dim"));
     if (env.pg) {
