@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -197,6 +198,44 @@ TEST_F(SafetensorsFileTest, AFailedWriteLeavesThePreviousFile) {
   // A directory where the temporary file would go cannot be written: the target is intact.
   EXPECT_THROW(WriteFileAtomically((dir_ / "no-such-dir" / "x").string(), "data"), Error);
   EXPECT_EQ(LoadSafetensors(path).entries.size(), 1u);
+}
+
+// The reference implementation (the `safetensors` Python package, numpy API) reads what this
+// code writes and writes what it reads. Python comes from $FSDP_PYTHON, else python3 on PATH.
+TEST_F(SafetensorsFileTest, TheReferencePythonPackageReadsAndWritesTheSameFiles) {
+  const char* env_python = std::getenv("FSDP_PYTHON");
+  const std::string python = env_python != nullptr ? env_python : "python3";
+  if (std::system((python + " -c 'import safetensors.numpy, numpy' >/dev/null 2>&1").c_str()) != 0) {
+    GTEST_SKIP() << "the safetensors Python package is not importable by " << python
+                 << " (pip install safetensors numpy, or set FSDP_PYTHON)";
+  }
+  const std::string ours = (dir_ / "ours.safetensors").string();
+  const std::string theirs = (dir_ / "theirs.safetensors").string();
+  SaveSafetensors(ours,
+                  {{"w", Tensor::from_doubles({1.5, -2.25, 3, 4, 5, 6}, {2, 3}, DType::kFloat32)},
+                   {"d", Tensor::from_doubles({0.1, -1e300}, {2}, DType::kFloat64)},
+                   {"h", Tensor::from_doubles({0.5, 65504}, {2}, DType::kFloat16)},
+                   {"i", Tensor::from_int64s({-1, 1LL << 60}, {2})}},
+                  {{"format", "pt"}});
+  const std::string script = dir_.string() + "/check.py";
+  std::ofstream(script) << R"(import sys, numpy as np
+from safetensors.numpy import load_file, save_file
+t = load_file(sys.argv[1])
+assert t["w"].dtype == np.float32 and t["w"].shape == (2, 3) and t["w"][0, 1] == -2.25, t["w"]
+assert t["d"].dtype == np.float64 and t["d"][1] == -1e300
+assert t["h"].dtype == np.float16 and t["h"][1] == 65504
+assert t["i"].dtype == np.int64 and t["i"][1] == 1 << 60
+save_file({"z": np.arange(6, dtype=np.float64).reshape(3, 2), "a": np.array([7], dtype=np.int64)},
+          sys.argv[2], metadata={"format": "np"})
+)";
+  ASSERT_EQ(std::system((python + " " + script + " " + ours + " " + theirs).c_str()), 0)
+      << "the Python package rejected or misread " << ours;
+  const SafetensorsFile file = LoadSafetensors(theirs);
+  EXPECT_EQ(file.metadata.at("format"), "np");
+  const Tensor z = file.Find("z")->ToTensor();
+  EXPECT_EQ(z.sizes(), std::vector<int64_t>({3, 2}));
+  EXPECT_EQ(z.to_doubles(), std::vector<double>({0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(file.Find("a")->ToTensor().to_int64s(), std::vector<int64_t>({7}));
 }
 
 }  // namespace
