@@ -16,6 +16,7 @@
 #                                            process launcher, -> core and distributed but
 #                                            no backend folder)
 #   fsdp        -> core, ops, autograd, functional, nn, optim, distributed
+#   fsdp1       -> core, ops, autograd, functional, nn, optim, distributed, fsdp
 #   testing     -> anything in engine/      (test-only helpers, library fsdp_testing)
 #
 # (every layer may include itself). Engine tests (*_test.cc) may include any of engine/ and
@@ -45,7 +46,8 @@ declare -A allowed=(
   [optim]="core ops autograd functional nn"
   [distributed]="core"
   [fsdp]="core ops autograd functional nn optim distributed"
-  [testing]="core ops autograd functional nn optim distributed fsdp"
+  [fsdp1]="core ops autograd functional nn optim distributed fsdp"
+  [testing]="core ops autograd functional nn optim distributed fsdp fsdp1"
 )
 
 violation() {  # violation FILE:LINE INCLUDE RULE
