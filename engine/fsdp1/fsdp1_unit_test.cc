@@ -5,6 +5,7 @@
 // the world-size-1 fallback to NO_SHARD.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/core/rank_context.h"
 #include "engine/distributed/comm_debug_mode.h"
+#include "engine/fsdp/observer.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
 #include "engine/fsdp1/runtime_utils.h"
 #include "engine/fsdp1/unshard_params.h"
@@ -167,6 +169,44 @@ TEST(Fsdp1Structure, FlatParameterIsTheChunkOfTheConcatenation) {
       ASSERT_TRUE(results.all_ok()) << results.summary();
     }
   }
+}
+
+TEST(Fsdp1Structure, FrozenFlatParameterIsReshardedByItsInputsHook) {
+  // The middle Linear is frozen: its flat parameter does not require grad, so instead of the
+  // AccumulateGrad hook a hook on its inputs' gradients reshards it (post_backward event).
+  auto results = RunRanks(2, [](RankEnv& env) {
+    auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+        std::make_shared<nn::Linear>(8, 8), std::make_shared<nn::Linear>(8, 8),
+        std::make_shared<nn::Linear>(8, 4)});
+    model->child("1")->requires_grad_(false);
+    nn::ModulePtr ref = model->deep_copy();
+    FullyShardedDataParallelOptions options;
+    options.auto_wrap_policy = std::make_shared<fsdp1::LambdaAutoWrapPolicy>(
+        [](const nn::Module& m) { return m.type_name() == "Linear"; });
+    auto fsdp_model = std::make_shared<FullyShardedDataParallel>(model, options);
+    fsdp2::RecordingObserver observer;
+    fsdp2::ScopedObserver install(observer);
+    const Tensor x = Tensor::rand({4, 8});
+    sum((*fsdp_model)(x).tensor()).backward();
+    sum((*ref)(x).tensor()).backward();
+    const std::vector<fsdp2::FsdpEvent> events = observer.events({fsdp2::EventKind::kReshard,
+                                                                  fsdp2::EventKind::kPostBackward});
+    const std::vector<fsdp2::FsdpEvent> frozen_tail = {
+        {fsdp2::EventKind::kReshard, "1", fsdp2::TrainingState::kPostBackward},
+        {fsdp2::EventKind::kPostBackward, "1", fsdp2::TrainingState::kPostBackward}};
+    EXPECT_NE(std::search(events.begin(), events.end(), frozen_tail.begin(), frozen_tail.end()),
+              events.end())
+        << fsdp2::EventsStr(events);
+    for (FullyShardedDataParallel* state : FullyShardedDataParallel::fsdp_modules(fsdp_model)) {
+      if (!state->handle) continue;
+      EXPECT_TRUE(state->handle->flat_param().storage() == state->handle->local_shard().storage())
+          << "instance '" << state->fqn << "' is not resharded";
+    }
+    EXPECT_FALSE(fsdp1::AsFsdp(*model->child("1"))->handle->flat_param().grad().defined());
+    const std::string parity = fsdp1::CheckFlatParamParity(*fsdp_model, *ref, {.rtol = 1e-5, .atol = 1e-6});
+    EXPECT_TRUE(parity.empty()) << parity;
+  });
+  ASSERT_TRUE(results.all_ok()) << results.summary();
 }
 
 TEST(Fsdp1Structure, WorldSizeOneSwitchesToNoShard) {

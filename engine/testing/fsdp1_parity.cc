@@ -86,7 +86,8 @@ std::string CheckFlatParamParity(const nn::Module& fsdp_root, const nn::Module& 
         !diff.empty()) {
       report << where << ": flat parameter " << diff << "\n";
     }
-    if (!options.check_grads) continue;
+    // A frozen flat parameter has no gradient to compare.
+    if (!options.check_grads || !flat_param.requires_grad()) continue;
     const Tensor grad = flat_param.grad();
     if (!grad.defined()) {
       report << where << ": flat parameter has no gradient\n";

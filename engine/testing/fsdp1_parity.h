@@ -3,8 +3,9 @@
 // parameter the instance must hold (its original parameters flattened in the handle's order,
 // found in the reference by clean FQN: instance FQN + parameter FQN), takes this rank's
 // torch.chunk shard of it and compares it with the instance's flat parameter, and the same for
-// the gradients (a reference parameter without gradient must read as zeros). Alignment padding
-// is skipped; the shard's end padding must be zero.
+// the gradients (a reference parameter without gradient must read as zeros; a frozen flat
+// parameter's gradient is not compared). Alignment padding is skipped; the shard's end padding
+// must be zero.
 //
 // Test-only (library fsdp_testing). Ownership: borrows its arguments. Thread-safety: the rank's
 // thread (no collectives); call it outside forward/backward, after the end of backward (the
