@@ -20,6 +20,7 @@
 #include "engine/distributed/device_mesh.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
 #include "engine/functional/functional.h"
+#include "engine/nn/checkpoint.h"
 #include "engine/nn/models.h"
 #include "engine/optim/sgd.h"
 #include "engine/testing/fsdp1_parity.h"
@@ -53,6 +54,11 @@ std::string ConfigsName(const std::vector<GradAccConfig>& configs) {
   return out;
 }
 
+// Activation checkpointing of the Transformer layers: none, applied before wrapping (FSDP
+// wraps the CheckpointWrapper modules) or after (CheckpointWrapper around the nested FSDP
+// instances, whose forward then runs again in backward).
+enum class Checkpointing { kNone, kBeforeWrap, kAfterWrap };
+
 struct RunSpec {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   bool use_orig_params = false;
@@ -63,6 +69,7 @@ struct RunSpec {
   bool hybrid = false;       // HYBRID_SHARD over a (2, world / 2) mesh
   int world_size = 2;
   int steps = 2;             // optimizer steps, each over every config
+  Checkpointing checkpointing = Checkpointing::kNone;
   fsdp2::ParityOptions parity{.rtol = 1e-5, .atol = 1e-5};
 };
 
@@ -110,13 +117,24 @@ std::shared_ptr<fsdp1::FullyShardedDataParallel> WrapTransformer(
   options.backward_prefetch = spec.backward_prefetch;
   options.cpu_offload.offload_params = spec.cpu_offload;
   options.forward_prefetch = spec.forward_prefetch;
-  options.auto_wrap_policy = std::make_shared<fsdp1::ModuleWrapPolicy>(
-      std::set<std::string>{"TransformerEncoderLayer", "TransformerDecoderLayer"});
+  const std::set<std::string> layers = {"TransformerEncoderLayer", "TransformerDecoderLayer"};
+  options.auto_wrap_policy = std::make_shared<fsdp1::ModuleWrapPolicy>(layers);
+  if (spec.checkpointing == Checkpointing::kBeforeWrap) {
+    nn::apply_activation_checkpointing(
+        model, [&layers](nn::Module& m) { return layers.count(m.type_name()) > 0; });
+    options.auto_wrap_policy =
+        std::make_shared<fsdp1::ModuleWrapPolicy>(std::set<std::string>{"CheckpointWrapper"});
+  }
   if (spec.hybrid) {
     options.device_mesh = distributed::DeviceMesh::Init(
         env.pg, "cpu", {2, env.world_size / 2}, {"replicate", "shard"});
   }
-  return std::make_shared<fsdp1::FullyShardedDataParallel>(model, options);
+  auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(model, options);
+  if (spec.checkpointing == Checkpointing::kAfterWrap) {
+    nn::apply_activation_checkpointing(
+        fsdp_model, [](nn::Module& m) { return fsdp1::AsFsdp(m) != nullptr; });
+  }
+  return fsdp_model;
 }
 
 // The seed's `_test_grad_acc` against an unsharded replica, for `spec.steps` optimizer steps.
@@ -245,6 +263,19 @@ TEST(Fsdp1Training, ForwardPrefetchMatchesUnshardedDataParallel) {
     spec.configs = {{false, 2}};
     spec.steps = 3;  // forward prefetch follows the first iteration's order from step 2 on
     RunGradAccParity(spec);
+  }
+}
+
+TEST(Fsdp1Training, ActivationCheckpointingMatchesUnshardedDataParallel) {
+  // Recompute in backward finds the handles in BACKWARD_PRE: no extra unshard, same results.
+  for (Checkpointing checkpointing : {Checkpointing::kBeforeWrap, Checkpointing::kAfterWrap}) {
+    for (bool use_orig_params : {false, true}) {
+      RunSpec spec;
+      spec.checkpointing = checkpointing;
+      spec.use_orig_params = use_orig_params;
+      spec.configs = {{true, 2}, {false, 1}};
+      RunGradAccParity(spec);
+    }
   }
 }
 

@@ -520,10 +520,12 @@ void LazyInit(FullyShardedDataParallel& state) {
     if (s->handle) handles.push_back(s->handle.get());
   }
   state.exec_order_data->init(std::move(handles));
-  // FQNs from the root, without the wrapper prefixes.
+  // FQNs from the root, without the wrapper prefixes (also a trailing one: an instance inside
+  // a checkpoint wrapper is named after the wrapped module).
   for (const auto& [name, module] : state.named_modules()) {
     if (FullyShardedDataParallel* s = AsFsdp(*module)) {
-      s->fqn = CleanTensorName(name);
+      const std::string clean = CleanTensorName(name + ".");
+      s->fqn = clean.substr(0, clean.size() - 1);
       if (s->handle) s->handle->module_fqn = s->fqn;
     }
   }
