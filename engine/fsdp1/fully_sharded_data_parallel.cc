@@ -18,10 +18,6 @@ namespace {
 // Marks a module wrapped by an instance (so that wrapping it again is refused).
 constexpr const char* kWrappedAttachment = "fsdp1.fully_sharded_data_parallel";
 
-std::string Describe(const FullyShardedDataParallel& fsdp) {
-  return "FSDP instance '" + fsdp.fqn + "' wrapping " + fsdp.fsdp_wrapped_module()->type_name();
-}
-
 // sum |g|^p (p finite) or max |g| (p infinite) over `grads`, in double.
 double LocalNormPower(const std::vector<Tensor>& grads, double norm_type) {
   double acc = 0.0;
@@ -144,7 +140,7 @@ nn::Value FullyShardedDataParallel::forward_with_kwargs(const nn::Value& args,
     FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition,
                     handle->flat_param().device() == compute_device,
                     "Expected `FlatParameter` to be on the compute device ", compute_device.str(),
-                    " but got ", handle->flat_param().device().str(), " (", Describe(*this), ")");
+                    " but got ", handle->flat_param().device().str(), " (", DescribeInstance(*this), ")");
   }
   nn::Value output = fsdp_wrapped_module()->call(new_args, new_kwargs);
   return PostForward(*this, output);
@@ -170,7 +166,7 @@ NoSync FullyShardedDataParallel::no_sync() {
   LazyInit(*this);
   FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, is_root.value_or(false),
                   "`no_sync()` on inner FSDP instances is not supported. Please call "
-                  "`no_sync()` on root FSDP module. (called on the ", Describe(*this), ")");
+                  "`no_sync()` on root FSDP module. (called on the ", DescribeInstance(*this), ")");
   AssertInTrainingStates(*this, {TrainingState::kIdle});
   std::vector<std::pair<FullyShardedDataParallel*, bool>> old_flags;
   for (FullyShardedDataParallel* state : GetFsdpStates(*this)) {
@@ -186,7 +182,7 @@ Tensor FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_ty
   LazyInit(*this);
   FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, is_root.value_or(false),
                   "`clip_grad_norm_()` should only be called on the root FSDP instance (called "
-                  "on the ", Describe(*this), ")");
+                  "on the ", DescribeInstance(*this), ")");
   AssertInTrainingStates(*this, {TrainingState::kIdle});
   autograd::NoGradGuard no_grad;
   // Sharded flat parameters (or their original parameters) contribute their shards, which

@@ -8,6 +8,7 @@
 #include "engine/core/rank_context.h"
 #include "engine/fsdp/shard_layout.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
+#include "engine/fsdp1/tensor_data.h"
 
 namespace fsdp::fsdp1 {
 namespace {
@@ -25,10 +26,7 @@ struct SyncedBuffers {
 
 // `tensor.data = tensor.to(device)`, identity preserved.
 void MoveDataToDevice(const Tensor& tensor, Device device) {
-  if (!tensor.defined() || tensor.device() == device) return;
-  Tensor moved = tensor.to(device);
-  tensor.impl()->storage = moved.storage();
-  tensor.impl()->storage_offset = moved.storage_offset();
+  if (tensor.defined() && tensor.device() != device) SetData(tensor, tensor.to(device));
 }
 
 }  // namespace

@@ -36,10 +36,6 @@ distributed::CommPhase PhaseOf(HandleTrainingState state) {
              : distributed::CommPhase::kForward;
 }
 
-std::string Describe(const FullyShardedDataParallel& state) {
-  return "FSDP instance '" + state.fqn + "' wrapping " + state.fsdp_wrapped_module()->type_name();
-}
-
 std::vector<FlatParamHandle*> AllHandles(const FullyShardedDataParallel& root) {
   return root.exec_order_data ? root.exec_order_data->all_handles()
                               : std::vector<FlatParamHandle*>{};
@@ -78,12 +74,12 @@ void CheckFlatParamsOnExpectedDevice(const FullyShardedDataParallel& root) {
       FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, device == root.compute_device,
                       "An FSDP-managed module unexpectedly has parameters on ", device.str(),
                       ". Make sure to move the module to ", root.compute_device.str(),
-                      " before training. (", Describe(*state), ")");
+                      " before training. (", DescribeInstance(*state), ")");
     } else {
       FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, device.is_cpu(),
                       "An FSDP-managed module with parameter CPU offloading enabled has "
                       "parameters on ", device.str(), ". Make sure to not move the module from "
-                      "CPU when offloading parameters. (", Describe(*state), ")");
+                      "CPU when offloading parameters. (", DescribeInstance(*state), ")");
     }
   }
 }
@@ -100,7 +96,7 @@ void ShareStateAndInitHandleAttrs(FullyShardedDataParallel& root) {
     // Relaxed for an instance wrapped again later (a nested root re-initialized).
     FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, !state->is_root.value_or(false),
                     "Non-root FSDP instance's `_is_root` should not have been set yet or should "
-                    "have been set to `False` (", Describe(*state), ")");
+                    "have been set to `False` (", DescribeInstance(*state), ")");
     state->is_root = false;
     state->exec_order_data = root.exec_order_data;
     if (state->handle) state->handle->init_flat_param_attributes();
@@ -266,7 +262,7 @@ void PostBackwardHook(FullyShardedDataParallel& state, FlatParamHandle& handle) 
                   handle.training_state == HandleTrainingState::kBackwardPre ||
                       handle.training_state == HandleTrainingState::kBackwardPost,
                   "Expects `BACKWARD_PRE` or `BACKWARD_POST` state but got ",
-                  HandleTrainingStateName(handle.training_state), " (", Describe(state), ")");
+                  HandleTrainingStateName(handle.training_state), " (", DescribeInstance(state), ")");
   handle.training_state = HandleTrainingState::kBackwardPost;
   distributed::CommPhaseGuard phase(state.fqn, distributed::CommPhase::kBackward);
   const Tensor grad = flat_param.grad();
@@ -482,6 +478,10 @@ void PostForwardReshard(FullyShardedDataParallel& state, FlatParamHandle* handle
 
 // ---- Public ------------------------------------------------------------------------------
 
+std::string DescribeInstance(const FullyShardedDataParallel& state) {
+  return "FSDP instance '" + state.fqn + "' wrapping " + state.fsdp_wrapped_module()->type_name();
+}
+
 std::vector<FullyShardedDataParallel*> GetFsdpStates(const nn::Module& module) {
   std::vector<FullyShardedDataParallel*> out;
   std::set<const FullyShardedDataParallel*> visited;
@@ -503,7 +503,7 @@ void AssertInTrainingStates(const FullyShardedDataParallel& state,
   }
   FSDP_THROW(ErrorCode::kFailedPrecondition, "expected to be in states [", expected,
              "] but current state is TrainingState.", TrainingStateName(state.training_state),
-             " (", Describe(state), ")");
+             " (", DescribeInstance(state), ")");
 }
 
 void LazyInit(FullyShardedDataParallel& state) {

@@ -33,6 +33,10 @@ namespace fsdp::fsdp1 {
 
 class FullyShardedDataParallel;
 
+// "FSDP instance 'transformer.encoder.layers.0' wrapping TransformerEncoderLayer": how runtime
+// errors name an instance (its FQN is known after lazy init).
+std::string DescribeInstance(const FullyShardedDataParallel& state);
+
 // `_get_fsdp_states`: the FSDP instances of `module`'s tree, pre-order, each once.
 std::vector<FullyShardedDataParallel*> GetFsdpStates(const nn::Module& module);
 

@@ -57,17 +57,17 @@ struct SummonFullParams::Entry {
     LazyInit(fsdp);
     FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition,
                     fsdp.training_state != TrainingState::kForwardBackward,
-                    "Cannot manually unshard parameters during forward/backward (FSDP instance '",
-                    fsdp.fqn, "')");
+                    "Cannot manually unshard parameters during forward/backward (",
+                    DescribeInstance(fsdp), ")");
     FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition,
                     fsdp.training_state != TrainingState::kSummonFullParams,
-                    "Cannot manually unshard parameters when already unsharding parameters "
-                    "(FSDP instance '", fsdp.fqn, "')");
+                    "Cannot manually unshard parameters when already unsharding parameters (",
+                    DescribeInstance(fsdp), ")");
     FlatParamHandle* h = fsdp.handle.get();
     if (h != nullptr && h->training_state != HandleTrainingState::kSummonFullParams) {
       FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, h->training_state == HandleTrainingState::kIdle,
                       "Expects the handle training to be IDLE but got ",
-                      HandleTrainingStateName(h->training_state), " (FSDP instance '", fsdp.fqn, "')");
+                      HandleTrainingStateName(h->training_state), " (", DescribeInstance(fsdp), ")");
       handle = h;
       enter_handle();
     }
