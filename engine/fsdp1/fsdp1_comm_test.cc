@@ -17,6 +17,7 @@
 #include "engine/fsdp/observer.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
 #include "engine/functional/functional.h"
+#include "engine/nn/checkpoint.h"
 #include "engine/nn/models.h"
 #include "fakes/run_ranks.h"
 
@@ -225,6 +226,48 @@ std::string EventsName(const ::testing::TestParamInfo<EventsParam>& info) {
 
 INSTANTIATE_TEST_SUITE_P(AllModes, Fsdp1Events, ::testing::Combine(kStrategies, kPrefetches),
                          EventsName);
+
+TEST(Fsdp1CommCounts, ActivationCheckpointingChangesNeitherCountsNorEvents) {
+  // Checkpoint wrappers inside the layer instances (wrapped before FSDP) and around them
+  // (applied after): the recompute in backward finds the handles in BACKWARD_PRE.
+  for (bool checkpoint_before_wrap : {true, false}) {
+    auto results = RunRanks(2, [&](RankEnv& env) {
+      auto model = std::make_shared<TransformerWithSharedParams>(0, false, true);
+      const Names units = WrappedLayers(*model);
+      const std::set<std::string> layers = {"TransformerEncoderLayer", "TransformerDecoderLayer"};
+      fsdp1::FullyShardedDataParallelOptions options;
+      options.auto_wrap_policy = std::make_shared<fsdp1::ModuleWrapPolicy>(layers);
+      if (checkpoint_before_wrap) {
+        nn::apply_activation_checkpointing(
+            model, [&layers](nn::Module& m) { return layers.count(m.type_name()) > 0; });
+        options.auto_wrap_policy =
+            std::make_shared<fsdp1::ModuleWrapPolicy>(std::set<std::string>{"CheckpointWrapper"});
+      }
+      auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(model, options);
+      if (!checkpoint_before_wrap) {
+        nn::apply_activation_checkpointing(
+            fsdp_model, [](nn::Module& m) { return fsdp1::AsFsdp(m) != nullptr; });
+      }
+      const int num_instances = static_cast<int>(units.size()) + 1;
+      RunPattern(*fsdp_model, [&](size_t i, bool sync, bool previous_backward_synced,
+                                  const distributed::CommDebugMode& comm_mode,
+                                  const std::vector<FsdpEvent>& events) {
+        const Expected e = ExpectedCounts(ShardingStrategy::kFullShard, num_instances, sync,
+                                          previous_backward_synced);
+        EXPECT_EQ(comm_mode.get_comm_counts(distributed::CommPhase::kForward), e.forward)
+            << "micro-batch " << i;
+        EXPECT_EQ(comm_mode.get_comm_counts(distributed::CommPhase::kBackward), e.backward)
+            << "micro-batch " << i;
+        const std::vector<FsdpEvent> expected =
+            ExpectedEvents(units, ShardingStrategy::kFullShard, BackwardPrefetch::kBackwardPre, sync,
+                           previous_backward_synced);
+        EXPECT_EQ(events, expected) << "micro-batch " << i << "\nactual:   " << fsdp2::EventsStr(events)
+                                    << "\nexpected: " << fsdp2::EventsStr(expected);
+      });
+    });
+    ASSERT_TRUE(results.all_ok()) << results.summary();
+  }
+}
 
 TEST(Fsdp1CommCounts, HybridShardAllReducesAcrossReplicas) {
   // World 4 as (2 replicate, 2 shard): FULL_SHARD's counts plus one all-reduce per
