@@ -17,6 +17,7 @@
 #                                            no backend folder)
 #   serialization -> core                   (safetensors files, atomic writes)
 #   fsdp        -> core, ops, autograd, functional, nn, optim, distributed
+#   fsdp1       -> core, ops, autograd, functional, nn, optim, distributed, fsdp
 #   testing     -> anything in engine/      (test-only helpers, library fsdp_testing)
 #
 # (every layer may include itself). Engine tests (*_test.cc) may include any of engine/ and
@@ -47,7 +48,8 @@ declare -A allowed=(
   [distributed]="core"
   [serialization]="core"
   [fsdp]="core ops autograd functional nn optim distributed"
-  [testing]="core ops autograd functional nn optim distributed serialization fsdp"
+  [fsdp1]="core ops autograd functional nn optim distributed fsdp"
+  [testing]="core ops autograd functional nn optim distributed serialization fsdp fsdp1"
 )
 
 violation() {  # violation FILE:LINE INCLUDE RULE

@@ -10,14 +10,14 @@
 #include "engine/ops/elementwise.h"
 
 namespace fsdp::fsdp2 {
-namespace {
 
-// In-place `t /= factor` without autograd (PyTorch's _div_if_needed); factor 1 is skipped.
 void DivIfNeeded(const Tensor& t, double factor) {
   if (factor == 1.0 || t.numel() == 0) return;
   Tensor out = t;
   out.copy_(ops::kernels::DivScalar(t, factor));
 }
+
+namespace {
 
 distributed::ReduceOptions ToReduceOptions(const DivideFactors& factors) {
   switch (factors.op) {

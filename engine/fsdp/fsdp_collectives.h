@@ -113,6 +113,10 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
                                    const std::shared_ptr<distributed::ProcessGroup>& reduce_scatter_group,
                                    const ForeachReduceOptions& options);
 
+// In-place `t /= factor` without autograd (PyTorch's `_div_if_needed`, shared by FSDP1's
+// gradient pre/post-divide); a factor of 1 and an empty tensor are skipped.
+void DivIfNeeded(const Tensor& t, double factor);
+
 // The [W, L] chunk-cat of `grads` (torch._chunk_cat(grads, dim=0, num_chunks=W)) written into
 // the flat `out` (W * L elements, any float dtype; converted on copy): row k holds, for each
 // grad in order, its k-th dim-0 chunk of ceil(d0/W) rows, zero-padded, flattened.

@@ -121,6 +121,7 @@ Module::Module(const Module& other)
       buffers_(other.buffers_),
       non_persistent_buffers_(other.non_persistent_buffers_),
       children_(other.children_),
+      tensor_attributes_(other.tensor_attributes_),
       hook_id_counter_(other.hook_id_counter_),
       forward_pre_hooks_(std::make_shared<std::vector<PreHookEntry>>(*other.forward_pre_hooks_)),
       forward_hooks_(std::make_shared<std::vector<HookEntry>>(*other.forward_hooks_)),
@@ -190,6 +191,7 @@ Tensor Module::register_parameter(const std::string& name, Tensor param, bool re
                "' as a function of another Tensor, compute the value in the forward() method.");
     if (requires_grad || param.requires_grad()) param.set_requires_grad(requires_grad);
   }
+  tensor_attributes_.erase(name);
   parameters_.insert(name, param);
   return param;
 }
@@ -211,11 +213,26 @@ void Module::register_module_impl(const std::string& name, ModulePtr module) {
 }
 
 Tensor Module::parameter(const std::string& name) const {
-  const Tensor* t = parameters_.find(name);
-  FSDP_CHECK_CODE(ErrorCode::kNotFound, t != nullptr, "'", type_name_,
+  if (const Tensor* t = parameters_.find(name)) return *t;
+  auto it = tensor_attributes_.find(name);
+  FSDP_CHECK_CODE(ErrorCode::kNotFound, it != tensor_attributes_.end(), "'", type_name_,
                   "' object has no parameter '", name, "'");
-  return *t;
+  return it->second;
 }
+
+void Module::set_tensor_attribute(const std::string& name, Tensor value) {
+  FSDP_CHECK(!parameters_.contains(name), "cannot assign a Tensor as parameter '", name,
+             "' of '", type_name_, "' (a Parameter or None expected); delete the parameter first");
+  FSDP_CHECK(!buffers_.contains(name) && !children_.contains(name), type_name_, ": attribute '",
+             name, "' already exists as a buffer or submodule");
+  tensor_attributes_[name] = std::move(value);
+}
+
+bool Module::has_tensor_attribute(const std::string& name) const {
+  return tensor_attributes_.count(name) > 0;
+}
+
+void Module::remove_tensor_attribute(const std::string& name) { tensor_attributes_.erase(name); }
 
 void Module::set_parameter(const std::string& name, Tensor value) {
   Tensor* t = parameters_.find(name);
@@ -783,6 +800,7 @@ ModulePtr Module::deep_copy_impl(DeepCopyMemo& memo) const {
   };
   for (auto& [name, t] : copy->parameters_) t = copy_tensor(t);
   for (auto& [name, t] : copy->buffers_) t = copy_tensor(t);
+  for (auto& [name, t] : copy->tensor_attributes_) t = copy_tensor(t);
   for (auto& [name, c] : copy->children_) {
     if (c) c = c->deep_copy_impl(memo);
   }

@@ -173,13 +173,27 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // ---- Slots (own entries, no recursion) ------------------------------------------------------
   bool has_parameter(const std::string& name) const { return parameters_.contains(name); }
-  // The tensor in parameter slot `name` (undefined for a None parameter).
+  // The tensor in parameter slot `name` (undefined for a None parameter), or the plain tensor
+  // attribute `name` when there is no such slot (what `self.weight` reads in a Python forward).
   Tensor parameter(const std::string& name) const;
   // Replaces the tensor in an existing parameter slot without any check, keeping its position
   // (`module._parameters[name] = value`). FSDP's sharded ↔ unsharded swap.
   void set_parameter(const std::string& name, Tensor value);
   // Removes a parameter slot (delattr).
   void remove_parameter(const std::string& name);
+  // ---- Plain tensor attributes ----------------------------------------------------------------
+  // `setattr(module, name, tensor)` for a tensor that is not a Parameter: an attribute outside
+  // the parameter, buffer and child registries, so named_parameters(), parameters(),
+  // state_dict() and load_state_dict() do not see it, while parameter(name) returns it. FSDP1
+  // (use_orig_params=False) deletes the original parameters and sets its views into the flat
+  // parameter this way. Setting a name that is a parameter, buffer or child throws
+  // InvalidArgument; register_parameter(name, ...) removes the attribute (as Python's
+  // `Module.__setattr__` does for a Parameter).
+  void set_tensor_attribute(const std::string& name, Tensor value);
+  bool has_tensor_attribute(const std::string& name) const;
+  // Removes the attribute (delattr); a no-op when there is none.
+  void remove_tensor_attribute(const std::string& name);
+
   bool has_buffer(const std::string& name) const { return buffers_.contains(name); }
   Tensor buffer(const std::string& name) const;
   // Replaces the tensor in an existing buffer slot, keeping position and persistence.
@@ -351,6 +365,7 @@ class Module : public std::enable_shared_from_this<Module> {
   OrderedDict<Tensor> buffers_;
   std::set<std::string> non_persistent_buffers_;
   OrderedDict<ModulePtr> children_;
+  std::unordered_map<std::string, Tensor> tensor_attributes_;
 
   uint64_t hook_id_counter_ = 0;
   std::shared_ptr<std::vector<PreHookEntry>> forward_pre_hooks_;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/core/rank_context.h"
+#include "engine/functional/functional.h"
 #include "engine/nn/layers.h"
 #include "engine/nn/models.h"
 
@@ -479,6 +480,27 @@ TEST(ModuleHooks, HooksSeeChildCallsInOrder) {
   }
   EXPECT_THROW((*model)(Value::Int(1)), Error);  // not a tensor: lin1 rejects it
   EXPECT_EQ(log, (Names{"pre root", "pre lin1"}));
+}
+
+TEST(ModuleTensorAttributes, HiddenFromParametersAndStateDictButReadByForward) {
+  // `del lin.weight; lin.weight = w * 2` (what FSDP1 does with its views): forward reads the
+  // attribute, named_parameters() and state_dict() no longer list it, registering a parameter
+  // of that name removes it again.
+  auto lin = std::make_shared<Linear>(2, 2);
+  const Tensor weight = lin->weight().detach().clone();
+  lin->remove_parameter("weight");
+  const Tensor doubled = weight * 2.0;
+  lin->set_tensor_attribute("weight", doubled);
+  EXPECT_TRUE(lin->has_tensor_attribute("weight"));
+  EXPECT_TRUE(lin->parameter("weight").is_same(doubled));
+  EXPECT_EQ(NamesOf(lin->named_parameters()), Names{"bias"});
+  EXPECT_EQ(Keys(lin->state_dict()), Names{"bias"});
+  const Tensor x = Tensor::ones({1, 2});
+  EXPECT_EQ((*lin)(x).tensor().to_doubles(), linear(x, doubled, lin->bias()).to_doubles());
+  EXPECT_THROW(lin->set_tensor_attribute("bias", doubled), Error);
+  lin->register_parameter("weight", weight);
+  EXPECT_FALSE(lin->has_tensor_attribute("weight"));
+  EXPECT_EQ(NamesOf(lin->named_parameters()), (Names{"bias", "weight"}));
 }
 
 }  // namespace
