@@ -15,6 +15,7 @@ void RegisterParityFsdpScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardAutogradScenarios(ScenarioRegistry& registry);
 void RegisterCollectivesScenarios(ScenarioRegistry& registry);
 void RegisterFaultsScenarios(ScenarioRegistry& registry);
+void RegisterFsdpGradAccScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -25,6 +26,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardAutogradScenarios(registry);
   RegisterCollectivesScenarios(registry);
   RegisterFaultsScenarios(registry);
+  RegisterFsdpGradAccScenarios(registry);
 }
 
 }  // namespace fsdp::conformance
