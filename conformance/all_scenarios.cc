@@ -16,6 +16,7 @@ void RegisterFullyShardAutogradScenarios(ScenarioRegistry& registry);
 void RegisterCollectivesScenarios(ScenarioRegistry& registry);
 void RegisterFaultsScenarios(ScenarioRegistry& registry);
 void RegisterFsdpGradAccScenarios(ScenarioRegistry& registry);
+void RegisterParityFsdp1Scenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -27,6 +28,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterCollectivesScenarios(registry);
   RegisterFaultsScenarios(registry);
   RegisterFsdpGradAccScenarios(registry);
+  RegisterParityFsdp1Scenarios(registry);
 }
 
 }  // namespace fsdp::conformance

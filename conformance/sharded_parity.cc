@@ -51,13 +51,14 @@ reference::RefTensorMap FullParameters(nn::Module& module) {
 
 }  // namespace
 
-void ShardChildrenThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options) {
+std::vector<nn::ModulePtr> ChildrenToShard(const nn::ModulePtr& root) {
   const std::vector<nn::ModulePtr> children = root->children();
   std::vector<std::set<const TensorImpl*>> ids;
   for (const nn::ModulePtr& child : children) ids.push_back(ParamIds(*child));
+  std::vector<nn::ModulePtr> out;
   for (size_t i = 0; i < children.size(); ++i) {
     if (auto* list = dynamic_cast<nn::ModuleList*>(children[i].get())) {
-      for (const nn::ModulePtr& element : list->list()) fsdp2::fully_shard(element, options);
+      for (const nn::ModulePtr& element : list->list()) out.push_back(element);
       continue;
     }
     if (ids[i].empty()) continue;
@@ -66,8 +67,13 @@ void ShardChildrenThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardOpt
       if (j == i) continue;
       for (const TensorImpl* id : ids[i]) shared = shared || ids[j].count(id) > 0;
     }
-    if (!shared) fsdp2::fully_shard(children[i], options);
+    if (!shared) out.push_back(children[i]);
   }
+  return out;
+}
+
+void ShardChildrenThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options) {
+  for (const nn::ModulePtr& child : ChildrenToShard(root)) fsdp2::fully_shard(child, options);
   fsdp2::fully_shard(root, options);
 }
 

@@ -36,6 +36,8 @@ using ShardPlan = std::function<void(const nn::ModulePtr& root, const fsdp2::Ful
 // every other direct child that owns parameters not shared with a sibling (MLP's
 // in_proj/out_proj, DoubleLinear's lin1/lin2), then the root. Tied weights stay with the root.
 void ShardChildrenThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options);
+// The children that pattern shards before the root, in order.
+std::vector<nn::ModulePtr> ChildrenToShard(const nn::ModulePtr& root);
 // fully_shard on the submodules `fqns` in order (each must exist), then on the root.
 ShardPlan ShardSubmodulesThenRoot(std::vector<std::string> fqns);
 // fully_shard on every direct child (parameter-less ones included), then on the root: the
