@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "conformance/fsdp1_params.h"
 #include "conformance/model_zoo.h"
 #include "conformance/observations.h"
 #include "conformance/rank_checks.h"
@@ -134,21 +135,6 @@ std::vector<bool> NoSyncPattern(const std::vector<GradAccConfig>& configs) {
   return pattern;
 }
 
-fsdp1::ShardingStrategy ParseStrategy(const std::string& name) {
-  for (auto s : {fsdp1::ShardingStrategy::kFullShard, fsdp1::ShardingStrategy::kShardGradOp,
-                 fsdp1::ShardingStrategy::kNoShard}) {
-    if (name == fsdp1::ShardingStrategyName(s)) return s;
-  }
-  FSDP_THROW(ErrorCode::kInvalidArgument, "unknown sharding_strategy '", name, "'");
-}
-
-std::optional<fsdp1::BackwardPrefetch> ParsePrefetch(const std::string& name) {
-  if (name == "None") return std::nullopt;
-  if (name == "BACKWARD_PRE") return fsdp1::BackwardPrefetch::kBackwardPre;
-  if (name == "BACKWARD_POST") return fsdp1::BackwardPrefetch::kBackwardPost;
-  FSDP_THROW(ErrorCode::kInvalidArgument, "unknown backward_prefetch '", name, "'");
-}
-
 // A case's parameters, decoded once.
 struct GradAccCase {
   std::vector<GradAccConfig> configs;
@@ -170,8 +156,8 @@ struct GradAccCase {
     c.pattern = NoSyncPattern(c.configs);
     c.fully_shard = p.GetString("api") == "fully_shard";
     if (!c.fully_shard) {
-      c.strategy = ParseStrategy(p.GetString("sharding_strategy"));
-      c.prefetch = ParsePrefetch(p.GetString("backward_prefetch"));
+      c.strategy = ParseShardingStrategy(p.GetString("sharding_strategy"));
+      c.prefetch = ParseBackwardPrefetch(p.GetString("backward_prefetch"));
       c.use_orig_params = p.GetBool("use_orig_params");
       c.cpu_offload = p.GetBool("cpu_offload");
     }
@@ -538,12 +524,9 @@ std::vector<ParamSpec> CommonParams(const std::string& api, bool cpu_offload,
       ConfigsAxis(std::move(configs)),
       ParamSpec::SizeString("api", "FullyShardedDataParallel (FSDP1) or fully_shard (FSDP2)", api)};
   if (api != "fully_shard") {
-    params.push_back(ParamSpec::Axis("use_orig_params", "FullyShardedDataParallel use_orig_params",
-                                     {"False", "True"}));
-    params.push_back(ParamSpec::Axis("backward_prefetch", "BackwardPrefetch (None: no prefetch)",
-                                     {"BACKWARD_PRE", "BACKWARD_POST", "None"}));
-    params.push_back(ParamSpec::Axis("sharding_strategy", "ShardingStrategy",
-                                     {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}));
+    params.push_back(UseOrigParamsAxis());
+    params.push_back(BackwardPrefetchAxis());
+    params.push_back(ShardingStrategyAxis());
     params.push_back(
         ParamSpec::SizeBool("cpu_offload", "CPUOffload(offload_params=...)", cpu_offload));
   }

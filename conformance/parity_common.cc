@@ -49,6 +49,16 @@ InputsFn ParityInputs(const std::string& kind) {
   };
 }
 
+void CheckRankLosses(CheckList& checks, const ParityCase& c,
+                     const std::vector<nlohmann::json>& expected,
+                     const std::vector<nlohmann::json>& per_rank, int rank) {
+  const std::string who = "rank " + std::to_string(rank);
+  const nlohmann::json& loss_dtype = RankObservation(expected, rank, "loss_dtype");
+  checks.CheckEqual(who + " loss dtype", loss_dtype, RankObservation(per_rank, rank, "loss_dtype"));
+  checks.CheckClose(who + " losses vs oracle", Losses(expected, rank), Losses(per_rank, rank),
+                    c.ToleranceFor(ParseDType(loss_dtype.get<std::string>())));
+}
+
 std::string StepPrefix(int64_t step) { return "step" + std::to_string(step) + "/"; }
 
 std::string GradPrefix(int64_t step) { return "grad" + std::to_string(step) + "/"; }

@@ -42,6 +42,11 @@ ParityCase DecodeParityCase(const std::string& kind, const CaseParams& params);
 // weights and every rank's per-step batches (ZooModel::MakeCaseInputs with the case's seed,
 // dtype and steps).
 InputsFn ParityInputs(const std::string& kind);
+// Rank `rank`'s loss dtype and losses against the expected observations (keys "loss_dtype" and
+// "losses"), the losses at the tolerance of the expected loss dtype.
+void CheckRankLosses(CheckList& checks, const ParityCase& c,
+                     const std::vector<nlohmann::json>& expected,
+                     const std::vector<nlohmann::json>& per_rank, int rank);
 // "step<k>/": the prefix of step k's parameters in the observations.
 std::string StepPrefix(int64_t step);
 // "grad<k>/": the prefix of step k's gradients (after backward, before the optimizer step).

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "conformance/fsdp1_params.h"
 #include "conformance/model_zoo.h"
 #include "conformance/observations.h"
 #include "conformance/parity_common.h"
@@ -29,21 +30,6 @@ namespace fsdp::conformance {
 namespace {
 
 constexpr const char* kFamily = "parity/fsdp1";
-
-fsdp1::ShardingStrategy StrategyOf(const std::string& name) {
-  for (auto s : {fsdp1::ShardingStrategy::kFullShard, fsdp1::ShardingStrategy::kShardGradOp,
-                 fsdp1::ShardingStrategy::kNoShard}) {
-    if (name == fsdp1::ShardingStrategyName(s)) return s;
-  }
-  FSDP_THROW(ErrorCode::kInvalidArgument, "unknown sharding_strategy '", name, "'");
-}
-
-std::optional<fsdp1::BackwardPrefetch> PrefetchOf(const std::string& name) {
-  if (name == "BACKWARD_PRE") return fsdp1::BackwardPrefetch::kBackwardPre;
-  if (name == "BACKWARD_POST") return fsdp1::BackwardPrefetch::kBackwardPost;
-  FSDP_CHECK(name == "None", "unknown backward_prefetch '", name, "'");
-  return std::nullopt;
-}
 
 // The full parameters by clean FQN (every rank must call it: it all-gathers).
 reference::RefTensorMap FullParameters(nn::Module& module) {
@@ -65,8 +51,8 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   for (const nn::ModulePtr& child : ChildrenToShard(module)) nested.insert(child.get());
   fsdp1::FullyShardedDataParallelOptions options;
   options.process_group = env.pg;
-  options.sharding_strategy = StrategyOf(env.params.GetString("sharding_strategy"));
-  options.backward_prefetch = PrefetchOf(env.params.GetString("backward_prefetch"));
+  options.sharding_strategy = ParseShardingStrategy(env.params.GetString("sharding_strategy"));
+  options.backward_prefetch = ParseBackwardPrefetch(env.params.GetString("backward_prefetch"));
   options.use_orig_params = env.params.GetBool("use_orig_params");
   options.cpu_offload.offload_params = env.params.GetBool("cpu_offload");
   options.auto_wrap_policy = std::make_shared<fsdp1::LambdaAutoWrapPolicy>(
@@ -104,10 +90,7 @@ void JudgeFsdp1Parity(const std::string& kind, const CaseParams& params, int wor
   ErrorStats param_err;
   for (int r = 0; r < world; ++r) {
     const std::string who = RankName(r);
-    const nlohmann::json& loss_dtype = RankObservation(expected, r, "loss_dtype");
-    checks.CheckEqual(who + " loss dtype", loss_dtype, RankObservation(per_rank, r, "loss_dtype"));
-    checks.CheckClose(who + " losses vs oracle", Losses(expected, r), Losses(per_rank, r),
-                      c.ToleranceFor(ParseDType(loss_dtype.get<std::string>())));
+    CheckRankLosses(checks, c, expected, per_rank, r);
     for (int64_t k = 0; k < c.steps; ++k) {
       param_err.Merge(CheckMapsClose(checks, who + " parameters after step " + std::to_string(k),
                                      MapFromObservations(expected, r, StepPrefix(k)),
@@ -131,12 +114,9 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   for (ParamSpec& p : s.info.params) {
     if (p.name == "optim") p = ParamSpec::SizeString("optim", "optimizer: sgd, adam or adamw", "sgd");
   }
-  s.info.params.push_back(ParamSpec::Axis("sharding_strategy", "ShardingStrategy",
-                                          {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"}));
-  s.info.params.push_back(ParamSpec::Axis("backward_prefetch", "BackwardPrefetch (None: none)",
-                                          {"BACKWARD_PRE", "BACKWARD_POST", "None"}));
-  s.info.params.push_back(
-      ParamSpec::Axis("use_orig_params", "FullyShardedDataParallel use_orig_params", {"False", "True"}));
+  s.info.params.push_back(ShardingStrategyAxis());
+  s.info.params.push_back(BackwardPrefetchAxis());
+  s.info.params.push_back(UseOrigParamsAxis());
   s.info.params.push_back(
       ParamSpec::Axis("cpu_offload", "CPUOffload(offload_params=...)", {"False", "True"}));
   s.info.observations = TrainingSchema(

@@ -160,10 +160,7 @@ void JudgeShardedParity(const std::string& kind, const CaseParams& params, int w
   ErrorStats grad_err;
   for (int r = 0; r < world; ++r) {
     const std::string who = RankName(r);
-    const nlohmann::json& loss_dtype = RankObservation(expected, r, "loss_dtype");
-    checks.CheckEqual(who + " loss dtype", loss_dtype, RankObservation(per_rank, r, "loss_dtype"));
-    checks.CheckClose(who + " losses vs oracle", Losses(expected, r), Losses(per_rank, r),
-                      c.ToleranceFor(ParseDType(loss_dtype.get<std::string>())));
+    CheckRankLosses(checks, c, expected, per_rank, r);
     for (int64_t k = 0; k < c.steps; ++k) {
       const std::string at = who + " step " + std::to_string(k);
       grad_err.Merge(CheckMapsClose(checks, at + " gradient shards",

@@ -10,26 +10,13 @@
 #include <filesystem>
 
 #include "engine/core/error.h"
+#include "engine/core/fd_io.h"
 
 namespace fsdp::serialization {
 
 namespace {
 
 std::string SystemReason() { return std::strerror(errno); }
-
-// Writes all of `bytes` to `fd`; false with errno set on failure.
-bool WriteAll(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -45,7 +32,7 @@ void WriteFileAtomically(const std::string& path, const std::string& bytes) {
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   FSDP_CHECK_CODE(ErrorCode::kUnavailable, fd >= 0, "cannot write ", path, ": cannot create ",
                   tmp, ": ", SystemReason());
-  const bool written = WriteAll(fd, bytes) && ::fsync(fd) == 0;
+  const bool written = WriteAllToFd(fd, bytes) && ::fsync(fd) == 0;
   const std::string reason = written ? "" : SystemReason();
   const bool closed = ::close(fd) == 0;
   if (!written || !closed) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "engine/core/fd_io.h"
 #include "engine/core/error.h"
 #include "engine/distributed/launch/process_launcher.h"
 
@@ -36,19 +37,6 @@ std::string CanonicalFlag(std::string flag) {
   return flag;
 }
 
-void WriteAll(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return;  // the reader went away; nothing sensible to do with the output
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-void WriteAll(int fd, const std::string& s) { WriteAll(fd, s.data(), s.size()); }
 
 // A free TCP port on the loopback interface (bound once, then released).
 int FreeLocalPort() {
@@ -250,10 +238,10 @@ int RunLocalWorld(const LocalLaunchOptions& options, const LaunchIo& io) {
         const distributed::RankExit& e = world.ranks[static_cast<size_t>(event.rank)];
         const std::string rank = std::to_string(rank_of(event.rank));
         if (!e.spawn_error.empty()) {
-          WriteAll(io.err_fd, options.name + ": rank " + rank + ": " + e.spawn_error + "\n");
+          WriteAllToFd(io.err_fd, options.name + ": rank " + rank + ": " + e.spawn_error + "\n");
           cause = "rank " + rank + " could not start";
         } else {
-          WriteAll(io.err_fd, options.name + ": rank " + rank + " (pid " + std::to_string(e.pid) +
+          WriteAllToFd(io.err_fd, options.name + ": rank " + rank + " (pid " + std::to_string(e.pid) +
                                   ") " + e.Describe() +
                                   (event.others_running ? "; stopping the other ranks" : "") +
                                   "\n");
@@ -262,12 +250,12 @@ int RunLocalWorld(const LocalLaunchOptions& options, const LaunchIo& io) {
         break;
       }
       case distributed::StopReason::kSignal:
-        WriteAll(io.err_fd, options.name + ": received " + strsignal(event.signal) +
+        WriteAllToFd(io.err_fd, options.name + ": received " + strsignal(event.signal) +
                                 "; forwarding it to every rank\n");
         cause = options.name + " received " + strsignal(event.signal);
         break;
       case distributed::StopReason::kDeadline:
-        WriteAll(io.err_fd, options.name + ": the run exceeded --timeout-ms " +
+        WriteAllToFd(io.err_fd, options.name + ": the run exceeded --timeout-ms " +
                                 std::to_string(options.timeout.count()) + "; stopping every rank\n");
         cause = "timeout";
         break;
@@ -296,7 +284,7 @@ int RunLocalWorld(const LocalLaunchOptions& options, const LaunchIo& io) {
       const distributed::RankExit& e = world.ranks[static_cast<size_t>(i)];
       if (i == world.first_failed || !e.spawn_error.empty()) continue;
       if (e.ok() && !e.stopped) continue;
-      WriteAll(io.err_fd, options.name + ": rank " + std::to_string(rank_of(i)) + " " +
+      WriteAllToFd(io.err_fd, options.name + ": rank " + std::to_string(rank_of(i)) + " " +
                               e.Describe() + (e.stopped ? " (stopped: " + cause + ")" : "") +
                               "\n");
     }

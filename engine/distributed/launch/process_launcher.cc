@@ -13,6 +13,7 @@
 #include <set>
 
 #include "engine/core/error.h"
+#include "engine/core/fd_io.h"
 
 extern char** environ;
 
@@ -22,19 +23,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void WriteAll(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return;  // the reader went away; nothing sensible to do with the output
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-}
-
-void WriteAll(int fd, const std::string& s) { WriteAll(fd, s.data(), s.size()); }
 
 // Signals received by the launcher while it runs a world (0: none).
 volatile sig_atomic_t g_received_signal = 0;
@@ -90,7 +78,7 @@ void Pump(OutputPipe& pipe) {
   const ssize_t n = ::read(pipe.fd, buf, sizeof(buf));
   if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
   if (n <= 0) {
-    if (!pipe.partial.empty()) WriteAll(pipe.target, pipe.prefix + pipe.partial + "\n");
+    if (!pipe.partial.empty()) WriteAllToFd(pipe.target, pipe.prefix + pipe.partial + "\n");
     pipe.partial.clear();
     ::close(pipe.fd);
     pipe.fd = -1;
@@ -104,7 +92,7 @@ void Pump(OutputPipe& pipe) {
     lines.append(pipe.partial, start, nl + 1 - start);
   }
   pipe.partial.erase(0, start);
-  if (!lines.empty()) WriteAll(pipe.target, lines);
+  if (!lines.empty()) WriteAllToFd(pipe.target, lines);
 }
 
 // "NAME=value" entries: the launcher's environment with `overrides` replacing or adding.
@@ -374,7 +362,7 @@ WorldExit ProcessLauncher::Run(const std::vector<RankCommand>& commands) const {
   for (auto& c : children) {
     for (OutputPipe* p : {&c.out, &c.err}) {
       if (p->fd < 0) continue;
-      if (!p->partial.empty()) WriteAll(p->target, p->prefix + p->partial + "\n");
+      if (!p->partial.empty()) WriteAllToFd(p->target, p->prefix + p->partial + "\n");
       ::close(p->fd);
       p->fd = -1;
     }
