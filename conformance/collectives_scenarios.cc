@@ -12,15 +12,22 @@
 // integers from (rank, index, world) that tell every reduce op apart and expose a lost,
 // doubled or misplaced rank; the judges compare exactly (Tolerance{0, 0}).
 //
+// Observations (each scenario's schema): the tensors after the call ("output", "tensor",
+// "outputs"; out-of-place inputs as "input", which must be unchanged), "work" (the Work of an
+// async_op=True call), and for the reductions "error". Every scenario but barrier states its
+// expected observations (Scenario::expect, derived by the data's rules), and its judge compares
+// every rank with them: tensors exactly, by dtype, shape and values.
+//
 // The judges check what c10d promises and nothing of our engine's own making (the engine's
 // tests check that: engine/distributed/gloo/gloo_process_group_test.cc and
 // fakes/threaded_process_group_test.cc):
 //   * async_op=True returns a Work whose wait() returns; async_op=False returns nothing to
 //     check (torch returns None);
 //   * AVG and PREMUL_SUM on int64 (ReductionIsRejected) fail on every rank, whatever the
-//     error's type and wording, and the group stays usable (every rank then meets the others
-//     in a barrier). The failure itself is the suite's choice (docs/scenarios.md, "Where the
-//     suite chooses").
+//     error's type and wording, and the group stays usable: every rank then all-reduces
+//     (SUM) a fresh copy of its input, reported as "after_rejection", whose result the judge
+//     checks. The failure itself is the suite's choice (docs/scenarios.md, "Where the suite
+//     chooses").
 #include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -119,58 +126,155 @@ nlohmann::json ErrorJson(const Error& e) {
   return {{"code", ErrorCodeName(e.code())}, {"message", e.message()}};
 }
 
-// After a call failed on every rank: the group must still be usable, so every rank meets the
-// others in a barrier. This also keeps a rank from exiting before its peers finished
-// connecting on process backends (see the gloo note in docs/scenarios.md).
-nlohmann::json RejectedObservations(const Error& e, distributed::ProcessGroup& group) {
+// After a reduction failed on every rank: the group must still be usable, so every rank
+// all-reduces (SUM) a fresh copy of its input `values` and reports the result as
+// "after_rejection". This also keeps a rank from exiting before its peers finished connecting
+// on process backends (see the gloo note in docs/scenarios.md).
+nlohmann::json RejectedObservations(const Error& e, distributed::ProcessGroup& group,
+                                    const std::vector<double>& values, DType dtype,
+                                    const Device& device) {
   nlohmann::json obs;
   obs["error"] = ErrorJson(e);
-  group.barrier();
-  obs["barrier_after_rejection"] = true;
+  obs["work"] = nullptr;
+  Tensor again = MakeTensor(values, dtype, device);
+  group.all_reduce(again, distributed::Sum());
+  obs[kTensors]["after_rejection"] = TensorToJson(again);
   return obs;
+}
+
+// ---- Schemas --------------------------------------------------------------------------------
+
+nlohmann::json NullOr(nlohmann::json object_schema) {
+  object_schema["type"] = {"object", "null"};
+  return object_schema;
+}
+
+// "work": the Work of an async_op=True call.
+ObservationKey WorkKey(bool can_fail) {
+  return ObservationKey::Custom(
+      "work",
+      NullOr({{"required", {"returned", "waited"}},
+              {"additionalProperties", false},
+              {"properties",
+               {{"returned", {{"type", "boolean"}}}, {"waited", {{"type", "boolean"}}}}}}),
+      std::string("async_op=True: {\"returned\": the call returned a Work (not None), "
+                  "\"waited\": work.wait() returned}; null when async_op=False (torch returns "
+                  "None)") +
+          (can_fail ? " or when the call raised" : ""));
+}
+
+// "error" of the reductions.
+ObservationKey ErrorKey() {
+  return ObservationKey::Custom(
+      "error",
+      NullOr({{"required", {"code", "message"}},
+              {"additionalProperties", false},
+              {"properties",
+               {{"code", {{"type", "string"}}}, {"message", {{"type", "string"}}}}}}),
+      "null when the call returned; otherwise what it raised: {\"code\": the error's kind (an "
+      "ErrorCode name, or the Python exception type), \"message\": its text}. Only AVG and "
+      "PREMUL_SUM on int64 must raise (any exception passes); then the rank reports no "
+      "output tensors but \"after_rejection\"");
+}
+
+TensorObservation InputTensor(const std::string& shape, const std::string& values) {
+  return {"input", "the case's dtype", shape,
+          "the input after the call (out of place only: in_place=False; absent in place or "
+          "when the call raised): unchanged, " + values,
+          /*required=*/false};
+}
+
+TensorObservation AfterRejectionTensor(const std::string& shape) {
+  return {"after_rejection", "int64", shape,
+          "only when the call raised (AVG or PREMUL_SUM on int64): a fresh copy of the rank's "
+          "input after all_reduce(op=SUM) over the same group, which must still work",
+          /*required=*/false};
+}
+
+// ---- Expected observations ------------------------------------------------------------------
+
+nlohmann::json ExpectedWork(bool async_op) {
+  return async_op ? nlohmann::json{{"returned", true}, {"waited", true}} : nlohmann::json();
+}
+
+nlohmann::json ValuesJson(const std::vector<double>& values, const std::string& dtype) {
+  return TensorJson({static_cast<int64_t>(values.size())}, dtype, values);
+}
+
+// A rejected reduction (AVG or PREMUL_SUM on int64): any error, then the SUM of every rank's
+// `input` (a 1-D reduction input of `layout`, `numel` elements) on the rank.
+nlohmann::json ExpectedRejection(distributed::ReduceOp op, const ReduceLayout& layout,
+                                 int64_t numel) {
+  nlohmann::json e;
+  e["error"] = {{"code", ErrorCodeName(ErrorCode::kInvalidArgument)},
+                {"message", std::string("ReduceOp.") + distributed::ReduceOpName(op) +
+                                " on int64 is rejected (any exception passes)"}};
+  e["work"] = nullptr;
+  e[kTensors]["after_rejection"] =
+      ValuesJson(ExpectedReductions(distributed::ReduceOp::kSum, layout, 0, numel), "int64");
+  return e;
 }
 
 // ---- Judge side -----------------------------------------------------------------------------
 
-// async_op=True: the call returned a Work and wait() returned. Nothing for async_op=False.
-void CheckWork(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
-               bool async_op) {
-  if (!async_op) return;
-  CheckRankEqual(checks, per_rank, rank,
-                 {"work", "async_op=True returned a Work and wait() returned",
-                  {{"returned", true}, {"waited", true}}});
-}
-
-// tensors[name] of `rank` has `dtype`, shape [expected.size()] and exactly the expected data.
-void CheckTensorObs(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
-                    const std::string& name, const std::string& dtype,
-                    const std::vector<double>& expected) {
-  const std::string who = RankName(rank) + " " + name;
-  const nlohmann::json& tensors = RankObservation(per_rank, rank, kTensors);
-  FSDP_CHECK_CODE(ErrorCode::kDataLoss, tensors.contains(name), who, ": tensors has no entry '",
-                  name, "'");
-  checks.CheckEqual(who + " dtype and shape",
-                    nlohmann::json({dtype, {static_cast<int64_t>(expected.size())}}),
-                    nlohmann::json({tensors.at(name).at("dtype"), tensors.at(name).at("shape")}));
-  checks.CheckClose(who + " values", expected, TensorData(per_rank, rank, name), Tolerance{0, 0});
-}
-
-// Every rank's call of `op` on `dtype` failed (any error), then the rank met the others in a
-// barrier.
-void CheckRejected(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int world,
-                   distributed::ReduceOp op, const std::string& dtype) {
-  for (int r = 0; r < world; ++r) {
-    if (!CheckRankFailed(checks, per_rank, r,
-                         std::string("fails ") + distributed::ReduceOpName(op) + " on " + dtype)) {
-      continue;
+// Judges every rank against `expected` (the scenario's expect):
+//   * an expected error (a rejected reduction): the rank reported an error, any; otherwise a
+//     scenario that reports "error" must report null (the call returned);
+//   * "work" when async_op=True (for async_op=False torch returns None: nothing to check);
+//   * "output_numels" (all_gather) equal;
+//   * every expected tensor exactly (dtype, shape, values).
+void JudgeAgainstExpected(CheckList& checks, const std::vector<nlohmann::json>& per_rank,
+                          const std::vector<nlohmann::json>& expected) {
+  for (int r = 0; r < static_cast<int>(expected.size()); ++r) {
+    const nlohmann::json& e = expected[static_cast<size_t>(r)];
+    if (e.contains("error")) {
+      const nlohmann::json& error = e.at("error");
+      if (error.is_null()) {
+        CheckRankEqual(checks, per_rank, r, {"error", "call returned (no error)", nullptr});
+      } else {
+        CheckRankFailed(checks, per_rank, r, "raises: " + error.at("message").get<std::string>());
+      }
     }
-    CheckRankEqual(checks, per_rank, r,
-                   {"barrier_after_rejection", "group usable after the rejection (barrier)", true});
+    if (e.contains("work") && !e.at("work").is_null()) {
+      CheckRankEqual(checks, per_rank, r,
+                     {"work", "async_op=True returned a Work and wait() returned", e.at("work")});
+    }
+    if (e.contains("output_numels")) {
+      CheckRankEqual(checks, per_rank, r,
+                     {"output_numels", "numels of outputs[0..world)", e.at("output_numels")});
+    }
+    CheckRankTensorsExact(checks, per_rank, r, e.at(kTensors));
   }
-  checks.SetFigure("rejected", std::string(distributed::ReduceOpName(op)) + "/" + dtype);
+}
+
+// The reductions' figure "rejected" ("AVG/int64") for the cases whose call must raise.
+void SetRejectedFigure(const CaseParams& p, CheckList& checks) {
+  const distributed::ReduceOp op = ParseReduceOp(p.GetString("op"));
+  const std::string dtype = p.GetString("dtype");
+  if (ReductionIsRejected(op, ParseDType(dtype))) {
+    checks.SetFigure("rejected", std::string(distributed::ReduceOpName(op)) + "/" + dtype);
+  }
 }
 
 // ---- Scenarios ------------------------------------------------------------------------------
+
+std::vector<nlohmann::json> ExpectAllGatherIntoTensor(const CaseParams& p, int world) {
+  const std::string dtype = p.GetString("dtype");
+  const int64_t count = p.GetInt("count");
+  std::vector<double> gathered;
+  for (int q = 0; q < world; ++q) {
+    const auto chunk = GatherValues(q, count);
+    gathered.insert(gathered.end(), chunk.begin(), chunk.end());
+  }
+  std::vector<nlohmann::json> expected(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    nlohmann::json& e = expected[static_cast<size_t>(r)];
+    e["work"] = ExpectedWork(p.GetBool("async_op"));
+    e[kTensors]["output"] = ValuesJson(gathered, dtype);
+    if (!p.GetBool("in_place")) e[kTensors]["input"] = ValuesJson(GatherValues(r, count), dtype);
+  }
+  return expected;
+}
 
 Scenario AllGatherIntoTensor() {
   Scenario s;
@@ -181,6 +285,12 @@ Scenario AllGatherIntoTensor() {
       "test_c10d_nccl.py::ProcessGroupNCCLTest::test_allgather_base_basics",
       {DTypeAxis(), InPlaceAxis("input is output's chunk rank"), AsyncAxis(),
        CountSize("elements per rank", 7)});
+  s.info.observations.Add(WorkKey(/*can_fail=*/false))
+      .AddTensors({"output", "the case's dtype", "[world * count]",
+                   "the output after all_gather_into_tensor(output, input): element q * count + "
+                   "i is rank q's input element i, (7q + 3i) mod 251 - 125 (it starts as -200 "
+                   "everywhere; in place, the input is its chunk rank)"})
+      .AddTensors(InputTensor("[count]", "element i is (7 * rank + 3i) mod 251 - 125"));
   s.run_rank = [](RankEnv& env) {
     const DType dtype = ParseDType(env.params.GetString("dtype"));
     const bool in_place = env.params.GetBool("in_place");
@@ -202,24 +312,34 @@ Scenario AllGatherIntoTensor() {
     if (!in_place) obs[kTensors]["input"] = TensorToJson(input);
     return obs;
   };
+  s.expect = ExpectAllGatherIntoTensor;
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
-    const std::string dtype = p.GetString("dtype");
-    const int64_t count = p.GetInt("count");
-    std::vector<double> expected;
-    for (int q = 0; q < world; ++q) {
-      const auto chunk = GatherValues(q, count);
-      expected.insert(expected.end(), chunk.begin(), chunk.end());
-    }
-    for (int r = 0; r < world; ++r) {
-      CheckWork(checks, per_rank, r, p.GetBool("async_op"));
-      CheckTensorObs(checks, per_rank, r, "output", dtype, expected);
-      if (!p.GetBool("in_place")) {
-        CheckTensorObs(checks, per_rank, r, "input", dtype, GatherValues(r, count));
-      }
-    }
+    JudgeAgainstExpected(checks, per_rank, ExpectAllGatherIntoTensor(p, world));
   };
   return s;
+}
+
+std::vector<nlohmann::json> ExpectReduceScatterTensor(const CaseParams& p, int world) {
+  const std::string dtype = p.GetString("dtype");
+  const distributed::ReduceOp op = ParseReduceOp(p.GetString("op"));
+  const int64_t count = p.GetInt("count");
+  const ReduceLayout layout{world, count};
+  std::vector<nlohmann::json> expected(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    nlohmann::json& e = expected[static_cast<size_t>(r)];
+    if (ReductionIsRejected(op, ParseDType(dtype))) {
+      e = ExpectedRejection(op, layout, world * count);
+      continue;
+    }
+    e["error"] = nullptr;
+    e["work"] = ExpectedWork(p.GetBool("async_op"));
+    e[kTensors]["output"] = ValuesJson(ExpectedReductions(op, layout, r * count, count), dtype);
+    if (!p.GetBool("in_place")) {
+      e[kTensors]["input"] = ValuesJson(ReduceInputs(layout, r, 0, world * count), dtype);
+    }
+  }
+  return expected;
 }
 
 Scenario ReduceScatterTensor() {
@@ -232,15 +352,27 @@ Scenario ReduceScatterTensor() {
       "test_c10d_nccl.py::ProcessGroupNCCLTest::test_reduce_scatter_base_basics",
       {DTypeAxis(), ReduceOpAxis(), InPlaceAxis("output is input's chunk rank"), AsyncAxis(),
        CountSize("output elements per rank (the input has world * count)", 7)});
+  s.info.observations.Add(ErrorKey())
+      .Add(WorkKey(/*can_fail=*/true))
+      .AddTensors({"output", "the case's dtype", "[count]",
+                   "the output after reduce_scatter_tensor(output, input, op): chunk rank of "
+                   "the reduction of every rank's input (premul_sum: rank r's input times "
+                   "2 for even r, 1 for odd r); it starts as -200 (in place, it is the input's "
+                   "chunk rank); absent when the call raised",
+                   /*required=*/false})
+      .AddTensors(InputTensor("[world * count]",
+                              "ReduceInput({world, count}, rank, i) of conformance/"
+                              "collective_data.h at element i"))
+      .AddTensors(AfterRejectionTensor("[world * count]"));
   s.run_rank = [](RankEnv& env) {
     const DType dtype = ParseDType(env.params.GetString("dtype"));
     const distributed::ReduceOp op = ParseReduceOp(env.params.GetString("op"));
     const bool in_place = env.params.GetBool("in_place");
     const bool async_op = env.params.GetBool("async_op");
     const int64_t count = env.params.GetInt("count");
-    const ReduceLayout layout{env.world, count};
-    Tensor input =
-        MakeTensor(ReduceInputs(layout, env.rank, 0, env.world * count), dtype, env.device);
+    const std::vector<double> values =
+        ReduceInputs({env.world, count}, env.rank, 0, env.world * count);
+    Tensor input = MakeTensor(values, dtype, env.device);
     Tensor output = in_place ? input.narrow(0, env.rank * count, count)
                              : Tensor::full({count}, kSentinel, dtype, env.device);
     nlohmann::json obs;
@@ -251,31 +383,38 @@ Scenario ReduceScatterTensor() {
       obs["work"] = FinishWork(work, async_op);
     } catch (const Error& e) {
       if (!ReductionIsRejected(op, dtype)) throw;
-      return RejectedObservations(e, env.group());
+      return RejectedObservations(e, env.group(), values, dtype, env.device);
     }
     obs[kTensors]["output"] = TensorToJson(output);
     if (!in_place) obs[kTensors]["input"] = TensorToJson(input);
     return obs;
   };
+  s.expect = ExpectReduceScatterTensor;
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
-    const std::string dtype = p.GetString("dtype");
-    const distributed::ReduceOp op = ParseReduceOp(p.GetString("op"));
-    const int64_t count = p.GetInt("count");
-    if (ReductionIsRejected(op, ParseDType(dtype)))
-      return CheckRejected(checks, per_rank, world, op, dtype);
-    const ReduceLayout layout{world, count};
-    for (int r = 0; r < world; ++r) {
-      CheckWork(checks, per_rank, r, p.GetBool("async_op"));
-      CheckTensorObs(checks, per_rank, r, "output", dtype,
-                     ExpectedReductions(op, layout, r * count, count));
-      if (!p.GetBool("in_place")) {
-        CheckTensorObs(checks, per_rank, r, "input", dtype,
-                       ReduceInputs(layout, r, 0, world * count));
-      }
-    }
+    JudgeAgainstExpected(checks, per_rank, ExpectReduceScatterTensor(p, world));
+    SetRejectedFigure(p, checks);
   };
   return s;
+}
+
+std::vector<nlohmann::json> ExpectAllReduce(const CaseParams& p, int world) {
+  const std::string dtype = p.GetString("dtype");
+  const distributed::ReduceOp op = ParseReduceOp(p.GetString("op"));
+  const int64_t count = p.GetInt("count");
+  const ReduceLayout layout{world, count};
+  std::vector<nlohmann::json> expected(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    nlohmann::json& e = expected[static_cast<size_t>(r)];
+    if (ReductionIsRejected(op, ParseDType(dtype))) {
+      e = ExpectedRejection(op, layout, count);
+      continue;
+    }
+    e["error"] = nullptr;
+    e["work"] = ExpectedWork(p.GetBool("async_op"));
+    e[kTensors]["tensor"] = ValuesJson(ExpectedReductions(op, layout, 0, count), dtype);
+  }
+  return expected;
 }
 
 Scenario AllReduce() {
@@ -287,13 +426,22 @@ Scenario AllReduce() {
       "test_multi_threaded_pg.py::TestCollectivesWithBaseClass::test_all_reduce",
       {DTypeAxis(), ReduceOpAxis(), AsyncAxis(),
        CountSize("elements (need not divide by the world)", 7)});
+  s.info.observations.Add(ErrorKey())
+      .Add(WorkKey(/*can_fail=*/true))
+      .AddTensors({"tensor", "the case's dtype", "[count]",
+                   "the tensor after all_reduce(tensor, op): the reduction of every rank's "
+                   "tensor, which starts as ReduceInput({world, count}, rank, i) of "
+                   "conformance/collective_data.h at element i (premul_sum: rank r's times 2 "
+                   "for even r, 1 for odd r); absent when the call raised",
+                   /*required=*/false})
+      .AddTensors(AfterRejectionTensor("[count]"));
   s.run_rank = [](RankEnv& env) {
     const DType dtype = ParseDType(env.params.GetString("dtype"));
     const distributed::ReduceOp op = ParseReduceOp(env.params.GetString("op"));
     const bool async_op = env.params.GetBool("async_op");
     const int64_t count = env.params.GetInt("count");
-    Tensor tensor =
-        MakeTensor(ReduceInputs({env.world, count}, env.rank, 0, count), dtype, env.device);
+    const std::vector<double> values = ReduceInputs({env.world, count}, env.rank, 0, count);
+    Tensor tensor = MakeTensor(values, dtype, env.device);
     nlohmann::json obs;
     obs["error"] = nullptr;
     try {
@@ -302,23 +450,16 @@ Scenario AllReduce() {
       obs["work"] = FinishWork(work, async_op);
     } catch (const Error& e) {
       if (!ReductionIsRejected(op, dtype)) throw;
-      return RejectedObservations(e, env.group());
+      return RejectedObservations(e, env.group(), values, dtype, env.device);
     }
     obs[kTensors]["tensor"] = TensorToJson(tensor);
     return obs;
   };
+  s.expect = ExpectAllReduce;
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
-    const std::string dtype = p.GetString("dtype");
-    const distributed::ReduceOp op = ParseReduceOp(p.GetString("op"));
-    const int64_t count = p.GetInt("count");
-    if (ReductionIsRejected(op, ParseDType(dtype)))
-      return CheckRejected(checks, per_rank, world, op, dtype);
-    const std::vector<double> expected = ExpectedReductions(op, {world, count}, 0, count);
-    for (int r = 0; r < world; ++r) {
-      CheckWork(checks, per_rank, r, p.GetBool("async_op"));
-      CheckTensorObs(checks, per_rank, r, "tensor", dtype, expected);
-    }
+    JudgeAgainstExpected(checks, per_rank, ExpectAllReduce(p, world));
+    SetRejectedFigure(p, checks);
   };
   return s;
 }
@@ -331,6 +472,16 @@ int ResolveRoot(int64_t root, int world) {
   return static_cast<int>(resolved);
 }
 
+std::vector<nlohmann::json> ExpectBroadcast(const CaseParams& p, int world) {
+  const int root = ResolveRoot(p.GetInt("root"), world);
+  std::vector<nlohmann::json> expected(static_cast<size_t>(world));
+  for (nlohmann::json& e : expected) {
+    e["work"] = ExpectedWork(p.GetBool("async_op"));
+    e[kTensors]["tensor"] = ValuesJson(GatherValues(root, p.GetInt("count")), p.GetString("dtype"));
+  }
+  return expected;
+}
+
 Scenario Broadcast() {
   Scenario s;
   s.info = CollectiveInfo(
@@ -340,6 +491,11 @@ Scenario Broadcast() {
        ParamSpec::SizeInt("root", "source rank; negative counts from the end (-1: the last rank)",
                           -1),
        CountSize("elements", 7)});
+  s.info.observations.Add(WorkKey(/*can_fail=*/false))
+      .AddTensors({"tensor", "the case's dtype", "[count]",
+                   "the tensor after broadcast(tensor, src=root): the root's, element i "
+                   "(7 * root + 3i) mod 251 - 125 (every rank starts from its own values, "
+                   "(7 * rank + 3i) mod 251 - 125)"});
   s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
     const int64_t root = p.GetInt("root");
     if (root >= world || root < -world) {
@@ -360,15 +516,11 @@ Scenario Broadcast() {
     obs[kTensors]["tensor"] = TensorToJson(tensor);
     return obs;
   };
+  s.expect = ExpectBroadcast;
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
-    const int root = ResolveRoot(p.GetInt("root"), world);
-    const std::vector<double> expected = GatherValues(root, p.GetInt("count"));
-    for (int r = 0; r < world; ++r) {
-      CheckWork(checks, per_rank, r, p.GetBool("async_op"));
-      CheckTensorObs(checks, per_rank, r, "tensor", p.GetString("dtype"), expected);
-    }
-    checks.SetFigure("root", root);
+    JudgeAgainstExpected(checks, per_rank, ExpectBroadcast(p, world));
+    checks.SetFigure("root", ResolveRoot(p.GetInt("root"), world));
   };
   return s;
 }
@@ -377,6 +529,28 @@ Scenario Broadcast() {
 int64_t ListCount(const CaseParams& p, int rank) {
   const int64_t count = p.GetInt("count");
   return p.GetString("counts") == "uneven" ? count + rank % 3 : count;
+}
+
+std::vector<nlohmann::json> ExpectAllGather(const CaseParams& p, int world) {
+  const std::string dtype = p.GetString("dtype");
+  nlohmann::json numels = nlohmann::json::array();
+  std::vector<double> gathered;
+  for (int q = 0; q < world; ++q) {
+    numels.push_back(ListCount(p, q));
+    const auto values = GatherValues(q, ListCount(p, q));
+    gathered.insert(gathered.end(), values.begin(), values.end());
+  }
+  std::vector<nlohmann::json> expected(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    nlohmann::json& e = expected[static_cast<size_t>(r)];
+    e["work"] = ExpectedWork(p.GetBool("async_op"));
+    e["output_numels"] = numels;
+    e[kTensors]["outputs"] = ValuesJson(gathered, dtype);
+    if (!p.GetBool("in_place")) {
+      e[kTensors]["input"] = ValuesJson(GatherValues(r, ListCount(p, r)), dtype);
+    }
+  }
+  return expected;
 }
 
 Scenario AllGather() {
@@ -391,6 +565,16 @@ Scenario AllGather() {
                        {"uneven", "equal"}),
        InPlaceAxis("outputs[rank] is the input tensor"), AsyncAxis(),
        CountSize("elements of rank 0 (all ranks when counts=equal)", 5)});
+  s.info.observations.Add(WorkKey(/*can_fail=*/false))
+      .Add(ObservationKey::IntegerList(
+          "output_numels", "outputs[q].numel() for q = 0 .. world - 1 after the call"))
+      .AddTensors({"outputs", "the case's dtype", "[sum of output_numels]",
+                   "torch.cat(outputs) after all_gather(outputs, input): outputs[q] is rank "
+                   "q's input, element i (7q + 3i) mod 251 - 125 (every outputs[q] starts as "
+                   "-200; in place, outputs[rank] is the input itself)"})
+      .AddTensors(InputTensor("[numel of the rank's input]",
+                              "count (+ rank mod 3 for counts=uneven) elements, element i "
+                              "(7 * rank + 3i) mod 251 - 125"));
   s.run_rank = [](RankEnv& env) {
     const DType dtype = ParseDType(env.params.GetString("dtype"));
     const bool in_place = env.params.GetBool("in_place");
@@ -421,25 +605,10 @@ Scenario AllGather() {
     if (!in_place) obs[kTensors]["input"] = TensorToJson(input);
     return obs;
   };
+  s.expect = ExpectAllGather;
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
-    const std::string dtype = p.GetString("dtype");
-    nlohmann::json numels = nlohmann::json::array();
-    std::vector<double> expected;
-    for (int q = 0; q < world; ++q) {
-      numels.push_back(ListCount(p, q));
-      const auto values = GatherValues(q, ListCount(p, q));
-      expected.insert(expected.end(), values.begin(), values.end());
-    }
-    for (int r = 0; r < world; ++r) {
-      CheckWork(checks, per_rank, r, p.GetBool("async_op"));
-      CheckRankEqual(checks, per_rank, r,
-                     {"output_numels", "numels of outputs[0..world)", numels});
-      CheckTensorObs(checks, per_rank, r, "outputs", dtype, expected);
-      if (!p.GetBool("in_place")) {
-        CheckTensorObs(checks, per_rank, r, "input", dtype, GatherValues(r, ListCount(p, r)));
-      }
-    }
+    JudgeAgainstExpected(checks, per_rank, ExpectAllGather(p, world));
   };
   return s;
 }
@@ -462,6 +631,13 @@ Scenario Barrier() {
       "distributed_test.py::_DistTestBase::test_barrier",
       {ParamSpec::SizeInt("rounds", "barriers in a row", 3),
        ParamSpec::SizeInt("delay_ms", "how late the late rank enters", 20)});
+  s.info.observations
+      .Add(ObservationKey::IntegerList(
+          "enter_ns", "per round, in order: the steady clock (CLOCK_MONOTONIC, ns) right before "
+                      "the rank called barrier() (rounds entries)"))
+      .Add(ObservationKey::IntegerList(
+          "leave_ns", "per round, in order: the steady clock (CLOCK_MONOTONIC, ns) right after "
+                      "barrier() returned (rounds entries)"));
   s.run_rank = [](RankEnv& env) {
     const int64_t rounds = env.params.GetInt("rounds");
     const auto delay = std::chrono::milliseconds(env.params.GetInt("delay_ms"));

@@ -173,9 +173,41 @@ ParamSpec FaultDelaySize() {
                             50);
 }
 
+// What every rank of a fault scenario reports (RunFaultRank).
+ObservationSchema FaultSchema() {
+  const nlohmann::json ns_or_null = {{"type", {"integer", "null"}}, {"minimum", 0}};
+  ObservationSchema schema;
+  schema
+      .Add(ObservationKey::Custom(
+          "error",
+          {{"type", {"object", "null"}},
+           {"required", {"code", "message"}},
+           {"additionalProperties", false},
+           {"properties", {{"code", {{"type", "string"}}}, {"message", {{"type", "string"}}}}}},
+          "null when the rank's function returned; otherwise what the collective (or, on "
+          "throwing_rank's faulty rank, the rank itself) raised: {\"code\": the error's kind (an "
+          "ErrorCode name, or the Python exception type), \"message\": its text}"))
+      .Add(ObservationKey::Custom(
+          "error_ns", ns_or_null,
+          "steady clock (CLOCK_MONOTONIC, ns) when the rank caught the error; null without one"))
+      .Add(ObservationKey::Custom(
+          "issued_ns", ns_or_null,
+          "steady clock (ns) right before the rank issued the collective after the barrier: "
+          "the all_reduce, or the faulty rank's faulty call (missing_rank mode=sleep: its late "
+          "all_reduce); null when it issued none (missing_rank mode=return, throwing_rank's "
+          "faulty rank)"))
+      .Add(ObservationKey::Custom(
+          "fault_ns", ns_or_null,
+          "the faulty rank only: steady clock (ns) of its fault (its faulty call; for "
+          "missing_rank when it starts to sleep or returns; for throwing_rank right before it "
+          "raises); null on the other ranks"));
+  return schema;
+}
+
 ScenarioInfo FaultInfo(const std::string& name, const std::string& description,
                        const std::string& seed_test, std::vector<ParamSpec> params) {
   ScenarioInfo info;
+  info.observations = FaultSchema();
   info.name = "faults/" + name;
   info.description = description +
                      " (threaded backend only: runs on a fault world with "

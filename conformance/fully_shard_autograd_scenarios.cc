@@ -13,9 +13,11 @@
 // Post-accumulate-grad hooks registered on the SHARDED parameters are called by FSDP itself
 // after the reduce-scatter (autograd accumulates into the unsharded parameters), once per
 // parameter per reduction (docs/fsdp-behaviour.md, "Post-accumulate-grad hooks"):
-// post_acc_grad_hook_runs counts the calls, and
-// post_acc_grad_hook_optim_parity runs a per-parameter AdamW + StepLR inside the hooks and
-// requires bit-identical losses and parameters to a normal optimizer loop.
+// post_acc_grad_hook_runs reports every hook call (the parameter's FQN, in call order) and the
+// judge counts them; post_acc_grad_hook_optim_parity runs a per-parameter AdamW + StepLR
+// inside the hooks and a normal optimizer loop on a copy, reports both models' losses and
+// local parameter shards after every iteration, and the judge requires them bit-identical.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -155,6 +157,11 @@ Scenario PostAccGradHookRuns() {
   s.info.min_world = 1;
   s.info.max_world = 8;
   s.info.requirements.devices = {DeviceType::kCPU};
+  s.info.observations.Add(ObservationKey::StringList(
+      "hook_calls",
+      "one entry per call of a post-accumulate-grad hook during model(inp).sum().backward(), in "
+      "call order: the named_parameters() FQN of the parameter it was registered on (one hook "
+      "per parameter, registered after fully_shard, i.e. on the sharded parameters)"));
   s.run_rank = [](RankEnv& env) {
     const int64_t dim = env.params.GetInt("dim");
     auto model = std::make_shared<nn::MLP>(dim);
@@ -163,34 +170,40 @@ Scenario PostAccGradHookRuns() {
     options.semantics = SemanticsOf(env.params);
     for (const char* name : {"in_proj", "out_proj"}) fsdp2::fully_shard(model->child(name), options);
     fsdp2::fully_shard(model, options);
-    std::map<std::string, int64_t> counts;
+    std::vector<std::string> calls;
     std::vector<autograd::RemovableHandle> handles;
     for (const auto& [name, param] : model->named_parameters()) {
-      counts[name] = 0;
       handles.push_back(autograd::register_post_accumulate_grad_hook(
-          param, [&counts, name = name](const Tensor&) { ++counts[name]; }));
+          param, [&calls, name = name](const Tensor&) { calls.push_back(name); }));
     }
     Generator generator(static_cast<uint64_t>(env.params.GetInt("seed")));
     const Tensor inp = Tensor::randn({2, dim}, DType::kFloat32, &generator);
     sum((*model)(inp).tensor()).backward();
     nlohmann::json obs;
-    obs["hook_counts"] = counts;
+    obs["hook_calls"] = calls;
     return obs;
   };
-  s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
+  s.judge = [](const CaseParams&, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
     // MLP's parameters, each managed by exactly one group (in_proj, out_proj; the root has
-    // none left), each reduced once in this backward.
-    nlohmann::json expected = nlohmann::json::object();
+    // none left), each reduced once in this backward: one call each, in any order.
+    std::map<std::string, int64_t> expected;
     for (const char* name : {"in_proj.weight", "in_proj.bias", "out_proj.weight", "out_proj.bias"}) {
       expected[name] = 1;
     }
-    static_cast<void>(params);
-    CheckEveryRank(checks, per_rank, world,
-                   {{"hook_counts", "hook calls per parameter", expected}});
+    for (int r = 0; r < world; ++r) {
+      const nlohmann::json& calls = RankObservation(per_rank, r, "hook_calls");
+      std::map<std::string, int64_t> counts;
+      for (const nlohmann::json& name : calls) ++counts[name.get<std::string>()];
+      checks.CheckEqual(RankName(r) + " hook calls per parameter", expected, counts);
+    }
   };
   return s;
 }
+
+// "iter<k>/": the tensors of iteration k; kRefPrefix + "iter<k>/": the reference's.
+std::string IterationPrefix(int64_t k) { return "iter" + std::to_string(k) + "/"; }
+constexpr const char* kRefPrefix = "ref/";
 
 // One rank of post_acc_grad_hook_optim_parity: the reference trains with a normal AdamW loop,
 // the subject steps one AdamW (+ StepLR) per parameter inside its post-accumulate-grad hook.
@@ -235,8 +248,8 @@ nlohmann::json OptimParityRank(RankEnv& env) {
   const Tensor inp = Tensor::randint(0, args.vocab_size, {2, args.max_seq_len}, &generator);
   std::vector<double> ref_losses;
   std::vector<double> losses;
-  std::vector<int64_t> mismatched_params;  // per iteration: parameters not bit-identical
-  for (int64_t i = 0; i < p.GetInt("iterations"); ++i) {
+  nlohmann::json tensors = nlohmann::json::object();
+  for (int64_t k = 0; k < p.GetInt("iterations"); ++k) {
     Tensor ref_loss = sum((*ref_model)(inp).tensor());
     ref_loss.backward();
     ref_optim.step();
@@ -246,18 +259,17 @@ nlohmann::json OptimParityRank(RankEnv& env) {
     loss.backward();
     ref_losses.push_back(ref_loss.item());
     losses.push_back(loss.item());
-    const auto ref_params = ref_model->parameters();
-    const auto params = model->parameters();
-    int64_t mismatched = 0;
-    for (size_t j = 0; j < params.size(); ++j) {
-      mismatched += ref_params[j].to_doubles() == params[j].to_doubles() ? 0 : 1;
+    for (const auto& [name, param] : ref_model->named_parameters()) {
+      tensors[kRefPrefix + IterationPrefix(k) + name] = TensorToJson(param);
     }
-    mismatched_params.push_back(mismatched);
+    for (const auto& [name, param] : model->named_parameters()) {
+      tensors[IterationPrefix(k) + name] = TensorToJson(param);
+    }
   }
   nlohmann::json obs;
   obs["ref_losses"] = ref_losses;
   obs[kLosses] = losses;
-  obs["mismatched_params"] = mismatched_params;
+  obs[kTensors] = std::move(tensors);
   return obs;
 }
 
@@ -281,19 +293,61 @@ Scenario PostAccGradHookOptimParity() {
   s.info.min_world = 1;
   s.info.max_world = 8;
   s.info.requirements.devices = {DeviceType::kCPU};
+  s.info.observations
+      .Add(ObservationKey::Losses(
+          "per iteration: model(inp).sum() of the model whose post-accumulate-grad hooks step "
+          "one AdamW + StepLR per parameter"))
+      .Add(ObservationKey::NumberList(
+          "ref_losses", "per iteration: ref_model(inp).sum() of the reference, a copy of the "
+                        "model (same initial weights, same sharding) trained by one AdamW over "
+                        "all parameters + StepLR stepped after loss.backward()"))
+      .AddTensors({"iter{k}/{fqn}", "float32", "the local shard's shape",
+                   "after iteration k's backward (whose hooks stepped the optimizers): the "
+                   "hook-stepped model's parameter FQN (named_parameters()), its local shard "
+                   "(to_local(): rows torch.chunk(param, world, dim=0)[rank])"})
+      .AddTensors({"ref/iter{k}/{fqn}", "float32", "the local shard's shape",
+                   "after iteration k's optimizer step: the reference's parameter FQN, its "
+                   "local shard"});
   s.run_rank = OptimParityRank;
   s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
     const int64_t iterations = params.GetInt("iterations");
-    const nlohmann::json none_mismatched =
-        std::vector<int64_t>(static_cast<size_t>(iterations), 0);
+    // The FQNs both models must report: the Transformer's named_parameters(), sorted as the
+    // maps below are.
+    nn::ModelArgs args;
+    args.n_layers = params.GetInt("n_layers");
+    std::vector<std::string> fqns = ParameterNamesOf(nn::Transformer(args));
+    std::sort(fqns.begin(), fqns.end());
     for (int r = 0; r < world; ++r) {
-      CheckRankEqual(checks, per_rank, r,
-                     {kLosses, "losses: hooks vs optimizer loop (exact)",
-                      RankObservation(per_rank, r, "ref_losses")});
-      CheckRankEqual(checks, per_rank, r,
-                     {"mismatched_params", "parameters not bit-identical, per iteration",
-                      none_mismatched});
+      const std::string who = RankName(r);
+      const std::vector<double> ref_losses =
+          RankObservation(per_rank, r, "ref_losses").get<std::vector<double>>();
+      checks.CheckEqual(who + " iterations reported", nlohmann::json({iterations, iterations}),
+                        nlohmann::json({ref_losses.size(), Losses(per_rank, r).size()}));
+      checks.CheckClose(who + " losses: hooks vs optimizer loop (exact)", ref_losses,
+                        Losses(per_rank, r), Tolerance{0, 0});
+      reference::RefTensorMap previous;
+      for (int64_t k = 0; k < iterations; ++k) {
+        const std::string at = who + " iteration " + std::to_string(k);
+        const reference::RefTensorMap ref =
+            MapFromObservations(per_rank, r, kRefPrefix + IterationPrefix(k));
+        const reference::RefTensorMap hooked =
+            MapFromObservations(per_rank, r, IterationPrefix(k));
+        std::vector<std::string> reported;
+        for (const auto& [fqn, t] : hooked) reported.push_back(fqn);
+        checks.CheckEqual(at + " parameters reported", fqns, reported);
+        CheckMapsClose(checks, at + " parameter shards: hooks vs optimizer loop (exact)", ref,
+                       hooked, Tolerance{0, 0});
+        if (k > 0) {
+          bool stepped = false;
+          for (const auto& [fqn, t] : hooked) {
+            const auto before = previous.find(fqn);
+            stepped = stepped || before == previous.end() || before->second.data != t.data;
+          }
+          checks.CheckTrue(at + " the hooks stepped (some parameter changed)", stepped);
+        }
+        previous = hooked;
+      }
     }
     checks.SetFigure("iterations", iterations);
   };

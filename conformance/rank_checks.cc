@@ -49,4 +49,42 @@ bool CheckRankFailed(CheckList& checks, const std::vector<nlohmann::json>& per_r
   return failed;
 }
 
+bool CheckRankTensorExact(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
+                          const std::string& name, const std::string& dtype,
+                          const std::vector<int64_t>& shape, const std::vector<double>& data) {
+  const std::string who = RankName(rank) + " " + name;
+  const nlohmann::json& tensors = RankObservation(per_rank, rank, kTensors);
+  if (!tensors.is_object() || !tensors.contains(name)) {
+    std::string present;
+    if (tensors.is_object()) {
+      for (auto it = tensors.begin(); it != tensors.end(); ++it) {
+        present += (present.empty() ? "" : ", ") + it.key();
+      }
+    }
+    checks.Fail(who, "the rank reported no tensor '" + name + "' (tensors: " +
+                         (present.empty() ? "none" : present) + ")");
+    return false;
+  }
+  const std::vector<int64_t> actual_shape = TensorShape(per_rank, rank, name);
+  const bool same_form =
+      checks.CheckEqual(who + " dtype and shape", nlohmann::json({dtype, shape}),
+                        nlohmann::json({tensors.at(name).at("dtype"), actual_shape}));
+  if (!same_form) return false;
+  return checks.CheckClose(who + " values", data, TensorData(per_rank, rank, name),
+                           Tolerance{0, 0});
+}
+
+bool CheckRankTensorsExact(CheckList& checks, const std::vector<nlohmann::json>& per_rank,
+                           int rank, const nlohmann::json& expected) {
+  bool all = true;
+  for (auto it = expected.begin(); it != expected.end(); ++it) {
+    all = CheckRankTensorExact(checks, per_rank, rank, it.key(),
+                               it->at("dtype").get<std::string>(),
+                               it->at("shape").get<std::vector<int64_t>>(),
+                               it->at("data").get<std::vector<double>>()) &&
+          all;
+  }
+  return all;
+}
+
 }  // namespace fsdp::conformance

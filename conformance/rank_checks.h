@@ -57,4 +57,17 @@ std::optional<std::string> CheckRankError(CheckList& checks,
 bool CheckRankFailed(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
                      const std::string& what);
 
+// The rank's tensor `name` (in its `tensors` observation) must have dtype `dtype`, shape
+// `shape` and exactly the values `data` (row-major; NaN matches NaN). Records "rank <r> <name>
+// dtype and shape" and "rank <r> <name> values" (the latter only when the shape matches), or
+// one failed check "rank <r> <name>" naming the tensors present when the rank reported no
+// such tensor. Returns the verdict.
+bool CheckRankTensorExact(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
+                          const std::string& name, const std::string& dtype,
+                          const std::vector<int64_t>& shape, const std::vector<double>& data);
+// CheckRankTensorExact for every entry of `expected` ({name: {"shape", "dtype", "data"}}, as
+// TensorToJson / TensorJson make them), in the object's order. Returns whether all passed.
+bool CheckRankTensorsExact(CheckList& checks, const std::vector<nlohmann::json>& per_rank,
+                           int rank, const nlohmann::json& expected);
+
 }  // namespace fsdp::conformance

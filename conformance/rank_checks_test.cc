@@ -87,5 +87,45 @@ TEST(RankChecks, FailedAcceptsAnyErrorAndReportsItsAbsence) {
   EXPECT_FALSE(checks.checks()[1].passed);
 }
 
+TEST(RankChecks, TensorExactComparesDtypeShapeAndEveryValue) {
+  const auto tensor = [](const std::string& dtype, std::vector<int64_t> shape,
+                         std::vector<double> data) {
+    return nlohmann::json{{"shape", shape}, {"dtype", dtype}, {"data", data}};
+  };
+  const std::vector<nlohmann::json> per_rank = {
+      {{"tensors",
+        {{"a", tensor("float32", {2}, {1.5, -2})},
+         {"b", tensor("float32", {2}, {1.5, -2.0000001})},
+         {"c", tensor("bfloat16", {2}, {1.5, -2})},
+         {"d", tensor("float32", {1, 2}, {1.5, -2})}}}}};
+  CheckList checks;
+  EXPECT_TRUE(CheckRankTensorExact(checks, per_rank, 0, "a", "float32", {2}, {1.5, -2}));
+  ASSERT_EQ(checks.checks().size(), 2u);
+  EXPECT_EQ(checks.checks()[0].name, "rank 0 a dtype and shape");
+  EXPECT_EQ(checks.checks()[1].name, "rank 0 a values");
+  EXPECT_FALSE(CheckRankTensorExact(checks, per_rank, 0, "b", "float32", {2}, {1.5, -2}));
+  EXPECT_FALSE(checks.checks().back().passed);
+  EXPECT_EQ(checks.checks().back().name, "rank 0 b values");
+  // A wrong dtype or shape fails without comparing values.
+  const size_t before = checks.checks().size();
+  EXPECT_FALSE(CheckRankTensorExact(checks, per_rank, 0, "c", "float32", {2}, {1.5, -2}));
+  EXPECT_FALSE(CheckRankTensorExact(checks, per_rank, 0, "d", "float32", {2}, {1.5, -2}));
+  ASSERT_EQ(checks.checks().size(), before + 2);
+  EXPECT_EQ(checks.checks().back().name, "rank 0 d dtype and shape");
+  // A missing tensor is a failed check naming what the rank reported.
+  EXPECT_FALSE(CheckRankTensorExact(checks, per_rank, 0, "e", "float32", {2}, {1.5, -2}));
+  EXPECT_EQ(checks.checks().back().name, "rank 0 e");
+  EXPECT_NE(checks.checks().back().detail.find("tensors: a, b, c, d"), std::string::npos)
+      << checks.checks().back().detail;
+  // The JSON form: every expected tensor, in order.
+  checks = CheckList();
+  EXPECT_FALSE(CheckRankTensorsExact(
+      checks, per_rank, 0,
+      {{"a", tensor("float32", {2}, {1.5, -2})}, {"b", tensor("float32", {2}, {1.5, -2})}}));
+  ASSERT_EQ(checks.checks().size(), 4u);
+  EXPECT_TRUE(checks.checks()[1].passed);
+  EXPECT_FALSE(checks.checks()[3].passed);
+}
+
 }  // namespace
 }  // namespace fsdp::conformance
