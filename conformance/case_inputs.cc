@@ -22,6 +22,15 @@ NamedTensors DecodeTensors(const std::string& bytes, const std::string& source) 
 
 }  // namespace
 
+NamedTensors WeightsOf(nn::Module& module, std::optional<DType> dtype) {
+  NamedTensors weights;
+  for (const auto& [key, tensor] : module.state_dict()) {
+    weights.emplace_back(key, dtype && IsFloatingPoint(tensor.dtype()) ? tensor.to(*dtype).clone()
+                                                                       : tensor.clone());
+  }
+  return weights;
+}
+
 std::string StepInputName(int64_t step) { return "step" + std::to_string(step) + "/input"; }
 std::string StepTargetName(int64_t step) { return "step" + std::to_string(step) + "/target"; }
 std::string RankInputsFileName(int rank) {

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -57,6 +58,10 @@ struct InputsDoc {
   std::vector<TensorObservation> rank_tensors;
   bool empty() const { return weights.empty() && rank_tensors.empty(); }
 };
+
+// Every entry of module.state_dict() (tied parameters under each of their keys), copied, as a
+// case's weights; floating entries converted to `dtype` when given, others (int64 buffers) kept.
+NamedTensors WeightsOf(nn::Module& module, std::optional<DType> dtype = std::nullopt);
 
 // What one rank reads.
 class RankInputs {

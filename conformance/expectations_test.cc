@@ -78,5 +78,13 @@ TEST(ScenarioExpectations, AChangedTensorValueFailsTheJudge) {
   EXPECT_GT(judged, 0);
 }
 
+// Every scenario of the suite declares what its ranks report, so every observation of every
+// subject is validated strictly; and a scenario that runs a model declares its inputs.
+TEST(ScenarioSchemas, EveryScenarioDeclaresItsObservations) {
+  for (const Scenario* s : DefaultCatalog().scenarios.All()) {
+    EXPECT_FALSE(s->info.observations.empty()) << s->info.name << " declares no observation schema";
+  }
+}
+
 }  // namespace
 }  // namespace fsdp::conformance

@@ -200,10 +200,7 @@ CaseInputs GradAccInputs(const CaseParams& params, int world) {
   nn::ManualSeed(c.seed);
   nn::TransformerWithSharedParams model(/*rank=*/0, /*add_bn=*/true, /*deterministic=*/true);
   CaseInputs inputs;
-  for (const auto& [key, tensor] : model.state_dict()) {
-    inputs.weights.emplace_back(
-        key, IsFloatingPoint(tensor.dtype()) ? tensor.to(c.dtype) : tensor.clone());
-  }
+  inputs.weights = WeightsOf(model, c.dtype);
   inputs.ranks.resize(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     Generator gen(c.seed * 1000003 + 7919 * static_cast<uint64_t>(r) + 1);

@@ -152,7 +152,23 @@ Scenario PostAccGradHookRuns() {
       "test_fully_shard_autograd.py::TestFullyShardPostAccGradHookMultiThread::"
       "test_post_acc_grad_hook_runs";
   s.info.params = {ParamSpec::SizeInt("dim", "MLP dim", 8),
-                   ParamSpec::SizeInt("seed", "seed of the input batch", 0), SemanticsParam()};
+                   ParamSpec::SizeInt("seed", "seed of the weights and the input batch", 0),
+                   SemanticsParam()};
+  s.info.inputs.weights = "every key of MLP(dim).state_dict() (in_proj, out_proj), float32";
+  s.info.inputs.rank_tensors = {
+      {"step0/input", "float32", "[2, dim]", "the input batch (the same on every rank)"}};
+  s.inputs = [](const CaseParams& params, int world) {
+    const int64_t dim = params.GetInt("dim");
+    const auto seed = static_cast<uint64_t>(params.GetInt("seed"));
+    nn::ManualSeed(seed);
+    nn::MLP model(dim);
+    CaseInputs inputs;
+    inputs.weights = WeightsOf(model);
+    Generator generator(seed);
+    inputs.ranks.assign(static_cast<size_t>(world),
+                        {{StepInputName(0), Tensor::randn({2, dim}, DType::kFloat32, &generator)}});
+    return inputs;
+  };
   s.info.default_world = 2;
   s.info.min_world = 1;
   s.info.max_world = 8;
@@ -165,6 +181,7 @@ Scenario PostAccGradHookRuns() {
   s.run_rank = [](RankEnv& env) {
     const int64_t dim = env.params.GetInt("dim");
     auto model = std::make_shared<nn::MLP>(dim);
+    model->load_state_dict(env.Inputs().weights());
     fsdp2::FullyShardOptions options;
     options.process_group = env.pg;
     options.semantics = SemanticsOf(env.params);
@@ -176,8 +193,7 @@ Scenario PostAccGradHookRuns() {
       handles.push_back(autograd::register_post_accumulate_grad_hook(
           param, [&calls, name = name](const Tensor&) { calls.push_back(name); }));
     }
-    Generator generator(static_cast<uint64_t>(env.params.GetInt("seed")));
-    const Tensor inp = Tensor::randn({2, dim}, DType::kFloat32, &generator);
+    const Tensor inp = env.Inputs().Get(StepInputName(0));
     sum((*model)(inp).tensor()).backward();
     nlohmann::json obs;
     obs["hook_calls"] = calls;
@@ -212,8 +228,8 @@ nlohmann::json OptimParityRank(RankEnv& env) {
   nn::ModelArgs args;
   args.n_layers = p.GetInt("n_layers");
   args.dropout_p = 0.0;
-  nn::ManualSeed(static_cast<uint64_t>(p.GetInt("seed")));
   auto model = std::make_shared<nn::Transformer>(args);
+  model->load_state_dict(env.Inputs().weights());
   auto ref_model = std::static_pointer_cast<nn::Transformer>(model->deep_copy());
   fsdp2::FullyShardOptions options;
   options.process_group = env.pg;
@@ -243,9 +259,7 @@ nlohmann::json OptimParityRank(RankEnv& env) {
           sched->step();
         }));
   }
-  // torch.manual_seed(42 + rank): each rank its own tokens.
-  Generator generator(static_cast<uint64_t>(p.GetInt("seed") + env.rank));
-  const Tensor inp = Tensor::randint(0, args.vocab_size, {2, args.max_seq_len}, &generator);
+  const Tensor inp = env.Inputs().Get(StepInputName(0));
   std::vector<double> ref_losses;
   std::vector<double> losses;
   nlohmann::json tensors = nlohmann::json::object();
@@ -289,6 +303,30 @@ Scenario PostAccGradHookOptimParity() {
                    ParamSpec::SizeInt("step_size", "StepLR step_size", 5),
                    ParamSpec::SizeInt("seed", "model seed; rank r draws tokens from seed + r", 42),
                    SemanticsParam()};
+  s.info.inputs.weights =
+      "every key of Transformer(ModelArgs(n_layers=n_layers, dropout_p=0.0)).state_dict() "
+      "(common_dtensor.py's Transformer with weight tying), float32";
+  s.info.inputs.rank_tensors = {
+      {"step0/input", "int64", "[2, 16]",
+       "the rank's own token batch (the seed's torch.manual_seed(42 + rank)), used every iteration"}};
+  s.inputs = [](const CaseParams& params, int world) {
+    nn::ModelArgs args;
+    args.n_layers = params.GetInt("n_layers");
+    args.dropout_p = 0.0;
+    const auto seed = static_cast<uint64_t>(params.GetInt("seed"));
+    nn::ManualSeed(seed);
+    nn::Transformer model(args);
+    CaseInputs inputs;
+    inputs.weights = WeightsOf(model);
+    inputs.ranks.resize(static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      Generator generator(seed + static_cast<uint64_t>(r));
+      inputs.ranks[static_cast<size_t>(r)].emplace_back(
+          StepInputName(0),
+          Tensor::randint(0, args.vocab_size, {2, args.max_seq_len}, &generator));
+    }
+    return inputs;
+  };
   s.info.default_world = 2;  // min(2, gpus)
   s.info.min_world = 1;
   s.info.max_world = 8;

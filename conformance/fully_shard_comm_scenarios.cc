@@ -79,13 +79,6 @@ Tensor Tokens(const RankEnv& env) {
   return env.Inputs().Get(StepInputName(0)).to(env.device);
 }
 
-// The state dict of `module` as the weights of a case's inputs.
-NamedTensors WeightsOf(nn::Module& module) {
-  NamedTensors weights;
-  for (const auto& [key, tensor] : module.state_dict()) weights.emplace_back(key, tensor.clone());
-  return weights;
-}
-
 // Runner-owned inputs of the Transformer scenarios: the weights of
 // Transformer(ModelArgs(n_layers, dropout_p=0)) initialised from generator seed `seed`, and one
 // token batch [2, max_seq_len] (the same on every rank), int64 in [0, vocab_size).
