@@ -48,6 +48,16 @@ std::string SchemaTypeText(const json& schema) {
     }
     return out;
   }
+  if (schema.contains("type") && schema["type"].is_array()) {
+    // A union such as ["object", "null"]: each member rendered with the rest of the schema.
+    std::string out;
+    for (const auto& t : schema["type"]) {
+      json one = schema;
+      one["type"] = t;
+      out += (out.empty() ? "" : " or ") + SchemaTypeText(one);
+    }
+    return out;
+  }
   const std::string type = schema.contains("type") && schema["type"].is_string()
                                ? schema["type"].get<std::string>()
                                : std::string("any");
