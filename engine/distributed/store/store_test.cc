@@ -203,5 +203,19 @@ TEST(TcpStoreTest, ClientWithoutServerTimesOutNamingTheAddress) {
   }
 }
 
+// A store hosted for a loopback MASTER_ADDR listens on the loopback interface only; any other
+// address (ranks on other hosts) listens on every interface.
+TEST(TcpStoreListenTest, LoopbackHostsListenOnLoopbackOnly) {
+  EXPECT_TRUE(IsLoopbackHost("127.0.0.1"));
+  EXPECT_TRUE(IsLoopbackHost("127.1.2.3"));
+  EXPECT_TRUE(IsLoopbackHost("localhost"));
+  EXPECT_FALSE(IsLoopbackHost("10.0.0.7"));
+  EXPECT_FALSE(IsLoopbackHost("node17.cluster"));
+  TcpStoreServer loopback(0, /*loopback_only=*/true);
+  EXPECT_EQ(loopback.listen_address(), "127.0.0.1");
+  TcpStoreServer everywhere(0, /*loopback_only=*/false);
+  EXPECT_EQ(everywhere.listen_address(), "0.0.0.0");
+}
+
 }  // namespace
 }  // namespace fsdp::distributed

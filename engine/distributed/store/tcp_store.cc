@@ -93,7 +93,13 @@ bool ReadStr(int fd, std::string* out) {
 
 // ---- Server -------------------------------------------------------------------------------
 
-TcpStoreServer::TcpStoreServer(int port) {
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr addr{};
+  return ::inet_pton(AF_INET, host.c_str(), &addr) == 1 && (ntohl(addr.s_addr) >> 24) == 127;
+}
+
+TcpStoreServer::TcpStoreServer(int port, bool loopback_only) {
   listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   FSDP_CHECK_CODE(ErrorCode::kUnavailable, listen_fd_ >= 0,
                   "TcpStoreServer: socket() failed: ", std::strerror(errno));
@@ -101,7 +107,7 @@ TcpStoreServer::TcpStoreServer(int port) {
   ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_addr.s_addr = htonl(loopback_only ? INADDR_LOOPBACK : INADDR_ANY);
   addr.sin_port = htons(static_cast<uint16_t>(port));
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       ::listen(listen_fd_, 1024) != 0) {
@@ -114,6 +120,17 @@ TcpStoreServer::TcpStoreServer(int port) {
   ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
   port_ = ntohs(addr.sin_port);
   accept_thread_ = std::thread([this] { AcceptLoop(); });
+}
+
+std::string TcpStoreServer::listen_address() const {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  char text[INET_ADDRSTRLEN] = {0};
+  if (::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+      ::inet_ntop(AF_INET, &addr.sin_addr, text, sizeof(text)) == nullptr) {
+    return "";
+  }
+  return text;
 }
 
 TcpStoreServer::~TcpStoreServer() {
@@ -213,7 +230,7 @@ TcpStore::TcpStore(const std::string& host, int port, bool is_server,
   FSDP_CHECK(port >= 0 && port < 65536, "TcpStore: bad port ", port);
   FSDP_CHECK(is_server || port > 0, "TcpStore: a client needs the server's port");
   if (is_server) {
-    server_ = std::make_unique<TcpStoreServer>(port);
+    server_ = std::make_unique<TcpStoreServer>(port, IsLoopbackHost(host));
     port_ = server_->port();
   }
   addrinfo hints{};

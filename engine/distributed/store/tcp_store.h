@@ -25,14 +25,21 @@
 
 namespace fsdp::distributed {
 
+// Whether `host` names the loopback interface: "localhost" or an IPv4 address in 127.0.0.0/8.
+bool IsLoopbackHost(const std::string& host);
+
 class TcpStoreServer {
  public:
-  // Listens on all IPv4 interfaces at `port` (0: an ephemeral port, see port()).
-  explicit TcpStoreServer(int port);
+  // Listens at `port` (0: an ephemeral port, see port()) on the loopback interface when
+  // `loopback_only`, else on every IPv4 interface (ranks on other hosts must reach it).
+  explicit TcpStoreServer(int port, bool loopback_only = true);
   ~TcpStoreServer();
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   int port() const { return port_; }
+  // The address the listening socket is bound to, as getsockname reports it ("127.0.0.1" or
+  // "0.0.0.0").
+  std::string listen_address() const;
 
  private:
   void AcceptLoop();
@@ -52,8 +59,10 @@ class TcpStoreServer {
 class TcpStore final : public Store {
  public:
   // Connects to host:port, retrying until `timeout` (the server may start later). With
-  // `is_server` this rank first hosts the server on all interfaces at `port` (0: an ephemeral
-  // port, see port()) and connects to it.
+  // `is_server` this rank first hosts the server at `port` (0: an ephemeral port, see port())
+  // and connects to it; the server listens on the loopback interface only when `host` is a
+  // loopback address (127.0.0.0/8, "localhost"), so a single-host run is not reachable from
+  // the network, and on every interface otherwise.
   TcpStore(const std::string& host, int port, bool is_server,
            std::chrono::milliseconds timeout = kDefaultTimeout);
   ~TcpStore() override;
