@@ -1,5 +1,8 @@
 #include "conformance/cli.h"
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -12,6 +15,7 @@
 #include "engine/fsdp/semantics.h"
 #include "conformance/runner.h"
 #include "engine/core/error.h"
+#include "engine/serialization/atomic_file.h"
 
 namespace fsdp::conformance {
 
@@ -259,6 +263,22 @@ int List(const std::vector<std::string>& args, const Catalog& catalog, std::ostr
   return kExitOk;
 }
 
+// Throws InvalidArgument naming `path` and the reason when a file cannot be written there: its
+// directory is missing or not writable, or it exists and is a directory or not writable.
+void CheckWritablePath(const std::string& path) {
+  const std::filesystem::path p(path);
+  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : ".";
+  std::error_code ec;
+  FSDP_CHECK(std::filesystem::is_directory(dir, ec), "cannot write ", path, ": directory ",
+             dir.string(), " does not exist");
+  FSDP_CHECK(::access(dir.c_str(), W_OK) == 0, "cannot write ", path, ": directory ", dir.string(),
+             " is not writable");
+  if (std::filesystem::exists(p, ec)) {
+    FSDP_CHECK(!std::filesystem::is_directory(p, ec), "cannot write ", path, ": it is a directory");
+    FSDP_CHECK(::access(path.c_str(), W_OK) == 0, "cannot write ", path, ": it is not writable");
+  }
+}
+
 int SchemaCommand(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& out) {
   FlagParser flags("schema", {}, {}, {"--markdown"});
   flags.Parse(args, 1);
@@ -368,6 +388,8 @@ int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostre
   if (auto d = flags.Value("--driver")) options.driver = *d;
   const std::optional<std::string> json_path = flags.Value("--json");
   if (json_path) FSDP_CHECK(!json_path->empty(), "run: --json needs a FILE or '-'");
+  // An unwritable report path is a usage error found before any case runs.
+  if (json_path && *json_path != "-") CheckWritablePath(*json_path);
 
   Runner runner(catalog, options);
   std::vector<PlannedCase> plan = runner.Plan();  // name errors surface here
@@ -390,12 +412,11 @@ int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostre
       out << doc;
       out.flush();
     } else {
-      std::ofstream f(*json_path, std::ios::trunc);
-      f << doc;
-      f.flush();
-      if (!f.good()) {
-        err << "fsdp-conform: error: cannot write " << *json_path << "\n";
-        return kExitUsage;
+      try {
+        serialization::WriteFileAtomically(*json_path, doc);
+      } catch (const Error& e) {
+        err << "fsdp-conform: error: " << e.message() << "\n";
+        return kExitFailed;  // the cases ran; their report could not be delivered
       }
     }
   }

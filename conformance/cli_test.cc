@@ -184,6 +184,18 @@ TEST(Cli, RunJsonToFile) {
   EXPECT_EQ(j["cases"][0]["skip_reason"], "rank 0: toy cannot run this here");
 }
 
+TEST(Cli, AnUnwritableJsonPathFailsBeforeAnyCaseRuns) {
+  const CliResult missing_dir =
+      Cli({"run", "toy/sum", "--json", "/nonexistent-fsdp-dir/report.json"});
+  EXPECT_EQ(missing_dir.code, kExitUsage);
+  EXPECT_THAT(missing_dir.err, HasSubstr("cannot write /nonexistent-fsdp-dir/report.json: "
+                                         "directory /nonexistent-fsdp-dir does not exist"));
+  EXPECT_EQ(missing_dir.out.find("passed"), std::string::npos) << "cases ran: " << missing_dir.out;
+  const CliResult directory = Cli({"run", "toy/sum", "--json", "/tmp"});
+  EXPECT_EQ(directory.code, kExitUsage);
+  EXPECT_THAT(directory.err, HasSubstr("cannot write /tmp: it is a directory"));
+}
+
 TEST(Cli, UsageErrorsNameTheProblem) {
   struct Case {
     std::vector<std::string> args;
