@@ -31,6 +31,7 @@
 #include "conformance/parity_common.h"
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
+#include "conformance/transformer_inputs.h"
 #include "conformance/sharded_parity.h"
 #include "engine/autograd/variable.h"
 #include "engine/core/rng.h"
@@ -303,29 +304,11 @@ Scenario PostAccGradHookOptimParity() {
                    ParamSpec::SizeInt("step_size", "StepLR step_size", 5),
                    ParamSpec::SizeInt("seed", "model seed; rank r draws tokens from seed + r", 42),
                    SemanticsParam()};
-  s.info.inputs.weights =
-      "every key of Transformer(ModelArgs(n_layers=n_layers, dropout_p=0.0)).state_dict() "
-      "(common_dtensor.py's Transformer with weight tying), float32";
-  s.info.inputs.rank_tensors = {
-      {"step0/input", "int64", "[2, 16]",
-       "the rank's own token batch (the seed's torch.manual_seed(42 + rank)), used every iteration"}};
+  s.info.inputs = TransformerInputsDoc(TokenBatches::kPerRank);
   s.inputs = [](const CaseParams& params, int world) {
-    nn::ModelArgs args;
-    args.n_layers = params.GetInt("n_layers");
-    args.dropout_p = 0.0;
-    const auto seed = static_cast<uint64_t>(params.GetInt("seed"));
-    nn::ManualSeed(seed);
-    nn::Transformer model(args);
-    CaseInputs inputs;
-    inputs.weights = WeightsOf(model);
-    inputs.ranks.resize(static_cast<size_t>(world));
-    for (int r = 0; r < world; ++r) {
-      Generator generator(seed + static_cast<uint64_t>(r));
-      inputs.ranks[static_cast<size_t>(r)].emplace_back(
-          StepInputName(0),
-          Tensor::randint(0, args.vocab_size, {2, args.max_seq_len}, &generator));
-    }
-    return inputs;
+    return TransformerCaseInputs(params.GetInt("n_layers"),
+                                 static_cast<uint64_t>(params.GetInt("seed")), world,
+                                 TokenBatches::kPerRank);
   };
   s.info.default_world = 2;  // min(2, gpus)
   s.info.min_world = 1;

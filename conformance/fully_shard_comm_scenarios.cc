@@ -25,6 +25,7 @@
 #include "conformance/observations.h"
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
+#include "conformance/transformer_inputs.h"
 #include "engine/core/rng.h"
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/fsdp/fully_shard.h"
@@ -79,33 +80,11 @@ Tensor Tokens(const RankEnv& env) {
   return env.Inputs().Get(StepInputName(0)).to(env.device);
 }
 
-// Runner-owned inputs of the Transformer scenarios: the weights of
-// Transformer(ModelArgs(n_layers, dropout_p=0)) initialised from generator seed `seed`, and one
-// token batch [2, max_seq_len] (the same on every rank), int64 in [0, vocab_size).
+// Runner-owned inputs of the Transformer scenarios: the same tokens on every rank.
 CaseInputs TransformerInputs(const CaseParams& params, int world) {
-  nn::ModelArgs args;
-  args.n_layers = params.GetInt("n_layers");
-  args.dropout_p = 0.0;
-  const auto seed = static_cast<uint64_t>(params.GetInt("seed"));
-  nn::ManualSeed(seed);
-  nn::Transformer model(args);
-  CaseInputs inputs;
-  inputs.weights = WeightsOf(model);
-  Generator generator(seed);
-  const Tensor tokens = Tensor::randint(0, args.vocab_size, {2, args.max_seq_len}, &generator);
-  inputs.ranks.assign(static_cast<size_t>(world), {{StepInputName(0), tokens}});
-  return inputs;
-}
-
-InputsDoc TransformerInputsDoc() {
-  InputsDoc doc;
-  doc.weights =
-      "every key of Transformer(ModelArgs(n_layers=n_layers, dropout_p=0.0)).state_dict() "
-      "(common_dtensor.py's Transformer: vocab_size 8, max_seq_len 16, dim 16, n_heads 4, "
-      "weight tying, so output.weight equals tok_embeddings.weight), float32";
-  doc.rank_tensors.push_back({"step0/input", "int64", "[2, 16]",
-                              "the token batch (the same on every rank)"});
-  return doc;
+  return TransformerCaseInputs(params.GetInt("n_layers"),
+                               static_cast<uint64_t>(params.GetInt("seed")), world,
+                               TokenBatches::kSameOnEveryRank);
 }
 
 // Every rank's expected observations are `expected`.
@@ -194,7 +173,7 @@ ScenarioInfo CommonInfo(const std::string& case_name, const std::string& descrip
   info.default_world = 4;  // min(4, gpus)
   info.min_world = 2;      // world 1 skips the all-gather (E3), which the seed never runs
   info.max_world = 8;
-  info.inputs = TransformerInputsDoc();
+  info.inputs = TransformerInputsDoc(TokenBatches::kSameOnEveryRank);
   return info;
 }
 
