@@ -99,6 +99,18 @@ std::shared_ptr<const RankInputs> CaseInputs::ForRank(int rank) const {
       RankInputs::Decode(EncodeWeights(), EncodeRank(rank), "rank " + std::to_string(rank)));
 }
 
+std::vector<std::shared_ptr<const RankInputs>> CaseInputs::ForAllRanks() const {
+  const std::string weights_bytes = EncodeWeights();
+  std::vector<std::shared_ptr<const RankInputs>> out;
+  out.reserve(ranks.size());
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const int rank = static_cast<int>(r);
+    out.push_back(std::make_shared<const RankInputs>(
+        RankInputs::Decode(weights_bytes, EncodeRank(rank), "rank " + std::to_string(rank))));
+  }
+  return out;
+}
+
 std::vector<std::map<std::string, std::string>> CaseInputs::WriteFiles(const std::string& dir) const {
   std::string weights_path;
   if (!weights.empty()) {

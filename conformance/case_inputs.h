@@ -99,6 +99,9 @@ struct CaseInputs {
   std::string EncodeRank(int rank) const;
   // Rank r's view, through the files' bytes (the in-process path).
   std::shared_ptr<const RankInputs> ForRank(int rank) const;
+  // Every rank's view, element r for rank r: the weights file encoded once, each rank's decoded
+  // into its own tensors.
+  std::vector<std::shared_ptr<const RankInputs>> ForAllRanks() const;
   // Writes weights.safetensors (when there are weights) and every rankR.inputs.safetensors to
   // `dir`; returns per rank its `--input` map {"weights": path, "rank": path}.
   std::vector<std::map<std::string, std::string>> WriteFiles(const std::string& dir) const;

@@ -340,11 +340,7 @@ int CheckCommand(const std::vector<std::string>& args, const Catalog& catalog, s
   TableWriter table(out, {planned}, result.backend);
   table.Header();
   table.Row(result);
-  Tally tally;
-  (result.status == CaseStatus::kPassed   ? tally.passed
-   : result.status == CaseStatus::kFailed ? tally.failed
-                                          : tally.skipped)++;
-  out << SummaryLine(tally) << "\n";
+  out << SummaryLine(CountResults({result})) << "\n";
   return result.status == CaseStatus::kFailed ? kExitFailed : kExitOk;
 }
 

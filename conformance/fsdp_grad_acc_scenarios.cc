@@ -263,12 +263,6 @@ std::shared_ptr<fsdp1::FullyShardedDataParallel> Wrap(const nn::ModulePtr& model
   return std::make_shared<fsdp1::FullyShardedDataParallel>(model, options);
 }
 
-nlohmann::json CountsJson(const std::map<std::string, int64_t>& counts) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const auto& [op, n] : counts) j[op] = n;
-  return j;
-}
-
 nlohmann::json RunGradAccRank(RankEnv& env) {
   const GradAccCase c = GradAccCase::Decode(env.params);
   const RankInputs& inputs = env.Inputs();
@@ -319,9 +313,8 @@ nlohmann::json RunGradAccRank(RankEnv& env) {
       loss.backward();
       backward_mode.exit();
       obs[kLosses].push_back(loss.item());
-      obs["micro_batch_comm_counts"].push_back(
-          {{"forward", CountsJson(forward_mode.get_comm_counts())},
-           {"backward", CountsJson(backward_mode.get_comm_counts())}});
+      obs["micro_batch_comm_counts"].push_back(PhaseCommCountsJson(
+          forward_mode.get_comm_counts(), backward_mode.get_comm_counts()));
     }
     optimizer.step();
     optimizer.zero_grad(SetToNoneAfterStep(k));
@@ -344,12 +337,6 @@ nlohmann::json RunGradAccRank(RankEnv& env) {
 }
 
 // ---- Expectations ------------------------------------------------------------------------------
-
-reference::RefTensor Ref(const Tensor& t) {
-  reference::RefTensor out(t.sizes());
-  out.data = t.to_doubles();
-  return out;
-}
 
 reference::IndexTensor Index(const Tensor& t) { return reference::IndexTensor(t.sizes(), t.to_int64s()); }
 
@@ -400,7 +387,7 @@ std::vector<nlohmann::json> ExpectGradAcc(const CaseParams& params, int world) {
   for (const auto& spec : model.ParameterSpecs()) param_names.insert(spec.name);
   for (const auto& [key, tensor] : inputs.weights) {
     if (key == "output_proj.weight") continue;  // tied to embed_tokens.weight: one parameter
-    (param_names.count(key) ? weights : buffers)[key] = Ref(tensor);
+    (param_names.count(key) ? weights : buffers)[key] = ToRef(tensor);
   }
   std::vector<reference::TrainingStep<double>> plan;
   for (int64_t k = 0; k < c.steps; ++k) {

@@ -45,12 +45,6 @@ constexpr const char* kSeed000 = "test_fully_shard_comm.py::TestFullyShardCommun
 constexpr const char* kAllGather = "c10d._allgather_base_";
 constexpr const char* kReduceScatter = "c10d._reduce_scatter_base_";
 
-nlohmann::json CountsJson(const std::map<std::string, int64_t>& counts) {
-  nlohmann::json j = nlohmann::json::object();
-  for (const auto& [op, n] : counts) j[op] = n;
-  return j;
-}
-
 // `_init_transformer`-style model: every TransformerBlock sharded, then the root.
 // checkpoint_impl: "none", "utils" (per-block checkpoint inside the Transformer) or
 // "composable" (nn::checkpoint on each block before fully_shard).
@@ -125,8 +119,8 @@ nlohmann::json ForwardBackwardCounts(nn::Transformer& model, const Tensor& token
   sum(loss).backward();
   bwd_mode.exit();
   nlohmann::json obs;
-  obs[kCommCounts] = {{"forward", CountsJson(fwd_mode.get_comm_counts())},
-                      {"backward", CountsJson(bwd_mode.get_comm_counts())}};
+  obs[kCommCounts] =
+      PhaseCommCountsJson(fwd_mode.get_comm_counts(), bwd_mode.get_comm_counts());
   return obs;
 }
 

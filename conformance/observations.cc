@@ -82,6 +82,14 @@ void MergeTensors(nlohmann::json& observations, const NamedTensors& tensors, con
   }
 }
 
+nlohmann::json PhaseCommCountsJson(const std::map<std::string, int64_t>& forward,
+                                   const std::map<std::string, int64_t>& backward) {
+  nlohmann::json out = {{"forward", nlohmann::json::object()}, {"backward", nlohmann::json::object()}};
+  for (const auto& [op, n] : forward) out["forward"][op] = n;
+  for (const auto& [op, n] : backward) out["backward"][op] = n;
+  return out;
+}
+
 nlohmann::json EventJson(const std::string& kind, const std::string& fqn,
                          const std::string& training_state) {
   return nlohmann::json::array({kind, fqn, training_state});

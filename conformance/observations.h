@@ -13,6 +13,7 @@
 // Thread-safety: stateless functions.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -41,6 +42,11 @@ NamedTensors TakeTensors(nlohmann::json& observations, const std::string& who);
 // Adds `tensors` (read from a --tensors-output file) to observations["tensors"]; DataLoss
 // naming `who` and the tensor when a name is already there.
 void MergeTensors(nlohmann::json& observations, const NamedTensors& tensors, const std::string& who);
+
+// The `comm_counts` value {"forward": {op: n}, "backward": {op: n}} from two CommDebugMode
+// count tables (get_comm_counts()).
+nlohmann::json PhaseCommCountsJson(const std::map<std::string, int64_t>& forward,
+                                   const std::map<std::string, int64_t>& backward);
 
 // ["unshard", "layers.0", "FORWARD"].
 nlohmann::json EventJson(const std::string& kind, const std::string& fqn,

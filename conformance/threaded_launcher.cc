@@ -95,6 +95,9 @@ std::vector<RankOutcome> ThreadedLauncher::Launch(const LaunchRequest& request) 
   launch.failure_grace = request.failure_grace;
   launch.label = "scenario " + name;
   // The slots are shared with the rank threads, which may outlive this call (detached).
+  // The same bytes a process rank reads from its files, through the same codec.
+  std::vector<std::shared_ptr<const RankInputs>> inputs(static_cast<size_t>(world));
+  if (request.inputs) inputs = request.inputs->ForAllRanks();
   std::vector<std::shared_ptr<RankSlot>> slots;
   for (int r = 0; r < world; ++r) {
     auto slot = std::make_shared<RankSlot>();
@@ -104,8 +107,7 @@ std::vector<RankOutcome> ThreadedLauncher::Launch(const LaunchRequest& request) 
     slot->env.params = request.params;
     slot->env.backend = request.backend;
     slot->env.device = backend_.DeviceOf(r);
-    // The same bytes a process rank reads from its files, through the same codec.
-    if (request.inputs) slot->env.inputs = request.inputs->ForRank(r);
+    slot->env.inputs = inputs[static_cast<size_t>(r)];
     slot->subject = subject_;
     slot->scenario = request.scenario;
     slots.push_back(std::move(slot));
