@@ -165,6 +165,20 @@ TEST(DriverRequest, FromArgsIsStrict) {
   EXPECT_THAT(err(bad_rank), HasSubstr("rank 1 is outside world 1"));
 }
 
+// A result path that is not a regular file (a FIFO would block a plain read) is refused at
+// once, naming the path.
+TEST(DriverResult, AResultThatIsNotARegularFileIsRefused) {
+  const std::string fifo = (std::filesystem::temp_directory_path() /
+                            ("fsdp-result-fifo." + std::to_string(::getpid())))
+                               .string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const RankOutcome outcome = ReadRankResult(fifo, "", "rank 0");
+  std::filesystem::remove(fifo);
+  EXPECT_EQ(outcome.status, RankOutcome::Status::kError);
+  EXPECT_EQ(outcome.code, ErrorCode::kInvalidArgument);
+  EXPECT_THAT(outcome.message, HasSubstr(fifo + " is not a regular file"));
+}
+
 TEST(DriverResult, ParseResultFollowsTheProtocol) {
   const RankOutcome ok = ParseResult({{"status", "ok"}, {"observations", {{"x", 1}}}}, "rank 0");
   EXPECT_EQ(ok.status, RankOutcome::Status::kOk);
