@@ -56,9 +56,7 @@ void ReplaceByPrefix(StateDict& state_dict, const std::string& old_prefix,
   for (const std::string& key : state_dict.keys()) {
     if (!StartsWith(key, old_prefix)) continue;
     const std::string new_key = new_prefix + key.substr(old_prefix.size());
-    Tensor value = state_dict.at(key);
-    state_dict.erase(key);
-    state_dict.insert(new_key, value);
+    state_dict.rename(key, new_key);
   }
 }
 

@@ -614,6 +614,19 @@ RemovableHandle Module::register_load_state_dict_post_hook(LoadStateDictPostHook
   return MakeHandle(load_post_hooks_, id);
 }
 
+void StateDict::rename(const std::string& key, const std::string& new_key) {
+  Tensor* value = find(key);
+  if (value == nullptr) return;
+  Tensor moved = *value;
+  erase(key);
+  insert(new_key, std::move(moved));
+  if (const ShardedEntry* entry = sharded.find(key)) {
+    ShardedEntry moved_entry = *entry;
+    sharded.erase(key);
+    sharded.insert(new_key, std::move(moved_entry));
+  }
+}
+
 StateDict Module::state_dict(const std::string& prefix, bool keep_vars) {
   StateDict destination;
   state_dict_into(destination, prefix, keep_vars);

@@ -53,13 +53,30 @@ using ModulePtr = std::shared_ptr<Module>;
 using NamedTensor = std::pair<std::string, Tensor>;
 using NamedModule = std::pair<std::string, ModulePtr>;
 
+// Where a sharded state-dict entry's tensor (this rank's piece, unpadded) lies in the global
+// tensor: what FSDP's sharded state dicts carry (a ShardedTensor in FSDP1's SHARDED_STATE_DICT,
+// a Shard(0) DTensor in FSDP2's state_dict()). The pieces of all ranks tile the global tensor.
+struct ShardedEntry {
+  Shape global_shape;            // the unsharded tensor's shape
+  std::vector<int64_t> offsets;  // the piece's offset in every dimension of global_shape
+};
+
 // A state dict: FQN → tensor in PyTorch's order, plus `_metadata` (module prefix without the
 // trailing dot → the module class's version) as state_dict() records it. A dict built by hand
 // has no metadata, which (as in PyTorch) makes BatchNorm accept a missing num_batches_tracked.
+// `sharded` marks the entries whose tensor is one rank's piece of a larger tensor (keyed like
+// the entries; an entry without one is a full tensor). rename() keeps both in step.
 class StateDict : public OrderedDict<Tensor> {
  public:
   using OrderedDict<Tensor>::OrderedDict;
   OrderedDict<int64_t> metadata;
+  OrderedDict<ShardedEntry> sharded;
+
+  // Moves `key` (with its sharding) to `new_key` at the end, as Python's
+  // `d[new_key] = d.pop(key)` does. No-op when `key` is absent.
+  void rename(const std::string& key, const std::string& new_key);
+  // The sharding of `key`, or nullptr for a full tensor.
+  const ShardedEntry* sharding(const std::string& key) const { return sharded.find(key); }
 };
 
 // torch.nn.modules.module._IncompatibleKeys.

@@ -503,5 +503,21 @@ TEST(ModuleTensorAttributes, HiddenFromParametersAndStateDictButReadByForward) {
   EXPECT_EQ(NamesOf(lin->named_parameters()), (Names{"bias", "weight"}));
 }
 
+TEST(StateDictTest, RenameMovesTheEntryAndItsShardingToTheEnd) {
+  StateDict sd;
+  sd.insert("a", Tensor::zeros({2}));
+  sd.insert("b", Tensor::zeros({4}));
+  sd.sharded.insert("a", ShardedEntry{{4}, {2}});
+  sd.rename("a", "c");
+  EXPECT_EQ(sd.keys(), (std::vector<std::string>{"b", "c"}));
+  ASSERT_NE(sd.sharding("c"), nullptr);
+  EXPECT_EQ(sd.sharding("c")->global_shape, (Shape{4}));
+  EXPECT_EQ(sd.sharding("c")->offsets, (std::vector<int64_t>{2}));
+  EXPECT_EQ(sd.sharding("a"), nullptr);
+  EXPECT_EQ(sd.sharding("b"), nullptr);
+  sd.rename("missing", "x");
+  EXPECT_EQ(sd.size(), 2u);
+}
+
 }  // namespace
 }  // namespace fsdp::nn
