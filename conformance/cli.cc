@@ -9,6 +9,7 @@
 #include <set>
 
 #include "conformance/driver_protocol.h"
+#include "conformance/interrupt.h"
 #include "conformance/offline_case.h"
 #include "conformance/schema_doc.h"
 #include "conformance/report.h"
@@ -394,16 +395,32 @@ int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostre
   TableWriter writer(table, plan, runner.backend());
   writer.Header();
   std::vector<CaseResult> results;
+  // SIGINT/SIGTERM: the running case ends (process ranks are stopped), no further case runs,
+  // the partial report is written, then the process ends as the signal would have.
+  RunInterrupt interrupt;
+  std::vector<std::string> not_run;
   for (const PlannedCase& pc : plan) {
+    if (RunInterrupt::received() != 0) {
+      not_run.push_back(pc.scenario->info.name + " (" + pc.params.Label() + ")");
+      continue;
+    }
     results.push_back(runner.RunCase(pc));
     writer.Row(results.back());
   }
   const Tally tally = CountResults(results);
   table << SemanticsLine(runner.semantics()) << "\n" << SummaryLine(tally) << "\n";
+  if (RunInterrupt::received() != 0) {
+    table << "interrupted by signal " << RunInterrupt::received() << ": " << not_run.size()
+          << " case(s) not run\n";
+  }
   table.flush();
 
   if (json_path) {
-    const std::string doc = ResultsJson(results, runner.semantics()).dump(2) + "\n";
+    nlohmann::json report = ResultsJson(results, runner.semantics());
+    if (RunInterrupt::received() != 0) {
+      report["interrupted"] = {{"signal", RunInterrupt::received()}, {"not_run", not_run}};
+    }
+    const std::string doc = report.dump(2) + "\n";
     if (*json_path == "-") {
       out << doc;
       out.flush();
@@ -416,7 +433,14 @@ int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostre
       }
     }
   }
-  return tally.failed > 0 ? kExitFailed : kExitOk;
+  RunInterrupt::EndAsSignalled();
+  if (tally.failed > 0) return kExitFailed;
+  if (tally.passed == 0 && tally.skipped > 0) {
+    err << "fsdp-conform: error: nothing was judged: every selected case was skipped (see the "
+           "reasons above)\n";
+    return kExitNothingJudged;
+  }
+  return kExitOk;
 }
 
 }  // namespace

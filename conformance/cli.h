@@ -25,6 +25,8 @@ namespace fsdp::conformance {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailed = 1;
 inline constexpr int kExitUsage = 2;
+// `run`: cases were selected and every one was skipped, so nothing was judged.
+inline constexpr int kExitNothingJudged = 3;
 
 // `args` excludes the program name. Output goes to `out` (tables, JSON to "-"), diagnostics
 // and usage errors to `err`.

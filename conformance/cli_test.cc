@@ -56,7 +56,7 @@ TEST(Cli, ListShowsScenariosParametersAndBackends) {
   EXPECT_THAT(r.out, HasSubstr("seed: toy_test.py::TestToy::test_sum"));
   EXPECT_THAT(r.out, HasSubstr("world 4 (range 1..8), requires any backend, backends gloo,nccl,threaded,toyproc"));
   EXPECT_THAT(r.out, HasSubstr("--param mode   axis  plain|doubled (all unless fixed)"));
-  EXPECT_THAT(r.out, HasSubstr("--param scale  size  int, default 3"));
+  EXPECT_THAT(r.out, HasSubstr("--param scale  size  an int >= 0, default 3"));
   EXPECT_THAT(r.out, HasSubstr("4 scenario(s)"));
   EXPECT_THAT(r.out, HasSubstr("gloo (processes, cpu):"));
   EXPECT_THAT(r.out, HasSubstr("threaded (threads, cpu):"));
@@ -141,9 +141,9 @@ TEST(Cli, RunFailureExitsNonZeroWithDetails) {
   EXPECT_EQ(LastLine(r.out), "0 passed, 1 failed, 0 skipped");
 }
 
-TEST(Cli, RunSkipsAreCountedAndExitZero) {
+TEST(Cli, RunSkipsAreCountedAndARunOfSkipsOnlyExitsThree) {
   const CliResult r = Cli({"run", "toy/sum", "--backend", "nccl", "--world", "2"});
-  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_EQ(r.code, kExitNothingJudged);
   EXPECT_THAT(r.out, HasSubstr("SKIP"));
   EXPECT_THAT(r.out, ::testing::AnyOf(HasSubstr("needs a GPU and none is visible"),
                                       HasSubstr("backend nccl has no process-group factory"),
@@ -174,7 +174,7 @@ TEST(Cli, RunJsonToFile) {
   ASSERT_GE(fd, 0);
   ::close(fd);
   const CliResult r = Cli({"run", "toy/flaws", "--param", "flaw=skip", "--json", path});
-  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_EQ(r.code, kExitNothingJudged);
   EXPECT_EQ(LastLine(r.out), "0 passed, 0 failed, 1 skipped");
   std::ifstream in(path);
   const nlohmann::json j = nlohmann::json::parse(in);
@@ -216,6 +216,10 @@ TEST(Cli, UsageErrorsNameTheProblem) {
            {{"run", "toy/sum", "--colour"}, "unknown option '--colour'"},
            {{"run", "toy/sum", "--json"}, "--json needs a value"},
            {{"run", "toy/sum", "--subject", "external"}, "needs --driver PATH"},
+           {{"run", "toy/sum", "--subject", "external", "--driver", "/tmp"},
+            "--driver /tmp is not an executable file"},
+           {{"run", "toy/sum", "--param", "scale=-3"},
+            "parameter 'scale' takes an int >= 0; got '-3'"},
            {{"list", "--json=yes"}, "--json takes no value"},
            {{"list", "zzz"}, "no scenario matches 'zzz'"},
        }) {
@@ -225,6 +229,13 @@ TEST(Cli, UsageErrorsNameTheProblem) {
     EXPECT_THAT(r.err, HasSubstr(c.message));
     EXPECT_EQ(r.out, "") << "nothing runs on a usage error";
   }
+}
+
+TEST(Cli, ARunWhoseEveryCaseIsSkippedJudgedNothing) {
+  const CliResult r = Cli({"run", "toy/sum", "--world", "9"});
+  EXPECT_EQ(r.code, kExitNothingJudged) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("0 passed, 0 failed, 1 skipped"));
+  EXPECT_THAT(r.err, HasSubstr("nothing was judged: every selected case was skipped"));
 }
 
 TEST(Cli, WorkerRejectsBadFlags) {

@@ -90,10 +90,14 @@ RankOutcome ReadRankResult(const std::string& result_path, const std::string& te
     const std::string text = serialization::ReadRegularFile(result_path, kMaxResultBytes);
     nlohmann::json result;
     try {
-      result = nlohmann::json::parse(text);
+      result = ParseBoundedJson(text);
     } catch (const nlohmann::json::exception& e) {
       return RankOutcome::Failed(ErrorCode::kDataLoss,
                                  who + " wrote unreadable JSON to " + result_path + ": " + e.what(), 0);
+    } catch (const Error& e) {
+      return RankOutcome::Failed(ErrorCode::kDataLoss,
+                                 who + " wrote unacceptable JSON to " + result_path + ": " +
+                                     e.message(), 0);
     }
     RankOutcome outcome = ParseResult(result, who + " result " + result_path);
     if (outcome.status == RankOutcome::Status::kOk && !tensors_path.empty() &&
@@ -234,6 +238,24 @@ nlohmann::json ResultJson(const RankOutcome& outcome) {
   return nullptr;
 }
 
+nlohmann::json ParseBoundedJson(const std::string& text) {
+  // The callback sees every value's depth as it is parsed: a document nested deeper than the
+  // limit is refused before it is built (and before anything recurses over it).
+  const nlohmann::json::parser_callback_t limit_depth =
+      [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+        FSDP_CHECK_CODE(ErrorCode::kDataLoss, depth <= kMaxResultJsonDepth,
+                        "nesting deeper than ", kMaxResultJsonDepth, " levels");
+        return true;
+      };
+  return nlohmann::json::parse(text, limit_depth);
+}
+
+std::string BoundedMessage(const std::string& message) {
+  if (message.size() <= kMaxResultMessageBytes) return message;
+  return message.substr(0, kMaxResultMessageBytes) + "... [" +
+         std::to_string(message.size() - kMaxResultMessageBytes) + " more bytes cut]";
+}
+
 RankOutcome ParseResult(const nlohmann::json& result, const std::string& who) {
   FSDP_CHECK_CODE(ErrorCode::kDataLoss, result.is_object(), who,
                   ": the result must be a JSON object, got ", result.type_name());
@@ -257,7 +279,7 @@ RankOutcome ParseResult(const nlohmann::json& result, const std::string& who) {
                     result.contains("reason") && result["reason"].is_string() &&
                         !result["reason"].get<std::string>().empty(),
                     who, ": status \"skipped\" without a \"reason\" string");
-    return RankOutcome::Skipped(result["reason"].get<std::string>(), 0);
+    return RankOutcome::Skipped(BoundedMessage(result["reason"].get<std::string>()), 0);
   }
   if (status == "error") {
     FSDP_CHECK_CODE(ErrorCode::kDataLoss,
@@ -269,7 +291,8 @@ RankOutcome ParseResult(const nlohmann::json& result, const std::string& who) {
     if (result["error"].contains("code") && result["error"]["code"].is_string()) {
       code = ParseErrorCode(result["error"]["code"].get<std::string>()).value_or(code);
     }
-    return RankOutcome::Failed(code, result["error"]["message"].get<std::string>(), 0);
+    return RankOutcome::Failed(code, BoundedMessage(result["error"]["message"].get<std::string>()),
+                               0);
   }
   FSDP_THROW(ErrorCode::kDataLoss, who, ": unknown result status \"", status,
              "\" (expected ok, error or skipped)");

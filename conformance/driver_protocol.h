@@ -73,13 +73,21 @@ std::vector<DriverRequest> WriteCaseRequests(const Scenario& scenario, const Cas
 // and the scenario's description, seed test, input description and observation schema.
 nlohmann::json RequestFileJson(const DriverRequest& request, const Scenario& scenario);
 
+// Limits on what a driver's result may hold: JSON nesting depth (deeper documents are refused
+// before they are built) and the length of an error message or skip reason (longer ones are
+// cut, saying how much was cut).
+inline constexpr int kMaxResultJsonDepth = 64;
+inline constexpr size_t kMaxResultMessageBytes = 16 * 1024;
+// nlohmann::json::parse with the depth limit; DataLoss beyond it.
+nlohmann::json ParseBoundedJson(const std::string& text);
+
 // The result file of a rank for an outcome, and back. ParseResult throws DataLoss naming
-// `who` when the JSON does not follow the protocol.
+// `who` when the JSON does not follow the protocol; messages are cut to the limit.
 nlohmann::json ResultJson(const RankOutcome& outcome);
 RankOutcome ParseResult(const nlohmann::json& result, const std::string& who);
 
 // One rank's outcome from the files it wrote: its result JSON at `result_path` (a regular file
-// of at most 64 MiB) and, when it exists, its tensors file at `tensors_path`, merged into the
+// of at most 64 MiB, nested at most kMaxResultJsonDepth deep) and, when it exists, its tensors file at `tensors_path`, merged into the
 // observations. Errors in the files become a failed outcome (DataLoss naming the file), never
 // an exception.
 RankOutcome ReadRankResult(const std::string& result_path, const std::string& tensors_path,

@@ -154,10 +154,14 @@ nlohmann::json RunFaultRank(RankEnv& env, const FaultBody& body) {
 
 ParamSpec FaultyRankSize() {
   return ParamSpec::SizeInt(
-      "faulty_rank", "the rank that misbehaves; negative counts from the end (-1: last)", -1);
+      "faulty_rank",
+      "the rank that misbehaves; negative counts from the end (-1: last)", -1,
+      /*minimum=*/std::nullopt);
 }
 ParamSpec DeadlineSize(int64_t ms) {
-  return ParamSpec::SizeInt("deadline_ms", "collective timeout of the fault world", ms);
+  return ParamSpec::SizeInt("deadline_ms",
+                            "collective timeout of the fault world", ms,
+                            /*minimum=*/1);
 }
 ParamSpec MaxTimeToErrorSize() {
   return ParamSpec::SizeInt("max_time_to_error_ms",

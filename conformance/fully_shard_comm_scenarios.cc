@@ -142,9 +142,12 @@ JudgeFn JudgeCountsAgainst(ExpectFn expect) {
 }
 
 std::vector<ParamSpec> CommonParams() {
-  return {ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers (TransformerBlocks, each sharded)", 2),
-          ParamSpec::SizeInt("seed", "seed of the weights and the token batch", 0),
-          SemanticsParam()};
+  return {
+      ParamSpec::SizeInt("n_layers",
+                         "ModelArgs.n_layers (TransformerBlocks, each sharded)",
+                         2, /*minimum=*/1),
+      ParamSpec::SizeInt("seed", "seed of the weights and the token batch", 0),
+      SemanticsParam()};
 }
 
 // Whether the sharded Transformer's blocks and its root reshard after forward in this case
@@ -212,12 +215,14 @@ nlohmann::json BlockBackwardEvents(int64_t n_layers, bool with_unshard) {
 }
 
 std::vector<ParamSpec> PrefetchParams() {
-  return {ReshardAfterForwardAxis(),
-          ParamSpec::Axis("checkpoint_impl", "activation checkpointing of each block",
-                          {"none", "utils", "composable"}),
-          ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 3),
-          ParamSpec::SizeInt("seed", "seed of the weights and the token batch", 0),
-          SemanticsParam()};
+  return {
+      ReshardAfterForwardAxis(),
+      ParamSpec::Axis("checkpoint_impl",
+                      "activation checkpointing of each block",
+                      {"none", "utils", "composable"}),
+      ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 3, /*minimum=*/1),
+      ParamSpec::SizeInt("seed", "seed of the weights and the token batch", 0),
+      SemanticsParam()};
 }
 
 ObservationSchema CountsSchema() {
@@ -375,7 +380,8 @@ Scenario BackwardPrefetchForwardBackward() {
       "test_fully_shard_comm.py::TestFullyShardPrefetch::test_fully_shard_backward_prefetch "
       "(_test_backward_prefetch_forward_backward)";
   s.info.params = PrefetchParams();
-  s.info.params.push_back(ParamSpec::SizeInt("iterations", "forward/backward/step iterations", 3));
+  s.info.params.push_back(ParamSpec::SizeInt(
+      "iterations", "forward/backward/step iterations", 3, /*minimum=*/1));
   s.info.test_runs = LaterProfileTestRuns(4, {{"checkpoint_impl", "none"}});
   s.skip = SkipIntNotAFactor;
   s.info.observations
@@ -468,9 +474,11 @@ Scenario BackwardPrefetchUnusedInBackward() {
       "(_test_backward_prefetch_unused_in_backward)";
   ParamSpec raf_axis = ReshardAfterForwardAxis();
   raf_axis.values = {"True"};  // the seed runs True only
-  s.info.params = {raf_axis, ParamSpec::SizeInt("dim", "Linear / DoubleLinear dim", 8),
-                   ParamSpec::SizeInt("seed", "seed of the weights and the input batch", 0),
-                   SemanticsParam()};
+  s.info.params = {
+      raf_axis,
+      ParamSpec::SizeInt("dim", "Linear / DoubleLinear dim", 8, /*minimum=*/1),
+      ParamSpec::SizeInt("seed", "seed of the weights and the input batch", 0),
+      SemanticsParam()};
   s.info.test_runs = {{4, {{"reshard_after_forward", "False"}}},
                       {4, {{"reshard_after_forward", "2"}}}};
   for (const TestRun& run : LaterProfileTestRuns(4)) s.info.test_runs.push_back(run);
@@ -631,7 +639,8 @@ Scenario UnshardWithoutLazyInit() {
   s.info = UnshardInfo("unshard_without_lazy_init",
                        "MLP(dim) broadcast from rank 0 and fully sharded: unshard() before any "
                        "forward registers unsharded parameters equal to the reference copy");
-  s.info.params.insert(s.info.params.begin(), ParamSpec::SizeInt("dim", "MLP dim", 4));
+  s.info.params.insert(s.info.params.begin(),
+                       ParamSpec::SizeInt("dim", "MLP dim", 4, /*minimum=*/1));
   s.info.observations
       .AddTensors({"reference/{fqn}", "float32", "the parameter's shape",
                    "each parameter after the broadcast from rank 0, before fully_shard"})

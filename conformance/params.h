@@ -57,7 +57,12 @@ struct ParamSpec {
   std::optional<ParamDomain> domain;
 
   static ParamSpec Axis(std::string name, std::string description, std::vector<std::string> values);
-  static ParamSpec SizeInt(std::string name, std::string description, int64_t default_value);
+  // An int size accepting any int >= `minimum` (Default: 0: a count, a length,
+  // a seed); nullopt accepts negative ints too (a root rank counted from the
+  // end). The default must be in range.
+  static ParamSpec SizeInt(std::string name, std::string description,
+                           int64_t default_value,
+                           std::optional<int64_t> minimum = 0);
   static ParamSpec SizeDouble(std::string name, std::string description, double default_value);
   static ParamSpec SizeBool(std::string name, std::string description, bool default_value);
   static ParamSpec SizeString(std::string name, std::string description, std::string default_value);

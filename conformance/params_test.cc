@@ -69,7 +69,15 @@ TEST(ParamSpec, SizeValuesAreTyped) {
   EXPECT_EQ(ParamSpec::SizeDouble("x", "", 1.0 / 3).default_value(), "0.3333333333333333");
   EXPECT_EQ(d.Canonicalize("1e-3"), "1e-3");
   EXPECT_THAT(ErrorOf([&] { d.Canonicalize("fast"); }), HasSubstr("'lr' takes a finite number"));
-  EXPECT_EQ(n.ValuesText(), "int, default 2");
+  EXPECT_EQ(n.ValuesText(), "an int >= 0, default 2");
+  // Int sizes are bounded below (0 by default): a negative count is a usage error naming it.
+  EXPECT_THAT(ErrorOf([&] { n.Canonicalize("-3"); }),
+              HasSubstr("parameter 'n_layers' takes an int >= 0; got '-3'"));
+  const ParamSpec layers = ParamSpec::SizeInt("n_layers", "", 2, /*minimum=*/1);
+  EXPECT_THAT(ErrorOf([&] { layers.Canonicalize("0"); }), HasSubstr("takes an int >= 1"));
+  const ParamSpec root = ParamSpec::SizeInt("root", "", -1, /*minimum=*/std::nullopt);
+  EXPECT_EQ(root.Canonicalize("-2"), "-2");
+  EXPECT_EQ(root.ValuesText(), "int, default -1");
   EXPECT_EQ(Specs()[0].ValuesText(), "True|False|2");
 }
 
@@ -157,7 +165,7 @@ TEST(ExpandCases, FixedValuesOverride) {
 TEST(ExpandCases, UnknownKeyAndBadValueNameTheScenario) {
   const std::string unknown = ErrorOf([] { ExpandCases("f/c", Specs(), {{"nlayers", "2"}}); });
   EXPECT_THAT(unknown, HasSubstr("scenario f/c has no parameter 'nlayers'"));
-  EXPECT_THAT(unknown, HasSubstr("n_layers (int, default 3)"));
+  EXPECT_THAT(unknown, HasSubstr("n_layers (an int >= 0, default 3)"));
   const std::string bad = ErrorOf([] {
     ExpandCases("f/c", Specs(), {{"checkpoint_impl", "full"}});
   });

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "conformance/driver_protocol.h"
+#include "conformance/interrupt.h"
 #include "conformance/observations.h"
 #include "engine/core/error.h"
 #include "engine/distributed/launch/process_launcher.h"
@@ -176,8 +177,8 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
         o.message += "\n    (files kept in " + run_dir + ")";
     }
   }
-  // The runner was interrupted: the ranks were stopped; now end as the signal would have.
-  if (exits.received_signal != 0) ::raise(exits.received_signal);
+  // The runner was interrupted: the ranks were stopped; the run ends after this case.
+  if (exits.received_signal != 0) RunInterrupt::Note(exits.received_signal);
   return outcomes;
 }
 

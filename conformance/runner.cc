@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <set>
 
 #include "conformance/driver_protocol.h"
@@ -85,8 +86,10 @@ std::vector<PlannedCase> Runner::Plan() {
   if (external) {
     FSDP_CHECK(!options_.driver.empty(),
                "--subject external needs --driver PATH (the program run once per rank)");
-    FSDP_CHECK(::access(options_.driver.c_str(), X_OK) == 0, "--driver ", options_.driver,
-               " is not an executable file");
+    std::error_code ec;
+    FSDP_CHECK(std::filesystem::is_regular_file(options_.driver, ec) &&
+                   ::access(options_.driver.c_str(), X_OK) == 0,
+               "--driver ", options_.driver, " is not an executable file");
     subject_.reset();
   } else {
     FSDP_CHECK(options_.driver.empty(),

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
+#include <set>
+#include <string>
 
 #include "engine/core/fd_io.h"
 #include "engine/core/error.h"
@@ -99,6 +101,7 @@ Exit status: 0 when every rank exits 0; otherwise the first failed rank's exit s
 LocalLaunchOptions ParseLocalLaunchArgs(const std::vector<std::string>& args, bool* help) {
   LocalLaunchOptions o;
   bool nproc_given = false;
+  std::set<std::string> seen_flags;  // every option at most once
   if (help) *help = false;
   size_t i = 0;
   for (; i < args.size(); ++i) {
@@ -119,6 +122,8 @@ LocalLaunchOptions ParseLocalLaunchArgs(const std::vector<std::string>& args, bo
       inline_value = arg.substr(eq + 1);
     }
     flag = CanonicalFlag(flag);
+    FSDP_CHECK(seen_flags.insert(flag).second, "fsdp-launch: ", flag,
+               " is given twice (give each option once)");
     auto value = [&]() -> std::string {
       if (inline_value) return *inline_value;
       FSDP_CHECK(i + 1 < args.size(), "fsdp-launch: ", flag, " needs a value");

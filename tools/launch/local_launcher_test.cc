@@ -65,6 +65,10 @@ TEST(LocalLauncherArgsTest, ErrorsNameTheFlag) {
             std::string::npos);
   EXPECT_NE(MessageOf({"--nproc-per-node", "2", "--nnodes", "2", "--", "p"}).find("rendezvous"),
             std::string::npos);
+  // A repeated option (in either spelling) is refused rather than the last one silently winning.
+  EXPECT_NE(MessageOf({"--nproc-per-node", "2", "--nproc_per_node=4", "--", "p"})
+                .find("--nproc-per-node is given twice"),
+            std::string::npos);
   bool help = false;
   ParseLocalLaunchArgs({"--help"}, &help);
   EXPECT_TRUE(help);

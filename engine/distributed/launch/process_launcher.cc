@@ -14,6 +14,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/fd_io.h"
+#include "engine/distributed/launch/launcher_death_watch.h"
 
 extern char** environ;
 
@@ -193,6 +194,8 @@ WorldExit ProcessLauncher::Run(const std::vector<RankCommand>& commands) const {
                "ProcessLauncher: stdout cannot go where stdout goes");
   }
   SignalForwarding forwarding(policy_.forward_signals);
+  // The ranks are stopped even if this process dies before they end (SIGKILL included).
+  LauncherDeathWatch death_watch(policy_.kill_grace);
   const size_t n = commands.size();
   WorldExit world;
   world.ranks.resize(n);
@@ -252,6 +255,7 @@ WorldExit ProcessLauncher::Run(const std::vector<RankCommand>& commands) const {
       }
     } else {
       c.running = true;
+      death_watch.Watch(e.pid);  // the rank leads its own process group
     }
   }
 

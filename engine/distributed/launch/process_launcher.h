@@ -16,7 +16,9 @@
 // SIGINT or SIGTERM received by the launcher while it runs is sent on to every rank (SIGKILL
 // after `kill_grace`) and reported; SIGPIPE is then ignored (output to a closed reader is
 // dropped). Run() returns every rank's exit: its wait status, or its spawn error, and whether
-// the launcher stopped it.
+// the launcher stopped it. If the launcher itself dies while ranks run (any way, SIGKILL
+// included), a LauncherDeathWatch stops their process groups (SIGTERM, SIGKILL after
+// `kill_grace`), so no rank outlives it.
 //
 //   ProcessLauncher launcher({.deadline = 60s, .failure_grace = 5s});
 //   WorldExit exit = launcher.Run({RankCommand{.argv = {"prog"}, .env = {{"RANK", "0"}}}, ...});

@@ -1,0 +1,46 @@
+// LauncherDeathWatch: the guarantee that a launcher's ranks never outlive it, however it ends
+// (SIGKILL and crashes included, which no handler of the launcher's own can see).
+//
+// The watch is a small process forked by the launcher before it starts the ranks, in its own
+// process group (so a Ctrl-C or a kill of the launcher's group does not take it down first),
+// ignoring SIGINT, SIGTERM and SIGHUP, holding only the read end of a pipe whose write end
+// only the launcher holds (close-on-exec, so no rank inherits it). The launcher sends it each
+// rank's process group as the rank starts (Watch()). If the pipe reaches end of file without
+// Release() — the launcher died — the watch sends SIGTERM to every group it was given, SIGKILL
+// after `kill_grace`, and exits. Release() (also the destructor) tells it the ranks were seen
+// to the end; it exits without signalling anything and is reaped.
+//
+// Between fork and its exit the watch runs only async-signal-safe calls, so it may be forked
+// from a multi-threaded process.
+//
+// Ownership: owns the watch process and the pipe's write end. Thread-safety: one owner thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+
+namespace fsdp::distributed {
+
+class LauncherDeathWatch {
+ public:
+  // Forks the watch. If it cannot be forked, the watch is inactive (active() false) and the
+  // launcher runs without it.
+  explicit LauncherDeathWatch(std::chrono::milliseconds kill_grace);
+  ~LauncherDeathWatch();  // Release()
+  LauncherDeathWatch(const LauncherDeathWatch&) = delete;
+  LauncherDeathWatch& operator=(const LauncherDeathWatch&) = delete;
+
+  bool active() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }
+  // Adds the process group `pgid` (a rank spawned as its group's leader) to the watch.
+  void Watch(pid_t pgid);
+  // The ranks ended under the launcher's eye: the watch exits without signalling; reaps it.
+  void Release();
+
+ private:
+  pid_t pid_ = -1;
+  int write_fd_ = -1;
+};
+
+}  // namespace fsdp::distributed
