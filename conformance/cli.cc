@@ -22,7 +22,7 @@ namespace fsdp::conformance {
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: fsdp-conform <command> [arguments]
+constexpr const char *kUsage = R"(usage: fsdp-conform <command> [arguments]
 
 Runs the FSDP conformance scenarios (mirrors of PyTorch's FSDP tests) against an engine.
 
@@ -62,10 +62,16 @@ run options:
                        or external (with --driver)
   --driver PATH        program run once per rank under the driver protocol
                        (docs/scenarios.md) when --subject external
+  --no-check-collectives
+                       process ranks skip the cross-rank fingerprint check of every
+                       collective (on by default: FSDP_CHECK_COLLECTIVES=1 in their
+                       environment, so mismatched collectives fail every rank, naming both
+                       sides, instead of hanging or computing garbage)
 
 The run table is followed by "semantics: NAME" and ends with the line
 "N passed, N failed, N skipped".
-Exit status: 0 nothing failed, 1 a case failed, 2 usage or name error.
+Exit status: 0 nothing failed, 1 a case failed, 2 usage or name error, 3 every case was
+skipped (nothing judged), 128+N interrupted by signal N (after the partial report).
 )";
 
 // A parsed "--name value" / "--name=value" list. Strict: every flag must be known, valued
@@ -348,11 +354,12 @@ int CheckCommand(const std::vector<std::string>& args, const Catalog& catalog, s
 int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& out,
         std::ostream& err) {
   FlagParser flags("run",
-                   {"--backend", "--world", "--json", "--timeout", "--subject", "--driver",
-                    "--semantics"},
-                   {"--param"}, {});
+                   {"--backend", "--world", "--json", "--timeout", "--subject",
+                    "--driver", "--semantics"},
+                   {"--param"}, {"--no-check-collectives"});
   flags.Parse(args, 1);
   RunOptions options;
+  options.check_collectives = !flags.Has("--no-check-collectives");
   options.patterns = flags.positional();
   FSDP_CHECK(!options.patterns.empty(),
              "run: give at least one scenario pattern, e.g. "

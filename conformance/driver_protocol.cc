@@ -3,8 +3,9 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <ostream>
 #include <set>
@@ -350,6 +351,10 @@ int RunWorker(const std::vector<std::string>& args, const Catalog& catalog, std:
       spec.timeout = std::chrono::milliseconds(static_cast<int64_t>(request.timeout_s * 1000));
       spec.store = std::make_shared<distributed::FileStore>(request.store_dir, spec.timeout);
       spec.device = env.device;
+      // The runner sets FSDP_CHECK_COLLECTIVES for its ranks (on unless
+      // --no-check-collectives).
+      const char *check = std::getenv("FSDP_CHECK_COLLECTIVES");
+      spec.check_collectives = check == nullptr || std::string(check) != "0";
       env.pg = backend.process_group(spec);
       FSDP_CHECK_CODE(ErrorCode::kInternal,
                       env.pg && env.pg->rank() == request.rank && env.pg->size() == request.world,

@@ -1,29 +1,38 @@
-// Family `faults`: a collective that cannot complete must end in an error on EVERY rank,
-// promptly, instead of a hang (the collective checker of fakes::ThreadedProcessGroup, PyTorch's
-// ProcessGroupWrapper / TORCH_DISTRIBUTED_DEBUG=DETAIL and its threaded test harness):
-//   mismatched_op    one rank issues another collective      -> every rank fails, at once
-//   mismatched_size  one rank passes another element count   -> every rank fails, at once
-//   missing_rank     one rank never joins: mode=sleep (issues it after the deadline)
-//                    -> every rank fails after deadline_ms, not before; mode=return (its
-//                    function returns without it) -> the others fail at once
-//   throwing_rank    one rank throws before the collective   -> it reports its own error, the
+// Family `faults`: a collective that cannot complete must end in an error on
+// EVERY rank, promptly, instead of a hang (the collective checker of
+// fakes::ThreadedProcessGroup, PyTorch's ProcessGroupWrapper /
+// TORCH_DISTRIBUTED_DEBUG=DETAIL and its threaded test harness):
+//   mismatched_op    one rank issues another collective      -> every rank
+//   fails, at once mismatched_size  one rank passes another element count   ->
+//   every rank fails, at once missing_rank     one rank never joins: mode=sleep
+//   (issues it after the deadline)
+//                    -> every rank fails after deadline_ms, not before;
+//                    mode=return (its function returns without it) -> the
+//                    others fail at once
+//   throwing_rank    one rank throws before the collective   -> it reports its
+//   own error, the
 //                    others fail, at once
-// The judges check that every rank fails and when, not the error's code or wording: PyTorch
-// promises an exception, while the type and the text are each implementation's (the threaded
-// fake's codes and reports are checked by fakes/collective_checker_test.cc).
+// The judges check that every rank fails and when, not the error's code or
+// wording: PyTorch promises an exception, while the type and the text are each
+// implementation's (the threaded fake's codes and reports are checked by
+// fakes/collective_checker_test.cc).
 //
-// [Note: the fault world] The scenarios control the collective deadline (`deadline_ms`) and
-// the ends of rank functions, which the launcher's own world does not let a scenario do (its
-// deadline is 90% of the case's --timeout, and a rank whose body throws fails the case before
-// the judge runs). So every case runs its collectives on a fresh fakes::ThreadedWorld with
-// `deadline_ms` as its collective timeout, shared by the case's rank threads (FaultWorlds), and
-// each rank runs the fault body the way a launcher runs a rank function (RunFaultRank): its
-// context attached for reports, MarkRankReturned when the body returns, MarkRankFailed when it
-// throws. The rank then REPORTS what happened (error code and message, steady-clock times) as
-// observations, and the judge checks every rank's error and the time from the fault to it.
-// Threaded backend only: process backends would need the checker on their own groups (gloo
-// checks fingerprints only with GlooOptions::check_collectives, which the gloo backend does not
-// enable).
+// [Note: the fault world] The scenarios control the collective deadline
+// (`deadline_ms`) and the ends of rank functions, which the launcher's own
+// world does not let a scenario do (its deadline is 90% of the case's
+// --timeout, and a rank whose body throws fails the case before the judge
+// runs). So every case runs its collectives on a fresh fakes::ThreadedWorld
+// with `deadline_ms` as its collective timeout, shared by the case's rank
+// threads (FaultWorlds), and each rank runs the fault body the way a launcher
+// runs a rank function (RunFaultRank): its context attached for reports,
+// MarkRankReturned when the body returns, MarkRankFailed when it throws. The
+// rank then REPORTS what happened (error code and message, steady-clock times)
+// as observations, and the judge checks every rank's error and the time from
+// the fault to it. On process backends (gloo), the mismatch scenarios run on
+// the rank's own world group, whose collective checker the runner turns on
+// (FSDP_CHECK_COLLECTIVES=1: a fingerprint all-gather before every collective);
+// their deadline_ms does not apply there. The scenarios that need a deadline of
+// their own (missing_rank, throwing_rank) stay on the threaded fault world.
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -114,13 +123,45 @@ int FaultyRank(const CaseParams& params, int world) {
   return static_cast<int>(rank);
 }
 
+// Which world a fault scenario's collectives run on.
+enum class FaultWorldKind {
+  kFaultWorld,    // the threaded fault world with deadline_ms (threaded backend
+                  // only)
+  kAnyWorldGroup, // the fault world on threaded; the rank's world group on
+                  // process backends
+};
+
+// Runs `body` on a process backend's world group (its collective checker on)
+// and returns the same observations as RunFaultRank.
+nlohmann::json RunOnWorldGroup(RankEnv &env, const FaultBody &body) {
+  Timeline timeline;
+  nlohmann::json obs;
+  obs["error"] = nullptr;
+  obs["error_ns"] = nullptr;
+  try {
+    body(*env.pg, timeline);
+  } catch (const Error &e) {
+    obs["error_ns"] = NowNs();
+    obs["error"] = {{"code", ErrorCodeName(e.code())},
+                    {"message", e.message()}};
+  }
+  obs["issued_ns"] = OptionalNs(timeline.issued_ns);
+  obs["fault_ns"] = OptionalNs(timeline.fault_ns);
+  return obs;
+}
+
 // Runs `body` as this rank's function in the case's fault world, as a launcher would, and
 // returns the rank's observations: {"error": {code, message} | null, "issued_ns",
 // "fault_ns", "error_ns"} (times: steady clock, ns; null when not applicable).
-nlohmann::json RunFaultRank(RankEnv& env, const FaultBody& body) {
+nlohmann::json RunFaultRank(RankEnv &env, const FaultBody &body,
+                            FaultWorldKind kind = FaultWorldKind::kFaultWorld) {
   auto* launch = dynamic_cast<fakes::ThreadedProcessGroup*>(env.pg.get());
   if (launch == nullptr) {
-    SkipCase("fault scenarios need the threaded backend's fakes::ThreadedProcessGroup groups");
+    if (kind == FaultWorldKind::kAnyWorldGroup)
+      return RunOnWorldGroup(env, body);
+    SkipCase(
+        "this fault scenario needs the threaded backend's fault world (its own "
+        "deadline_ms); process backends run only the mismatch scenarios");
   }
   const auto deadline = std::chrono::milliseconds(env.params.GetInt("deadline_ms"));
   FSDP_CHECK(deadline.count() > 0, "parameter deadline_ms must be positive, got ",
@@ -208,20 +249,28 @@ ObservationSchema FaultSchema() {
   return schema;
 }
 
-ScenarioInfo FaultInfo(const std::string& name, const std::string& description,
-                       const std::string& seed_test, std::vector<ParamSpec> params) {
+ScenarioInfo FaultInfo(const std::string &name, const std::string &description,
+                       const std::string &seed_test,
+                       std::vector<ParamSpec> params,
+                       FaultWorldKind kind = FaultWorldKind::kFaultWorld) {
   ScenarioInfo info;
   info.observations = FaultSchema();
   info.name = "faults/" + name;
-  info.description = description +
-                     " (threaded backend only: runs on a fault world with "
-                     "deadline_ms as its collective timeout)";
+  info.description =
+      description +
+      (kind == FaultWorldKind::kFaultWorld
+           ? " (threaded backend only: runs on a fault world with deadline_ms "
+             "as "
+             "its collective timeout)"
+           : " (threaded: on a fault world with deadline_ms as its collective "
+             "timeout; process backends: on the world group, found by its "
+             "collective checker)");
   info.seed_test = seed_test;
   info.params = std::move(params);
   info.default_world = 4;
   info.min_world = 2;
   info.max_world = 128;
-  info.requirements.in_process = true;
+  info.requirements.in_process = kind == FaultWorldKind::kFaultWorld;
   // ctest: also the smallest world, world 128, and rank 0 as the faulty rank (the checker
   // compares every rank with rank 0). missing_rank sleeps through its deadline only at the
   // default world (MissingRank adds mode=return to these runs).
@@ -313,32 +362,41 @@ Scenario MismatchedOp() {
   Scenario s;
   s.info = FaultInfo(
       "mismatched_op",
-      "after a barrier every rank issues all_reduce but the faulty rank issues faulty_op: "
+      "after a barrier every rank issues all_reduce but the faulty rank issues "
+      "faulty_op: "
       "every rank fails, at once",
-      "test_pg_wrapper.py::ProcessGroupGlooWrapperTest::test_collectives_op_mismatch_debug_mode",
-      {ParamSpec::Axis("faulty_op", "what the faulty rank issues instead of all_reduce",
+      "test_pg_wrapper.py::ProcessGroupGlooWrapperTest::test_collectives_op_"
+      "mismatch_debug_mode",
+      {ParamSpec::Axis("faulty_op",
+                       "what the faulty rank issues instead of all_reduce",
                        {"broadcast", "all_gather_into_tensor", "barrier"}),
-       FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(), FaultDelaySize()});
+       FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(),
+       FaultDelaySize()},
+      FaultWorldKind::kAnyWorldGroup);
   s.run_rank = [](RankEnv& env) {
     const int faulty = FaultyRank(env.params, env.world);
     const std::string faulty_op = env.params.GetString("faulty_op");
     const int64_t count = env.params.GetInt("count");
     const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
-    return RunFaultRank(env, [&](distributed::ProcessGroup& pg, Timeline& timeline) {
-      pg.barrier();
-      if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
-      std::this_thread::sleep_for(delay);
-      Tensor t = Tensor::ones({count}, DType::kFloat32);
-      timeline.issued_ns = timeline.fault_ns = NowNs();
-      if (faulty_op == "broadcast") {
-        pg.broadcast(t, 0);
-      } else if (faulty_op == "all_gather_into_tensor") {
-        Tensor out = Tensor::empty({count * pg.size()}, DType::kFloat32);
-        pg.all_gather_into_tensor(out, t);
-      } else {
-        pg.barrier();
-      }
-    });
+    return RunFaultRank(
+        env,
+        [&](distributed::ProcessGroup &pg, Timeline &timeline) {
+          pg.barrier();
+          if (env.rank != faulty)
+            return IssueAllReduce(pg, count, timeline);
+          std::this_thread::sleep_for(delay);
+          Tensor t = Tensor::ones({count}, DType::kFloat32);
+          timeline.issued_ns = timeline.fault_ns = NowNs();
+          if (faulty_op == "broadcast") {
+            pg.broadcast(t, 0);
+          } else if (faulty_op == "all_gather_into_tensor") {
+            Tensor out = Tensor::empty({count * pg.size()}, DType::kFloat32);
+            pg.all_gather_into_tensor(out, t);
+          } else {
+            pg.barrier();
+          }
+        },
+        FaultWorldKind::kAnyWorldGroup);
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) { JudgeMismatch(checks, p, world, per_rank); };
@@ -349,26 +407,87 @@ Scenario MismatchedSize() {
   Scenario s;
   s.info = FaultInfo(
       "mismatched_size",
-      "after a barrier every rank issues all_reduce of count elements but the faulty rank "
+      "after a barrier every rank issues all_reduce of count elements but the "
+      "faulty rank "
       "passes count + extra: every rank fails, at once",
-      "test_pg_wrapper.py::ProcessGroupGlooWrapperTest::test_collective_shape_mismatch_debug_mode",
+      "test_pg_wrapper.py::ProcessGroupGlooWrapperTest::test_collective_shape_"
+      "mismatch_debug_mode",
       {FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(),
-       ParamSpec::SizeInt("extra", "elements the faulty rank adds", 1), FaultDelaySize()});
-  s.run_rank = [](RankEnv& env) {
+       ParamSpec::SizeInt("extra", "elements the faulty rank adds", 1),
+       FaultDelaySize()},
+      FaultWorldKind::kAnyWorldGroup);
+  s.run_rank = [](RankEnv &env) {
     const int faulty = FaultyRank(env.params, env.world);
     const int64_t count = env.params.GetInt("count");
     const int64_t extra = env.params.GetInt("extra");
     FSDP_CHECK(extra != 0 && count + extra >= 0, "parameter extra=", extra,
                " must change the count ", count, " to another valid count");
     const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
-    return RunFaultRank(env, [&](distributed::ProcessGroup& pg, Timeline& timeline) {
-      pg.barrier();
-      if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
-      std::this_thread::sleep_for(delay);
-      Tensor t = Tensor::ones({count + extra}, DType::kFloat32);
-      timeline.issued_ns = timeline.fault_ns = NowNs();
-      pg.all_reduce(t);
-    });
+    return RunFaultRank(
+        env,
+        [&](distributed::ProcessGroup &pg, Timeline &timeline) {
+          pg.barrier();
+          if (env.rank != faulty)
+            return IssueAllReduce(pg, count, timeline);
+          std::this_thread::sleep_for(delay);
+          Tensor t = Tensor::ones({count + extra}, DType::kFloat32);
+          timeline.issued_ns = timeline.fault_ns = NowNs();
+          pg.all_reduce(t);
+        },
+        FaultWorldKind::kAnyWorldGroup);
+  };
+  s.judge = [](const CaseParams &p, int world,
+               const std::vector<nlohmann::json> &per_rank, CheckList &checks) {
+    JudgeMismatch(checks, p, world, per_rank);
+  };
+  return s;
+}
+
+// The mismatches a byte-level transport cannot see: the faulty rank's
+// all_reduce moves exactly the bytes the others' does, but as another dtype
+// (float16, twice the elements) or with another reduce op (MAX). Without a
+// fingerprint check every rank would return wrong data.
+Scenario MismatchedDtypeOrReduceOp() {
+  Scenario s;
+  s.info =
+      FaultInfo("mismatched_dtype_or_reduce_op",
+                "after a barrier every rank issues a float32 SUM all_reduce of "
+                "count elements but the "
+                "faulty rank issues, with the same byte count, a float16 "
+                "all_reduce of 2*count elements "
+                "(mismatch=dtype) or a MAX all_reduce (mismatch=reduce_op): "
+                "every rank fails, at once",
+                "the suite's own: test_pg_wrapper.py's mismatch tests with "
+                "equal byte counts, which a "
+                "transport cannot tell apart",
+                {ParamSpec::Axis("mismatch", "what the faulty rank changes",
+                                 {"dtype", "reduce_op"}),
+                 FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(),
+                 CountSize(), FaultDelaySize()},
+                FaultWorldKind::kAnyWorldGroup);
+  s.run_rank = [](RankEnv &env) {
+    const int faulty = FaultyRank(env.params, env.world);
+    const std::string mismatch = env.params.GetString("mismatch");
+    const int64_t count = env.params.GetInt("count");
+    const auto delay =
+        std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
+    return RunFaultRank(
+        env,
+        [&](distributed::ProcessGroup &pg, Timeline &timeline) {
+          pg.barrier();
+          if (env.rank != faulty)
+            return IssueAllReduce(pg, count, timeline);
+          std::this_thread::sleep_for(delay);
+          const bool dtype = mismatch == "dtype";
+          Tensor t = dtype ? Tensor::ones({2 * count}, DType::kFloat16)
+                           : Tensor::ones({count}, DType::kFloat32);
+          distributed::ReduceOptions options;
+          if (!dtype)
+            options.op = distributed::ReduceOp::kMax;
+          timeline.issued_ns = timeline.fault_ns = NowNs();
+          pg.all_reduce(t, options);
+        },
+        FaultWorldKind::kAnyWorldGroup);
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) { JudgeMismatch(checks, p, world, per_rank); };
@@ -513,6 +632,7 @@ Scenario ThrowingRank() {
 void RegisterFaultsScenarios(ScenarioRegistry& registry) {
   registry.Add(MismatchedOp());
   registry.Add(MismatchedSize());
+  registry.Add(MismatchedDtypeOrReduceOp());
   registry.Add(MissingRank());
   registry.Add(ThrowingRank());
 }

@@ -51,6 +51,9 @@ struct LaunchRequest {
   // After the first failing rank, the others get this long to finish on their own (a peer
   // blocked in a collective with the failed rank would otherwise wait for the deadline).
   std::chrono::milliseconds failure_grace{5000};  // Default: 5 s
+  // Process ranks cross-check every collective's fingerprint before it runs
+  // (FSDP_CHECK_COLLECTIVES=1 in their environment). Default: true.
+  bool check_collectives = true;
 };
 
 class RankLauncher {

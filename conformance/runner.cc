@@ -229,6 +229,7 @@ CaseResult Runner::RunCase(const PlannedCase& planned) const {
   request.backend = backend_;
   request.timeout = options_.timeout;
   request.failure_grace = options_.failure_grace;
+  request.check_collectives = options_.check_collectives;
   std::vector<RankOutcome> outcomes;
   if (scenario.inputs) {
     try {

@@ -38,6 +38,9 @@ struct RunOptions {
   std::optional<std::string> semantics;
   std::chrono::milliseconds timeout{300000};      // Default: 300 s per case
   std::chrono::milliseconds failure_grace{5000};  // Default: 5 s (see LaunchRequest)
+  // Process ranks cross-check every collective (see LaunchRequest). Default:
+  // true.
+  bool check_collectives = true;
   std::string subject = kEngineSubject;           // Default: "engine"; or "external"
   std::string driver;                             // the driver program for "external"
   // The program and arguments that run a rank in process backends. Default (empty): this

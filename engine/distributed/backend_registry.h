@@ -66,6 +66,11 @@ struct ProcessGroupSpec {
   std::string network_interface;  // Default: "" (the backend's choice; GLOO_SOCKET_IFNAME)
   // All ranks run on this host (bind the loopback address). Default: true.
   bool single_host = true;
+  // Exchange every collective's fingerprint before running it, so that ranks
+  // issuing different collectives all fail naming both sides instead of hanging
+  // or computing garbage (gloo: GlooOptions::check_collectives). Default:
+  // false.
+  bool check_collectives = false;
 };
 
 // Builds the groups of a world whose ranks are threads: element r is rank r's group.

@@ -112,6 +112,11 @@ LaunchEnvironment ReadLaunchEnvironment(const EnvLookup& env) {
   if (auto v = env("FSDP_PG_TIMEOUT_MS")) {
     launch.timeout = std::chrono::milliseconds(ParseInt("FSDP_PG_TIMEOUT_MS", *v, 1));
   }
+  if (auto v = env("FSDP_CHECK_COLLECTIVES")) {
+    FSDP_CHECK(*v == "0" || *v == "1",
+               "FSDP_CHECK_COLLECTIVES must be 0 or 1, got '", *v, "'");
+    launch.check_collectives = *v == "1";
+  }
   if (auto v = env("FSDP_BACKEND")) {
     const BackendRegistry backends = BuiltinBackends();
     const BackendSpec* spec = backends.Find(*v);
@@ -168,6 +173,7 @@ std::shared_ptr<ProcessGroup> InitProcessGroup(const LaunchEnvironment& launch,
   spec.device = launch.device();
   spec.network_interface = launch.iface;
   spec.single_host = launch.local_world_size == launch.world_size;
+  spec.check_collectives = launch.check_collectives;
   auto world = backends.Get(launch.backend).process_group(spec);
   SetDefaultProcessGroup(world);
   return world;

@@ -44,6 +44,10 @@ struct LaunchEnvironment {
   std::string store_path;    // Default: "" (FSDP_STORE_PATH)
   std::string iface;         // Default: "" (GLOO_SOCKET_IFNAME / FSDP_GLOO_IFACE)
   std::optional<std::chrono::milliseconds> timeout;  // Default: none (FSDP_PG_TIMEOUT_MS)
+  // Cross-check every collective's fingerprint across the ranks before it runs
+  // (a mismatch is a DataLoss error naming both sides on every rank). Default:
+  // false (FSDP_CHECK_COLLECTIVES = 1 or 0).
+  bool check_collectives = false;
   std::string backend = "gloo";  // Default: "gloo" (FSDP_BACKEND: a process backend's name)
   // Which variables supplied the layout: "torchrun", "openmpi", "pmi", "slurm" or "default".
   std::string source = "default";

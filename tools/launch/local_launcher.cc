@@ -77,6 +77,7 @@ std::string LocalLaunchUsage() {
 Starts N local processes of PROGRAM with torchrun's launch variables (RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT; FSDP_STORE_PATH for a
 file-store rendezvous), which fsdp::distributed::DistributedSession::FromEnvironment reads.
+Ranks never outlive fsdp-launch: when it ends in any way (SIGKILL included) they are stopped.
 
 options (torchrun's underscore spellings such as --nproc_per_node also work):
   --nproc-per-node N   processes on this node (required)
@@ -91,6 +92,9 @@ options (torchrun's underscore spellings such as --nproc_per_node also work):
   --timeout-ms T       stop every rank after T ms and exit 124 (default: no limit)
   --grace-ms T         SIGTERM-to-SIGKILL grace when stopping ranks (default 5000)
   --no-prefix          pass output through unprefixed (default: "[rank R] " per line)
+  --check-collectives  set FSDP_CHECK_COLLECTIVES=1: every collective's fingerprint (op,
+                       sizes, dtype, reduce op, root, sequence number) is compared across
+                       the ranks before it runs; a mismatch fails every rank, naming both sides
   -h, --help           this text
 
 Exit status: 0 when every rank exits 0; otherwise the first failed rank's exit status
@@ -152,6 +156,9 @@ LocalLaunchOptions ParseLocalLaunchArgs(const std::vector<std::string>& args, bo
     } else if (flag == "--no-prefix") {
       no_value();
       o.prefix_output = false;
+    } else if (flag == "--check-collectives") {
+      no_value();
+      o.check_collectives = true;
     } else if (flag == "--standalone") {
       no_value();
     } else {
@@ -195,6 +202,8 @@ std::vector<std::pair<std::string, std::string>> ChildLaunchVariables(
       {"MASTER_PORT", std::to_string(master_port)},
   };
   if (!store_path.empty()) vars.emplace_back("FSDP_STORE_PATH", store_path);
+  if (options.check_collectives)
+    vars.emplace_back("FSDP_CHECK_COLLECTIVES", "1");
   return vars;
 }
 

@@ -47,6 +47,9 @@ struct LocalLaunchOptions {
   std::chrono::milliseconds grace{5000};
   // Prefix each output line of a child with "[rank R] ". Default: true.
   bool prefix_output = true;
+  // Sets FSDP_CHECK_COLLECTIVES=1 for the ranks (every collective's fingerprint
+  // is checked across ranks first). Default: false.
+  bool check_collectives = false;
   // The name the launcher's own messages start with. Default: "fsdp-launch".
   std::string name = "fsdp-launch";
   // The program (looked up in PATH) and its arguments.

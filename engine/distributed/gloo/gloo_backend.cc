@@ -15,6 +15,7 @@ BackendSpec GlooBackend() {
   spec.process_group = [](const ProcessGroupSpec& s) -> std::shared_ptr<ProcessGroup> {
     GlooOptions options;
     options.timeout = s.timeout;
+    options.check_collectives = s.check_collectives;
     if (!s.network_interface.empty()) {
       options.iface = s.network_interface;
     } else if (!s.single_host) {
