@@ -1,5 +1,6 @@
 #include "conformance/observation_schema.h"
 
+#include <cmath>
 #include <regex>
 #include <set>
 
@@ -27,10 +28,15 @@ json TensorValueSchema(const TensorObservation& t) {
             {"data", {{"type", "array"}, {"items", {{"type", "number"}}}}}}}};
 }
 
+// JSON has no NaN or infinity: an in-process observation holding one is as malformed as the
+// `null` a JSON writer turns it into, so both backends refuse it the same way.
+bool IsNonFinite(const json& v) { return v.is_number_float() && !std::isfinite(v.get<double>()); }
+
 std::string TypeOf(const json& v) {
   if (v.is_null()) return "null";
   if (v.is_boolean()) return "boolean";
   if (v.is_number_integer()) return "integer";
+  if (IsNonFinite(v)) return "a non-finite number (NaN or infinity, which JSON cannot hold)";
   if (v.is_number()) return "number";
   if (v.is_string()) return "string";
   if (v.is_array()) return "array";
@@ -38,6 +44,7 @@ std::string TypeOf(const json& v) {
 }
 
 bool HasType(const json& v, const std::string& type) {
+  if (IsNonFinite(v)) return false;
   if (type == "number") return v.is_number();
   if (type == "integer") {
     return v.is_number_integer() ||

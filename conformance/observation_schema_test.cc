@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "engine/core/error.h"
 
 namespace fsdp::conformance {
@@ -65,6 +67,20 @@ TEST(ObservationSchema, RejectsUndeclaredMissingAndMistypedKeys) {
   nlohmann::json negative = Good();
   negative["comm_counts"]["forward"]["c10d._allgather_base_"] = -1;
   EXPECT_THAT(ErrorOf(negative), HasSubstr("below the minimum"));
+}
+
+// A NaN (or infinite) number is refused in process as it is after a JSON file turned it into
+// null: the same malformed observation on every backend, not a failed comparison on one.
+TEST(ObservationSchema, NonFiniteNumbersAreRefusedLikeTheNullJsonMakesOfThem) {
+  nlohmann::json nan_tensor = Good();
+  nan_tensor["tensors"]["step0/layers.0.weight"]["data"][0] = std::nan("");
+  EXPECT_THAT(ErrorOf(nan_tensor), HasSubstr("expected number, got a non-finite number"));
+  nlohmann::json null_tensor = Good();
+  null_tensor["tensors"]["step0/layers.0.weight"]["data"][0] = nullptr;
+  EXPECT_THAT(ErrorOf(null_tensor), HasSubstr("expected number, got null"));
+  nlohmann::json infinite = Good();
+  infinite["tensors"]["step0/layers.0.weight"]["data"][0] = HUGE_VAL;
+  EXPECT_THAT(ErrorOf(infinite), HasSubstr("non-finite"));
 }
 
 TEST(ObservationSchema, TensorNamesFollowTheDeclaredPatterns) {
