@@ -15,7 +15,8 @@
 #                                            include each other; distributed/launch/, the
 #                                            process launcher, -> core and distributed but
 #                                            no backend folder)
-#   serialization -> core                   (safetensors files, atomic writes)
+#   serialization -> core, nn               (safetensors files, atomic writes, checkpoints of
+#                                            nn::StateDict: index, rank files, N -> M reads)
 #   fsdp        -> core, ops, autograd, functional, nn, optim, distributed
 #   fsdp1       -> core, ops, autograd, functional, nn, optim, distributed, fsdp
 #   testing     -> anything in engine/      (test-only helpers, library fsdp_testing)
@@ -46,7 +47,7 @@ declare -A allowed=(
   [nn]="core ops autograd functional"
   [optim]="core ops autograd functional nn"
   [distributed]="core"
-  [serialization]="core"
+  [serialization]="core nn"
   [fsdp]="core ops autograd functional nn optim distributed"
   [fsdp1]="core ops autograd functional nn optim distributed fsdp"
   [testing]="core ops autograd functional nn optim distributed serialization fsdp fsdp1"
