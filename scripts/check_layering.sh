@@ -19,6 +19,8 @@
 #                                            nn::StateDict: index, rank files, N -> M reads)
 #   fsdp        -> core, ops, autograd, functional, nn, optim, distributed
 #   fsdp1       -> core, ops, autograd, functional, nn, optim, distributed, fsdp
+#   checkpoint  -> core, ops, autograd, functional, nn, optim, distributed, serialization,
+#                  fsdp                      (get/set_model_state_dict, checkpoint save/load)
 #   testing     -> anything in engine/      (test-only helpers, library fsdp_testing)
 #
 # (every layer may include itself). Engine tests (*_test.cc) may include any of engine/ and
@@ -50,7 +52,8 @@ declare -A allowed=(
   [serialization]="core nn"
   [fsdp]="core ops autograd functional nn optim distributed"
   [fsdp1]="core ops autograd functional nn optim distributed fsdp"
-  [testing]="core ops autograd functional nn optim distributed serialization fsdp fsdp1"
+  [checkpoint]="core ops autograd functional nn optim distributed serialization fsdp"
+  [testing]="core ops autograd functional nn optim distributed serialization fsdp fsdp1 checkpoint"
 )
 
 violation() {  # violation FILE:LINE INCLUDE RULE
