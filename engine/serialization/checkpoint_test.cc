@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -23,6 +24,7 @@
 #include "engine/core/rng.h"
 #include "engine/fsdp/shard_layout.h"
 #include "engine/serialization/atomic_file.h"
+#include "engine/testing/safetensors_python.h"
 #include "engine/serialization/checkpoint_reader.h"
 #include "engine/serialization/checkpoint_writer.h"
 
@@ -331,12 +333,10 @@ TEST_F(CheckpointTest, KillDashNineWhileSavingNeverLeavesAnUnreadableCheckpoint)
 // The reference implementation reads a sharded checkpoint (index + rank files) and writes a
 // full one the reader loads sharded. Python comes from $FSDP_PYTHON, else python3.
 TEST_F(CheckpointTest, TheReferencePythonPackageReadsAndWritesCheckpoints) {
-  const char* env_python = std::getenv("FSDP_PYTHON");
-  const std::string python = env_python != nullptr ? env_python : "python3";
-  if (std::system((python + " -c 'import safetensors.numpy, numpy' >/dev/null 2>&1").c_str()) != 0) {
-    GTEST_SKIP() << "the safetensors Python package is not importable by " << python
-                 << " (pip install safetensors numpy, or set FSDP_PYTHON)";
-  }
+  std::string why_not;
+  const std::optional<std::string> found = testing::PythonWithSafetensors(&why_not);
+  if (!found) GTEST_SKIP() << why_not;
+  const std::string& python = *found;
   nn::StateDict global = GlobalDict(3);
   global.erase("head.weight");  // numpy has no bfloat16
   const fs::path sharded = Sub("sharded");
