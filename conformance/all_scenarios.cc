@@ -17,6 +17,8 @@ void RegisterCollectivesScenarios(ScenarioRegistry& registry);
 void RegisterFaultsScenarios(ScenarioRegistry& registry);
 void RegisterFsdpGradAccScenarios(ScenarioRegistry& registry);
 void RegisterParityFsdp1Scenarios(ScenarioRegistry& registry);
+void RegisterFullyShardStateDictScenarios(ScenarioRegistry& registry);
+void RegisterCheckpointScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -29,6 +31,8 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFaultsScenarios(registry);
   RegisterFsdpGradAccScenarios(registry);
   RegisterParityFsdp1Scenarios(registry);
+  RegisterFullyShardStateDictScenarios(registry);
+  RegisterCheckpointScenarios(registry);
 }
 
 }  // namespace fsdp::conformance

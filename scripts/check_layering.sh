@@ -15,9 +15,12 @@
 #                                            include each other; distributed/launch/, the
 #                                            process launcher, -> core and distributed but
 #                                            no backend folder)
-#   serialization -> core                   (safetensors files, atomic writes)
+#   serialization -> core, nn               (safetensors files, atomic writes, checkpoints of
+#                                            nn::StateDict: index, rank files, N -> M reads)
 #   fsdp        -> core, ops, autograd, functional, nn, optim, distributed
 #   fsdp1       -> core, ops, autograd, functional, nn, optim, distributed, fsdp
+#   checkpoint  -> core, ops, autograd, functional, nn, optim, distributed, serialization,
+#                  fsdp                      (get/set_model_state_dict, checkpoint save/load)
 #   testing     -> anything in engine/      (test-only helpers, library fsdp_testing)
 #
 # (every layer may include itself). Engine tests (*_test.cc) may include any of engine/ and
@@ -46,10 +49,11 @@ declare -A allowed=(
   [nn]="core ops autograd functional"
   [optim]="core ops autograd functional nn"
   [distributed]="core"
-  [serialization]="core"
+  [serialization]="core nn"
   [fsdp]="core ops autograd functional nn optim distributed"
   [fsdp1]="core ops autograd functional nn optim distributed fsdp"
-  [testing]="core ops autograd functional nn optim distributed serialization fsdp fsdp1"
+  [checkpoint]="core ops autograd functional nn optim distributed serialization fsdp"
+  [testing]="core ops autograd functional nn optim distributed serialization fsdp fsdp1 checkpoint"
 )
 
 violation() {  # violation FILE:LINE INCLUDE RULE

@@ -116,8 +116,13 @@ void FsdpParam::reset_sharded_param() {
     unregister_sharded_param();
     sharded_param_ = current;
     register_sharded_param();
-    for (size_t i = 0; i < module_info_.shared_modules.size(); ++i) {
-      module_info_.shared_modules[i]->set_parameter(module_info_.shared_param_names[i], current);
+  }
+  // Every shared location of a tied weight holds the sharded parameter again (a load with
+  // assign=True installs one tensor per key; the owner's wins).
+  for (size_t i = 0; i < module_info_.shared_modules.size(); ++i) {
+    nn::Module* m = module_info_.shared_modules[i];
+    if (!m->parameter(module_info_.shared_param_names[i]).is_same(sharded_param_)) {
+      m->set_parameter(module_info_.shared_param_names[i], sharded_param_);
     }
   }
   // Re-pad when the sharded parameter no longer views the padded buffer (replaced, or its

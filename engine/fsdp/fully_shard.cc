@@ -5,6 +5,7 @@
 
 #include "engine/core/error.h"
 #include "engine/core/rank_context.h"
+#include "engine/fsdp/state_dict.h"
 
 namespace fsdp::fsdp2 {
 namespace {
@@ -114,6 +115,7 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
     auto group = std::make_shared<FsdpParamGroup>(std::move(to_shard), module.get(), mesh_info,
                                                   post_forward_mesh_info, device,
                                                   options.mp_policy, options.offload_policy);
+    RegisterStateDictHooks(group);
     state->set_param_group(std::move(group));
   }
   module->set_attachment(kFsdpAttachment, state);

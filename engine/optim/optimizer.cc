@@ -93,6 +93,15 @@ const nn::OrderedDict<Tensor>& Optimizer::state(const Tensor& param) const {
   return it->second;
 }
 
+void Optimizer::set_state(const Tensor& param, nn::OrderedDict<Tensor> state) {
+  bool found = false;
+  for (const ParamGroup& group : param_groups_) {
+    for (const Tensor& p : group.params) found |= p.is_same(param);
+  }
+  FSDP_CHECK(found, name_, ": set_state for a tensor that is not a parameter of the optimizer");
+  state_[param.impl()] = std::move(state);
+}
+
 nn::OrderedDict<Tensor>& Optimizer::mutable_state(const Tensor& param) {
   return state_[param.impl()];
 }

@@ -62,6 +62,10 @@ class Optimizer {
   // "momentum_buffer"), created at the parameter's first update.
   bool has_state(const Tensor& param) const;
   const nn::OrderedDict<Tensor>& state(const Tensor& param) const;
+  // Replaces the state of `param` (a parameter of one of the groups), as
+  // Optimizer.load_state_dict does for each parameter: the next step continues from it.
+  // InvalidArgument when `param` is not in a group.
+  void set_state(const Tensor& param, nn::OrderedDict<Tensor> state);
   const std::string& name() const { return name_; }
 
  protected:

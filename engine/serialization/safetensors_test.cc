@@ -8,11 +8,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "engine/core/error.h"
 #include "engine/serialization/atomic_file.h"
+#include "engine/testing/safetensors_python.h"
 
 namespace fsdp::serialization {
 namespace {
@@ -203,12 +205,10 @@ TEST_F(SafetensorsFileTest, AFailedWriteLeavesThePreviousFile) {
 // The reference implementation (the `safetensors` Python package, numpy API) reads what this
 // code writes and writes what it reads. Python comes from $FSDP_PYTHON, else python3 on PATH.
 TEST_F(SafetensorsFileTest, TheReferencePythonPackageReadsAndWritesTheSameFiles) {
-  const char* env_python = std::getenv("FSDP_PYTHON");
-  const std::string python = env_python != nullptr ? env_python : "python3";
-  if (std::system((python + " -c 'import safetensors.numpy, numpy' >/dev/null 2>&1").c_str()) != 0) {
-    GTEST_SKIP() << "the safetensors Python package is not importable by " << python
-                 << " (pip install safetensors numpy, or set FSDP_PYTHON)";
-  }
+  std::string why_not;
+  const std::optional<std::string> found = testing::PythonWithSafetensors(&why_not);
+  if (!found) GTEST_SKIP() << why_not;
+  const std::string& python = *found;
   const std::string ours = (dir_ / "ours.safetensors").string();
   const std::string theirs = (dir_ / "theirs.safetensors").string();
   SaveSafetensors(ours,

@@ -1,0 +1,369 @@
+// Family `checkpoint` (issue #15, checkpoint files; docs/checkpoint.md):
+//   round_trip  the case's world saves the fully_shard-ed MLP's sharded state dict as a sharded
+//               checkpoint (per-rank .safetensors files + model.safetensors.index.json); the
+//               checkpoint is then read at every world M of `load_worlds` for every rank of M
+//               (bit-exact torch.chunk rows of the weights), and rank 0's full state dict saved
+//               as model.safetensors reads the same way
+//   faults      copies of the checkpoint broken one way each (truncated rank file, corrupt
+//               header, missing rank file) and loads into a model whose dict disagrees (wrong
+//               dtype, wrong shape, missing key, unexpected key): every load fails on every rank
+//               with the error code of docs/checkpoint.md naming the file and the key, and the
+//               model keeps its values
+// The runner runs one world per case, so the load at another world M is done in the same case:
+// the checkpoint is read (serialization::CheckpointReader) into the layout rank r' of M would
+// have, for every r' of M, each rank taking the r' with r' % world == rank.
+// The directory is a fresh temporary directory made by rank 0 and broadcast to the others (the
+// ranks of a case share a file system), removed at the end.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "conformance/observations.h"
+#include "conformance/rank_checks.h"
+#include "conformance/scenario_registry.h"
+#include "conformance/state_dict_model.h"
+#include "engine/checkpoint/save_load.h"
+#include "engine/checkpoint/state_dict.h"
+#include "engine/core/error.h"
+#include "engine/serialization/atomic_file.h"
+#include "engine/serialization/checkpoint_index.h"
+#include "engine/serialization/checkpoint_reader.h"
+#include "engine/serialization/checkpoint_writer.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kSeedDcp = "test_fully_shard_state_dict.py::TestFullyShardStateDictMultiProcess::";
+constexpr int64_t kMaxPath = 1024;
+
+// A temporary directory made by rank 0, known to every rank; removed by rank 0 on destruction
+// after every rank is done with it.
+class SharedTempDir {
+ public:
+  explicit SharedTempDir(distributed::ProcessGroup& pg) : pg_(pg) {
+    Tensor chars = Tensor::zeros({kMaxPath}, DType::kInt64);
+    if (pg.rank() == 0) {
+      std::string tmpl = (fs::temp_directory_path() / "fsdp-checkpoint.XXXXXX").string();
+      FSDP_CHECK_CODE(ErrorCode::kUnavailable, ::mkdtemp(tmpl.data()) != nullptr,
+                      "cannot create a temporary directory from ", tmpl);
+      FSDP_CHECK(static_cast<int64_t>(tmpl.size()) < kMaxPath, "temporary path too long: ", tmpl);
+      std::vector<int64_t> v(kMaxPath, 0);
+      for (size_t i = 0; i < tmpl.size(); ++i) v[i] = static_cast<unsigned char>(tmpl[i]);
+      chars = Tensor::from_int64s(v, {kMaxPath});
+    }
+    pg.broadcast(chars, 0)->wait();
+    for (int64_t c : chars.to_int64s()) {
+      if (c == 0) break;
+      path_.push_back(static_cast<char>(c));
+    }
+  }
+  ~SharedTempDir() {
+    try {
+      pg_.barrier();
+    } catch (...) {
+    }
+    std::error_code ec;
+    if (pg_.rank() == 0) fs::remove_all(path_, ec);
+  }
+  SharedTempDir(const SharedTempDir&) = delete;
+  SharedTempDir& operator=(const SharedTempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  distributed::ProcessGroup& pg_;
+  std::string path_;
+};
+
+std::vector<int> LoadWorlds(const CaseParams& p) {
+  std::vector<int> worlds;
+  std::stringstream ss(p.GetString("load_worlds"));
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto n = ParseInt(item);
+    FSDP_CHECK(n && *n >= 1 && *n <= 64, "load_worlds: '", item, "' is not a world size in [1, 64]");
+    worlds.push_back(static_cast<int>(*n));
+  }
+  FSDP_CHECK(!worlds.empty(), "load_worlds must name at least one world size");
+  return worlds;
+}
+
+// The dict rank r' of `world` holds (zeros), laid out from the weights' shapes.
+nn::StateDict LayoutAt(const NamedTensors& weights, int rank, int world) {
+  nn::StateDict like;
+  for (const auto& [key, t] : weights) {
+    if (!IsShardedKey(key)) {
+      like.insert(key, Tensor::zeros(t.sizes(), t.dtype()));
+      continue;
+    }
+    const Tensor rows = ChunkRows(t, rank, world);
+    like.insert(key, Tensor::zeros(rows.sizes(), t.dtype()));
+    const nlohmann::json s = ChunkSharding(t, rank, world);
+    like.sharded.insert(key, nn::ShardedEntry{s["global_shape"].get<Shape>(), s["offsets"].get<Shape>()});
+  }
+  return like;
+}
+
+std::string LoadName(const char* kind, int m, int r) {
+  return std::string(kind) + std::to_string(m) + "/rank" + std::to_string(r) + "/";
+}
+
+Scenario RoundTrip() {
+  Scenario s;
+  s.info.name = "checkpoint/round_trip";
+  s.info.description =
+      "a sharded checkpoint saved at the case's world, and rank 0's full one, read bit-exact at "
+      "every world of load_worlds (every rank of it)";
+  s.info.seed_test = std::string(kSeedDcp) + "test_dp_state_dict_save_load";
+  s.info.params = StateDictModelParams();
+  s.info.params.push_back(ParamSpec::SizeString(
+      "load_worlds", "comma-separated world sizes the checkpoint is read at", "1,2,3,4,8"));
+  s.info.observations
+      .Add(ObservationKey::Integer("rank_files", "rank files in the directory after the save"))
+      .Add(ObservationKey::Integer("index_world_size", "the index's metadata.world_size"))
+      .AddTensors({"load{name}/rank{name}/{fqn}", "float32", "rank r' of M's piece",
+                   "the sharded checkpoint read into rank r' of world M's layout "
+                   "(\"load<M>/rank<r'>/\", r' % world == this rank)"})
+      .AddTensors({"full{name}/rank{name}/{fqn}", "float32", "rank r' of M's piece",
+                   "model.safetensors (rank 0's full state dict) read the same way"});
+  s.info.default_world = 2;
+  s.info.max_world = 8;
+  s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
+  s.info.inputs = StateDictModelInputsDoc();
+  s.inputs = StateDictModelInputs;
+  s.run_rank = [](RankEnv& env) {
+    distributed::ProcessGroup& pg = env.group();
+    nn::ModulePtr model = BuildShardedStateDictModel(env);
+    SharedTempDir dir(pg);
+    const std::string sharded = dir.path() + "/sharded";
+    const std::string full = dir.path() + "/full";
+    checkpoint::save(checkpoint::get_model_state_dict(*model), sharded, pg);
+    checkpoint::StateDictOptions rank0;
+    rank0.full_state_dict = true;
+    rank0.cpu_offload = true;
+    const nn::StateDict full_sd = checkpoint::get_model_state_dict(*model, rank0);
+    if (env.rank == 0) {
+      fs::create_directories(full);
+      serialization::SaveFullCheckpoint(full + "/model.safetensors", full_sd);
+    }
+    pg.barrier();
+    nlohmann::json obs;
+    int64_t rank_files = 0;
+    for (const auto& e : fs::directory_iterator(sharded)) {
+      rank_files += serialization::IsShardFileName("model", e.path().filename().string()) ? 1 : 0;
+    }
+    obs["rank_files"] = rank_files;
+    obs["index_world_size"] = serialization::CheckpointReader::Open(sharded).index().world_size;
+    obs[kTensors] = nlohmann::json::object();
+    const NamedTensors weights = env.Inputs().weights().items();
+    for (int m : LoadWorlds(env.params)) {
+      for (int r = env.rank; r < m; r += env.world) {
+        for (const auto& [kind, path] : {std::pair<const char*, std::string>{"load", sharded},
+                                         std::pair<const char*, std::string>{"full", full}}) {
+          const nn::StateDict got =
+              serialization::CheckpointReader::Open(path).Read(LayoutAt(weights, r, m));
+          for (const auto& [key, t] : got) obs[kTensors][LoadName(kind, m, r) + key] = TensorToJson(t);
+        }
+      }
+    }
+    return obs;
+  };
+  s.expect = [](const CaseParams& p, int world) {
+    const NamedTensors weights = StateDictModelInputs(p, world).weights;
+    std::vector<nlohmann::json> out;
+    for (int rank = 0; rank < world; ++rank) {
+      nlohmann::json obs;
+      obs["rank_files"] = world;
+      obs["index_world_size"] = world;
+      obs[kTensors] = nlohmann::json::object();
+      for (int m : LoadWorlds(p)) {
+        for (int r = rank; r < m; r += world) {
+          obs[kTensors].update(ExpectedPieces(weights, r, m, LoadName("load", m, r)));
+          obs[kTensors].update(ExpectedPieces(weights, r, m, LoadName("full", m, r)));
+        }
+      }
+      out.push_back(obs);
+    }
+    return out;
+  };
+  s.judge = [expect = s.expect](const CaseParams& p, int world,
+                                const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
+    const auto expected = expect(p, world);
+    for (int r = 0; r < world; ++r) {
+      CheckRankEqual(checks, per_rank, r, {"rank_files", "rank files", expected[r]["rank_files"]});
+      CheckRankEqual(checks, per_rank, r,
+                     {"index_world_size", "index world size", expected[r]["index_world_size"]});
+      CheckRankTensorsExact(checks, per_rank, r, expected[r][kTensors]);
+    }
+  };
+  return s;
+}
+
+// The faults of docs/checkpoint.md, each with the error code a load must fail with.
+struct Fault {
+  const char* name;
+  const char* code;
+};
+constexpr Fault kFaults[] = {{"truncated", "DataLoss"},      {"corrupt_header", "DataLoss"},
+                             {"missing_shard", "NotFound"},  {"wrong_dtype", "InvalidArgument"},
+                             {"wrong_shape", "InvalidArgument"}, {"missing_key", "NotFound"},
+                             {"unexpected_key", "NotFound"}};
+
+// The key an error of `fault` must name.
+std::string FaultKey(const std::string& fault) {
+  if (fault == "missing_key") return "extra.weight";
+  if (fault == "unexpected_key") return "out_proj.bias";
+  return "in_proj.weight";
+}
+
+bool IsFileFault(const std::string& fault) {
+  return fault == "truncated" || fault == "corrupt_header" || fault == "missing_shard";
+}
+
+// The last rank's file of the sharded checkpoint in `dir`.
+std::string LastRankFile(const std::string& dir, int world) {
+  const std::string prefix = serialization::ShardFileName("model", world - 1, world, 0).substr(0, 21);
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) return name;
+  }
+  FSDP_THROW(ErrorCode::kNotFound, "no file ", prefix, "* in ", dir);
+}
+
+// Rank 0 breaks its copy `dir` of the checkpoint as `fault` says (file faults only).
+void Break(const std::string& dir, const std::string& fault, int world) {
+  const std::string path = dir + "/" + LastRankFile(dir, world);
+  std::string bytes = serialization::ReadRegularFile(path, size_t{1} << 30);
+  if (fault == "truncated") bytes.resize(bytes.size() / 2);
+  if (fault == "corrupt_header") bytes[8] = '#';
+  if (fault == "missing_shard") {
+    fs::remove(path);
+    return;
+  }
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// The model's dict as the load sees it, changed as a key/dtype/shape fault says.
+nn::StateDict LikeFor(const nn::StateDict& sd, const std::string& fault) {
+  nn::StateDict like = sd;
+  const nn::ShardedEntry entry = *sd.sharding("in_proj.weight");
+  if (fault == "wrong_dtype") {
+    like.insert("in_proj.weight", sd.at("in_proj.weight").to(DType::kFloat64));
+    like.sharded.insert("in_proj.weight", entry);
+  }
+  if (fault == "wrong_shape") {
+    nn::ShardedEntry wider = entry;
+    wider.global_shape[1] += 1;
+    const Tensor& t = sd.at("in_proj.weight");
+    like.insert("in_proj.weight", Tensor::zeros({t.size(0), t.size(1) + 1}, t.dtype()));
+    like.sharded.insert("in_proj.weight", wider);
+  }
+  if (fault == "missing_key") like.insert("extra.weight", Tensor::zeros({2}));
+  if (fault == "unexpected_key") like.erase("out_proj.bias");
+  return like;
+}
+
+Scenario Faults() {
+  Scenario s;
+  s.info.name = "checkpoint/faults";
+  s.info.description =
+      "loads of a broken checkpoint (truncated, corrupt header, missing rank file) or into a "
+      "disagreeing dict (dtype, shape, missing or unexpected key) fail on every rank, naming the "
+      "file and the key, and load nothing";
+  s.info.seed_test = std::string(kSeedDcp) + "test_dp_state_dict_save_load";
+  s.info.params = StateDictModelParams();
+  s.info.observations.Add(ObservationKey::Custom(
+      "faults", {{"type", "object"}},
+      "per fault: {\"code\": the load's ErrorCode name (null when it loaded), \"names_file\", "
+      "\"names_key\": whether the message names the broken file (the index for dict faults) "
+      "and the key, \"unchanged\": whether the model kept its values}"));
+  s.info.default_world = 2;
+  s.info.max_world = 8;
+  s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}};
+  s.info.inputs = StateDictModelInputsDoc();
+  s.inputs = StateDictModelInputs;
+  s.run_rank = [](RankEnv& env) {
+    distributed::ProcessGroup& pg = env.group();
+    nn::ModulePtr model = BuildShardedStateDictModel(env);
+    SharedTempDir dir(pg);
+    const std::string good = dir.path() + "/good";
+    checkpoint::save(checkpoint::get_model_state_dict(*model), good, pg);
+    if (env.rank == 0) {
+      for (const Fault& f : kFaults) {
+        const std::string copy = dir.path() + "/" + f.name;
+        fs::create_directories(copy);
+        fs::copy(good, copy, fs::copy_options::recursive);
+        if (IsFileFault(f.name)) Break(copy, f.name, env.world);
+      }
+    }
+    pg.barrier();
+    const std::string last_file = LastRankFile(good, env.world);
+    nlohmann::json faults = nlohmann::json::object();
+    for (const Fault& f : kFaults) {
+      const nn::StateDict before = model->state_dict();
+      std::vector<Tensor> snapshot;
+      for (const auto& [k, v] : before) snapshot.push_back(v.clone());
+      nlohmann::json result = {{"code", nullptr}, {"names_file", false}, {"names_key", false}};
+      try {
+        const nn::StateDict like = LikeFor(checkpoint::get_model_state_dict(*model), f.name);
+        checkpoint::set_model_state_dict(
+            *model, checkpoint::load(like, dir.path() + "/" + f.name, pg));
+      } catch (const Error& e) {
+        const std::string file = IsFileFault(f.name) ? last_file : "model.safetensors.index.json";
+        result["code"] = ErrorCodeName(e.code());
+        result["names_file"] = e.message().find(file) != std::string::npos;
+        result["names_key"] = e.message().find(FaultKey(f.name)) != std::string::npos;
+      }
+      bool unchanged = true;
+      size_t i = 0;
+      for (const auto& [k, v] : model->state_dict()) {
+        const Tensor& was = snapshot[i++];
+        unchanged &= v.nbytes() == was.nbytes() &&
+                     std::memcmp(v.to(Device::CPU()).data_ptr(), was.to(Device::CPU()).data_ptr(), v.nbytes()) == 0;
+      }
+      result["unchanged"] = unchanged;
+      faults[f.name] = result;
+    }
+    nlohmann::json obs;
+    obs["faults"] = faults;
+    return obs;
+  };
+  s.expect = [](const CaseParams&, int world) {
+    nlohmann::json faults = nlohmann::json::object();
+    for (const Fault& f : kFaults) {
+      faults[f.name] = {{"code", f.code}, {"names_file", true}, {"names_key", true}, {"unchanged", true}};
+    }
+    return std::vector<nlohmann::json>(static_cast<size_t>(world), {{"faults", faults}});
+  };
+  s.judge = [expect = s.expect](const CaseParams& p, int world,
+                                const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
+    const auto expected = expect(p, world);
+    for (int r = 0; r < world; ++r) {
+      for (const Fault& f : kFaults) {
+        CheckRankEqual(checks, per_rank, r,
+                       {"faults", std::string(f.name) + " load", expected[r]["faults"][f.name],
+                        std::string("/") + f.name});
+      }
+    }
+  };
+  return s;
+}
+
+}  // namespace
+
+void RegisterCheckpointScenarios(ScenarioRegistry& registry) {
+  registry.Add(RoundTrip());
+  registry.Add(Faults());
+}
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,241 @@
+// Family `fully_shard_state_dict` (issue #15, FSDP2 state dicts; test_fully_shard_state_dict.py):
+//   sharded_state_dict  model.state_dict() of a fully_shard-ed MLP: the plain model's keys,
+//                       every parameter as this rank's torch.chunk rows with its global shape
+//                       and offsets (a Shard(0) DTensor), buffers full, no collective
+//   load_and_continue   a state dict taken after one SGD step loads (assign False or True)
+//                       into a zero model, and the next step of both models is identical
+//   full_state_dict     get_model_state_dict(full_state_dict) equals the weights on every rank,
+//                       with cpu_offload only rank 0 holds it, and set_model_state_dict with
+//                       broadcast_from_rank0 loads it into a zero model (rank 0 alone passes it)
+// Model and rules: conformance/state_dict_model.h (dim 5: uneven dim 0 at every world > 1).
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "conformance/observations.h"
+#include "conformance/rank_checks.h"
+#include "conformance/scenario_registry.h"
+#include "conformance/state_dict_model.h"
+#include "engine/checkpoint/state_dict.h"
+#include "engine/distributed/comm_debug_mode.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr const char* kSeedFile = "test_fully_shard_state_dict.py::TestFullyShardStateDictMultiProcess::";
+
+nlohmann::json PiecesJson(const nn::StateDict& sd, const std::string& prefix) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, t] : sd) out[prefix + key] = TensorToJson(t.to(Device::CPU()));
+  return out;
+}
+
+nlohmann::json ShardingJson(const nn::StateDict& sd) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, t] : sd) {
+    const nn::ShardedEntry* e = sd.sharding(key);
+    out[key] = e == nullptr ? nlohmann::json(nullptr)
+                            : nlohmann::json{{"global_shape", e->global_shape}, {"offsets", e->offsets}};
+  }
+  return out;
+}
+
+nn::StateDict Cloned(const nn::StateDict& sd) {
+  nn::StateDict out;
+  for (const auto& [k, v] : sd) out.insert(k, v.clone());
+  out.sharded = sd.sharded;
+  return out;
+}
+
+void JudgeAgainst(const ExpectFn& expect, const CaseParams& p, int world,
+                  const std::vector<nlohmann::json>& per_rank, CheckList& checks,
+                  const std::vector<std::pair<std::string, std::string>>& keys) {
+  const auto expected = expect(p, world);
+  for (int r = 0; r < world; ++r) {
+    for (const auto& [key, what] : keys) {
+      CheckRankEqual(checks, per_rank, r, {key, what, expected[r][key]});
+    }
+    CheckRankTensorsExact(checks, per_rank, r, expected[r][kTensors]);
+  }
+}
+
+Scenario ShardedStateDict() {
+  Scenario s;
+  s.info.name = "fully_shard_state_dict/sharded_state_dict";
+  s.info.description =
+      "state_dict() of a fully_shard-ed MLP: the plain model's keys, each parameter this rank's "
+      "torch.chunk rows with global shape and offsets, buffers full, no collective";
+  s.info.seed_test = std::string(kSeedFile) + "test_dp_state_dict_save_load";
+  s.info.params = StateDictModelParams();
+  s.info.observations.Add(ObservationKey::StringList("keys", "the state dict's keys, in order"))
+      .Add(ObservationKey::Custom(
+          "sharding", {{"type", "object"}},
+          "per key: {\"global_shape\", \"offsets\"} of a sharded (DTensor) value, null for a "
+          "plain tensor"))
+      .Add(ObservationKey::IntegerMap("state_dict_collectives",
+                                      "collectives issued by state_dict() (CommDebugMode op keys)"))
+      .AddTensors({"shard/{fqn}", "float32", "the rank's piece: [rows, *rest], or the full buffer",
+                   "each value of the state dict (this rank's local tensor)"});
+  s.info.default_world = 2;
+  s.info.max_world = 8;
+  s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
+  s.info.inputs = StateDictModelInputsDoc();
+  s.inputs = StateDictModelInputs;
+  s.run_rank = [](RankEnv& env) {
+    nn::ModulePtr model = BuildShardedStateDictModel(env);
+    distributed::CommDebugMode comm;
+    const nn::StateDict sd = model->state_dict();
+    comm.exit();
+    nlohmann::json obs;
+    obs["keys"] = sd.keys();
+    obs["sharding"] = ShardingJson(sd);
+    obs["state_dict_collectives"] = comm.get_comm_counts();
+    obs[kTensors] = PiecesJson(sd, "shard/");
+    return obs;
+  };
+  s.expect = [](const CaseParams& p, int world) {
+    const NamedTensors weights = StateDictModelInputs(p, world).weights;
+    std::vector<nlohmann::json> out;
+    for (int r = 0; r < world; ++r) {
+      nlohmann::json obs;
+      obs["keys"] = KeysOf(weights);
+      obs["sharding"] = nlohmann::json::object();
+      for (const auto& [key, t] : weights) {
+        obs["sharding"][key] = IsShardedKey(key) ? ChunkSharding(t, r, world) : nlohmann::json(nullptr);
+      }
+      obs["state_dict_collectives"] = nlohmann::json::object();
+      obs[kTensors] = ExpectedPieces(weights, r, world, "shard/");
+      out.push_back(obs);
+    }
+    return out;
+  };
+  s.judge = [expect = s.expect](const CaseParams& p, int world,
+                                const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
+    JudgeAgainst(expect, p, world, per_rank, checks,
+                 {{"keys", "keys"}, {"sharding", "sharding"},
+                  {"state_dict_collectives", "collectives of state_dict()"}});
+  };
+  return s;
+}
+
+Scenario LoadAndContinue() {
+  Scenario s;
+  s.info.name = "fully_shard_state_dict/load_and_continue";
+  s.info.description =
+      "a state dict saved after one SGD step loads into a zero model (load_state_dict, assign "
+      "False/True) and the next step of both models is identical";
+  s.info.seed_test = std::string(kSeedFile) + "test_dp_state_dict_save_load";
+  s.info.params = StateDictModelParams();
+  s.info.params.push_back(ParamSpec::Axis("assign", "load_state_dict(assign=...)", {"False", "True"}));
+  s.info.observations.Add(ObservationKey::StringList("keys", "the saved state dict's keys"))
+      .AddTensors({"continued/{fqn}", "float32", "the rank's piece",
+                   "the saving model's values after its second step"})
+      .AddTensors({"loaded/{fqn}", "float32", "the rank's piece",
+                   "the loading model's values after the same second step"});
+  s.info.default_world = 2;
+  s.info.max_world = 8;
+  s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
+  s.info.inputs = StateDictModelInputsDoc();
+  s.inputs = StateDictModelInputs;
+  s.run_rank = [](RankEnv& env) {
+    const bool assign = env.params.GetBool("assign");
+    nn::ModulePtr model = BuildShardedStateDictModel(env);
+    SgdStepOnSum(*model, env.Inputs().Get(StepInputName(0)).to(env.device));
+    const nn::StateDict saved = Cloned(model->state_dict());
+    nn::ModulePtr other = BuildShardedStateDictModel(env, /*zero_weights=*/true);
+    other->load_state_dict(saved, /*strict=*/true, assign);
+    const Tensor input = env.Inputs().Get(StepInputName(1)).to(env.device);
+    SgdStepOnSum(*model, input);
+    SgdStepOnSum(*other, input);
+    nlohmann::json obs;
+    obs["keys"] = saved.keys();
+    obs[kTensors] = PiecesJson(model->state_dict(), "continued/");
+    obs[kTensors].update(PiecesJson(other->state_dict(), "loaded/"));
+    return obs;
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const NamedTensors weights = StateDictModelInputs(p, world).weights;
+    for (int r = 0; r < world; ++r) {
+      CheckRankEqual(checks, per_rank, r, {"keys", "keys", KeysOf(weights)});
+      // The rule: loading the saved dict then stepping equals stepping without the save.
+      nlohmann::json continued = nlohmann::json::object();
+      const nlohmann::json& tensors = RankObservation(per_rank, r, kTensors);
+      for (const auto& [key, t] : weights) {
+        const std::string name = "continued/" + key;
+        if (tensors.contains(name)) continued["loaded/" + key] = tensors[name];
+      }
+      CheckRankTensorsExact(checks, per_rank, r, continued);
+    }
+  };
+  return s;
+}
+
+Scenario FullStateDict() {
+  Scenario s;
+  s.info.name = "fully_shard_state_dict/full_state_dict";
+  s.info.description =
+      "get_model_state_dict(full_state_dict) equals the weights on every rank, on rank 0 only "
+      "with cpu_offload; set_model_state_dict(broadcast_from_rank0) loads it into a zero model";
+  s.info.seed_test = std::string(kSeedFile) + "test_rank0_offload_full_state_dict";
+  s.info.params = StateDictModelParams();
+  s.info.observations
+      .Add(ObservationKey::Integer("rank0_only_size",
+                                   "entries of get_model_state_dict(full_state_dict, cpu_offload)"))
+      .AddTensors({"full/{fqn}", "float32", "the full shape",
+                   "get_model_state_dict(full_state_dict=True) on every rank"})
+      .AddTensors({"loaded/{fqn}", "float32", "the rank's piece",
+                   "a zero model's state dict after set_model_state_dict(full, "
+                   "broadcast_from_rank0=True), rank 0 alone passing the dict"});
+  s.info.default_world = 2;
+  s.info.max_world = 8;
+  s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
+  s.info.inputs = StateDictModelInputsDoc();
+  s.inputs = StateDictModelInputs;
+  s.run_rank = [](RankEnv& env) {
+    nn::ModulePtr model = BuildShardedStateDictModel(env);
+    checkpoint::StateDictOptions full;
+    full.full_state_dict = true;
+    checkpoint::StateDictOptions rank0 = full;
+    rank0.cpu_offload = true;
+    nlohmann::json obs;
+    obs[kTensors] = PiecesJson(checkpoint::get_model_state_dict(*model, full), "full/");
+    const nn::StateDict on_rank0 = checkpoint::get_model_state_dict(*model, rank0);
+    obs["rank0_only_size"] = on_rank0.size();
+    nn::ModulePtr other = BuildShardedStateDictModel(env, /*zero_weights=*/true);
+    checkpoint::StateDictOptions broadcast = rank0;
+    broadcast.broadcast_from_rank0 = true;
+    checkpoint::set_model_state_dict(*other, on_rank0, broadcast);
+    obs[kTensors].update(PiecesJson(other->state_dict(), "loaded/"));
+    return obs;
+  };
+  s.expect = [](const CaseParams& p, int world) {
+    const NamedTensors weights = StateDictModelInputs(p, world).weights;
+    std::vector<nlohmann::json> out;
+    for (int r = 0; r < world; ++r) {
+      nlohmann::json obs;
+      obs["rank0_only_size"] = r == 0 ? weights.size() : 0;
+      obs[kTensors] = ExpectedPieces(weights, 0, 1, "full/");
+      obs[kTensors].update(ExpectedPieces(weights, r, world, "loaded/"));
+      out.push_back(obs);
+    }
+    return out;
+  };
+  s.judge = [expect = s.expect](const CaseParams& p, int world,
+                                const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
+    JudgeAgainst(expect, p, world, per_rank, checks, {{"rank0_only_size", "rank-0-only entries"}});
+  };
+  return s;
+}
+
+}  // namespace
+
+void RegisterFullyShardStateDictScenarios(ScenarioRegistry& registry) {
+  registry.Add(ShardedStateDict());
+  registry.Add(LoadAndContinue());
+  registry.Add(FullStateDict());
+}
+
+}  // namespace fsdp::conformance

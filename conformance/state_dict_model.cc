@@ -1,0 +1,109 @@
+#include "conformance/state_dict_model.h"
+
+#include "conformance/observations.h"
+#include "engine/fsdp/fully_shard.h"
+#include "engine/fsdp/shard_layout.h"
+#include "engine/functional/functional.h"
+#include "engine/nn/init.h"
+#include "engine/nn/models.h"
+#include "engine/optim/sgd.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+std::shared_ptr<nn::MLP> MakeModel(int64_t dim) {
+  return std::make_shared<nn::MLP>(dim, /*bias=*/true, /*with_buffer=*/true);
+}
+
+int64_t Dim(const CaseParams& p) {
+  const int64_t dim = p.GetInt("dim");
+  FSDP_CHECK(dim >= 1 && dim <= 4096, "dim must be in [1, 4096], got ", dim);
+  return dim;
+}
+
+}  // namespace
+
+std::vector<ParamSpec> StateDictModelParams() {
+  return {ParamSpec::SizeInt("dim", "MLP(dim): in_proj [4*dim, dim], out_proj [dim, 4*dim]", 5),
+          ParamSpec::SizeInt("seed", "generator seed of the weights and inputs", 0)};
+}
+
+CaseInputs StateDictModelInputs(const CaseParams& params, int world) {
+  const int64_t dim = Dim(params);
+  const auto seed = static_cast<uint64_t>(params.GetInt("seed"));
+  nn::ManualSeed(seed);
+  auto model = MakeModel(dim);
+  CaseInputs inputs;
+  inputs.weights = WeightsOf(*model, DType::kFloat32);
+  inputs.ranks.resize(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    Generator gen(seed * 1000003 + 7919 * static_cast<uint64_t>(r) + 1);
+    for (int64_t k = 0; k < 2; ++k) {
+      inputs.ranks[static_cast<size_t>(r)].emplace_back(
+          StepInputName(k), Tensor::randn({2, dim}, DType::kFloat32, &gen));
+    }
+  }
+  return inputs;
+}
+
+InputsDoc StateDictModelInputsDoc() {
+  InputsDoc doc;
+  doc.weights =
+      "every key of MLP(dim, bias=True, with_buffer=True).state_dict() (in_proj.weight, "
+      "in_proj.bias, out_proj.weight, out_proj.bias, buffer), float32";
+  doc.rank_tensors = {{"step{k}/input", "float32", "[2, dim]", "the rank's input of step k"}};
+  return doc;
+}
+
+nn::ModulePtr BuildShardedStateDictModel(RankEnv& env, bool zero_weights) {
+  auto model = MakeModel(Dim(env.params));
+  model->load_state_dict(env.Inputs().weights());
+  if (zero_weights) {
+    for (const Tensor& p : model->parameters()) p.detach().copy_(Tensor::zeros(p.sizes(), p.dtype()));
+  }
+  model->to(env.device);
+  fsdp2::FullyShardOptions options;
+  options.process_group = env.pg;
+  fsdp2::fully_shard(model->child("in_proj"), options);
+  fsdp2::fully_shard(model, options);
+  return model;
+}
+
+bool IsShardedKey(const std::string& key) { return key != "buffer"; }
+
+Tensor ChunkRows(const Tensor& full, int rank, int world) {
+  const fsdp2::ShardInfo info = fsdp2::ComputeShardInfo(full.sizes(), rank, world);
+  return full.narrow(0, info.row_begin, info.rows).clone();
+}
+
+nlohmann::json ChunkSharding(const Tensor& full, int rank, int world) {
+  const fsdp2::ShardInfo info = fsdp2::ComputeShardInfo(full.sizes(), rank, world);
+  Shape offsets(full.sizes().size(), 0);
+  offsets[0] = info.row_begin;
+  return {{"global_shape", full.sizes()}, {"offsets", offsets}};
+}
+
+nlohmann::json ExpectedPieces(const NamedTensors& weights, int rank, int world,
+                              const std::string& prefix) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, t] : weights) {
+    out[prefix + key] = TensorToJson(IsShardedKey(key) ? ChunkRows(t, rank, world) : t);
+  }
+  return out;
+}
+
+std::vector<std::string> KeysOf(const NamedTensors& weights) {
+  std::vector<std::string> keys;
+  for (const auto& [key, t] : weights) keys.push_back(key);
+  return keys;
+}
+
+void SgdStepOnSum(nn::Module& model, const Tensor& input) {
+  optim::SGD sgd(model.parameters(), optim::SGDOptions{.lr = 0.1});
+  sum(model(input).tensor()).backward();
+  sgd.step();
+  sgd.zero_grad();
+}
+
+}  // namespace fsdp::conformance

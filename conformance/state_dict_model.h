@@ -1,0 +1,49 @@
+// The model, inputs and expected pieces shared by the state-dict families
+// (`fully_shard_state_dict/*`, `checkpoint/*`): MLP(dim, bias=True, with_buffer=True), i.e.
+// in_proj [4*dim, dim] + [4*dim], out_proj [dim, 4*dim] + [dim] and a persistent buffer [dim],
+// in float32, with in_proj fully_shard-ed on its own and then the root. The default dim 5 makes
+// dim 0 uneven at every world above 1 (20 rows uneven at 3 and 8).
+//
+// Expected values follow rules, never the engine: every parameter's piece on rank r of W is
+// torch.chunk's rows of the runner-owned weights (ChunkRows); buffers are full on every rank.
+//
+// Thread-safety: stateless functions.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "conformance/case_inputs.h"
+#include "conformance/params.h"
+#include "conformance/scenario.h"
+#include "engine/nn/module.h"
+
+namespace fsdp::conformance {
+
+// dim (SizeInt, default 5) and seed (SizeInt, default 0).
+std::vector<ParamSpec> StateDictModelParams();
+// The weights (seeded by `seed`) and per rank "step0/input", "step1/input" ([2, dim]).
+CaseInputs StateDictModelInputs(const CaseParams& params, int world);
+InputsDoc StateDictModelInputsDoc();
+
+// The MLP with the case's weights on env.device, fully_shard-ed over env.pg as above. With
+// `zero_weights`, every parameter is zero instead (a model that has not loaded anything yet).
+nn::ModulePtr BuildShardedStateDictModel(RankEnv& env, bool zero_weights = false);
+
+// True for the entries fully_shard manages (parameters), false for buffers.
+bool IsShardedKey(const std::string& key);
+// torch.chunk's rows of `full` (dim >= 1) for `rank` of `world`.
+Tensor ChunkRows(const Tensor& full, int rank, int world);
+// {"global_shape": [...], "offsets": [...]} of those rows.
+nlohmann::json ChunkSharding(const Tensor& full, int rank, int world);
+// What a rank holds of `weights` at `world`: ChunkRows for parameters, the full buffer, each as
+// {prefix + key: TensorToJson}.
+nlohmann::json ExpectedPieces(const NamedTensors& weights, int rank, int world,
+                              const std::string& prefix);
+// The keys of `weights`, in order.
+std::vector<std::string> KeysOf(const NamedTensors& weights);
+// SGD(lr=0.1) step on sum(model(input)).
+void SgdStepOnSum(nn::Module& model, const Tensor& input);
+
+}  // namespace fsdp::conformance
