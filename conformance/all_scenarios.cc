@@ -17,6 +17,7 @@ void RegisterCollectivesScenarios(ScenarioRegistry& registry);
 void RegisterFaultsScenarios(ScenarioRegistry& registry);
 void RegisterFsdpGradAccScenarios(ScenarioRegistry& registry);
 void RegisterParityFsdp1Scenarios(ScenarioRegistry& registry);
+void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -29,6 +30,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFaultsScenarios(registry);
   RegisterFsdpGradAccScenarios(registry);
   RegisterParityFsdp1Scenarios(registry);
+  RegisterFsdpStateDictScenarios(registry);
 }
 
 }  // namespace fsdp::conformance

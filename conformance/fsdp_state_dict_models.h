@@ -1,0 +1,52 @@
+// The models of seed 001 (test_fsdp_state_dict.py) for the `fsdp_state_dict/*` family, built
+// twice from one description: unwrapped (the plain model whose state_dict() keys and values are
+// the oracle's) and wrapped with FullyShardedDataParallel as the seed wraps it. The description
+// also names the FSDP instances (their clean FQNs) so that the judge can derive LOCAL flat
+// parameters from the plain model's parameters by the flattening rule (docs/fsdp1.md, "Flat
+// parameter layout"). Stateless; thread-safe.
+//
+//   simple              FSDP(Linear(10, 10, bias=False))                       _get_simple_model
+//   simple_nested       FSDP(Sequential(FSDP(Linear), Linear)), no biases      _get_simple_nested_model
+//   multibuffer_nested  FSDP(Sequential(FSDP(Linear), FSDP(BatchNorm1d(10)), Linear))
+//                                                                   _get_multibuffer_nested_model
+//   model               FSDP(Model): inner = FSDP(Linear(4, 4)), outer = Linear(4, 5), with
+//                       persistent and non-persistent buffers (register_buffers=True)   Model
+//   transformer         TransformerWithSharedParams(add_bn=False), encoder and decoder layers
+//                       wrapped (ModuleWrapPolicy)                       FSDPInitMode.RECURSIVE
+//   dummy               FSDP(TestDummyModel): net3 is net2, shared_parameter is
+//                       random_parameter                                         TestDummyModel
+//   one_element         FSDP(a module whose only parameter has 1 element, 3.1415926)
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/distributed/process_group.h"
+#include "engine/fsdp1/fully_sharded_data_parallel.h"
+#include "engine/nn/module.h"
+
+namespace fsdp::conformance {
+
+// How the FSDP instances are configured (the seed's fsdp_kwargs).
+struct StateDictModelOptions {
+  bool use_orig_params = false;
+  bool cpu_offload = false;
+  bool mixed_precision = false;  // MixedPrecision(float16 x 3); BatchNorm's instance float32
+  // "", "wrap" (checkpoint_wrapper before FSDP, the seed's checkpoint_wrap=True) or
+  // "after_wrap" (apply_activation_checkpointing on the Linears of the wrapped model).
+  std::string checkpoint = "";
+};
+
+// Every model name above.
+const std::vector<std::string>& StateDictModelNames();
+// The plain model `name` (parameters from the current generator; buffers as constructed).
+nn::ModulePtr BuildPlainStateDictModel(const std::string& name);
+// The clean FQNs of the FSDP instances that `name` has ("" for the root).
+std::vector<std::string> StateDictModelInstances(const std::string& name);
+// `plain` (a model from BuildPlainStateDictModel(name)) wrapped as the seed wraps it, over `pg`.
+std::shared_ptr<fsdp1::FullyShardedDataParallel> WrapStateDictModel(
+    const std::string& name, const nn::ModulePtr& plain,
+    const std::shared_ptr<distributed::ProcessGroup>& pg, const StateDictModelOptions& options);
+
+}  // namespace fsdp::conformance
