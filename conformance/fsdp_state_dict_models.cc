@@ -54,6 +54,7 @@ fsdp1::FullyShardedDataParallelOptions BaseOptions(
   options.process_group = pg;
   options.use_orig_params = o.use_orig_params;
   options.cpu_offload.offload_params = o.cpu_offload;
+  options.sync_module_states = o.sync_module_states;
   if (o.mixed_precision) {
     options.mixed_precision.param_dtype = DType::kFloat16;
     options.mixed_precision.reduce_dtype = DType::kFloat16;

@@ -36,6 +36,7 @@ struct StateDictModelOptions {
   // "", "wrap" (checkpoint_wrapper before FSDP, the seed's checkpoint_wrap=True) or
   // "after_wrap" (apply_activation_checkpointing on the Linears of the wrapped model).
   std::string checkpoint = "";
+  bool sync_module_states = false;  // broadcast rank 0's states at construction
 };
 
 // Every model name above.

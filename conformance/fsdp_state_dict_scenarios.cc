@@ -78,6 +78,7 @@ struct RoundTripCase {
   std::string dest_checkpoint;    // ... and of the loading model
   bool through_file = false;
   bool load_cpu = false;
+  bool per_rank_groups = false;  // every rank wraps over its own 1-rank group
   uint64_t seed = 0;
 
   static RoundTripCase Decode(const CaseParams& p) {
@@ -100,12 +101,16 @@ struct RoundTripCase {
     if (wrap == "both_after_wrap") c.dest_checkpoint = "after_wrap";
     c.through_file = p.GetBool("through_file");
     c.load_cpu = p.GetBool("load_cpu");
+    const std::string group = p.GetString("process_group");
+    FSDP_CHECK(group == "world" || group == "per_rank",
+               "process_group must be world or per_rank, got '", group, "'");
+    c.per_rank_groups = group == "per_rank";
     c.seed = static_cast<uint64_t>(p.GetInt("seed"));
     return c;
   }
 
   StateDictModelOptions Options(const std::string& checkpoint) const {
-    return {use_orig_params, cpu_offload, mixed_precision, checkpoint};
+    return {use_orig_params, cpu_offload, mixed_precision, checkpoint, false};
   }
   // The config `_get_state_dict_mgr` builds from state_dict_rank0_and_offload.
   fsdp1::StateDictConfig Config() const {
@@ -215,13 +220,25 @@ nn::StateDict ThroughFile(const nn::StateDict& sd) {
   return out;
 }
 
+// The seed's `dist.new_group(ranks=[i])` for every i: this rank's own 1-rank group.
+std::shared_ptr<distributed::ProcessGroup> OwnRankGroup(RankEnv& env) {
+  std::shared_ptr<distributed::ProcessGroup> mine;
+  for (int i = 0; i < env.world; ++i) {
+    auto group = env.group().new_group({i});
+    if (i == env.rank) mine = group;
+  }
+  return mine;
+}
+
 nlohmann::json RunRoundTripRank(RankEnv& env) {
   const RoundTripCase c = RoundTripCase::Decode(env.params);
   const nn::StateDict& weights = env.Inputs().weights();
+  const std::shared_ptr<distributed::ProcessGroup> pg =
+      c.per_rank_groups && env.world > 1 ? OwnRankGroup(env) : env.pg;
   nn::ModulePtr source_plain = BuildPlainStateDictModel(c.model);
   source_plain->load_state_dict(weights);
   const nn::StateDict plain_sd = source_plain->state_dict();
-  auto source = WrapStateDictModel(c.model, source_plain, env.pg, c.Options(c.source_checkpoint));
+  auto source = WrapStateDictModel(c.model, source_plain, pg, c.Options(c.source_checkpoint));
 
   nn::StateDict saved;
   {
@@ -237,7 +254,7 @@ nlohmann::json RunRoundTripRank(RankEnv& env) {
     obs[kTensors][kSaved + key] = TensorToJson(value.to(Device::CPU()));
   }
 
-  if (c.rank0_and_offload && c.type == fsdp1::StateDictType::kFullStateDict && env.world > 1) {
+  if (c.rank0_and_offload && c.type == fsdp1::StateDictType::kFullStateDict && pg && pg->size() > 1) {
     saved = BroadcastStateDict(saved, plain_sd, env.group());
   }
   if (c.through_file) saved = ThroughFile(saved);
@@ -246,7 +263,7 @@ nlohmann::json RunRoundTripRank(RankEnv& env) {
   }
 
   nn::ModulePtr dest_plain = BuildPlainStateDictModel(c.model);
-  auto dest = WrapStateDictModel(c.model, dest_plain, env.pg, c.Options(c.dest_checkpoint));
+  auto dest = WrapStateDictModel(c.model, dest_plain, pg, c.Options(c.dest_checkpoint));
   ZeroModel(dest);
   {
     fsdp1::StateDictTypeScope scope(dest, c.type);
@@ -303,10 +320,12 @@ std::vector<nlohmann::json> ExpectRoundTrip(const CaseParams& params, int world)
   for (const auto& [fqn, p] : BuildPlainStateDictModel(c.model)->named_parameters("", true, false)) {
     param_keys.insert(fqn);
   }
-  // One rank is NO_SHARD: a FULL dict with the default config, whatever the type.
-  const fsdp1::StateDictType type = world == 1 ? fsdp1::StateDictType::kFullStateDict : c.type;
+  // A group of one rank is NO_SHARD: a FULL dict with the default config, whatever the type.
+  const int group_size = c.per_rank_groups ? 1 : world;
+  const fsdp1::StateDictType type =
+      group_size == 1 ? fsdp1::StateDictType::kFullStateDict : c.type;
   const bool rank0_only =
-      world > 1 && type == fsdp1::StateDictType::kFullStateDict && c.rank0_and_offload;
+      group_size > 1 && type == fsdp1::StateDictType::kFullStateDict && c.rank0_and_offload;
   std::vector<nlohmann::json> expected(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     nlohmann::json& e = expected[static_cast<size_t>(r)];
@@ -405,6 +424,10 @@ std::vector<ParamSpec> RoundTripParams(const std::string& model, std::vector<Par
       ParamSpec::SizeBool("through_file", "the saved dict goes through the file format", false),
       ParamSpec::SizeBool("load_cpu", "the saved values are moved to the CPU before loading",
                           false),
+      ParamSpec::SizeString("process_group",
+                            "world (the default group) or per_rank (each rank its own 1-rank "
+                            "group, dist.new_group(ranks=[i]))",
+                            "world"),
       ParamSpec::SizeInt("seed", "seed of the weights", 0)};
   for (ParamSpec& axis : axes) {
     for (ParamSpec& p : params) {
@@ -593,6 +616,225 @@ Scenario MissingUnexpectedKeysCleaned() {
       });
 }
 
+
+// The persistent state (parameters, tied ones under each name, and persistent buffers) of an
+// FSDP model by clean FQN, read inside summon_full_params(writeback=False), into
+// obs[tensors][prefix + fqn]; only names of `plain_keys`.
+void ReportFullState(const nn::ModulePtr& fsdp_model, const nn::StateDict& plain_keys,
+                     const std::string& prefix, nlohmann::json& obs) {
+  fsdp1::SummonFullParams full(fsdp_model, {.writeback = false});
+  for (const auto& [name, param] : fsdp_model->named_parameters("", true, false)) {
+    const std::string clean = fsdp1::CleanTensorName(name);
+    if (plain_keys.contains(clean)) obs[kTensors][prefix + clean] = TensorToJson(param.to(Device::CPU()));
+  }
+  for (const auto& [name, buffer] : fsdp_model->named_buffers()) {
+    const std::string clean = fsdp1::CleanTensorName(name);
+    if (plain_keys.contains(clean)) obs[kTensors][prefix + clean] = TensorToJson(buffer.to(Device::CPU()));
+  }
+}
+
+nlohmann::json WeightsJson(const CaseParams& params, int world, const std::string& prefix) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, t] : StateDictInputs(params, world).weights) out[prefix + key] = TensorToJson(t);
+  return out;
+}
+
+Scenario CustomScenario(const std::string& test, const std::string& seed_test,
+                        const std::string& description, std::vector<ParamSpec> params,
+                        ObservationSchema schema, RankBody body, ExpectFn expect,
+                        int default_world, int min_world) {
+  Scenario s;
+  s.info.name = "fsdp_state_dict/" + test;
+  s.info.description = description;
+  s.info.seed_test = seed_test;
+  s.info.params = std::move(params);
+  s.info.observations = std::move(schema);
+  s.info.inputs = StateDictInputsDoc();
+  s.info.default_world = default_world;
+  s.info.min_world = min_world;
+  s.info.max_world = 8;
+  s.info.requirements.devices = {DeviceType::kCPU};
+  s.inputs = StateDictInputs;
+  s.run_rank = std::move(body);
+  s.expect = expect;
+  s.judge = [expect](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+                     CheckList& checks) {
+    const std::vector<nlohmann::json> want = expect(p, world);
+    for (int r = 0; r < world; ++r) {
+      for (const auto& [key, value] : want[static_cast<size_t>(r)].items()) {
+        if (key == kTensors) continue;
+        if (key == "saved_keys") {  // as a set (see JudgeRoundTrip)
+          checks.CheckEqual(RankName(r) + " saved keys (as a set)",
+                            Sorted(value.get<std::vector<std::string>>()),
+                            Sorted(RankObservation(per_rank, r, key).get<std::vector<std::string>>()));
+          continue;
+        }
+        CheckRankEqual(checks, per_rank, r, {key, key, value});
+      }
+      const nlohmann::json& tensors = want[static_cast<size_t>(r)][kTensors];
+      CheckRankTensorsExact(checks, per_rank, r, tensors);
+      std::set<std::string> want_names;
+      for (const auto& [name, t] : tensors.items()) want_names.insert(name);
+      std::set<std::string> got_names;
+      for (const auto& [name, t] : RankObservation(per_rank, r, kTensors).items()) {
+        got_names.insert(name);
+      }
+      checks.CheckEqual(RankName(r) + " tensors reported", want_names, got_names);
+    }
+  };
+  return s;
+}
+
+// test_state_dict_rank0_offload_save_load_flow: a FULL rank0_only + offload_to_cpu dict is
+// loaded on rank 0 only into a zeroed plain model, which FSDP then wraps with
+// sync_module_states=True: every rank holds the weights.
+Scenario Rank0OffloadSaveLoadFlow() {
+  ObservationSchema schema;
+  schema.Add(ObservationKey::StringList("saved_keys", "the rank0_only dict's keys on this rank"));
+  schema.AddTensors({"synced/{fqn}", "float32 (int64 for integer buffers)",
+                     "the parameter's or buffer's full shape",
+                     "the new FSDP model's parameters and persistent buffers after "
+                     "sync_module_states, read inside summon_full_params"});
+  return CustomScenario(
+      "state_dict_rank0_offload_save_load_flow",
+      std::string(kSeed001) + "test_state_dict_rank0_offload_save_load_flow",
+      "FULL rank0_only + offload_to_cpu save, load on rank 0 into a plain model, "
+      "sync_module_states=True: every rank holds the weights",
+      {ParamSpec::SizeString("model", "the seed's model", "transformer"),
+       ParamSpec::Axis("use_orig_params", "FSDP's use_orig_params", {"False", "True"}),
+       ParamSpec::SizeInt("seed", "seed of the weights", 0)},
+      schema,
+      [](RankEnv& env) {
+        const std::string model = env.params.GetString("model");
+        nn::ModulePtr plain = BuildPlainStateDictModel(model);
+        plain->load_state_dict(env.Inputs().weights());
+        const nn::StateDict plain_sd = plain->state_dict();
+        StateDictModelOptions options;
+        options.use_orig_params = env.params.GetBool("use_orig_params");
+        auto source = WrapStateDictModel(model, plain, env.pg, options);
+        nn::StateDict saved;
+        {
+          fsdp1::StateDictTypeScope scope(source, fsdp1::StateDictType::kFullStateDict,
+                                          fsdp1::FullStateDictConfig{true, true});
+          for (const auto& [key, value] : source->state_dict()) saved.insert(key, value.clone());
+        }
+        nlohmann::json obs{{"saved_keys", saved.keys()}, {kTensors, nlohmann::json::object()}};
+        nn::ModulePtr fresh = BuildPlainStateDictModel(model);
+        {
+          autograd::NoGradGuard no_grad;
+          for (Tensor t : fresh->parameters()) t.zero_();
+          for (Tensor t : fresh->buffers()) t.zero_();
+        }
+        if (env.rank == 0) fresh->load_state_dict(saved, /*strict=*/true);
+        StateDictModelOptions sync;
+        sync.sync_module_states = true;
+        auto synced = WrapStateDictModel(model, fresh, env.pg, sync);
+        ReportFullState(synced, plain_sd, "synced/", obs);
+        return obs;
+      },
+      [](const CaseParams& p, int world) {
+        const nn::StateDict plain = BuildPlainStateDictModel(p.GetString("model"))->state_dict();
+        std::vector<nlohmann::json> out(static_cast<size_t>(world));
+        for (int r = 0; r < world; ++r) {
+          out[static_cast<size_t>(r)] = {
+              {"saved_keys", r == 0 || world == 1 ? plain.keys() : std::vector<std::string>{}},
+              {kTensors, WeightsJson(p, world, "synced/")}};
+        }
+        return out;
+      },
+      2, 1);
+}
+
+// The test's `_all_gather_sharded_tensor` for a 1-D piece: every rank's piece zero-padded to
+// the chunk, all-gathered, trimmed to the global numel.
+Tensor AllGatherPieces(const Tensor& piece, const nn::ShardedEntry& entry,
+                       distributed::ProcessGroup& pg) {
+  const int64_t n = entry.global_shape.at(0);
+  const int64_t chunk = (n + pg.size() - 1) / pg.size();
+  Tensor local = Tensor::zeros({chunk}, piece.dtype());
+  if (piece.numel() > 0) local.narrow(0, 0, piece.numel()).copy_(piece.flatten());
+  Tensor gathered = Tensor::empty({chunk * pg.size()}, piece.dtype());
+  pg.all_gather_into_tensor(gathered, local)->wait();
+  return gathered.narrow(0, 0, n);
+}
+
+// TestFSDPStateDict4GPUs.test_local_state_dict_reshard: a LOCAL dict saved on `world` ranks is
+// all-gathered, re-chunked into 2 pieces (torch.chunk(2)) at offsets 0 and len(chunk 0) and
+// loaded on ranks 0 and 1 into the same model wrapped over new_group([0, 1]); its FULL dict
+// then holds the weights, as the first model's does.
+Scenario LocalStateDictReshard() {
+  ObservationSchema schema;
+  schema.AddTensors({"full/{fqn}", "float32", "the entry's full shape",
+                     "the first model's FULL state dict (every rank)"});
+  TensorObservation resharded{"resharded/{fqn}", "float32", "the entry's full shape",
+                              "ranks 0 and 1: the 2-rank model's FULL state dict after loading "
+                              "the resharded LOCAL dict",
+                              /*required=*/false};
+  schema.AddTensors(resharded);
+  return CustomScenario(
+      "local_state_dict_reshard",
+      "test_fsdp_state_dict.py::TestFSDPStateDict4GPUs::test_local_state_dict_reshard",
+      "LOCAL dict of `world` ranks resharded to 2 ranks (new_group([0, 1])) and loaded: both "
+      "FULL dicts hold the weights",
+      {ParamSpec::SizeString("model", "the seed's model", "model"),
+       ParamSpec::SizeInt("seed", "seed of the weights", 0)},
+      schema,
+      [](RankEnv& env) {
+        const std::string model = env.params.GetString("model");
+        nn::ModulePtr plain = BuildPlainStateDictModel(model);
+        plain->load_state_dict(env.Inputs().weights());
+        auto fsdp_model = WrapStateDictModel(model, plain, env.pg, {});
+        nn::StateDict local;
+        {
+          fsdp1::StateDictTypeScope scope(fsdp_model, fsdp1::StateDictType::kLocalStateDict);
+          local = fsdp_model->state_dict();
+        }
+        auto new_pg = env.group().new_group({0, 1});
+        nn::StateDict resharded;
+        for (const auto& [key, value] : local) {
+          const nn::ShardedEntry* entry = local.sharding(key);
+          if (entry == nullptr) {
+            if (env.rank < 2) resharded.insert(key, value);
+            continue;
+          }
+          const Tensor full_flat = AllGatherPieces(value, *entry, env.group());
+          if (env.rank >= 2) continue;
+          const int64_t n = full_flat.numel();
+          const int64_t chunk0 = (n + 1) / 2;  // torch.chunk(2)
+          const int64_t begin = env.rank == 0 ? 0 : chunk0;
+          const int64_t end = env.rank == 0 ? chunk0 : n;
+          resharded.insert(key, full_flat.narrow(0, begin, end - begin).clone());
+          resharded.sharded.insert(key, nn::ShardedEntry{{n}, {begin}});
+        }
+        nlohmann::json obs{{kTensors, nlohmann::json::object()}};
+        std::shared_ptr<fsdp1::FullyShardedDataParallel> model2;
+        if (env.rank < 2) {
+          model2 = WrapStateDictModel(model, BuildPlainStateDictModel(model), new_pg, {});
+          fsdp1::StateDictTypeScope scope(model2, fsdp1::StateDictType::kLocalStateDict);
+          model2->load_state_dict(resharded);
+        }
+        for (const auto& [key, value] : fsdp_model->state_dict()) {
+          obs[kTensors]["full/" + key] = TensorToJson(value.to(Device::CPU()));
+        }
+        if (model2) {
+          for (const auto& [key, value] : model2->state_dict()) {
+            obs[kTensors]["resharded/" + key] = TensorToJson(value.to(Device::CPU()));
+          }
+        }
+        return obs;
+      },
+      [](const CaseParams& p, int world) {
+        std::vector<nlohmann::json> out(static_cast<size_t>(world));
+        for (int r = 0; r < world; ++r) {
+          nlohmann::json tensors = WeightsJson(p, world, "full/");
+          if (r < 2) tensors.update(WeightsJson(p, world, "resharded/"));
+          out[static_cast<size_t>(r)] = {{kTensors, tensors}};
+        }
+        return out;
+      },
+      4, 2);
+}
+
 }  // namespace
 
 void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry) {
@@ -656,6 +898,16 @@ void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry) {
         ParamSpec::SizeBool("use_orig_params", "FSDP's use_orig_params", true),
         BoolAxis("load_cpu", "the pieces are moved to the CPU before loading")},
        nullptr, {}}));
+  registry.Add(MakeRoundTrip(
+      {"world_size_one", "test_world_size_one",
+       "every rank wraps the Transformer over its own 1-rank group (NO_SHARD): a SHARDED "
+       "request saves and loads a FULL dict",
+       "transformer",
+       {TypeAxis({"sharded_state_dict"}),
+        ParamSpec::SizeString("process_group", "each rank its own 1-rank group", "per_rank")},
+       nullptr, {{3, {}}}}));
+  registry.Add(Rank0OffloadSaveLoadFlow());
+  registry.Add(LocalStateDictReshard());
   registry.Add(WrongStateDictConfig());
   registry.Add(StateDictTypeScopeScenario());
   registry.Add(MissingUnexpectedKeysCleaned());
