@@ -18,6 +18,7 @@
 #   serialization -> core                   (safetensors files, atomic writes)
 #   fsdp        -> core, ops, autograd, functional, nn, optim, distributed
 #   fsdp1       -> core, ops, autograd, functional, nn, optim, distributed, fsdp
+#   ddp         -> core, ops, autograd, functional, nn, optim, distributed
 #   testing     -> anything in engine/      (test-only helpers, library fsdp_testing)
 #
 # (every layer may include itself). Engine tests (*_test.cc) may include any of engine/ and
@@ -49,6 +50,7 @@ declare -A allowed=(
   [serialization]="core"
   [fsdp]="core ops autograd functional nn optim distributed"
   [fsdp1]="core ops autograd functional nn optim distributed fsdp"
+  [ddp]="core ops autograd functional nn optim distributed"
   [testing]="core ops autograd functional nn optim distributed serialization fsdp fsdp1"
 )
 
