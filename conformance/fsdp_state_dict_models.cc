@@ -4,6 +4,7 @@
 
 #include "engine/core/error.h"
 #include "engine/fsdp1/wrap_policy.h"
+#include "engine/functional/functional.h"
 #include "engine/nn/checkpoint.h"
 #include "engine/nn/layers.h"
 #include "engine/nn/models.h"
@@ -37,6 +38,12 @@ class SeedModel : public nn::Cloneable<SeedModel> {
       lin->register_buffer("buffer", Tensor::randn({5, 5}));
       lin->register_buffer("non_persistent_buffer", Tensor::randn({5, 5}), /*persistent=*/false);
     }
+  }
+  // i = inner(x); j = inner(x); outer(i + j).
+  nn::Value forward(const nn::Value& x) override {
+    const Tensor i = call_child("inner", x).tensor();
+    const Tensor j = call_child("inner", x).tensor();
+    return call_child("outer", nn::Value(fsdp::add(i, j)));
   }
 };
 

@@ -35,16 +35,21 @@
 #include "conformance/case_inputs.h"
 #include "conformance/fsdp1_params.h"
 #include "conformance/fsdp_state_dict_models.h"
+#include "conformance/model_zoo.h"
 #include "conformance/observations.h"
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/core/error.h"
+#include "engine/core/rng.h"
+#include "engine/ddp/distributed_data_parallel.h"
 #include "engine/fsdp/shard_layout.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
 #include "engine/fsdp1/state_dict_type.h"
 #include "engine/fsdp1/unshard_params.h"
+#include "engine/functional/functional.h"
 #include "engine/nn/init.h"
+#include "engine/optim/sgd.h"
 #include "engine/serialization/safetensors.h"
 
 namespace fsdp::conformance {
@@ -835,6 +840,136 @@ Scenario LocalStateDictReshard() {
       4, 2);
 }
 
+
+// test_state_dict_save_load_flow: the seed's Model trained 3 SGD steps (lr 0.1, loss
+// out.sum(), each rank on its own runner-owned batch) under FSDP, saved, loaded into a zeroed
+// FSDP copy, against the same training under DistributedDataParallel.
+constexpr int64_t kFlowSteps = 3;
+
+CaseInputs FlowInputs(const CaseParams& params, int world) {
+  CaseInputs inputs = StateDictInputs(params, world);
+  for (int r = 0; r < world; ++r) {
+    Generator gen(static_cast<uint64_t>(params.GetInt("seed")) * 1000003 + 101 + static_cast<uint64_t>(r));
+    inputs.ranks[static_cast<size_t>(r)].emplace_back("in_data", Tensor::rand({64, 4}, DType::kFloat32, &gen));
+  }
+  return inputs;
+}
+
+void TrainFlow(const nn::ModulePtr& model, const Tensor& in_data) {
+  optim::SGD optimizer(model->parameters(), optim::SGDOptions{.lr = 0.1});
+  for (int64_t k = 0; k < kFlowSteps; ++k) {
+    fsdp::sum((*model)(nn::Value(in_data)).tensor()).backward();
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+}
+
+Scenario StateDictSaveLoadFlow() {
+  Scenario s;
+  s.info.name = "fsdp_state_dict/state_dict_save_load_flow";
+  s.info.description =
+      "the seed's Model trained 3 SGD steps under FSDP, saved and loaded into a zeroed FSDP "
+      "copy (values moved to the CPU or not), vs the same training under "
+      "DistributedDataParallel";
+  s.info.seed_test = std::string(kSeed001) + "test_state_dict_save_load_flow";
+  s.info.params = {TypeAxis(kAllTypes),
+                   BoolAxis("move_to_cpu", "the saved values are moved to the CPU before loading"),
+                   ParamSpec::SizeString("model", "the seed's model", "model"),
+                   ParamSpec::SizeInt("seed", "seed of the weights and batches", 0),
+                   ParamSpec::SizeDouble("atol", "absolute tolerance (float32)", 1e-5),
+                   ParamSpec::SizeDouble("rtol", "relative tolerance (float32)", 1e-4)};
+  s.info.observations.AddTensors({"fsdp/{fqn}", "float32", "the parameter's full shape",
+                                  "the loaded FSDP copy's parameters (summon_full_params), by "
+                                  "clean FQN"});
+  s.info.observations.AddTensors({"ddp/{fqn}", "float32", "the parameter's full shape",
+                                  "the DistributedDataParallel replica's parameters after the "
+                                  "same training, by the plain model's FQN"});
+  s.info.inputs = StateDictInputsDoc();
+  s.info.inputs.rank_tensors = {{"in_data", "float32", "[64, 4]",
+                                 "the rank's batch, used at every step (uniform [0, 1))"}};
+  s.info.default_world = 2;
+  s.info.min_world = 1;
+  s.info.max_world = 8;
+  s.info.requirements.devices = {DeviceType::kCPU};
+  s.info.test_runs = {{3, {{"move_to_cpu", "False"}}}};
+  s.inputs = FlowInputs;
+  s.run_rank = [](RankEnv& env) {
+    const std::string model = env.params.GetString("model");
+    const fsdp1::StateDictType type = ParseStateDictType(env.params.GetString("state_dict_type"));
+    const Tensor in_data = env.Inputs().Get("in_data").to(env.device);
+    nn::ModulePtr plain = BuildPlainStateDictModel(model);
+    plain->load_state_dict(env.Inputs().weights());
+    const nn::StateDict plain_sd = plain->state_dict();
+    auto fsdp_model = WrapStateDictModel(model, plain, env.pg, {});
+    TrainFlow(fsdp_model, in_data);
+    nn::StateDict saved;
+    {
+      fsdp1::StateDictTypeScope scope(fsdp_model, type);
+      saved = fsdp_model->state_dict();
+    }
+    if (env.params.GetBool("move_to_cpu")) {
+      for (auto& [key, value] : saved) value = value.to(Device::CPU());
+    }
+    auto blank = WrapStateDictModel(model, BuildPlainStateDictModel(model), env.pg, {});
+    ZeroModel(blank);
+    {
+      fsdp1::StateDictTypeScope scope(blank, type);
+      blank->load_state_dict(saved);
+    }
+    nlohmann::json obs{{kTensors, nlohmann::json::object()}};
+    {
+      fsdp1::SummonFullParams full(blank, {.writeback = false});
+      for (const auto& [name, p] : blank->named_parameters()) {
+        obs[kTensors]["fsdp/" + fsdp1::CleanTensorName(name)] = TensorToJson(p.to(Device::CPU()));
+      }
+    }
+    nn::ModulePtr replica = BuildPlainStateDictModel(model);
+    replica->load_state_dict(env.Inputs().weights());
+    auto ddp_model = std::make_shared<ddp::DistributedDataParallel>(
+        replica, ddp::DistributedDataParallelOptions{.process_group = env.pg});
+    TrainFlow(ddp_model, in_data);
+    for (const auto& [name, p] : replica->named_parameters()) {
+      obs[kTensors]["ddp/" + name] = TensorToJson(p.to(Device::CPU()));
+    }
+    return obs;
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const Tolerance tol{p.GetDouble("atol"), p.GetDouble("rtol")};
+    std::set<std::string> names;
+    for (const auto& [fqn, t] : BuildPlainStateDictModel(p.GetString("model"))->named_parameters()) {
+      names.insert(fqn);
+    }
+    ErrorStats err;
+    for (int r = 0; r < world; ++r) {
+      const reference::RefTensorMap fsdp_params = MapFromObservations(per_rank, r, "fsdp/");
+      const reference::RefTensorMap ddp_params = MapFromObservations(per_rank, r, "ddp/");
+      std::set<std::string> got;
+      for (const auto& [name, t] : fsdp_params) got.insert(name);
+      checks.CheckEqual(RankName(r) + " loaded parameter names", names, got);
+      err.Merge(CheckMapsClose(checks, RankName(r) + " loaded FSDP parameters vs DDP", ddp_params,
+                               fsdp_params, tol));
+      // Training moved every parameter away from the weights.
+      const CaseInputs inputs = FlowInputs(p, world);
+      for (const auto& [key, w] : inputs.weights) {
+        const auto it = ddp_params.find(key);
+        if (it == ddp_params.end()) continue;
+        const std::vector<double> before = w.to_doubles();
+        checks.CheckTrue(RankName(r) + " " + key + " changed by training",
+                         before != it->second.data);
+      }
+      // The ranks' batches differ: equal replicas show the gradients were averaged.
+      if (r > 0) {
+        err.Merge(CheckMapsClose(checks, RankName(r) + " DDP replica vs rank 0's",
+                                 MapFromObservations(per_rank, 0, "ddp/"), ddp_params, tol));
+      }
+    }
+    checks.SetFigure("param_max_abs_err", err.max_abs);
+    checks.SetFigure("param_max_rel_err", err.max_rel);
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry) {
@@ -907,6 +1042,7 @@ void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry) {
         ParamSpec::SizeString("process_group", "each rank its own 1-rank group", "per_rank")},
        nullptr, {{3, {}}}}));
   registry.Add(Rank0OffloadSaveLoadFlow());
+  registry.Add(StateDictSaveLoadFlow());
   registry.Add(LocalStateDictReshard());
   registry.Add(WrongStateDictConfig());
   registry.Add(StateDictTypeScopeScenario());
