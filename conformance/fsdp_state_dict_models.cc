@@ -47,6 +47,22 @@ class SeedModel : public nn::Cloneable<SeedModel> {
   }
 };
 
+// FSDPContainer: non_fsdp_lin, then fsdp_1 and fsdp_2 (simple nested models) in forward.
+class ContainerModel : public nn::Cloneable<ContainerModel> {
+ public:
+  ContainerModel() : nn::Cloneable<ContainerModel>("FSDPContainer") {
+    register_module("non_fsdp_lin", std::make_shared<nn::Linear>(10, 10, false));
+    for (const char* name : {"fsdp_1", "fsdp_2"}) {
+      register_module(name, std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+                                std::make_shared<nn::Linear>(10, 10, false),
+                                std::make_shared<nn::Linear>(10, 10, false)}));
+    }
+  }
+  nn::Value forward(const nn::Value& x) override {
+    return call_child("fsdp_2", call_child("fsdp_1", call_child("non_fsdp_lin", x)));
+  }
+};
+
 // A module whose only parameter is my_parameter = [3.1415926].
 class OneElementModel : public nn::Cloneable<OneElementModel> {
  public:
@@ -78,7 +94,8 @@ nn::ModulePtr MaybeCheckpoint(const nn::ModulePtr& module, const StateDictModelO
 
 const std::vector<std::string>& StateDictModelNames() {
   static const std::vector<std::string> names = {"simple", "simple_nested", "multibuffer_nested",
-                                                 "model", "transformer", "dummy", "one_element"};
+                                                 "model", "transformer", "dummy", "one_element",
+                                                 "transformer_manual", "container"};
   return names;
 }
 
@@ -91,11 +108,12 @@ nn::ModulePtr BuildPlainStateDictModel(const std::string& name) {
     return std::make_shared<nn::Sequential>(layers);
   }
   if (name == "model") return std::make_shared<SeedModel>();
-  if (name == "transformer") {
+  if (name == "transformer" || name == "transformer_manual") {
     return std::make_shared<nn::TransformerWithSharedParams>(0, /*add_bn=*/false, true);
   }
   if (name == "dummy") return std::make_shared<DummyModel>();
   if (name == "one_element") return std::make_shared<OneElementModel>();
+  if (name == "container") return std::make_shared<ContainerModel>();
   FSDP_THROW(ErrorCode::kInvalidArgument, "fsdp_state_dict: unknown model '", name, "'");
 }
 
@@ -107,15 +125,45 @@ std::vector<std::string> StateDictModelInstances(const std::string& name) {
     return {"", "transformer.encoder.layers.0", "transformer.encoder.layers.1",
             "transformer.decoder.layers.0", "transformer.decoder.layers.1"};
   }
+  if (name == "container") return {"fsdp_1", "fsdp_1.0", "fsdp_2", "fsdp_2.0"};
+  if (name == "transformer_manual") {
+    return {"transformer", "transformer.encoder.layers.0", "transformer.encoder.layers.1",
+            "transformer.decoder.layers.0", "transformer.decoder.layers.1"};
+  }
   BuildPlainStateDictModel(name);  // throws for an unknown name
   return {""};
 }
 
-std::shared_ptr<fsdp1::FullyShardedDataParallel> WrapStateDictModel(
-    const std::string& name, const nn::ModulePtr& plain,
-    const std::shared_ptr<distributed::ProcessGroup>& pg, const StateDictModelOptions& o) {
+bool ManagedByFsdp(const std::string& name, const std::string& key) {
+  for (const std::string& p : StateDictModelInstances(name)) {
+    if (p.empty() || key.rfind(p + ".", 0) == 0) return true;
+  }
+  return false;
+}
+
+nn::ModulePtr WrapStateDictModel(const std::string& name, const nn::ModulePtr& plain,
+                                 const std::shared_ptr<distributed::ProcessGroup>& pg,
+                                 const StateDictModelOptions& o) {
   fsdp1::FullyShardedDataParallelOptions options = BaseOptions(pg, o);
-  std::shared_ptr<fsdp1::FullyShardedDataParallel> root;
+  nn::ModulePtr root;
+  if (name == "container") {
+    for (const char* child : {"fsdp_1", "fsdp_2"}) {
+      plain->register_module(child, WrapStateDictModel("simple_nested", plain->child(child), pg, o));
+    }
+    return plain;
+  }
+  if (name == "transformer_manual") {
+    for (const char* stack : {"transformer.encoder.layers", "transformer.decoder.layers"}) {
+      nn::ModulePtr layers = plain->get_submodule(stack);
+      for (const auto& [index, layer] : layers->named_children()) {
+        layers->register_module(index, std::make_shared<fsdp1::FullyShardedDataParallel>(
+                                           MaybeCheckpoint(layer, o), options));
+      }
+    }
+    plain->register_module("transformer", std::make_shared<fsdp1::FullyShardedDataParallel>(
+                                              plain->child("transformer"), options));
+    return plain;
+  }
   if (name == "simple_nested" || name == "multibuffer_nested") {
     auto seq = std::static_pointer_cast<nn::Sequential>(plain);
     const auto wrap_child = [&](const std::string& child, fsdp1::FullyShardedDataParallelOptions opts) {

@@ -16,6 +16,12 @@
 //   dummy               FSDP(TestDummyModel): net3 is net2, shared_parameter is
 //                       random_parameter                                         TestDummyModel
 //   one_element         FSDP(a module whose only parameter has 1 element, 3.1415926)
+//   transformer_manual  TransformerWithSharedParams(add_bn=False) wrapped by hand: every encoder
+//                       and decoder layer FSDP(layer) (FSDP(checkpoint_wrapper(layer)) with
+//                       checkpoint "wrap"), then FSDP(transformer); the root stays plain
+//                                                       test_state_dict_with_manual_ac_wrapper
+//   container           FSDPContainer (not FSDP): non_fsdp_lin = Linear(10, 10, bias=False),
+//                       fsdp_1 and fsdp_2 = simple_nested each          _get_non_fsdp_root_module
 #pragma once
 
 #include <memory>
@@ -43,10 +49,13 @@ struct StateDictModelOptions {
 const std::vector<std::string>& StateDictModelNames();
 // The plain model `name` (parameters from the current generator; buffers as constructed).
 nn::ModulePtr BuildPlainStateDictModel(const std::string& name);
-// The clean FQNs of the FSDP instances that `name` has ("" for the root).
+// The clean FQNs of the FSDP instances that `name` has ("" for an FSDP root).
 std::vector<std::string> StateDictModelInstances(const std::string& name);
-// `plain` (a model from BuildPlainStateDictModel(name)) wrapped as the seed wraps it, over `pg`.
-std::shared_ptr<fsdp1::FullyShardedDataParallel> WrapStateDictModel(
+// Whether the entry `key` of the plain model's state dict belongs to an FSDP instance of `name`.
+bool ManagedByFsdp(const std::string& name, const std::string& key);
+// `plain` (a model from BuildPlainStateDictModel(name)) wrapped as the seed wraps it, over `pg`
+// (the root is an FSDP instance for every model but `container`).
+nn::ModulePtr WrapStateDictModel(
     const std::string& name, const nn::ModulePtr& plain,
     const std::shared_ptr<distributed::ProcessGroup>& pg, const StateDictModelOptions& options);
 

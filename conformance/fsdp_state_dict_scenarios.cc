@@ -84,6 +84,7 @@ struct RoundTripCase {
   bool through_file = false;
   bool load_cpu = false;
   bool per_rank_groups = false;  // every rank wraps over its own 1-rank group
+  bool load_into_local = false;  // load into the plain model (the seed's local module)
   uint64_t seed = 0;
 
   static RoundTripCase Decode(const CaseParams& p) {
@@ -110,6 +111,10 @@ struct RoundTripCase {
     FSDP_CHECK(group == "world" || group == "per_rank",
                "process_group must be world or per_rank, got '", group, "'");
     c.per_rank_groups = group == "per_rank";
+    const std::string load_into = p.GetString("load_into");
+    FSDP_CHECK(load_into == "fsdp" || load_into == "local",
+               "load_into must be fsdp or local, got '", load_into, "'");
+    c.load_into_local = load_into == "local";
     c.seed = static_cast<uint64_t>(p.GetInt("seed"));
     return c;
   }
@@ -235,6 +240,32 @@ std::shared_ptr<distributed::ProcessGroup> OwnRankGroup(RankEnv& env) {
   return mine;
 }
 
+// `_gather_state_dict` / `_all_gather_sharded_tensor`: the whole tensor from every rank's
+// dim-0 piece (zero-padded to the chunk of ceil(d0 / W) rows, all-gathered, trimmed).
+Tensor GatherShardedEntry(const Tensor& piece, const nn::ShardedEntry& entry,
+                          distributed::ProcessGroup& pg) {
+  const Shape& global = entry.global_shape;
+  int64_t numel = 1;
+  for (int64_t d : global) numel *= d;
+  const int64_t d0 = global.at(0);
+  const int64_t row = d0 == 0 ? 0 : numel / d0;
+  const int64_t chunk = (d0 + pg.size() - 1) / pg.size() * row;
+  Tensor local = Tensor::zeros({chunk}, piece.dtype());
+  if (piece.numel() > 0) local.narrow(0, 0, piece.numel()).copy_(piece.flatten().to(Device::CPU()));
+  Tensor gathered = Tensor::empty({chunk * pg.size()}, piece.dtype());
+  pg.all_gather_into_tensor(gathered, local)->wait();
+  return gathered.narrow(0, 0, numel).reshape(global);
+}
+
+nn::StateDict GatherStateDict(const nn::StateDict& sd, distributed::ProcessGroup& pg) {
+  nn::StateDict out;
+  for (const auto& [key, value] : sd) {
+    const nn::ShardedEntry* entry = sd.sharding(key);
+    out.insert(key, entry == nullptr ? value : GatherShardedEntry(value, *entry, pg));
+  }
+  return out;
+}
+
 nlohmann::json RunRoundTripRank(RankEnv& env) {
   const RoundTripCase c = RoundTripCase::Decode(env.params);
   const nn::StateDict& weights = env.Inputs().weights();
@@ -268,6 +299,22 @@ nlohmann::json RunRoundTripRank(RankEnv& env) {
   }
 
   nn::ModulePtr dest_plain = BuildPlainStateDictModel(c.model);
+  if (c.load_into_local) {
+    if (pg) saved = GatherStateDict(saved, *pg);
+    {
+      autograd::NoGradGuard no_grad;
+      for (Tensor t : dest_plain->parameters()) t.zero_();
+      for (Tensor t : dest_plain->buffers()) t.zero_();
+    }
+    dest_plain->load_state_dict(saved, /*strict=*/true);
+    for (const auto& [name, param] : dest_plain->named_parameters("", true, false)) {
+      obs[kTensors][kLoaded + name] = TensorToJson(param.to(Device::CPU()));
+    }
+    for (const auto& [name, buffer] : dest_plain->named_buffers()) {
+      if (plain_sd.contains(name)) obs[kTensors][kLoaded + name] = TensorToJson(buffer.to(Device::CPU()));
+    }
+    return obs;
+  }
   auto dest = WrapStateDictModel(c.model, dest_plain, pg, c.Options(c.dest_checkpoint));
   ZeroModel(dest);
   {
@@ -301,10 +348,12 @@ std::map<std::string, std::vector<double>> FlatParams(const std::string& model,
     }
     return best;
   };
+  const bool fsdp_root = std::count(instances.begin(), instances.end(), "") > 0;
   std::map<std::string, std::vector<double>> flat;
   for (const std::string& p : instances) flat[p];
   nn::ModulePtr plain = BuildPlainStateDictModel(model);
   for (const auto& [fqn, param] : plain->named_parameters()) {  // tied parameters once
+    if (!fsdp_root && owner(fqn).empty()) continue;  // not managed by FSDP
     const std::vector<double> values = weights.at(fqn).to_doubles();
     std::vector<double>& out = flat[owner(fqn)];
     out.insert(out.end(), values.begin(), values.end());
@@ -355,8 +404,8 @@ std::vector<nlohmann::json> ExpectRoundTrip(const CaseParams& params, int world)
       }
     }
     for (const auto& [key, t] : weights) {
-      const bool is_param = param_keys.count(key) > 0;
-      if (rank0_only && r != 0) continue;
+      const bool is_param = param_keys.count(key) > 0 && ManagedByFsdp(c.model, key);
+      if (rank0_only && r != 0 && ManagedByFsdp(c.model, key)) continue;
       if (type == fsdp1::StateDictType::kLocalStateDict && is_param) continue;
       if (type == fsdp1::StateDictType::kShardedStateDict && is_param) {
         const fsdp2::ShardInfo info = fsdp2::ComputeShardInfo(t.sizes(), r, world);
@@ -429,6 +478,10 @@ std::vector<ParamSpec> RoundTripParams(const std::string& model, std::vector<Par
       ParamSpec::SizeBool("through_file", "the saved dict goes through the file format", false),
       ParamSpec::SizeBool("load_cpu", "the saved values are moved to the CPU before loading",
                           false),
+      ParamSpec::SizeString("load_into",
+                            "fsdp (the same model wrapped, zeroed) or local (the plain model, "
+                            "zeroed, after the seed's _gather_state_dict)",
+                            "fsdp"),
       ParamSpec::SizeString("process_group",
                             "world (the default group) or per_rank (each rank its own 1-rank "
                             "group, dist.new_group(ranks=[i]))",
@@ -491,8 +544,7 @@ std::optional<std::string> UnsupportedBySeed(const CaseParams& p, int) {
 
 // ---- API-outcome scenarios ---------------------------------------------------------------------
 
-std::shared_ptr<fsdp1::FullyShardedDataParallel> WrappedFromInputs(RankEnv& env,
-                                                                   const std::string& model) {
+nn::ModulePtr WrappedFromInputs(RankEnv& env, const std::string& model) {
   nn::ModulePtr plain = BuildPlainStateDictModel(model);
   plain->load_state_dict(env.Inputs().weights());
   return WrapStateDictModel(model, plain, env.pg, {});
@@ -750,19 +802,6 @@ Scenario Rank0OffloadSaveLoadFlow() {
       2, 1);
 }
 
-// The test's `_all_gather_sharded_tensor` for a 1-D piece: every rank's piece zero-padded to
-// the chunk, all-gathered, trimmed to the global numel.
-Tensor AllGatherPieces(const Tensor& piece, const nn::ShardedEntry& entry,
-                       distributed::ProcessGroup& pg) {
-  const int64_t n = entry.global_shape.at(0);
-  const int64_t chunk = (n + pg.size() - 1) / pg.size();
-  Tensor local = Tensor::zeros({chunk}, piece.dtype());
-  if (piece.numel() > 0) local.narrow(0, 0, piece.numel()).copy_(piece.flatten());
-  Tensor gathered = Tensor::empty({chunk * pg.size()}, piece.dtype());
-  pg.all_gather_into_tensor(gathered, local)->wait();
-  return gathered.narrow(0, 0, n);
-}
-
 // TestFSDPStateDict4GPUs.test_local_state_dict_reshard: a LOCAL dict saved on `world` ranks is
 // all-gathered, re-chunked into 2 pieces (torch.chunk(2)) at offsets 0 and len(chunk 0) and
 // loaded on ranks 0 and 1 into the same model wrapped over new_group([0, 1]); its FULL dict
@@ -802,7 +841,7 @@ Scenario LocalStateDictReshard() {
             if (env.rank < 2) resharded.insert(key, value);
             continue;
           }
-          const Tensor full_flat = AllGatherPieces(value, *entry, env.group());
+          const Tensor full_flat = GatherShardedEntry(value, *entry, env.group());
           if (env.rank >= 2) continue;
           const int64_t n = full_flat.numel();
           const int64_t chunk0 = (n + 1) / 2;  // torch.chunk(2)
@@ -812,7 +851,7 @@ Scenario LocalStateDictReshard() {
           resharded.sharded.insert(key, nn::ShardedEntry{{n}, {begin}});
         }
         nlohmann::json obs{{kTensors, nlohmann::json::object()}};
-        std::shared_ptr<fsdp1::FullyShardedDataParallel> model2;
+        nn::ModulePtr model2;
         if (env.rank < 2) {
           model2 = WrapStateDictModel(model, BuildPlainStateDictModel(model), new_pg, {});
           fsdp1::StateDictTypeScope scope(model2, fsdp1::StateDictType::kLocalStateDict);
@@ -1010,6 +1049,27 @@ void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry) {
                         {"simple", "simple_nested"})},
        UnsupportedBySeed, {}}));
   registry.Add(MakeRoundTrip(
+      {"state_dict_load_into_local_module", "test_state_dict_load_into_local_module",
+       "FULL / SHARDED dicts (pieces gathered, rank 0's dict broadcast) loaded into the plain "
+       "model; the model's root is FSDP (the seed's Model) or not (FSDPContainer)",
+       "model",
+       {TypeAxis(kUnflattenedTypes),
+        BoolAxis("state_dict_rank0_and_offload", "rank0_only and offload_to_cpu"),
+        ParamSpec::Axis("model", "the seed's fsdp_root: True (Model) or False (FSDPContainer)",
+                        {"model", "container"}),
+        ParamSpec::SizeString("load_into", "the plain model", "local")},
+       UnsupportedBySeed, {{3, {}}}}));
+  registry.Add(MakeRoundTrip(
+      {"state_dict_with_manual_ac_wrapper", "test_state_dict_with_manual_ac_wrapper",
+       "TransformerWithSharedParams with FSDP(checkpoint_wrapper(layer)) by hand (or FSDP(layer)) "
+       "and FSDP(transformer) under a plain root: keys and round trip",
+       "transformer_manual",
+       {TypeAxis(kUnflattenedTypes),
+        BoolAxis("state_dict_rank0_and_offload", "rank0_only and offload_to_cpu"),
+        ParamSpec::Axis("checkpoint_wrap", "both: the seed's model_ac; none: its model_no_ac",
+                        {"both", "none"})},
+       UnsupportedBySeed, {}}));
+  registry.Add(MakeRoundTrip(
       {"local_state_dict_with_empty_ranks", "test_local_state_dict_with_empty_ranks",
        "a 1-element parameter: LOCAL pieces of ranks past the data are empty and round-trip",
        "one_element", {TypeAxis({"local_state_dict"})}, nullptr, {{3, {}}}}));
@@ -1039,7 +1099,11 @@ void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry) {
        "request saves and loads a FULL dict",
        "transformer",
        {TypeAxis({"sharded_state_dict"}),
-        ParamSpec::SizeString("process_group", "each rank its own 1-rank group", "per_rank")},
+        ParamSpec::SizeString("load_into",
+                            "fsdp (the same model wrapped, zeroed) or local (the plain model, "
+                            "zeroed, after the seed's _gather_state_dict)",
+                            "fsdp"),
+      ParamSpec::SizeString("process_group", "each rank its own 1-rank group", "per_rank")},
        nullptr, {{3, {}}}}));
   registry.Add(Rank0OffloadSaveLoadFlow());
   registry.Add(StateDictSaveLoadFlow());
