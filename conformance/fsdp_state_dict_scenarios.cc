@@ -123,18 +123,23 @@ struct RoundTripCase {
     return {use_orig_params, cpu_offload, mixed_precision, checkpoint, false};
   }
   // The config `_get_state_dict_mgr` builds from state_dict_rank0_and_offload.
-  fsdp1::StateDictConfig Config() const {
-    switch (type) {
-      case fsdp1::StateDictType::kFullStateDict:
-        return fsdp1::FullStateDictConfig{rank0_and_offload, rank0_and_offload};
-      case fsdp1::StateDictType::kLocalStateDict:
-        return fsdp1::LocalStateDictConfig{rank0_and_offload};
-      case fsdp1::StateDictType::kShardedStateDict:
-        return fsdp1::ShardedStateDictConfig{rank0_and_offload, false};
-    }
-    return fsdp1::FullStateDictConfig{};
-  }
+  fsdp1::StateDictConfig Config() const;
 };
+
+// The config `_get_state_dict_mgr` builds from state_dict_rank0_and_offload.
+fsdp1::StateDictConfig ConfigFor(fsdp1::StateDictType type, bool rank0_and_offload) {
+  switch (type) {
+    case fsdp1::StateDictType::kFullStateDict:
+      return fsdp1::FullStateDictConfig{rank0_and_offload, rank0_and_offload};
+    case fsdp1::StateDictType::kLocalStateDict:
+      return fsdp1::LocalStateDictConfig{rank0_and_offload};
+    case fsdp1::StateDictType::kShardedStateDict:
+      return fsdp1::ShardedStateDictConfig{rank0_and_offload, false};
+  }
+  return fsdp1::FullStateDictConfig{};
+}
+
+fsdp1::StateDictConfig RoundTripCase::Config() const { return ConfigFor(type, rank0_and_offload); }
 
 // Runner-owned inputs: the plain model's state dict, parameters drawn from generator `seed`.
 CaseInputs StateDictInputs(const CaseParams& params, int world) {
@@ -1009,6 +1014,126 @@ Scenario StateDictSaveLoadFlow() {
   return s;
 }
 
+
+// test_save_and_load_after_forward_state_dict: the simple nested model (float16 mixed
+// precision or not) trained 6 SGD steps (lr 0.1) on the rank's runner-owned [10] inputs; its
+// state dict saved (values float32 whatever the mixed precision), the model zeroed, the dict
+// loaded back: the parameters are the trained ones again.
+constexpr int64_t kAfterForwardSteps = 6;
+
+CaseInputs AfterForwardInputs(const CaseParams& params, int world) {
+  CaseInputs inputs = StateDictInputs(params, world);
+  for (int r = 0; r < world; ++r) {
+    Generator gen(static_cast<uint64_t>(params.GetInt("seed")) * 1000003 + 211 + static_cast<uint64_t>(r));
+    for (int64_t k = 0; k < kAfterForwardSteps; ++k) {
+      inputs.ranks[static_cast<size_t>(r)].emplace_back(StepInputName(k),
+                                                        Tensor::randn({10}, DType::kFloat32, &gen));
+    }
+  }
+  return inputs;
+}
+
+Scenario SaveAndLoadAfterForward() {
+  Scenario s;
+  s.info.name = "fsdp_state_dict/save_and_load_after_forward_state_dict";
+  s.info.description =
+      "the nested model trained 6 SGD steps (float16 mixed precision or not), saved (float32 "
+      "values), zeroed and loaded back: the trained parameters return";
+  s.info.seed_test = std::string(kSeed001) + "test_save_and_load_after_forward_state_dict";
+  s.info.params = {TypeAxis(kAllTypes),
+                   BoolAxis("mixed_precision", "MixedPrecision(float16 x 3)"),
+                   BoolAxis("state_dict_rank0_and_offload", "rank0_only and offload_to_cpu"),
+                   ParamSpec::SizeString("model", "the seed's model", "simple_nested"),
+                   ParamSpec::SizeInt("seed", "seed of the weights and inputs", 0)};
+  s.info.observations.Add(ObservationKey::StringList(
+      "loss_dtypes", "every training step's loss dtype (float16 under mixed precision)"));
+  s.info.observations.Add(ObservationKey::Custom(
+      "saved_dtypes", {{"type", "object"}, {"additionalProperties", {{"type", "string"}}}},
+      "the saved state dict's value dtypes by key"));
+  s.info.observations.AddTensors({"trained/{fqn}", "float32", "the parameter's full shape",
+                                  "the parameters after training (summon_full_params)"});
+  s.info.observations.AddTensors({"loaded/{fqn}", "float32", "the parameter's full shape",
+                                  "the parameters after zeroing and loading the saved dict"});
+  s.info.inputs = StateDictInputsDoc();
+  s.info.inputs.rank_tensors = {{"step{k}/input", "float32", "[10]", "the rank's input of step k"}};
+  s.info.default_world = 2;
+  s.info.min_world = 1;
+  s.info.max_world = 8;
+  s.info.requirements.devices = {DeviceType::kCPU};
+  s.excluded = [](const CaseParams& p, int) -> std::optional<std::string> {
+    if (p.GetBool("state_dict_rank0_and_offload") && p.GetString("state_dict_type") != "state_dict") {
+      return "state_dict_rank0_and_offload is only supported with state_dict (the seed skips it)";
+    }
+    return std::nullopt;
+  };
+  s.inputs = AfterForwardInputs;
+  s.run_rank = [](RankEnv& env) {
+    const std::string model = env.params.GetString("model");
+    const fsdp1::StateDictType type = ParseStateDictType(env.params.GetString("state_dict_type"));
+    const bool rank0 = env.params.GetBool("state_dict_rank0_and_offload");
+    nn::ModulePtr plain = BuildPlainStateDictModel(model);
+    plain->load_state_dict(env.Inputs().weights());
+    const nn::StateDict plain_sd = plain->state_dict();
+    StateDictModelOptions options;
+    options.mixed_precision = env.params.GetBool("mixed_precision");
+    nn::ModulePtr fsdp_model = WrapStateDictModel(model, plain, env.pg, options);
+    optim::SGD optimizer(fsdp_model->parameters(), optim::SGDOptions{.lr = 0.1});
+    nlohmann::json obs{{"loss_dtypes", nlohmann::json::array()},
+                       {"saved_dtypes", nlohmann::json::object()},
+                       {kTensors, nlohmann::json::object()}};
+    for (int64_t k = 0; k < kAfterForwardSteps; ++k) {
+      const Tensor in = env.Inputs().Get(StepInputName(k)).to(env.device);
+      Tensor loss = fsdp::sum((*fsdp_model)(nn::Value(in)).tensor());
+      obs["loss_dtypes"].push_back(DTypeName(loss.dtype()));
+      loss.backward();
+      optimizer.step();
+    }
+    ReportFullState(fsdp_model, plain_sd, "trained/", obs);
+    nn::StateDict saved;
+    {
+      fsdp1::StateDictTypeScope scope(fsdp_model, type, ConfigFor(type, rank0));
+      const nn::StateDict sd = fsdp_model->state_dict();
+      saved = sd;
+      for (auto& [key, value] : saved) value = value.clone();
+    }
+    for (const auto& [key, value] : saved) obs["saved_dtypes"][key] = DTypeName(value.dtype());
+    ZeroModel(fsdp_model);
+    if (rank0 && type == fsdp1::StateDictType::kFullStateDict && env.world > 1) {
+      saved = BroadcastStateDict(saved, plain_sd, env.group());
+    }
+    {
+      fsdp1::StateDictTypeScope scope(fsdp_model, type);
+      fsdp_model->load_state_dict(saved, /*strict=*/true);
+    }
+    ReportFullState(fsdp_model, plain_sd, "loaded/", obs);
+    return obs;
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const std::string loss_dtype = p.GetBool("mixed_precision") ? "float16" : "float32";
+    const CaseInputs inputs = AfterForwardInputs(p, world);
+    for (int r = 0; r < world; ++r) {
+      const std::string who = RankName(r);
+      checks.CheckEqual(who + " loss dtypes",
+                        std::vector<std::string>(kAfterForwardSteps, loss_dtype),
+                        RankObservation(per_rank, r, "loss_dtypes"));
+      for (const auto& [key, dtype] : RankObservation(per_rank, r, "saved_dtypes").items()) {
+        checks.CheckEqual(who + " saved " + key + " dtype", "float32", dtype);
+      }
+      const reference::RefTensorMap trained = MapFromObservations(per_rank, r, "trained/");
+      const reference::RefTensorMap loaded = MapFromObservations(per_rank, r, "loaded/");
+      CheckMapsClose(checks, who + " loaded parameters vs trained", trained, loaded,
+                     Tolerance{0, 0});
+      for (const auto& [key, w] : inputs.weights) {
+        const auto it = trained.find(key);
+        checks.CheckTrue(who + " " + key + " trained",
+                         it != trained.end() && it->second.data != w.to_doubles());
+      }
+    }
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry) {
@@ -1107,6 +1232,7 @@ void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry) {
        nullptr, {{3, {}}}}));
   registry.Add(Rank0OffloadSaveLoadFlow());
   registry.Add(StateDictSaveLoadFlow());
+  registry.Add(SaveAndLoadAfterForward());
   registry.Add(LocalStateDictReshard());
   registry.Add(WrongStateDictConfig());
   registry.Add(StateDictTypeScopeScenario());
