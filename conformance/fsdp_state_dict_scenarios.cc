@@ -21,9 +21,13 @@
 // Values are exact copies (float32 even under float16 mixed precision); after the load the
 // model holds exactly the weights.
 //
-// Three scenarios report API outcomes instead: wrong_state_dict_config (the error text),
-// state_dict_type (every instance's type inside and after the scope) and
-// full_state_dict_missing_unexpected_keys_cleaned (strict=False's key lists).
+// The other scenarios have bodies of their own: wrong_state_dict_config (the error text),
+// state_dict_type (every instance's type inside and after the scope),
+// full_state_dict_missing_unexpected_keys_cleaned (strict=False's key lists),
+// state_dict_rank0_offload_save_load_flow (sync_module_states), local_state_dict_reshard
+// (world -> 2 ranks), state_dict_save_load_flow (against DistributedDataParallel),
+// save_and_load_after_forward_state_dict (after training) and
+// state_dict_with_ignored_modules (uncopied ignored tensors and buffers).
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -48,6 +52,7 @@
 #include "engine/fsdp1/state_dict_type.h"
 #include "engine/fsdp1/unshard_params.h"
 #include "engine/functional/functional.h"
+#include "engine/nn/checkpoint.h"
 #include "engine/nn/init.h"
 #include "engine/optim/sgd.h"
 #include "engine/serialization/safetensors.h"
@@ -1134,6 +1139,158 @@ Scenario SaveAndLoadAfterForward() {
   return s;
 }
 
+
+// test_state_dict_with_ignored_modules: the seed's Model, inner = FSDP(inner) (itself ignored
+// with ignore_inner, float16 mixed precision or not), the root FSDP(model,
+// ignored_modules=[outer]). The state dict (under an optional "foo." prefix) holds the
+// ignored parameters and every buffer without copying them (same data as the live tensors,
+// again on a second call), buffers in float32 (ignored ones never cast), and loads into the
+// plain model (prefix stripped) as the weights.
+Scenario StateDictWithIgnoredModules() {
+  Scenario s;
+  s.info.name = "fsdp_state_dict/state_dict_with_ignored_modules";
+  s.info.description =
+      "ignored modules' parameters and the buffers are saved uncopied (float32), under an "
+      "optional prefix, and load into the plain model";
+  s.info.seed_test = std::string(kSeed001) + "test_state_dict_with_ignored_modules";
+  s.info.params = {TypeAxis(kUnflattenedTypes),
+                   BoolAxis("prefix", "state_dict(prefix=\"foo.\") or no prefix"),
+                   BoolAxis("ignore_inner", "inner's FSDP ignores inner itself"),
+                   BoolAxis("mixed_precision", "MixedPrecision(float16 x 3)"),
+                   ParamSpec::SizeString("model", "the seed's model", "model"),
+                   ParamSpec::SizeInt("seed", "seed of the weights", 0)};
+  s.info.observations.Add(ObservationKey::StringList("saved_keys", "the state dict's keys"));
+  s.info.observations.Add(ObservationKey::Custom(
+      "uncopied", {{"type", "object"}, {"additionalProperties", {{"type", "boolean"}}}},
+      "for each ignored parameter and each buffer (by FQN): whether the saved value shares the "
+      "live tensor's data, in the first and (\"<fqn>@again\") a second state_dict() call; "
+      "buffers under float16 buffer mixed precision of a non-ignored module are left out (saved "
+      "as a float32 copy)"));
+  s.info.observations.Add(ObservationKey::Custom(
+      "buffer_dtypes", {{"type", "object"}, {"additionalProperties", {{"type", "string"}}}},
+      "the saved buffers' dtypes by FQN"));
+  s.info.observations.AddTensors({"loaded/{fqn}", "float32", "the entry's shape",
+                                  "the plain model after loading the saved dict (prefix "
+                                  "stripped, sharded entries gathered)"});
+  s.info.inputs = StateDictInputsDoc();
+  s.info.default_world = 2;
+  s.info.min_world = 1;
+  s.info.max_world = 8;
+  s.info.requirements.devices = {DeviceType::kCPU};
+  s.info.test_runs = {{3, {{"mixed_precision", "True"}}}};
+  s.inputs = StateDictInputs;
+  s.run_rank = [](RankEnv& env) {
+    const fsdp1::StateDictType type = ParseStateDictType(env.params.GetString("state_dict_type"));
+    const std::string prefix = env.params.GetBool("prefix") ? "foo." : "";
+    const bool ignore_inner = env.params.GetBool("ignore_inner");
+    const bool mixed_precision = env.params.GetBool("mixed_precision");
+    nn::ModulePtr plain = BuildPlainStateDictModel("model");
+    plain->load_state_dict(env.Inputs().weights());
+    fsdp1::FullyShardedDataParallelOptions options;
+    options.process_group = env.pg;
+    if (mixed_precision) {
+      options.mixed_precision.param_dtype = DType::kFloat16;
+      options.mixed_precision.reduce_dtype = DType::kFloat16;
+      options.mixed_precision.buffer_dtype = DType::kFloat16;
+    }
+    nn::ModulePtr inner = plain->child("inner");
+    nn::ModulePtr outer = plain->child("outer");
+    fsdp1::FullyShardedDataParallelOptions inner_options = options;
+    if (ignore_inner) inner_options.ignored_modules = {inner};
+    plain->register_module("inner", std::make_shared<fsdp1::FullyShardedDataParallel>(inner, inner_options));
+    fsdp1::FullyShardedDataParallelOptions root_options = options;
+    root_options.ignored_modules = {outer};
+    auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(plain, root_options);
+    // The live tensors whose saved values must not be copies.
+    std::vector<std::pair<std::string, Tensor>> live = {{"outer.weight", outer->parameter("weight")},
+                                                        {"outer.bias", outer->parameter("bias")}};
+    if (ignore_inner) {
+      live.emplace_back("inner.weight", inner->parameter("weight"));
+      live.emplace_back("inner.bias", inner->parameter("bias"));
+    }
+    fsdp_model->check_is_root();  // lazy init casts the buffers
+    if (!mixed_precision || ignore_inner) live.emplace_back("inner.buffer", inner->buffer("buffer"));
+    live.emplace_back("outer.buffer", outer->buffer("buffer"));
+    const auto save = [&] {
+      fsdp1::StateDictTypeScope scope(fsdp_model, type);
+      return fsdp_model->state_dict(prefix);
+    };
+    const nn::StateDict sd1 = save();
+    nlohmann::json obs{{"saved_keys", sd1.keys()},
+                       {"uncopied", nlohmann::json::object()},
+                       {"buffer_dtypes", nlohmann::json::object()},
+                       {kTensors, nlohmann::json::object()}};
+    for (const char* b : {"inner.buffer", "outer.buffer"}) {
+      if (const Tensor* t = sd1.find(prefix + b)) obs["buffer_dtypes"][b] = DTypeName(t->dtype());
+    }
+    const nn::StateDict sd2 = save();
+    for (const auto& [name, tensor] : live) {
+      const Tensor* first = sd1.find(prefix + name);
+      const Tensor* again = sd2.find(prefix + name);
+      obs["uncopied"][name] = first != nullptr && first->data_ptr() == tensor.data_ptr();
+      obs["uncopied"][name + "@again"] = again != nullptr && again->data_ptr() == tensor.data_ptr();
+    }
+    nn::StateDict to_load = env.pg ? GatherStateDict(sd1, *env.pg) : sd1;
+    if (!prefix.empty()) nn::ReplaceByPrefix(to_load, prefix, "");
+    nn::ModulePtr nonwrapped = BuildPlainStateDictModel("model");
+    {
+      autograd::NoGradGuard no_grad;
+      for (Tensor t : nonwrapped->parameters()) t.zero_();
+    }
+    nonwrapped->load_state_dict(to_load, /*strict=*/true);
+    for (const auto& [key, value] : nonwrapped->state_dict()) {
+      obs[kTensors][kLoaded + key] = TensorToJson(value);
+    }
+    return obs;
+  };
+  s.expect = [](const CaseParams& p, int world) {
+    const std::string prefix = p.GetBool("prefix") ? "foo." : "";
+    const bool ignore_inner = p.GetBool("ignore_inner");
+    const bool mixed_precision = p.GetBool("mixed_precision");
+    const nn::StateDict plain = BuildPlainStateDictModel("model")->state_dict();
+    nlohmann::json e{{"saved_keys", nlohmann::json::array()},
+                     {"uncopied", nlohmann::json::object()},
+                     {"buffer_dtypes", {{"inner.buffer", "float32"}, {"outer.buffer", "float32"}}},
+                     {kTensors, WeightsJson(p, world, kLoaded)}};
+    for (const std::string& key : plain.keys()) e["saved_keys"].push_back(prefix + key);
+    if (mixed_precision && !ignore_inner) {
+      // inner's buffer lives in float16 after lazy init: the saved float32 value is its
+      // rounding.
+      for (const auto& [key, t] : StateDictInputs(p, world).weights) {
+        if (key == "inner.buffer") {
+          e[kTensors][kLoaded + key] = TensorToJson(t.to(DType::kFloat16).to(DType::kFloat32));
+        }
+      }
+    }
+    std::vector<std::string> uncopied = {"outer.weight", "outer.bias"};
+    if (ignore_inner) {
+      uncopied.push_back("inner.weight");
+      uncopied.push_back("inner.bias");
+    }
+    if (!mixed_precision || ignore_inner) uncopied.push_back("inner.buffer");
+    uncopied.push_back("outer.buffer");
+    for (const std::string& name : uncopied) {
+      e["uncopied"][name] = true;
+      e["uncopied"][name + "@again"] = true;
+    }
+    return std::vector<nlohmann::json>(static_cast<size_t>(world), e);
+  };
+  s.judge = [expect = s.expect](const CaseParams& p, int world,
+                                const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
+    const std::vector<nlohmann::json> want = expect(p, world);
+    for (int r = 0; r < world; ++r) {
+      const nlohmann::json& e = want[static_cast<size_t>(r)];
+      checks.CheckEqual(RankName(r) + " saved keys (as a set)",
+                        Sorted(e["saved_keys"].get<std::vector<std::string>>()),
+                        Sorted(RankObservation(per_rank, r, "saved_keys").get<std::vector<std::string>>()));
+      CheckRankEqual(checks, per_rank, r, {"uncopied", "values not copied", e["uncopied"]});
+      CheckRankEqual(checks, per_rank, r, {"buffer_dtypes", "buffer dtypes", e["buffer_dtypes"]});
+      CheckRankTensorsExact(checks, per_rank, r, e[kTensors]);
+    }
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry) {
@@ -1233,6 +1390,7 @@ void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry) {
   registry.Add(Rank0OffloadSaveLoadFlow());
   registry.Add(StateDictSaveLoadFlow());
   registry.Add(SaveAndLoadAfterForward());
+  registry.Add(StateDictWithIgnoredModules());
   registry.Add(LocalStateDictReshard());
   registry.Add(WrongStateDictConfig());
   registry.Add(StateDictTypeScopeScenario());
