@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/autograd/grad_mode.h"
+#include "engine/distributed/device_mesh.h"
 #include "engine/fsdp/shard_layout.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
 #include "engine/fsdp1/runtime_utils.h"
@@ -317,6 +318,36 @@ TEST(Fsdp1StateDict, LocalLoadRejectsAPieceOfAnotherWorld) {
     } catch (const Error& e) {
       EXPECT_NE(e.message().find("'_flat_param'"), std::string::npos) << e.message();
       EXPECT_NE(e.message().find("50 elements"), std::string::npos) << e.message();
+    }
+  });
+  ASSERT_TRUE(results.all_ok()) << results.summary();
+}
+
+// Given a device mesh, SHARDED saves DTensor-style pieces (use_dtensor set, the same values)
+// and LOCAL is refused with PyTorch's message.
+TEST(Fsdp1StateDict, DeviceMeshMeansDtensorPiecesAndNoLocal) {
+  auto results = RunRanks(2, [](RankEnv& env) {
+    auto model = std::make_shared<nn::Linear>(5, 3, false);
+    const Tensor weight = model->parameter("weight").detach().clone();
+    FullyShardedDataParallelOptions options;
+    options.device_mesh = distributed::DeviceMesh::Init(env.pg, "cpu", {2}, {"shard"});
+    auto fsdp_model = std::make_shared<FullyShardedDataParallel>(model, options);
+    {
+      StateDictTypeScope scope(fsdp_model, StateDictType::kShardedStateDict);
+      const nn::StateDict sd = fsdp_model->state_dict();
+      EXPECT_TRUE(std::get<fsdp1::ShardedStateDictConfig>(fsdp_model->state_dict_config).use_dtensor);
+      const fsdp2::ShardInfo info = fsdp2::ComputeShardInfo(weight.sizes(), env.rank, 2);
+      EXPECT_EQ(sd.at("weight").to_doubles(),
+                weight.narrow(0, info.row_begin, info.rows).to_doubles());
+    }
+    StateDictTypeScope scope(fsdp_model, StateDictType::kLocalStateDict);
+    try {
+      fsdp_model->state_dict();
+      ADD_FAILURE() << "LOCAL_STATE_DICT with a device mesh was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(e.message().find("DeviceMesh is not compatible with LOCAL_STATE_DICT"),
+                std::string::npos)
+          << e.message();
     }
   });
   ASSERT_TRUE(results.all_ok()) << results.summary();

@@ -28,6 +28,19 @@ StateDictSettings EffectiveSettings(const FullyShardedDataParallel& state) {
   return StateDictSettings{state.state_dict_type, state.state_dict_config};
 }
 
+// `_set_use_dtensor`: an instance built with a device mesh saves and loads SHARDED pieces as
+// DTensors (ShardedStateDictConfig::use_dtensor) and refuses LOCAL_STATE_DICT.
+void SetUseDtensor(FullyShardedDataParallel& state) {
+  if (!state.device_mesh || state.sharding_strategy == ShardingStrategy::kNoShard) return;
+  FSDP_CHECK(state.state_dict_type != StateDictType::kLocalStateDict,
+             "Found state_dict_type LOCAL_STATE_DICT. DeviceMesh is not compatible with "
+             "LOCAL_STATE_DICT. Please set state_dict_type to SHARDED_STATE_DICT to get DTensor "
+             "state_dict. (", DescribeInstance(state), ")");
+  if (auto* config = std::get_if<ShardedStateDictConfig>(&state.state_dict_config)) {
+    config->use_dtensor = true;
+  }
+}
+
 // The clean FQNs (relative to the instance) of the parameters its handle manages: each
 // flattened parameter, then each shared registration.
 std::vector<std::string> ManagedParamNames(const FlatParamHandle& handle) {
@@ -56,6 +69,7 @@ void ExitUnshardParamsCtx(FullyShardedDataParallel& state) { state.unshard_param
 void PreStateDictHook(nn::Module& module, const std::string& /*prefix*/, bool /*keep_vars*/) {
   autograd::NoGradGuard no_grad;
   FullyShardedDataParallel& state = StateOf(module);
+  SetUseDtensor(state);
   LazyInit(state);
   const StateDictSettings settings = EffectiveSettings(state);
   switch (settings.state_dict_type) {
@@ -246,6 +260,7 @@ void PreLoadStateDictHook(nn::Module& module, nn::StateDict& sd, const std::stri
                           nn::LoadStateDictState& /*load_state*/) {
   autograd::NoGradGuard no_grad;
   FullyShardedDataParallel& state = StateOf(module);
+  SetUseDtensor(state);
   LazyInit(state);
   nn::ReplaceByPrefix(sd, prefix, prefix + kFsdpPrefix);
   if (!state.handle) return;

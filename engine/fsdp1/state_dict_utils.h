@@ -20,6 +20,8 @@
 //    Not supported with use_orig_params=True (InvalidArgument).
 //  * NO_SHARD instances (and every instance at a world size of 1) use FULL_STATE_DICT with the
 //    default config whatever the type, as PyTorch does.
+//  * An instance built with a device mesh sets ShardedStateDictConfig::use_dtensor and refuses
+//    LOCAL_STATE_DICT (`_set_use_dtensor`).
 // Every load post-hook removes the wrapper prefixes from the reported missing and unexpected
 // keys.
 //
