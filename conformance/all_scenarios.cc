@@ -19,6 +19,7 @@ void RegisterFsdpGradAccScenarios(ScenarioRegistry& registry);
 void RegisterParityFsdp1Scenarios(ScenarioRegistry& registry);
 void RegisterFullyShardStateDictScenarios(ScenarioRegistry& registry);
 void RegisterCheckpointScenarios(ScenarioRegistry& registry);
+void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -33,6 +34,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterParityFsdp1Scenarios(registry);
   RegisterFullyShardStateDictScenarios(registry);
   RegisterCheckpointScenarios(registry);
+  RegisterFsdpStateDictScenarios(registry);
 }
 
 }  // namespace fsdp::conformance

@@ -21,6 +21,7 @@
 #   fsdp1       -> core, ops, autograd, functional, nn, optim, distributed, fsdp
 #   checkpoint  -> core, ops, autograd, functional, nn, optim, distributed, serialization,
 #                  fsdp                      (get/set_model_state_dict, checkpoint save/load)
+#   ddp         -> core, ops, autograd, functional, nn, optim, distributed
 #   testing     -> anything in engine/      (test-only helpers, library fsdp_testing)
 #
 # (every layer may include itself). Engine tests (*_test.cc) may include any of engine/ and
@@ -53,7 +54,8 @@ declare -A allowed=(
   [fsdp]="core ops autograd functional nn optim distributed"
   [fsdp1]="core ops autograd functional nn optim distributed fsdp"
   [checkpoint]="core ops autograd functional nn optim distributed serialization fsdp"
-  [testing]="core ops autograd functional nn optim distributed serialization fsdp fsdp1 checkpoint"
+  [ddp]="core ops autograd functional nn optim distributed"
+  [testing]="core ops autograd functional nn optim distributed serialization fsdp fsdp1 checkpoint ddp"
 )
 
 violation() {  # violation FILE:LINE INCLUDE RULE

@@ -23,6 +23,7 @@
 #include "engine/fsdp1/api.h"
 #include "engine/fsdp1/exec_order.h"
 #include "engine/fsdp1/flat_param.h"
+#include "engine/fsdp1/state_dict_type.h"
 #include "engine/fsdp1/training_state.h"
 
 namespace fsdp::nn {
@@ -32,6 +33,7 @@ class Module;
 namespace fsdp::fsdp1 {
 
 class FullyShardedDataParallel;
+class SummonFullParams;
 
 struct FsdpState {
   // ---- Process groups (`_init_process_group_state`) ----
@@ -75,6 +77,14 @@ struct FsdpState {
   std::shared_ptr<FlatParamHandle> handle;
   // This instance's clean FQN from the lazy-init root ("" for the root; events, comm counts).
   std::string fqn;
+
+  // ---- State dicts (`_state_dict_type`, `_state_dict_config`, `_unshard_params_ctx`;
+  // state_dict_type.h, state_dict_utils.h) ----
+  StateDictType state_dict_type = StateDictType::kFullStateDict;
+  StateDictConfig state_dict_config = FullStateDictConfig{};
+  // The unshard scope a FULL / SHARDED state-dict hook opened for this instance, closed by the
+  // matching post-hook (shared_ptr: SummonFullParams is incomplete here).
+  std::shared_ptr<SummonFullParams> unshard_params_ctx;
 };
 
 }  // namespace fsdp::fsdp1

@@ -8,6 +8,7 @@
 #include "engine/core/error.h"
 #include "engine/fsdp1/init_utils.h"
 #include "engine/fsdp1/runtime_utils.h"
+#include "engine/fsdp1/state_dict_utils.h"
 #include "engine/fsdp1/wrap.h"
 #include "engine/nn/checkpoint.h"
 #include "engine/ops/elementwise.h"
@@ -93,6 +94,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::ModulePtr module,
                                        handle->flat_param().requires_grad());
   }
   module->set_attachment(kWrappedAttachment, std::make_shared<bool>(true));
+  RegisterAllStateDictHooks(*this);
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {

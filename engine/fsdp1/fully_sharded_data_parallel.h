@@ -29,12 +29,10 @@
 // (wrap children first, then the parent). The first instance to run forward becomes the root
 // and lazily initializes the whole tree.
 //
-// Design for the next steps: state dicts (FULL / SHARDED / LOCAL) need the flat parameter
-// (handle->flat_param(), `_flat_param` keys), its shard metadata (FlatParamHandle::
-// shard_metadata), summon_full_params (unshard_params.h) and the recorded buffer dtypes
-// (FsdpState::buffer_name_to_orig_dtype); they hook in through nn::Module's state-dict hooks
-// on this module. A tensor-parallel (DTensor) extension hooks in where the handle flattens and
-// unflattens parameters (FlatParamHandle's construction and get_unflat_views).
+// State dicts: the constructor registers the FULL / SHARDED / LOCAL state-dict hooks
+// (state_dict_utils.h); the type and config come from StateDictTypeScope / SetStateDictType
+// (state_dict_type.h). A tensor-parallel (DTensor) extension hooks in where the handle
+// flattens and unflattens parameters (FlatParamHandle's construction and get_unflat_views).
 //
 // Ownership: shared (std::shared_ptr, like any module); owns its child, its FsdpState and its
 // handle. Thread-safety: a rank's module tree is used by its thread only.

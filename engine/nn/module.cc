@@ -753,7 +753,9 @@ void Module::load_recursive(StateDict& local_state_dict, const std::string& pref
     for (const auto& [key, value] : local_state_dict) {
       if (!StartsWith(key, child_prefix)) continue;
       child_state_dict.insert(key, value);
-      if (const ShardedEntry* e = local_state_dict.sharding(key)) child_state_dict.sharded.insert(key, *e);
+      if (const ShardedEntry* sharding = local_state_dict.sharding(key)) {
+        child_state_dict.sharded.insert(key, *sharding);
+      }
     }
     child->load_recursive(child_state_dict, child_prefix, full, state);
   }
