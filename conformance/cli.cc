@@ -11,18 +11,18 @@
 #include "conformance/driver_protocol.h"
 #include "conformance/interrupt.h"
 #include "conformance/offline_case.h"
-#include "conformance/schema_doc.h"
 #include "conformance/report.h"
-#include "engine/fsdp/semantics.h"
 #include "conformance/runner.h"
+#include "conformance/schema_doc.h"
 #include "engine/core/error.h"
+#include "engine/fsdp/semantics.h"
 #include "engine/serialization/atomic_file.h"
 
 namespace fsdp::conformance {
 
 namespace {
 
-constexpr const char *kUsage = R"(usage: fsdp-conform <command> [arguments]
+constexpr const char* kUsage = R"(usage: fsdp-conform <command> [arguments]
 
 Runs the FSDP conformance scenarios (mirrors of PyTorch's FSDP tests) against an engine.
 
@@ -353,10 +353,10 @@ int CheckCommand(const std::vector<std::string>& args, const Catalog& catalog, s
 
 int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& out,
         std::ostream& err) {
-  FlagParser flags("run",
-                   {"--backend", "--world", "--json", "--timeout", "--subject",
-                    "--driver", "--semantics"},
-                   {"--param"}, {"--no-check-collectives"});
+  FlagParser flags(
+      "run",
+      {"--backend", "--world", "--json", "--timeout", "--subject", "--driver", "--semantics"},
+      {"--param"}, {"--no-check-collectives"});
   flags.Parse(args, 1);
   RunOptions options;
   options.check_collectives = !flags.Has("--no-check-collectives");

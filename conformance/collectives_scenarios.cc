@@ -490,10 +490,9 @@ Scenario Broadcast() {
       "unchanged",
       "test_multi_threaded_pg.py::TestCollectivesWithBaseClass::test_broadcast",
       {DTypeAxis(), AsyncAxis(),
-       ParamSpec::SizeInt(
-           "root",
-           "source rank; negative counts from the end (-1: the last rank)", -1,
-           /*minimum=*/std::nullopt),
+       ParamSpec::SizeInt("root", "source rank; negative counts from the end (-1: the last rank)",
+                          -1,
+                          /*minimum=*/std::nullopt),
        CountSize("elements", 7)});
   s.info.observations.Add(WorkKey(/*can_fail=*/false))
       .AddTensors({"tensor", "the case's dtype", "[count]",
@@ -628,15 +627,14 @@ int LateRank(int round, int world) { return (world - 1 + round) % world; }
 
 Scenario Barrier() {
   Scenario s;
-  s.info = CollectiveInfo(
-      "barrier",
-      "barrier: in each round one rank enters delay_ms late (the last rank, "
-      "then rank 0, "
-      "...), and no rank leaves before the last one entered (steady-clock "
-      "times, one host)",
-      "distributed_test.py::_DistTestBase::test_barrier",
-      {ParamSpec::SizeInt("rounds", "barriers in a row", 3, /*minimum=*/1),
-       ParamSpec::SizeInt("delay_ms", "how late the late rank enters", 20)});
+  s.info = CollectiveInfo("barrier",
+                          "barrier: in each round one rank enters delay_ms late (the last rank, "
+                          "then rank 0, "
+                          "...), and no rank leaves before the last one entered (steady-clock "
+                          "times, one host)",
+                          "distributed_test.py::_DistTestBase::test_barrier",
+                          {ParamSpec::SizeInt("rounds", "barriers in a row", 3, /*minimum=*/1),
+                           ParamSpec::SizeInt("delay_ms", "how late the late rank enters", 20)});
   s.info.observations
       .Add(ObservationKey::IntegerList(
           "enter_ns", "per round, in order: the steady clock (CLOCK_MONOTONIC, ns) right before "

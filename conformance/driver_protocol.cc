@@ -96,9 +96,9 @@ RankOutcome ReadRankResult(const std::string& result_path, const std::string& te
       return RankOutcome::Failed(ErrorCode::kDataLoss,
                                  who + " wrote unreadable JSON to " + result_path + ": " + e.what(), 0);
     } catch (const Error& e) {
-      return RankOutcome::Failed(ErrorCode::kDataLoss,
-                                 who + " wrote unacceptable JSON to " + result_path + ": " +
-                                     e.message(), 0);
+      return RankOutcome::Failed(
+          ErrorCode::kDataLoss,
+          who + " wrote unacceptable JSON to " + result_path + ": " + e.message(), 0);
     }
     RankOutcome outcome = ParseResult(result, who + " result " + result_path);
     if (outcome.status == RankOutcome::Status::kOk && !tensors_path.empty() &&
@@ -242,12 +242,12 @@ nlohmann::json ResultJson(const RankOutcome& outcome) {
 nlohmann::json ParseBoundedJson(const std::string& text) {
   // The callback sees every value's depth as it is parsed: a document nested deeper than the
   // limit is refused before it is built (and before anything recurses over it).
-  const nlohmann::json::parser_callback_t limit_depth =
-      [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-        FSDP_CHECK_CODE(ErrorCode::kDataLoss, depth <= kMaxResultJsonDepth,
-                        "nesting deeper than ", kMaxResultJsonDepth, " levels");
-        return true;
-      };
+  const nlohmann::json::parser_callback_t limit_depth = [](int depth, nlohmann::json::parse_event_t,
+                                                           nlohmann::json&) {
+    FSDP_CHECK_CODE(ErrorCode::kDataLoss, depth <= kMaxResultJsonDepth, "nesting deeper than ",
+                    kMaxResultJsonDepth, " levels");
+    return true;
+  };
   return nlohmann::json::parse(text, limit_depth);
 }
 
@@ -353,7 +353,7 @@ int RunWorker(const std::vector<std::string>& args, const Catalog& catalog, std:
       spec.device = env.device;
       // The runner sets FSDP_CHECK_COLLECTIVES for its ranks (on unless
       // --no-check-collectives).
-      const char *check = std::getenv("FSDP_CHECK_COLLECTIVES");
+      const char* check = std::getenv("FSDP_CHECK_COLLECTIVES");
       spec.check_collectives = check == nullptr || std::string(check) != "0";
       env.pg = backend.process_group(spec);
       FSDP_CHECK_CODE(ErrorCode::kInternal,

@@ -87,9 +87,9 @@ nlohmann::json ResultJson(const RankOutcome& outcome);
 RankOutcome ParseResult(const nlohmann::json& result, const std::string& who);
 
 // One rank's outcome from the files it wrote: its result JSON at `result_path` (a regular file
-// of at most 64 MiB, nested at most kMaxResultJsonDepth deep) and, when it exists, its tensors file at `tensors_path`, merged into the
-// observations. Errors in the files become a failed outcome (DataLoss naming the file), never
-// an exception.
+// of at most 64 MiB, nested at most kMaxResultJsonDepth deep) and, when it exists, its tensors file
+// at `tensors_path`, merged into the observations. Errors in the files become a failed outcome
+// (DataLoss naming the file), never an exception.
 RankOutcome ReadRankResult(const std::string& result_path, const std::string& tensors_path,
                            const std::string& who);
 

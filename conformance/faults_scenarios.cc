@@ -125,25 +125,22 @@ int FaultyRank(const CaseParams& params, int world) {
 
 // Which world a fault scenario's collectives run on.
 enum class FaultWorldKind {
-  kFaultWorld,    // the threaded fault world with deadline_ms (threaded backend
-                  // only)
-  kAnyWorldGroup, // the fault world on threaded; the rank's world group on
-                  // process backends
+  kFaultWorld,     // the threaded fault world with deadline_ms (threaded backend only)
+  kAnyWorldGroup,  // the fault world on threaded; the rank's world group on process backends
 };
 
-// Runs `body` on a process backend's world group (its collective checker on)
-// and returns the same observations as RunFaultRank.
-nlohmann::json RunOnWorldGroup(RankEnv &env, const FaultBody &body) {
+// Runs `body` on a process backend's world group (its collective checker on) and returns the
+// same observations as RunFaultRank.
+nlohmann::json RunOnWorldGroup(RankEnv& env, const FaultBody& body) {
   Timeline timeline;
   nlohmann::json obs;
   obs["error"] = nullptr;
   obs["error_ns"] = nullptr;
   try {
     body(*env.pg, timeline);
-  } catch (const Error &e) {
+  } catch (const Error& e) {
     obs["error_ns"] = NowNs();
-    obs["error"] = {{"code", ErrorCodeName(e.code())},
-                    {"message", e.message()}};
+    obs["error"] = {{"code", ErrorCodeName(e.code())}, {"message", e.message()}};
   }
   obs["issued_ns"] = OptionalNs(timeline.issued_ns);
   obs["fault_ns"] = OptionalNs(timeline.fault_ns);
@@ -153,12 +150,11 @@ nlohmann::json RunOnWorldGroup(RankEnv &env, const FaultBody &body) {
 // Runs `body` as this rank's function in the case's fault world, as a launcher would, and
 // returns the rank's observations: {"error": {code, message} | null, "issued_ns",
 // "fault_ns", "error_ns"} (times: steady clock, ns; null when not applicable).
-nlohmann::json RunFaultRank(RankEnv &env, const FaultBody &body,
+nlohmann::json RunFaultRank(RankEnv& env, const FaultBody& body,
                             FaultWorldKind kind = FaultWorldKind::kFaultWorld) {
   auto* launch = dynamic_cast<fakes::ThreadedProcessGroup*>(env.pg.get());
   if (launch == nullptr) {
-    if (kind == FaultWorldKind::kAnyWorldGroup)
-      return RunOnWorldGroup(env, body);
+    if (kind == FaultWorldKind::kAnyWorldGroup) return RunOnWorldGroup(env, body);
     SkipCase(
         "this fault scenario needs the threaded backend's fault world (its own "
         "deadline_ms); process backends run only the mismatch scenarios");
@@ -194,14 +190,12 @@ nlohmann::json RunFaultRank(RankEnv &env, const FaultBody &body,
 // ---- Parameters -----------------------------------------------------------------------------
 
 ParamSpec FaultyRankSize() {
-  return ParamSpec::SizeInt(
-      "faulty_rank",
-      "the rank that misbehaves; negative counts from the end (-1: last)", -1,
-      /*minimum=*/std::nullopt);
+  return ParamSpec::SizeInt("faulty_rank",
+                            "the rank that misbehaves; negative counts from the end (-1: last)", -1,
+                            /*minimum=*/std::nullopt);
 }
 ParamSpec DeadlineSize(int64_t ms) {
-  return ParamSpec::SizeInt("deadline_ms",
-                            "collective timeout of the fault world", ms,
+  return ParamSpec::SizeInt("deadline_ms", "collective timeout of the fault world", ms,
                             /*minimum=*/1);
 }
 ParamSpec MaxTimeToErrorSize() {
@@ -249,22 +243,20 @@ ObservationSchema FaultSchema() {
   return schema;
 }
 
-ScenarioInfo FaultInfo(const std::string &name, const std::string &description,
-                       const std::string &seed_test,
-                       std::vector<ParamSpec> params,
+ScenarioInfo FaultInfo(const std::string& name, const std::string& description,
+                       const std::string& seed_test, std::vector<ParamSpec> params,
                        FaultWorldKind kind = FaultWorldKind::kFaultWorld) {
   ScenarioInfo info;
   info.observations = FaultSchema();
   info.name = "faults/" + name;
   info.description =
-      description +
-      (kind == FaultWorldKind::kFaultWorld
-           ? " (threaded backend only: runs on a fault world with deadline_ms "
-             "as "
-             "its collective timeout)"
-           : " (threaded: on a fault world with deadline_ms as its collective "
-             "timeout; process backends: on the world group, found by its "
-             "collective checker)");
+      description + (kind == FaultWorldKind::kFaultWorld
+                         ? " (threaded backend only: runs on a fault world with deadline_ms "
+                           "as "
+                           "its collective timeout)"
+                         : " (threaded: on a fault world with deadline_ms as its collective "
+                           "timeout; process backends: on the world group, found by its "
+                           "collective checker)");
   info.seed_test = seed_test;
   info.params = std::move(params);
   info.default_world = 4;
@@ -367,11 +359,9 @@ Scenario MismatchedOp() {
       "every rank fails, at once",
       "test_pg_wrapper.py::ProcessGroupGlooWrapperTest::test_collectives_op_"
       "mismatch_debug_mode",
-      {ParamSpec::Axis("faulty_op",
-                       "what the faulty rank issues instead of all_reduce",
+      {ParamSpec::Axis("faulty_op", "what the faulty rank issues instead of all_reduce",
                        {"broadcast", "all_gather_into_tensor", "barrier"}),
-       FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(),
-       FaultDelaySize()},
+       FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(), FaultDelaySize()},
       FaultWorldKind::kAnyWorldGroup);
   s.run_rank = [](RankEnv& env) {
     const int faulty = FaultyRank(env.params, env.world);
@@ -380,10 +370,9 @@ Scenario MismatchedOp() {
     const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
     return RunFaultRank(
         env,
-        [&](distributed::ProcessGroup &pg, Timeline &timeline) {
+        [&](distributed::ProcessGroup& pg, Timeline& timeline) {
           pg.barrier();
-          if (env.rank != faulty)
-            return IssueAllReduce(pg, count, timeline);
+          if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
           std::this_thread::sleep_for(delay);
           Tensor t = Tensor::ones({count}, DType::kFloat32);
           timeline.issued_ns = timeline.fault_ns = NowNs();
@@ -405,18 +394,17 @@ Scenario MismatchedOp() {
 
 Scenario MismatchedSize() {
   Scenario s;
-  s.info = FaultInfo(
-      "mismatched_size",
-      "after a barrier every rank issues all_reduce of count elements but the "
-      "faulty rank "
-      "passes count + extra: every rank fails, at once",
-      "test_pg_wrapper.py::ProcessGroupGlooWrapperTest::test_collective_shape_"
-      "mismatch_debug_mode",
-      {FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(),
-       ParamSpec::SizeInt("extra", "elements the faulty rank adds", 1),
-       FaultDelaySize()},
-      FaultWorldKind::kAnyWorldGroup);
-  s.run_rank = [](RankEnv &env) {
+  s.info =
+      FaultInfo("mismatched_size",
+                "after a barrier every rank issues all_reduce of count elements but the "
+                "faulty rank "
+                "passes count + extra: every rank fails, at once",
+                "test_pg_wrapper.py::ProcessGroupGlooWrapperTest::test_collective_shape_"
+                "mismatch_debug_mode",
+                {FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(),
+                 ParamSpec::SizeInt("extra", "elements the faulty rank adds", 1), FaultDelaySize()},
+                FaultWorldKind::kAnyWorldGroup);
+  s.run_rank = [](RankEnv& env) {
     const int faulty = FaultyRank(env.params, env.world);
     const int64_t count = env.params.GetInt("count");
     const int64_t extra = env.params.GetInt("extra");
@@ -425,10 +413,9 @@ Scenario MismatchedSize() {
     const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
     return RunFaultRank(
         env,
-        [&](distributed::ProcessGroup &pg, Timeline &timeline) {
+        [&](distributed::ProcessGroup& pg, Timeline& timeline) {
           pg.barrier();
-          if (env.rank != faulty)
-            return IssueAllReduce(pg, count, timeline);
+          if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
           std::this_thread::sleep_for(delay);
           Tensor t = Tensor::ones({count + extra}, DType::kFloat32);
           timeline.issued_ns = timeline.fault_ns = NowNs();
@@ -436,10 +423,8 @@ Scenario MismatchedSize() {
         },
         FaultWorldKind::kAnyWorldGroup);
   };
-  s.judge = [](const CaseParams &p, int world,
-               const std::vector<nlohmann::json> &per_rank, CheckList &checks) {
-    JudgeMismatch(checks, p, world, per_rank);
-  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) { JudgeMismatch(checks, p, world, per_rank); };
   return s;
 }
 
@@ -449,41 +434,36 @@ Scenario MismatchedSize() {
 // fingerprint check every rank would return wrong data.
 Scenario MismatchedDtypeOrReduceOp() {
   Scenario s;
-  s.info =
-      FaultInfo("mismatched_dtype_or_reduce_op",
-                "after a barrier every rank issues a float32 SUM all_reduce of "
-                "count elements but the "
-                "faulty rank issues, with the same byte count, a float16 "
-                "all_reduce of 2*count elements "
-                "(mismatch=dtype) or a MAX all_reduce (mismatch=reduce_op): "
-                "every rank fails, at once",
-                "the suite's own: test_pg_wrapper.py's mismatch tests with "
-                "equal byte counts, which a "
-                "transport cannot tell apart",
-                {ParamSpec::Axis("mismatch", "what the faulty rank changes",
-                                 {"dtype", "reduce_op"}),
-                 FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(),
-                 CountSize(), FaultDelaySize()},
-                FaultWorldKind::kAnyWorldGroup);
-  s.run_rank = [](RankEnv &env) {
+  s.info = FaultInfo(
+      "mismatched_dtype_or_reduce_op",
+      "after a barrier every rank issues a float32 SUM all_reduce of "
+      "count elements but the "
+      "faulty rank issues, with the same byte count, a float16 "
+      "all_reduce of 2*count elements "
+      "(mismatch=dtype) or a MAX all_reduce (mismatch=reduce_op): "
+      "every rank fails, at once",
+      "the suite's own: test_pg_wrapper.py's mismatch tests with "
+      "equal byte counts, which a "
+      "transport cannot tell apart",
+      {ParamSpec::Axis("mismatch", "what the faulty rank changes", {"dtype", "reduce_op"}),
+       FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(), FaultDelaySize()},
+      FaultWorldKind::kAnyWorldGroup);
+  s.run_rank = [](RankEnv& env) {
     const int faulty = FaultyRank(env.params, env.world);
     const std::string mismatch = env.params.GetString("mismatch");
     const int64_t count = env.params.GetInt("count");
-    const auto delay =
-        std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
+    const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
     return RunFaultRank(
         env,
-        [&](distributed::ProcessGroup &pg, Timeline &timeline) {
+        [&](distributed::ProcessGroup& pg, Timeline& timeline) {
           pg.barrier();
-          if (env.rank != faulty)
-            return IssueAllReduce(pg, count, timeline);
+          if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
           std::this_thread::sleep_for(delay);
           const bool dtype = mismatch == "dtype";
           Tensor t = dtype ? Tensor::ones({2 * count}, DType::kFloat16)
                            : Tensor::ones({count}, DType::kFloat32);
           distributed::ReduceOptions options;
-          if (!dtype)
-            options.op = distributed::ReduceOp::kMax;
+          if (!dtype) options.op = distributed::ReduceOp::kMax;
           timeline.issued_ns = timeline.fault_ns = NowNs();
           pg.all_reduce(t, options);
         },

@@ -492,21 +492,15 @@ void JudgeGradAcc(const CaseParams& params, int world, const std::vector<nlohman
 
 std::vector<ParamSpec> SizeParams() {
   return {
-      ParamSpec::SizeInt(
-          "steps", "optimizer steps, each over every config's micro-batches", 2,
-          /*minimum=*/1),
-      ParamSpec::SizeInt(
-          "seed", "seed of the weights and of the micro-batch permutations", 0),
-      ParamSpec::SizeDouble(
-          "lr", "SGD learning rate (no momentum; the losses decrease)", 0.002),
-      ParamSpec::SizeString("dtype", "parameter dtype: float32 or float64",
-                            "float64"),
+      ParamSpec::SizeInt("steps", "optimizer steps, each over every config's micro-batches", 2,
+                         /*minimum=*/1),
+      ParamSpec::SizeInt("seed", "seed of the weights and of the micro-batch permutations", 0),
+      ParamSpec::SizeDouble("lr", "SGD learning rate (no momentum; the losses decrease)", 0.002),
+      ParamSpec::SizeString("dtype", "parameter dtype: float32 or float64", "float64"),
       ParamSpec::SizeDouble("atol", "absolute tolerance for float32", 1e-5),
       ParamSpec::SizeDouble("rtol", "relative tolerance for float32", 1e-4),
-      ParamSpec::SizeDouble("atol_float64", "absolute tolerance for float64",
-                            1e-10),
-      ParamSpec::SizeDouble("rtol_float64", "relative tolerance for float64",
-                            1e-8)};
+      ParamSpec::SizeDouble("atol_float64", "absolute tolerance for float64", 1e-10),
+      ParamSpec::SizeDouble("rtol_float64", "relative tolerance for float64", 1e-8)};
 }
 
 // `api` "FullyShardedDataParallel" (with its option axes) or "fully_shard".

@@ -152,10 +152,9 @@ Scenario PostAccGradHookRuns() {
   s.info.seed_test =
       "test_fully_shard_autograd.py::TestFullyShardPostAccGradHookMultiThread::"
       "test_post_acc_grad_hook_runs";
-  s.info.params = {
-      ParamSpec::SizeInt("dim", "MLP dim", 8, /*minimum=*/1),
-      ParamSpec::SizeInt("seed", "seed of the weights and the input batch", 0),
-      SemanticsParam()};
+  s.info.params = {ParamSpec::SizeInt("dim", "MLP dim", 8, /*minimum=*/1),
+                   ParamSpec::SizeInt("seed", "seed of the weights and the input batch", 0),
+                   SemanticsParam()};
   s.info.inputs.weights = "every key of MLP(dim).state_dict() (in_proj, out_proj), float32";
   s.info.inputs.rank_tensors = {
       {"step0/input", "float32", "[2, dim]", "the input batch (the same on every rank)"}};
@@ -299,15 +298,13 @@ Scenario PostAccGradHookOptimParity() {
   s.info.seed_test =
       "test_fully_shard_autograd.py::TestFullyShardPostAccGradHookMultiProcess::"
       "test_post_acc_grad_hook_optim_parity";
-  s.info.params = {
-      ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 2, /*minimum=*/1),
-      ParamSpec::SizeInt("iterations", "training iterations", 10,
-                         /*minimum=*/1),
-      ParamSpec::SizeDouble("lr", "AdamW lr (foreach=False)", 1e-2),
-      ParamSpec::SizeInt("step_size", "StepLR step_size", 5, /*minimum=*/1),
-      ParamSpec::SizeInt("seed",
-                         "model seed; rank r draws tokens from seed + r", 42),
-      SemanticsParam()};
+  s.info.params = {ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 2, /*minimum=*/1),
+                   ParamSpec::SizeInt("iterations", "training iterations", 10,
+                                      /*minimum=*/1),
+                   ParamSpec::SizeDouble("lr", "AdamW lr (foreach=False)", 1e-2),
+                   ParamSpec::SizeInt("step_size", "StepLR step_size", 5, /*minimum=*/1),
+                   ParamSpec::SizeInt("seed", "model seed; rank r draws tokens from seed + r", 42),
+                   SemanticsParam()};
   s.info.inputs = TransformerInputsDoc(TokenBatches::kPerRank);
   s.inputs = [](const CaseParams& params, int world) {
     return TransformerCaseInputs(params.GetInt("n_layers"),

@@ -390,19 +390,16 @@ Scenario AllGatherFp32() {
       "reshard_after_forward";
   s.info.seed_test = std::string(kSeedClass) + "test_all_gather_fp32";
   s.info.params = {
-      ParamSpec::Axis("async_op", "foreach_all_gather async_op",
-                      {"False", "True"}),
-      ParamSpec::Axis(
-          "streams",
-          "(copy-in, all-gather) streams: the current stream for both, "
-          "or the CommContext's dedicated pair",
-          {"default", "separate"}),
-      ParamSpec::Axis("reshard_after_forward",
-                      "True, or the int post_forward_size", {"True", "int"}),
-      ParamSpec::SizeInt(
-          "post_forward_size",
-          "the int reshard_after_forward (post-forward group size)", 8,
-          /*minimum=*/1),
+      ParamSpec::Axis("async_op", "foreach_all_gather async_op", {"False", "True"}),
+      ParamSpec::Axis("streams",
+                      "(copy-in, all-gather) streams: the current stream for both, "
+                      "or the CommContext's dedicated pair",
+                      {"default", "separate"}),
+      ParamSpec::Axis("reshard_after_forward", "True, or the int post_forward_size",
+                      {"True", "int"}),
+      ParamSpec::SizeInt("post_forward_size",
+                         "the int reshard_after_forward (post-forward group size)", 8,
+                         /*minimum=*/1),
   };
   s.info.observations = AllGatherSchema();
   AddSeedGroupInfo(s);

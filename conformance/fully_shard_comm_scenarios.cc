@@ -142,12 +142,10 @@ JudgeFn JudgeCountsAgainst(ExpectFn expect) {
 }
 
 std::vector<ParamSpec> CommonParams() {
-  return {
-      ParamSpec::SizeInt("n_layers",
-                         "ModelArgs.n_layers (TransformerBlocks, each sharded)",
-                         2, /*minimum=*/1),
-      ParamSpec::SizeInt("seed", "seed of the weights and the token batch", 0),
-      SemanticsParam()};
+  return {ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers (TransformerBlocks, each sharded)", 2,
+                             /*minimum=*/1),
+          ParamSpec::SizeInt("seed", "seed of the weights and the token batch", 0),
+          SemanticsParam()};
 }
 
 // Whether the sharded Transformer's blocks and its root reshard after forward in this case
@@ -215,14 +213,12 @@ nlohmann::json BlockBackwardEvents(int64_t n_layers, bool with_unshard) {
 }
 
 std::vector<ParamSpec> PrefetchParams() {
-  return {
-      ReshardAfterForwardAxis(),
-      ParamSpec::Axis("checkpoint_impl",
-                      "activation checkpointing of each block",
-                      {"none", "utils", "composable"}),
-      ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 3, /*minimum=*/1),
-      ParamSpec::SizeInt("seed", "seed of the weights and the token batch", 0),
-      SemanticsParam()};
+  return {ReshardAfterForwardAxis(),
+          ParamSpec::Axis("checkpoint_impl", "activation checkpointing of each block",
+                          {"none", "utils", "composable"}),
+          ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 3, /*minimum=*/1),
+          ParamSpec::SizeInt("seed", "seed of the weights and the token batch", 0),
+          SemanticsParam()};
 }
 
 ObservationSchema CountsSchema() {
@@ -380,8 +376,8 @@ Scenario BackwardPrefetchForwardBackward() {
       "test_fully_shard_comm.py::TestFullyShardPrefetch::test_fully_shard_backward_prefetch "
       "(_test_backward_prefetch_forward_backward)";
   s.info.params = PrefetchParams();
-  s.info.params.push_back(ParamSpec::SizeInt(
-      "iterations", "forward/backward/step iterations", 3, /*minimum=*/1));
+  s.info.params.push_back(
+      ParamSpec::SizeInt("iterations", "forward/backward/step iterations", 3, /*minimum=*/1));
   s.info.test_runs = LaterProfileTestRuns(4, {{"checkpoint_impl", "none"}});
   s.skip = SkipIntNotAFactor;
   s.info.observations
@@ -475,10 +471,8 @@ Scenario BackwardPrefetchUnusedInBackward() {
   ParamSpec raf_axis = ReshardAfterForwardAxis();
   raf_axis.values = {"True"};  // the seed runs True only
   s.info.params = {
-      raf_axis,
-      ParamSpec::SizeInt("dim", "Linear / DoubleLinear dim", 8, /*minimum=*/1),
-      ParamSpec::SizeInt("seed", "seed of the weights and the input batch", 0),
-      SemanticsParam()};
+      raf_axis, ParamSpec::SizeInt("dim", "Linear / DoubleLinear dim", 8, /*minimum=*/1),
+      ParamSpec::SizeInt("seed", "seed of the weights and the input batch", 0), SemanticsParam()};
   s.info.test_runs = {{4, {{"reshard_after_forward", "False"}}},
                       {4, {{"reshard_after_forward", "2"}}}};
   for (const TestRun& run : LaterProfileTestRuns(4)) s.info.test_runs.push_back(run);

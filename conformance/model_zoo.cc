@@ -79,8 +79,7 @@ nn::ContainerType ParseContainerType(const std::string& name) {
 }
 
 ParamSpec Batch(int64_t rows) {
-  return ParamSpec::SizeInt("batch", "rows of each step's input (per rank)",
-                            rows, /*minimum=*/1);
+  return ParamSpec::SizeInt("batch", "rows of each step's input (per rank)", rows, /*minimum=*/1);
 }
 
 std::vector<ZooModelKind> MakeKinds() {
@@ -99,28 +98,24 @@ std::vector<ZooModelKind> MakeKinds() {
         ParamSpec::SizeInt("dim", "ModelArgs.dim", 16, /*minimum=*/1),
         ParamSpec::SizeInt("n_heads", "ModelArgs.n_heads", 4, /*minimum=*/1),
         ParamSpec::SizeBool("weight_tying", "ModelArgs.weight_tying", true),
-        ParamSpec::SizeInt("seq_len", "tokens per input row (<= max_seq_len)",
-                           16, /*minimum=*/1),
+        ParamSpec::SizeInt("seq_len", "tokens per input row (<= max_seq_len)", 16, /*minimum=*/1),
         Batch(2)},
        /*sgd_lr=*/3e-4,
        /*float32_output=*/true});
-  kinds.push_back(
-      {"mlp",
-       "common_fsdp.py MLP(dim), loss out.sum()",
-       "test_fully_shard_autograd.py::TestFullyShardPostAccGradHookMultiThread:"
-       ":"
-       "test_post_acc_grad_hook_runs",
-       {ParamSpec::SizeInt("dim", "MLP dim", 8, /*minimum=*/1),
-        ParamSpec::SizeInt("dim_multiplier", "MLP dim_multiplier", 4,
-                           /*minimum=*/1),
-        ParamSpec::SizeBool("with_buffer", "MLP with_buffer", false),
-        Batch(2)}});
+  kinds.push_back({"mlp",
+                   "common_fsdp.py MLP(dim), loss out.sum()",
+                   "test_fully_shard_autograd.py::TestFullyShardPostAccGradHookMultiThread:"
+                   ":"
+                   "test_post_acc_grad_hook_runs",
+                   {ParamSpec::SizeInt("dim", "MLP dim", 8, /*minimum=*/1),
+                    ParamSpec::SizeInt("dim_multiplier", "MLP dim_multiplier", 4,
+                                       /*minimum=*/1),
+                    ParamSpec::SizeBool("with_buffer", "MLP with_buffer", false), Batch(2)}});
   kinds.push_back(
       {"mlp_stack",
        "common_fsdp.py MLPStack(mlp_dim), loss out.sum()",
        "common_fsdp.py::MLPStack",
-       {ParamSpec::SizeInt("mlp_dim", "MLPStack mlp_dim", 8, /*minimum=*/1),
-        Batch(2)}});
+       {ParamSpec::SizeInt("mlp_dim", "MLPStack mlp_dim", 8, /*minimum=*/1), Batch(2)}});
   kinds.push_back(
       {"double_linear",
        "common_fsdp.py DoubleLinear(dim); two outputs: loss (out1 * "
@@ -128,25 +123,21 @@ std::vector<ZooModelKind> MakeKinds() {
        "loss_switch_step, out1.sum() from it on",
        "test_fully_shard_autograd.py::TestFullyShardAutograd::test_unused_"
        "forward_output",
-       {ParamSpec::Axis("use_second_linear", "DoubleLinear use_second_linear",
-                        {"True", "False"}),
+       {ParamSpec::Axis("use_second_linear", "DoubleLinear use_second_linear", {"True", "False"}),
         ParamSpec::SizeInt("dim", "DoubleLinear dim", 24, /*minimum=*/1),
-        ParamSpec::SizeInt("loss_switch_step",
-                           "first step whose loss is out1.sum()", 3),
+        ParamSpec::SizeInt("loss_switch_step", "first step whose loss is out1.sum()", 3),
         Batch(2)}});
-  kinds.push_back(
-      {"nontensor_activations",
-       "test_nontensor_activations' Sequential(ToContainerType, Module(dim) "
-       "x3, "
-       "FromContainerType): activations wrapped in a list, named tuple, tuple "
-       "or dict between "
-       "the blocks, loss out.sum()",
-       "test_fully_shard_autograd.py::TestFullyShardAutograd::test_nontensor_"
-       "activations",
-       {ParamSpec::Axis("container_type",
-                        "the container wrapping the activations",
-                        {"list", "namedtuple", "tuple", "dict"}),
-        ParamSpec::SizeInt("dim", "Module dim", 24, /*minimum=*/1), Batch(2)}});
+  kinds.push_back({"nontensor_activations",
+                   "test_nontensor_activations' Sequential(ToContainerType, Module(dim) "
+                   "x3, "
+                   "FromContainerType): activations wrapped in a list, named tuple, tuple "
+                   "or dict between "
+                   "the blocks, loss out.sum()",
+                   "test_fully_shard_autograd.py::TestFullyShardAutograd::test_nontensor_"
+                   "activations",
+                   {ParamSpec::Axis("container_type", "the container wrapping the activations",
+                                    {"list", "namedtuple", "tuple", "dict"}),
+                    ParamSpec::SizeInt("dim", "Module dim", 24, /*minimum=*/1), Batch(2)}});
   kinds.push_back({"mlp_module",
                    "common_dtensor.py MLPModule (10 -> 16 -> 10), loss out.sum()",
                    "test_fsdp_tp_integration.py::TestTPFSDPIntegration::"

@@ -111,8 +111,7 @@ ParamSpec ParamSpec::Axis(std::string name, std::string description,
   return s;
 }
 
-ParamSpec ParamSpec::SizeInt(std::string name, std::string description,
-                             int64_t default_value,
+ParamSpec ParamSpec::SizeInt(std::string name, std::string description, int64_t default_value,
                              std::optional<int64_t> minimum) {
   ParamSpec s;
   s.name = std::move(name);
@@ -122,14 +121,12 @@ ParamSpec ParamSpec::SizeInt(std::string name, std::string description,
   s.values = {std::to_string(default_value)};
   if (minimum) {
     const int64_t lo = *minimum;
-    s.domain = ParamDomain{
-        "an int >= " + std::to_string(lo),
-        [lo](const std::string &value) -> std::optional<std::string> {
-          const std::optional<int64_t> v = ParseInt(value);
-          if (!v || *v < lo)
-            return std::nullopt;
-          return std::to_string(*v);
-        }};
+    s.domain = ParamDomain{"an int >= " + std::to_string(lo),
+                           [lo](const std::string& value) -> std::optional<std::string> {
+                             const std::optional<int64_t> v = ParseInt(value);
+                             if (!v || *v < lo) return std::nullopt;
+                             return std::to_string(*v);
+                           }};
   }
   return s;
 }

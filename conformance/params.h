@@ -60,8 +60,7 @@ struct ParamSpec {
   // An int size accepting any int >= `minimum` (Default: 0: a count, a length,
   // a seed); nullopt accepts negative ints too (a root rank counted from the
   // end). The default must be in range.
-  static ParamSpec SizeInt(std::string name, std::string description,
-                           int64_t default_value,
+  static ParamSpec SizeInt(std::string name, std::string description, int64_t default_value,
                            std::optional<int64_t> minimum = 0);
   static ParamSpec SizeDouble(std::string name, std::string description, double default_value);
   static ParamSpec SizeBool(std::string name, std::string description, bool default_value);

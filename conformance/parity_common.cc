@@ -7,24 +7,17 @@ namespace fsdp::conformance {
 
 std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_param) {
   std::vector<ParamSpec> params = {
-      ParamSpec::Axis("optim", "optimizer: SGD with momentum, or Adam",
-                      {"sgd", "adam"}),
+      ParamSpec::Axis("optim", "optimizer: SGD with momentum, or Adam", {"sgd", "adam"}),
       std::move(dtype_param),
       ParamSpec::SizeInt("seed", "seed of the zoo's weights and inputs", 0),
       ParamSpec::SizeInt("steps", "training steps", 10, /*minimum=*/1),
-      ParamSpec::SizeDouble(
-          "sgd_lr", "SGD learning rate (ZooModelKind::sgd_lr)", kind.sgd_lr),
-      ParamSpec::SizeDouble("adam_lr", "Adam learning rate (the seeds' 1e-2)",
-                            1e-2),
+      ParamSpec::SizeDouble("sgd_lr", "SGD learning rate (ZooModelKind::sgd_lr)", kind.sgd_lr),
+      ParamSpec::SizeDouble("adam_lr", "Adam learning rate (the seeds' 1e-2)", 1e-2),
       ParamSpec::SizeDouble("momentum", "SGD momentum", 0.9),
-      ParamSpec::SizeDouble("atol", "atol of losses and parameters, float32",
-                            1e-5),
-      ParamSpec::SizeDouble("rtol", "rtol of losses and parameters, float32",
-                            1e-4),
-      ParamSpec::SizeDouble("atol_float64",
-                            "atol of losses and parameters, float64", 1e-12),
-      ParamSpec::SizeDouble("rtol_float64",
-                            "rtol of losses and parameters, float64", 1e-10)};
+      ParamSpec::SizeDouble("atol", "atol of losses and parameters, float32", 1e-5),
+      ParamSpec::SizeDouble("rtol", "rtol of losses and parameters, float32", 1e-4),
+      ParamSpec::SizeDouble("atol_float64", "atol of losses and parameters, float64", 1e-12),
+      ParamSpec::SizeDouble("rtol_float64", "rtol of losses and parameters, float64", 1e-10)};
   params.insert(params.end(), kind.params.begin(), kind.params.end());
   return params;
 }

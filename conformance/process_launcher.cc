@@ -104,8 +104,7 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
     command.argv = command_;
     command.search_path = false;  // the program is a path
     for (auto& a : dr.ToArgs()) command.argv.push_back(std::move(a));
-    command.env.emplace_back("FSDP_CHECK_COLLECTIVES",
-                             request.check_collectives ? "1" : "0");
+    command.env.emplace_back("FSDP_CHECK_COLLECTIVES", request.check_collectives ? "1" : "0");
     command.out = distributed::OutputSink::File(log_paths[r]);
     command.err = distributed::OutputSink::SameAsStdout();
   }

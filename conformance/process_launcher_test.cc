@@ -182,9 +182,9 @@ TEST(DriverResult, AResultThatIsNotARegularFileIsRefused) {
 // A result nested 100,000 deep (which would exhaust the stack of anything recursing over it)
 // is refused at the depth limit; an error message of megabytes is cut to the limit.
 TEST(DriverResult, DeepNestingIsRefusedAndLongMessagesAreCut) {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("fsdp-result-deep." + std::to_string(::getpid())))
-                               .string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("fsdp-result-deep." + std::to_string(::getpid())))
+          .string();
   {
     std::ofstream out(path);
     out << R"({"status": "ok", "observations": {"x": )" << std::string(100000, '[')
@@ -198,18 +198,19 @@ TEST(DriverResult, DeepNestingIsRefusedAndLongMessagesAreCut) {
   {
     std::ofstream out(path);
     out << nlohmann::json{{"status", "error"},
-                          {"error", {{"code", "Internal"}, {"message", std::string(50 << 20, 'm')}}}}
+                          {"error",
+                           {{"code", "Internal"}, {"message", std::string(50 << 20, 'm')}}}}
                .dump();
   }
   const RankOutcome chatty = ReadRankResult(path, "", "rank 0");
   std::filesystem::remove(path);
   EXPECT_EQ(chatty.status, RankOutcome::Status::kError);
   EXPECT_LT(chatty.message.size(), kMaxResultMessageBytes + 64);
-  EXPECT_THAT(chatty.message, HasSubstr(std::to_string((50 << 20) - kMaxResultMessageBytes) +
-                                        " more bytes cut"));
+  EXPECT_THAT(chatty.message,
+              HasSubstr(std::to_string((50 << 20) - kMaxResultMessageBytes) + " more bytes cut"));
   // Nesting up to the limit is accepted.
-  std::string ok_text = "{\"status\": \"ok\", \"observations\": {\"x\": " +
-                        std::string(60, '[') + std::string(60, ']') + "}}";
+  std::string ok_text = "{\"status\": \"ok\", \"observations\": {\"x\": " + std::string(60, '[') +
+                        std::string(60, ']') + "}}";
   EXPECT_EQ(ParseResult(ParseBoundedJson(ok_text), "r").status, RankOutcome::Status::kOk);
 }
 

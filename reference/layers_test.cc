@@ -220,7 +220,8 @@ TEST(EmbeddingTest, GradientsMatchFiniteDifferences) {
 
 TEST(LayerNormTest, GradientsMatchFiniteDifferences) {
   // (weight, bias): affine, bias=False, elementwise_affine=False.
-  for (auto [has_w, has_b] : {std::pair{true, true}, {true, false}, {false, false}}) {
+  for (const auto& config : {std::pair{true, true}, {true, false}, {false, false}}) {
+    const bool has_w = config.first, has_b = config.second;  // lambdas capture these
     RefTensorMap p = {{"x", UniformTensor<double>({4, 6}, 5, -2, 2)}};
     if (has_w) p["w"] = UniformTensor<double>({6}, 6, 0.5, 1.5);
     if (has_b) p["b"] = UniformTensor<double>({6}, 7, -1, 1);
@@ -301,7 +302,9 @@ TEST(ActivationTest, GradientsMatchFiniteDifferences) {
 
 TEST(AttentionTest, GradientsMatchFiniteDifferences) {
   // Causal and full attention; a cross-attention shape (Lq != Lk) without the mask.
-  for (auto [lq, lk, causal] : {std::tuple{4, 4, true}, {4, 4, false}, {3, 5, false}}) {
+  for (const auto& config : {std::tuple{4, 4, true}, {4, 4, false}, {3, 5, false}}) {
+    const int lq = std::get<0>(config), lk = std::get<1>(config);
+    const bool causal = std::get<2>(config);  // captured by the lambdas
     const RefTensorMap p = {{"q", UniformTensor<double>({lq, 3}, 40, -1, 1)},
                             {"k", UniformTensor<double>({lk, 3}, 41, -1, 1)},
                             {"v", UniformTensor<double>({lk, 2}, 42, -1, 1)}};

@@ -113,8 +113,7 @@ LaunchEnvironment ReadLaunchEnvironment(const EnvLookup& env) {
     launch.timeout = std::chrono::milliseconds(ParseInt("FSDP_PG_TIMEOUT_MS", *v, 1));
   }
   if (auto v = env("FSDP_CHECK_COLLECTIVES")) {
-    FSDP_CHECK(*v == "0" || *v == "1",
-               "FSDP_CHECK_COLLECTIVES must be 0 or 1, got '", *v, "'");
+    FSDP_CHECK(*v == "0" || *v == "1", "FSDP_CHECK_COLLECTIVES must be 0 or 1, got '", *v, "'");
     launch.check_collectives = *v == "1";
   }
   if (auto v = env("FSDP_BACKEND")) {

@@ -13,8 +13,8 @@
 #include <set>
 #include <string>
 
-#include "engine/core/fd_io.h"
 #include "engine/core/error.h"
+#include "engine/core/fd_io.h"
 #include "engine/distributed/launch/process_launcher.h"
 
 namespace fsdp::bench {
@@ -202,8 +202,7 @@ std::vector<std::pair<std::string, std::string>> ChildLaunchVariables(
       {"MASTER_PORT", std::to_string(master_port)},
   };
   if (!store_path.empty()) vars.emplace_back("FSDP_STORE_PATH", store_path);
-  if (options.check_collectives)
-    vars.emplace_back("FSDP_CHECK_COLLECTIVES", "1");
+  if (options.check_collectives) vars.emplace_back("FSDP_CHECK_COLLECTIVES", "1");
   return vars;
 }
 

@@ -94,13 +94,11 @@ TEST(LocalLauncherArgsTest, ChildVariablesFollowTorchrun) {
   for (const auto& [k, v] : ChildLaunchVariables(o, 0, "node0", 29500, "")) tcp[k] = v;
   EXPECT_EQ(tcp.count("FSDP_STORE_PATH"), 0u);
   EXPECT_EQ(tcp.count("FSDP_CHECK_COLLECTIVES"), 0u);
-  o.check_collectives = true; // --check-collectives
+  o.check_collectives = true;  // --check-collectives
   std::map<std::string, std::string> checked;
-  for (const auto &[k, v] : ChildLaunchVariables(o, 0, "node0", 29500, ""))
-    checked[k] = v;
+  for (const auto& [k, v] : ChildLaunchVariables(o, 0, "node0", 29500, "")) checked[k] = v;
   EXPECT_EQ(checked["FSDP_CHECK_COLLECTIVES"], "1");
-  EXPECT_TRUE(ParseLocalLaunchArgs(
-                  {"--nproc-per-node", "2", "--check-collectives", "--", "p"})
+  EXPECT_TRUE(ParseLocalLaunchArgs({"--nproc-per-node", "2", "--check-collectives", "--", "p"})
                   .check_collectives);
   EXPECT_THROW(ChildLaunchVariables(o, 2, "node0", 1, ""), Error);
 }

@@ -461,8 +461,7 @@ TEST(LaunchTest, ReadsTorchrunMpiAndSlurmVariables) {
   EXPECT_EQ(mpi.iface, "eth0");
   EXPECT_EQ(*mpi.timeout, milliseconds(5000));
   EXPECT_FALSE(mpi.check_collectives);
-  EXPECT_TRUE(ReadLaunchEnvironment(MapEnv({{"FSDP_CHECK_COLLECTIVES", "1"}}))
-                  .check_collectives);
+  EXPECT_TRUE(ReadLaunchEnvironment(MapEnv({{"FSDP_CHECK_COLLECTIVES", "1"}})).check_collectives);
 
   auto slurm = ReadLaunchEnvironment(MapEnv({{"SLURM_PROCID", "5"},
                                              {"SLURM_NTASKS", "6"},
@@ -494,9 +493,9 @@ TEST(LaunchTest, RejectsInconsistentVariables) {
   EXPECT_NE(code_of({{"RANK", "x"}, {"WORLD_SIZE", "4"}})->find("RANK='x'"), std::string::npos);
   EXPECT_NE(code_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}})->find("needs a rendezvous"),
             std::string::npos);
-  EXPECT_NE(code_of({{"FSDP_CHECK_COLLECTIVES", "yes"}})
-                ->find("FSDP_CHECK_COLLECTIVES must be 0 or 1"),
-            std::string::npos);
+  EXPECT_NE(
+      code_of({{"FSDP_CHECK_COLLECTIVES", "yes"}})->find("FSDP_CHECK_COLLECTIVES must be 0 or 1"),
+      std::string::npos);
 }
 
 TEST(LaunchTest, SingleRankSessionNeedsNoRendezvous) {

@@ -40,10 +40,9 @@ RankCommand Sh(const std::string& script) {
 TEST(LauncherDeathWatchTest, ASigkilledLauncherLeavesNoRankBehind) {
   // Orphans are re-parented to this test process, so it can reap them and see them end.
   ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
-  const std::string pid_file =
-      (std::filesystem::temp_directory_path() /
-       ("death_watch_" + std::to_string(::getpid()) + ".pids"))
-          .string();
+  const std::string pid_file = (std::filesystem::temp_directory_path() /
+                                ("death_watch_" + std::to_string(::getpid()) + ".pids"))
+                                   .string();
   std::filesystem::remove(pid_file);
   const pid_t launcher = ::fork();
   ASSERT_GE(launcher, 0);
