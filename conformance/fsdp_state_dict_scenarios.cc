@@ -904,9 +904,9 @@ CaseInputs FlowInputs(const CaseParams& params, int world) {
   return inputs;
 }
 
-void TrainFlow(const nn::ModulePtr& model, const Tensor& in_data) {
+void TrainFlow(const nn::ModulePtr& model, const Tensor& in_data, int64_t steps = kFlowSteps) {
   optim::SGD optimizer(model->parameters(), optim::SGDOptions{.lr = 0.1});
-  for (int64_t k = 0; k < kFlowSteps; ++k) {
+  for (int64_t k = 0; k < steps; ++k) {
     fsdp::sum((*model)(nn::Value(in_data)).tensor()).backward();
     optimizer.step();
     optimizer.zero_grad();
@@ -919,7 +919,8 @@ Scenario StateDictSaveLoadFlow() {
   s.info.description =
       "the seed's Model trained 3 SGD steps under FSDP, saved and loaded into a zeroed FSDP "
       "copy (values moved to the CPU or not), vs the same training under "
-      "DistributedDataParallel";
+      "DistributedDataParallel; then one more step of the saver and of the loaded copy must "
+      "give identical parameters (training continues as without the save)";
   s.info.seed_test = std::string(kSeed001) + "test_state_dict_save_load_flow";
   s.info.params = {TypeAxis(kAllTypes),
                    BoolAxis("move_to_cpu", "the saved values are moved to the CPU before loading"),
@@ -933,6 +934,12 @@ Scenario StateDictSaveLoadFlow() {
   s.info.observations.AddTensors({"ddp/{fqn}", "float32", "the parameter's full shape",
                                   "the DistributedDataParallel replica's parameters after the "
                                   "same training, by the plain model's FQN"});
+  s.info.observations.AddTensors({"continued/saver/{fqn}", "float32", "the parameter's full shape",
+                                  "the saving FSDP model's parameters after one more SGD step "
+                                  "(summon_full_params), by clean FQN"});
+  s.info.observations.AddTensors({"continued/loaded/{fqn}", "float32",
+                                  "the parameter's full shape",
+                                  "the loaded copy's parameters after the same step"});
   s.info.inputs = StateDictInputsDoc();
   s.info.inputs.rank_tensors = {{"in_data", "float32", "[64, 4]",
                                  "the rank's batch, used at every step (uniform [0, 1))"}};
@@ -972,6 +979,15 @@ Scenario StateDictSaveLoadFlow() {
         obs[kTensors]["fsdp/" + fsdp1::CleanTensorName(name)] = TensorToJson(p.to(Device::CPU()));
       }
     }
+    // Training continues as without the save: one more step of both models.
+    for (const auto& [prefix, m] : {std::pair{"continued/saver/", fsdp_model},
+                                    std::pair{"continued/loaded/", blank}}) {
+      TrainFlow(m, in_data, /*steps=*/1);
+      fsdp1::SummonFullParams full(m, {.writeback = false});
+      for (const auto& [name, p] : m->named_parameters()) {
+        obs[kTensors][prefix + fsdp1::CleanTensorName(name)] = TensorToJson(p.to(Device::CPU()));
+      }
+    }
     nn::ModulePtr replica = BuildPlainStateDictModel(model);
     replica->load_state_dict(env.Inputs().weights());
     auto ddp_model = std::make_shared<ddp::DistributedDataParallel>(
@@ -998,6 +1014,10 @@ Scenario StateDictSaveLoadFlow() {
       checks.CheckEqual(RankName(r) + " loaded parameter names", names, got);
       err.Merge(CheckMapsClose(checks, RankName(r) + " loaded FSDP parameters vs DDP", ddp_params,
                                fsdp_params, tol));
+      // Same values, same step: the loaded copy continues bit for bit as the saver does.
+      CheckMapsClose(checks, RankName(r) + " one more step: loaded copy vs saver",
+                     MapFromObservations(per_rank, r, "continued/saver/"),
+                     MapFromObservations(per_rank, r, "continued/loaded/"), Tolerance{0, 0});
       // Training moved every parameter away from the weights.
       const CaseInputs inputs = FlowInputs(p, world);
       for (const auto& [key, w] : inputs.weights) {
