@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "fakes/threaded_process_group.h"
@@ -59,6 +60,21 @@ struct Launch {
   Clock::time_point first_failure;  // guarded by mu
 };
 
+// Records rank r's end (`error` unset: it returned) and wakes the launcher.
+void FinishRank(Launch& launch, int r, std::optional<RankError> error, double seconds) {
+  Slot& slot = *launch.slots[r];
+  std::lock_guard<std::mutex> lock(launch.mu);
+  slot.done = true;
+  slot.seconds = seconds;
+  if (error && launch.first_failed < 0) {
+    launch.first_failed = r;
+    launch.first_failure = Clock::now();
+  }
+  slot.error = std::move(error);
+  ++launch.finished;
+  launch.cv.notify_all();
+}
+
 void RunRankThread(const std::shared_ptr<Launch>& launch, int r) {
   // "fsdp-rank-N" in `info threads` (names are at most 15 characters).
   pthread_setname_np(pthread_self(), ("fsdp-rank-" + std::to_string(r)).c_str());
@@ -89,17 +105,7 @@ void RunRankThread(const std::shared_ptr<Launch>& launch, int r) {
     distributed::SetDefaultProcessGroup(nullptr);
   }
   slot.pg.reset();  // release the group before reporting completion
-  const double seconds = SecondsSince(start);
-  std::lock_guard<std::mutex> lock(launch->mu);
-  slot.done = true;
-  slot.seconds = seconds;
-  if (error && launch->first_failed < 0) {
-    launch->first_failed = r;
-    launch->first_failure = Clock::now();
-  }
-  slot.error = std::move(error);
-  ++launch->finished;
-  launch->cv.notify_all();
+  FinishRank(*launch, r, std::move(error), SecondsSince(start));
 }
 
 }  // namespace
@@ -146,7 +152,22 @@ std::vector<ThreadRankResult> LaunchRankThreads(ThreadLaunchOptions options, Ran
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(world_size));
   for (int r = 0; r < world_size; ++r) {
-    threads.emplace_back([launch, r] { RunRankThread(launch, r); });
+    try {
+      threads.emplace_back([launch, r] { RunRankThread(launch, r); });
+    } catch (const std::system_error& e) {
+      // No thread for ranks r.. (the process's thread limit): each fails as if it had thrown at
+      // once, so the started ranks' collectives with them fail promptly instead of hanging.
+      for (int q = r; q < world_size; ++q) {
+        Slot& slot = *launch->slots[q];
+        const RankError error{ErrorCode::kUnavailable,
+                              "cannot start a thread for rank " + std::to_string(q) + " of " +
+                                  std::to_string(world_size) + ": " + e.what()};
+        if (slot.world) slot.world->MarkRankFailed(q, error.what());
+        slot.pg.reset();
+        FinishRank(*launch, q, error, 0);
+      }
+      break;
+    }
   }
 
   const auto deadline = After(start, options.timeout);
@@ -206,6 +227,7 @@ std::vector<ThreadRankResult> LaunchRankThreads(ThreadLaunchOptions options, Ran
       std::lock_guard<std::mutex> lock(launch->mu);
       done = launch->slots[r]->done;
     }
+    if (static_cast<size_t>(r) >= threads.size()) continue;  // never started
     if (done) {
       threads[r].join();
     } else {
