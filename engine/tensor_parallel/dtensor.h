@@ -46,6 +46,9 @@ class DTensor {
   // to_local.
   Tensor full_tensor(std::optional<Placements> grad_placements = std::nullopt) const;
 
+  // PyTorch's DTensor._local_tensor: the local tensor itself, without the to_local node (for
+  // registering a sharded leaf parameter).
+  const Tensor& local_tensor() const { return local_; }
   const Shape& shape() const { return shape_; }
   const Placements& placements() const { return placements_; }
   const std::shared_ptr<distributed::DeviceMesh>& device_mesh() const { return mesh_; }
