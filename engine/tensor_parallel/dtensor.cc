@@ -22,12 +22,15 @@ std::string ShapeStr(const Shape& shape) {
   return out.str();
 }
 
-// The placements of a gradient flowing back to a source with `placements`: Partial sources
-// get Replicate gradients (PyTorch's Redistribute.backward normalization).
-Placements NormalizeForGrad(const Placements& placements) {
-  Placements out = placements;
-  for (Placement& p : out) {
-    if (p.is_partial()) p = Placement::Replicate();
+// The placements a gradient arriving with `grad` is brought to on its way back to a source
+// with `source` placements (PyTorch's Redistribute backward): a Shard or Replicate gradient
+// of a Partial source becomes Replicate (a replicated gradient is not partitioned again); a
+// Partial gradient of a Partial source stays Partial; everything else takes the source's
+// placement.
+Placements BackwardPlacements(const Placements& grad, const Placements& source) {
+  Placements out = source;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (source[i].is_partial() && !grad[i].is_partial()) out[i] = Placement::Replicate();
   }
   return out;
 }
@@ -118,7 +121,6 @@ DTensor DTensor::redistribute(const Placements& placements) const {
   const Placements target = NormalizePlacements(
       placements, *mesh_, static_cast<int64_t>(shape_.size()), "DTensor.redistribute");
   const Placements source = placements_;
-  const Placements grad_target = NormalizeForGrad(source);
   auto out_slot = std::make_shared<GradPlacements>();
   GradSlot in_slot = grad_;
   std::shared_ptr<DeviceMesh> mesh = mesh_;
@@ -129,10 +131,11 @@ DTensor DTensor::redistribute(const Placements& placements) const {
         return autograd::TensorList{
             redistribute_local_tensor(in[0], *mesh, source, target, shape, false)};
       },
-      [out_slot, in_slot, mesh, target, grad_target, shape](autograd::FunctionCtx&,
-                                                            const autograd::TensorList& grads) {
+      [out_slot, in_slot, mesh, source, target, shape](autograd::FunctionCtx&,
+                                                       const autograd::TensorList& grads) {
         const Placements grad_placements = out_slot->placements.value_or(target);
         out_slot->placements.reset();
+        const Placements grad_target = BackwardPlacements(grad_placements, source);
         Tensor grad = redistribute_local_tensor(grads[0], *mesh, grad_placements, grad_target,
                                                 shape, /*is_backward=*/true);
         FillGradSlot(in_slot, grad_target);

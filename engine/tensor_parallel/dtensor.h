@@ -6,7 +6,8 @@
 // _FromTorchTensor, Redistribute and _ToTorchTensor do:
 //   from_local(x, P)          backward: gradient -> P (is_backward: Replicate stays Replicate
 //                             where P is Partial)
-//   redistribute(P -> Q)      backward: gradient -> P with Partial replaced by Replicate
+//   redistribute(P -> Q)      backward: gradient -> P, except that a Shard or Replicate
+//                             gradient of a Partial source dim becomes Replicate
 //   to_local(grad_placements) backward: declares the gradient's placements (default: this
 //                             DTensor's); the next backward step redistributes from them
 // Since this engine has no DTensor op dispatch, a gradient's placements travel beside the
