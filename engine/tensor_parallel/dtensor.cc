@@ -48,8 +48,8 @@ void FillGradSlot(const GradSlot& slot, const Placements& placements) {
 
 }  // namespace
 
-DTensor::DTensor(Tensor local, std::shared_ptr<DeviceMesh> mesh, Placements placements,
-                 Shape shape, GradSlot grad)
+DTensor::DTensor(Tensor local, std::shared_ptr<DeviceMesh> mesh, Placements placements, Shape shape,
+                 GradSlot grad)
     : local_(std::move(local)),
       mesh_(std::move(mesh)),
       placements_(std::move(placements)),
@@ -102,10 +102,10 @@ DTensor DTensor::from_local(const Tensor& local, std::shared_ptr<DeviceMesh> mes
 
 Tensor DTensor::to_local(std::optional<Placements> grad_placements) const {
   const Placements declared =
-      grad_placements ? NormalizePlacements(*grad_placements, *mesh_,
-                                            static_cast<int64_t>(shape_.size()),
-                                            "DTensor.to_local(grad_placements)")
-                      : placements_;
+      grad_placements
+          ? NormalizePlacements(*grad_placements, *mesh_, static_cast<int64_t>(shape_.size()),
+                                "DTensor.to_local(grad_placements)")
+          : placements_;
   GradSlot slot = grad_;
   // _ToTorchTensor: identity; backward declares the gradient's placements.
   return autograd::ApplyFunction(
@@ -120,6 +120,7 @@ Tensor DTensor::to_local(std::optional<Placements> grad_placements) const {
 DTensor DTensor::redistribute(const Placements& placements) const {
   const Placements target = NormalizePlacements(
       placements, *mesh_, static_cast<int64_t>(shape_.size()), "DTensor.redistribute");
+  if (target == placements_) return *this;  // as PyTorch: no node, no communication
   const Placements source = placements_;
   auto out_slot = std::make_shared<GradPlacements>();
   GradSlot in_slot = grad_;
@@ -166,8 +167,8 @@ DTensor distribute_tensor(const Tensor& tensor, std::shared_ptr<DeviceMesh> mesh
   if (src_data_rank) {
     for (int i = 0; i < mesh->ndim(); ++i) {
       FSDP_CHECK(*src_data_rank >= 0 && *src_data_rank < mesh->size(i),
-                 "distribute_tensor: src_data_rank ", *src_data_rank,
-                 " is not a rank of mesh dim ", i, " (size ", mesh->size(i), ")");
+                 "distribute_tensor: src_data_rank ", *src_data_rank, " is not a rank of mesh dim ",
+                 i, " (size ", mesh->size(i), ")");
       full = distributed::funcol::broadcast(full, *src_data_rank, *mesh->get_group(i));
     }
   }
@@ -176,7 +177,8 @@ DTensor distribute_tensor(const Tensor& tensor, std::shared_ptr<DeviceMesh> mesh
       normalized, full.sizes());
   if (local.is_same(tensor) || local.storage() == tensor.storage()) local = local.clone();
   local.set_requires_grad(tensor.requires_grad());
-  return DTensor(local, mesh, normalized, tensor.sizes(), std::make_shared<DTensor::GradPlacements>());
+  return DTensor(local, mesh, normalized, tensor.sizes(),
+                 std::make_shared<DTensor::GradPlacements>());
 }
 
 }  // namespace fsdp::tensor_parallel

@@ -1,6 +1,8 @@
 // DTensor API on the threaded fake: from_local shape inference, distribute_tensor's
 // src_data_rank, Replicate -> Partial, to_local(grad_placements) and the placements a
 // gradient keeps on its way back (PyTorch's Redistribute backward normalization).
+#include "engine/tensor_parallel/dtensor.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -12,7 +14,6 @@
 #include "engine/distributed/device_mesh.h"
 #include "engine/functional/functional.h"
 #include "engine/ops/elementwise.h"
-#include "engine/tensor_parallel/dtensor.h"
 #include "fakes/run_ranks.h"
 
 namespace fsdp::tensor_parallel {
@@ -68,8 +69,8 @@ TEST(DTensorTest, DistributeTensorSrcDataRank) {
     EXPECT_EQ(comm_mode.get_comm_counts(), (Counts{{kBroadcast, mesh->ndim()}}));
     ExpectClose(from_rank0.full_tensor(), rank0, "src_data_rank=0");
     comm_mode.enter();
-    const DTensor own = distribute_tensor(mine.clone().set_requires_grad(true), mesh, placements,
-                                          std::nullopt);
+    const DTensor own =
+        distribute_tensor(mine.clone().set_requires_grad(true), mesh, placements, std::nullopt);
     comm_mode.exit();
     EXPECT_EQ(comm_mode.get_total_counts(), 0);
     EXPECT_TRUE(own.local_tensor().is_leaf());
@@ -91,8 +92,7 @@ TEST(DTensorTest, ReplicateToPartialPartitionsTheValue) {
     const DTensor sum = replicated.redistribute({Placement::Partial()});
     ExpectClose(sum.to_local(), ops::kernels::DivScalar(value, 3.0), "Partial(sum) local");
     ExpectClose(sum.full_tensor(), value, "Partial(sum) full_tensor");
-    const DTensor avg =
-        replicated.redistribute({Placement::Partial(distributed::ReduceOp::kAvg)});
+    const DTensor avg = replicated.redistribute({Placement::Partial(distributed::ReduceOp::kAvg)});
     ExpectClose(avg.to_local(), value, "Partial(avg) local");
     ExpectClose(avg.full_tensor(), value, "Partial(avg) full_tensor");
     return 0;

@@ -15,8 +15,11 @@ using MeshPtr = std::shared_ptr<DeviceMesh>;
 
 nn::Linear& CheckLinear(nn::Module& module, const std::string& style, const std::string& fqn) {
   auto* linear = dynamic_cast<nn::Linear*>(&module);
-  FSDP_CHECK(linear != nullptr, style, " currently only supports nn.Linear: module '", fqn,
-             "' is ", module.type_name());
+  FSDP_CHECK(linear != nullptr, style, " currently only supports nn.Linear: module '", fqn, "' is ",
+             module.type_name());
+  FSDP_CHECK(!GetDTensorParameter(module, "weight").has_value(), style, ": module '", fqn,
+             "' is already tensor-parallel (its weight is ",
+             GetDTensorParameter(module, "weight")->str(), ")");
   return *linear;
 }
 
@@ -67,8 +70,8 @@ Tensor PrepareOutput(const Tensor& y, const MeshPtr& mesh, const Placement& loca
 }
 
 std::string StyleStr(const char* name, const Placement& input, const Placement& output) {
-  return std::string(name) + "(input_layouts=" + input.str() + ", output_layouts=" +
-         output.str() + ", use_local_output=True)";
+  return std::string(name) + "(input_layouts=" + input.str() + ", output_layouts=" + output.str() +
+         ", use_local_output=True)";
 }
 
 }  // namespace
@@ -81,8 +84,7 @@ ColwiseParallel::ColwiseParallel(ParallelStyleOptions options)
   CheckUseLocalOutput(options, "ColwiseParallel");
 }
 
-void ColwiseParallel::apply(nn::Module& module, const MeshPtr& mesh,
-                            const std::string& fqn) const {
+void ColwiseParallel::apply(nn::Module& module, const MeshPtr& mesh, const std::string& fqn) const {
   nn::Linear& linear = CheckLinear(module, "ColwiseParallel", fqn);
   const int64_t out_features = linear.out_features();
   ShardParameter(module, "weight", Placement::Shard(0), mesh);
@@ -117,8 +119,7 @@ RowwiseParallel::RowwiseParallel(ParallelStyleOptions options)
   CheckUseLocalOutput(options, "RowwiseParallel");
 }
 
-void RowwiseParallel::apply(nn::Module& module, const MeshPtr& mesh,
-                            const std::string& fqn) const {
+void RowwiseParallel::apply(nn::Module& module, const MeshPtr& mesh, const std::string& fqn) const {
   nn::Linear& linear = CheckLinear(module, "RowwiseParallel", fqn);
   const int64_t in_features = linear.in_features();
   ShardParameter(module, "weight", Placement::Shard(1), mesh);
@@ -139,11 +140,12 @@ void RowwiseParallel::apply(nn::Module& module, const MeshPtr& mesh,
     if (input_layout.is_shard() && input_layout.normalized(x.dim()).dim() == x.dim() - 1) {
       shape = global;  // the sharded feature dim's full size is the weight's
     }
-    Tensor local = PrepareInput(x, mesh, input_layout, Placement::Shard(-1),
-                                Placement::Shard(-1), shape);
+    Tensor local =
+        PrepareInput(x, mesh, input_layout, Placement::Shard(-1), Placement::Shard(-1), shape);
     if (bias) {
-      m.set_parameter("bias", bias->redistribute({Placement::Partial()})
-                                  .to_local(Placements{Placement::Replicate()}));
+      m.set_parameter(
+          "bias",
+          bias->redistribute({Placement::Partial()}).to_local(Placements{Placement::Replicate()}));
     }
     return nn::Value(local);
   });

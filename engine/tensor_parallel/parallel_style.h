@@ -9,6 +9,7 @@
 //     Replicate -> Partial, i.e. bias / W on every rank, as DTensor's addmm does), redistributed
 //     to output_layouts: Replicate() (default, all_reduce) or Shard(d) (reduce_scatter).
 //
+// Applying a style to a module whose weight is already tensor-parallel fails.
 // Parameters are sharded with distribute_tensor (src_data_rank 0) and registered with
 // RegisterDTensorParameter: the module's slots hold the local shards. Plain tensor inputs are
 // wrapped with DTensor.from_local(input_layouts) without communication. Outputs are returned

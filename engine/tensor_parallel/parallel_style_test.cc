@@ -81,9 +81,9 @@ struct MlpCase {
 // (rank-major), net1 gathers them and net2 reduce-scatters its output back.
 void CheckMlp(const MlpCase& c) {
   auto results = fakes::RunRanks(c.world, [&](fakes::RankEnv& env) {
-    const std::vector<std::string> names =
-        c.mesh_shape.size() == 2 ? std::vector<std::string>{"dp", "tp"}
-                                 : std::vector<std::string>{"tp"};
+    const std::vector<std::string> names = c.mesh_shape.size() == 2
+                                               ? std::vector<std::string>{"dp", "tp"}
+                                               : std::vector<std::string>{"tp"};
     auto mesh = DeviceMesh::Init(env.pg, "cpu", c.mesh_shape, names);
     auto tp_mesh = (*mesh)["tp"];
     const int64_t tp = tp_mesh->size(0);
@@ -113,8 +113,8 @@ void CheckMlp(const MlpCase& c) {
     CommDebugMode comm_mode;
     Tensor y = (*model)(x).tensor();
     comm_mode.exit();
-    const Counts forward = c.sequence_sharded ? Counts{{kAllGather, 1}, {kReduceScatter, 1}}
-                                              : Counts{{kAllReduce, 1}};
+    const Counts forward =
+        c.sequence_sharded ? Counts{{kAllGather, 1}, {kReduceScatter, 1}} : Counts{{kAllReduce, 1}};
     EXPECT_EQ(comm_mode.get_comm_counts(), forward);
     ExpectClose(y, Piece(ref_y.detach(), *tp_mesh, io), "output");
 
@@ -186,12 +186,18 @@ TEST(ParallelStyleTest, BadPlansMeshesAndPlacementsNameWhatIsWrong) {
     });
     EXPECT_NE(missing.find("'net3'"), std::string::npos) << missing;
     EXPECT_NE(missing.find("'net1'"), std::string::npos) << missing;
-    const std::string not_linear = ErrorOf(
-        [&] { parallelize_module(*model, mesh, {{"", std::make_shared<RowwiseParallel>()}}); });
+    const std::string not_linear = ErrorOf([&] {
+      parallelize_module(*model, mesh, {{"", std::make_shared<RowwiseParallel>()}});
+    });
     EXPECT_NE(not_linear.find("RowwiseParallel currently only supports nn.Linear"),
               std::string::npos)
         << not_linear;
     EXPECT_NE(not_linear.find("MLPModule"), std::string::npos) << not_linear;
+    parallelize_module(*model, mesh, {{"net1", std::make_shared<ColwiseParallel>()}});
+    const std::string twice = ErrorOf([&] {
+      parallelize_module(*model, mesh, {{"net1", std::make_shared<RowwiseParallel>()}});
+    });
+    EXPECT_NE(twice.find("'net1' is already tensor-parallel"), std::string::npos) << twice;
     const std::string bad_dim = ErrorOf([&] {
       DTensor::from_local(Tensor::zeros({2, 3}), mesh, {Placement::Shard(2)});
     });
@@ -208,8 +214,7 @@ TEST(ParallelStyleTest, BadPlansMeshesAndPlacementsNameWhatIsWrong) {
     const std::string piece =  // this rank's torch.chunk piece of 7 rows
         "[" + std::to_string(ComputeChunkRange(7, 2, env.rank).length) + ", 3]";
     EXPECT_NE(bad_shape.find(piece), std::string::npos) << bad_shape;
-    const std::string bad_mesh =
-        ErrorOf([&] { DeviceMesh::Init(env.pg, "cpu", {3}); });
+    const std::string bad_mesh = ErrorOf([&] { DeviceMesh::Init(env.pg, "cpu", {3}); });
     EXPECT_NE(bad_mesh.find("world size is 2"), std::string::npos) << bad_mesh;
     const std::string local_output = ErrorOf([&] {
       ParallelStyleOptions options;

@@ -27,8 +27,8 @@ nn::Module& parallelize_module(nn::Module& module,
         std::ostringstream known;
         for (const auto& [name, m] : named) known << " '" << name << "'";
         FSDP_CHECK(false, "parallelize_module: the plan names '", fqn, "' (", style->str(),
-                   "), which is not a submodule of ", module.type_name(), "; its modules are:",
-                   known.str());
+                   "), which is not a submodule of ", module.type_name(),
+                   "; its modules are:", known.str());
       }
     }
     targets.emplace_back(target, style.get());

@@ -11,8 +11,8 @@ using distributed::ReduceOp;
 Placement Placement::Shard(int64_t dim) { return Placement(Kind::kShard, dim, ReduceOp::kSum); }
 Placement Placement::Replicate() { return Placement(Kind::kReplicate, 0, ReduceOp::kSum); }
 Placement Placement::Partial(ReduceOp reduce_op) {
-  FSDP_CHECK(reduce_op == ReduceOp::kSum || reduce_op == ReduceOp::kAvg,
-             "Partial(", distributed::ReduceOpName(reduce_op),
+  FSDP_CHECK(reduce_op == ReduceOp::kSum || reduce_op == ReduceOp::kAvg, "Partial(",
+             distributed::ReduceOpName(reduce_op),
              "): only Partial(sum) and Partial(avg) are supported");
   return Placement(Kind::kPartial, 0, reduce_op);
 }
@@ -62,9 +62,9 @@ ChunkRange ComputeChunkRange(int64_t size, int64_t num_chunks, int64_t index) {
 
 Placements NormalizePlacements(const Placements& placements, const distributed::DeviceMesh& mesh,
                                int64_t ndim, const std::string& what) {
-  FSDP_CHECK(static_cast<int>(placements.size()) == mesh.ndim(), what, ": ",
-             placements.size(), " placements ", PlacementsStr(placements), " for a ", mesh.ndim(),
-             "-D mesh ", mesh.str(), " (one placement per mesh dim)");
+  FSDP_CHECK(static_cast<int>(placements.size()) == mesh.ndim(), what, ": ", placements.size(),
+             " placements ", PlacementsStr(placements), " for a ", mesh.ndim(), "-D mesh ",
+             mesh.str(), " (one placement per mesh dim)");
   Placements out;
   for (size_t i = 0; i < placements.size(); ++i) {
     const Placement& p = placements[i];
@@ -72,9 +72,9 @@ Placements NormalizePlacements(const Placements& placements, const distributed::
                " on mesh dim ", i, " is invalid for a tensor of ", ndim, " dims");
     out.push_back(p.normalized(ndim));
     for (size_t j = 0; j < i; ++j) {
-      FSDP_CHECK(!(out[j].is_shard() && out[j] == out.back()), what, ": tensor dim ", out[j].dim(), " is sharded over mesh dims ", j,
-                      " and ", i, " ", PlacementsStr(placements),
-                      "; sharding one tensor dim over several mesh dims is not implemented");
+      FSDP_CHECK(!(out[j].is_shard() && out[j] == out.back()), what, ": tensor dim ", out[j].dim(),
+                 " is sharded over mesh dims ", j, " and ", i, " ", PlacementsStr(placements),
+                 "; sharding one tensor dim over several mesh dims is not implemented");
     }
   }
   return out;
@@ -87,10 +87,9 @@ Shape ComputeLocalShape(const Shape& global_shape, const distributed::DeviceMesh
     const Placement& p = placements.at(static_cast<size_t>(i));
     if (!p.is_shard()) continue;
     const int64_t d = p.normalized(static_cast<int64_t>(global_shape.size())).dim();
-    local[static_cast<size_t>(d)] =
-        ComputeChunkRange(global_shape[static_cast<size_t>(d)], mesh.size(i),
-                          mesh.get_local_rank(i))
-            .length;
+    local[static_cast<size_t>(d)] = ComputeChunkRange(global_shape[static_cast<size_t>(d)],
+                                                      mesh.size(i), mesh.get_local_rank(i))
+                                        .length;
   }
   return local;
 }

@@ -39,8 +39,8 @@ Tensor ExpectedLocal(const Tensor& full, const DeviceMesh& mesh, const Placement
   for (int i = 0; i < mesh.ndim(); ++i) {
     const Placement& p = placements[static_cast<size_t>(i)];
     if (!p.is_shard()) continue;
-    const ChunkRange range = ComputeChunkRange(full.size(p.dim()), mesh.size(i),
-                                               mesh.get_local_rank(i));
+    const ChunkRange range =
+        ComputeChunkRange(full.size(p.dim()), mesh.size(i), mesh.get_local_rank(i));
     out = ops::kernels::Narrow(out, p.dim(), range.offset, range.length);
   }
   return out;
@@ -106,8 +106,8 @@ void CheckTransition(int world, const std::vector<int64_t>& mesh_shape, const Sh
     const Placements target = NormalizePlacements(target_in, *mesh, ndim, what);
     const Tensor global = Random(shape, 3);
     const Tensor upstream = Random(shape, 7);
-    Tensor leaf = ops::kernels::MulScalar(ExpectedLocal(global, *mesh, source),
-                                          PartialFactor(*mesh, source));
+    Tensor leaf =
+        ops::kernels::MulScalar(ExpectedLocal(global, *mesh, source), PartialFactor(*mesh, source));
     leaf.set_requires_grad(true);
     const DTensor input = DTensor::from_local(leaf, mesh, source, shape);
 
@@ -118,10 +118,10 @@ void CheckTransition(int world, const std::vector<int64_t>& mesh_shape, const Sh
     EXPECT_EQ(output.shape(), shape) << what;
     EXPECT_EQ(output.placements(), target) << what;
     const Tensor local = output.to_local();
-    ExpectEqualValues(local,
-                      ops::kernels::MulScalar(ExpectedLocal(global, *mesh, target),
-                                              PartialFactor(*mesh, target)),
-                      what + " forward local");
+    ExpectEqualValues(
+        local,
+        ops::kernels::MulScalar(ExpectedLocal(global, *mesh, target), PartialFactor(*mesh, target)),
+        what + " forward local");
 
     // Each rank's output piece gets its piece of `upstream` as gradient (declared with the
     // output's placements by to_local).
