@@ -22,6 +22,8 @@
 #   checkpoint  -> core, ops, autograd, functional, nn, optim, distributed, serialization,
 #                  fsdp                      (get/set_model_state_dict, checkpoint save/load)
 #   ddp         -> core, ops, autograd, functional, nn, optim, distributed
+#   tensor_parallel -> core, ops, autograd, functional, nn, optim, distributed
+#                                           (DTensor, redistribution, parallel styles)
 #   testing     -> anything in engine/      (test-only helpers, library fsdp_testing)
 #
 # (every layer may include itself). Engine tests (*_test.cc) may include any of engine/ and
@@ -55,7 +57,8 @@ declare -A allowed=(
   [fsdp1]="core ops autograd functional nn optim distributed fsdp"
   [checkpoint]="core ops autograd functional nn optim distributed serialization fsdp"
   [ddp]="core ops autograd functional nn optim distributed"
-  [testing]="core ops autograd functional nn optim distributed serialization fsdp fsdp1 checkpoint ddp"
+  [tensor_parallel]="core ops autograd functional nn optim distributed"
+  [testing]="core ops autograd functional nn optim distributed serialization fsdp fsdp1 checkpoint ddp tensor_parallel"
 )
 
 violation() {  # violation FILE:LINE INCLUDE RULE

@@ -1,0 +1,76 @@
+// Parallel styles of torch.distributed.tensor.parallel (style.py) for nn::Linear:
+//
+//   ColwiseParallel: weight Shard(0), bias Shard(0). The input (input_layouts, default
+//     Replicate()) is redistributed to Replicate() (its gradient, a Partial sum of the local
+//     products, is all-reduced in backward); the local output is Shard(-1), redistributed to
+//     output_layouts (default Shard(-1)).
+//   RowwiseParallel: weight Shard(1), bias Replicate(). The input (input_layouts, default
+//     Shard(-1)) is redistributed to Shard(-1); the local output is Partial (the bias enters as
+//     Replicate -> Partial, i.e. bias / W on every rank, as DTensor's addmm does), redistributed
+//     to output_layouts: Replicate() (default, all_reduce) or Shard(d) (reduce_scatter).
+//
+// Applying a style to a module whose weight is already tensor-parallel fails.
+// Parameters are sharded with distribute_tensor (src_data_rank 0) and registered with
+// RegisterDTensorParameter: the module's slots hold the local shards. Plain tensor inputs are
+// wrapped with DTensor.from_local(input_layouts) without communication. Outputs are returned
+// as local tensors (use_local_output=True); DTensor outputs (use_local_output=False) need a
+// module output type that carries DTensors, which nn::Value does not, and are rejected.
+//
+// Ownership: styles are immutable values shared by plans (std::shared_ptr); apply() installs
+// hooks on the module that own copies of the style's options.
+// Thread-safety: apply() and the hooks run on the module's rank thread.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "engine/distributed/device_mesh.h"
+#include "engine/nn/module.h"
+#include "engine/tensor_parallel/placement.h"
+
+namespace fsdp::tensor_parallel {
+
+// torch.distributed.tensor.parallel.ParallelStyle.
+class ParallelStyle {
+ public:
+  virtual ~ParallelStyle() = default;
+  // ParallelStyle._apply(module, device_mesh): shards `module`'s parameters over the 1-D
+  // `device_mesh` and installs its input/output hooks. `fqn` names the module in errors.
+  virtual void apply(nn::Module& module, const std::shared_ptr<distributed::DeviceMesh>& mesh,
+                     const std::string& fqn) const = 0;
+  // "ColwiseParallel(input_layouts=(Replicate(),), ...)".
+  virtual std::string str() const = 0;
+};
+
+struct ParallelStyleOptions {
+  std::optional<Placement> input_layouts;   // Default: the style's (see above)
+  std::optional<Placement> output_layouts;  // Default: the style's (see above)
+  bool use_local_output = true;             // Default: true (false is rejected)
+};
+
+class ColwiseParallel : public ParallelStyle {
+ public:
+  explicit ColwiseParallel(ParallelStyleOptions options = {});
+  void apply(nn::Module& module, const std::shared_ptr<distributed::DeviceMesh>& mesh,
+             const std::string& fqn) const override;
+  std::string str() const override;
+
+ private:
+  Placement input_layout_;
+  Placement output_layout_;
+};
+
+class RowwiseParallel : public ParallelStyle {
+ public:
+  explicit RowwiseParallel(ParallelStyleOptions options = {});
+  void apply(nn::Module& module, const std::shared_ptr<distributed::DeviceMesh>& mesh,
+             const std::string& fqn) const override;
+  std::string str() const override;
+
+ private:
+  Placement input_layout_;
+  Placement output_layout_;
+};
+
+}  // namespace fsdp::tensor_parallel
