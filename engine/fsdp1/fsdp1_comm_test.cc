@@ -162,7 +162,10 @@ using CountsParam = std::tuple<ShardingStrategy, std::optional<BackwardPrefetch>
 class Fsdp1CommCounts : public ::testing::TestWithParam<CountsParam> {};
 
 TEST_P(Fsdp1CommCounts, PerPhaseCountsFollowTheRules) {
-  const auto [strategy, prefetch, use_orig_params] = GetParam();
+  // Named copies, not structured bindings: the lambdas below capture them.
+  const ShardingStrategy strategy = std::get<0>(GetParam());
+  const std::optional<BackwardPrefetch> prefetch = std::get<1>(GetParam());
+  const bool use_orig_params = std::get<2>(GetParam());
   auto results = RunRanks(2, [&](RankEnv& env) {
     auto model = std::make_shared<TransformerWithSharedParams>(0, false, true);
     const int num_instances = static_cast<int>(WrappedLayers(*model).size()) + 1;
@@ -202,7 +205,8 @@ using EventsParam = std::tuple<ShardingStrategy, std::optional<BackwardPrefetch>
 class Fsdp1Events : public ::testing::TestWithParam<EventsParam> {};
 
 TEST_P(Fsdp1Events, OrderFollowsThePrefetchMode) {
-  const auto [strategy, prefetch] = GetParam();
+  const ShardingStrategy strategy = std::get<0>(GetParam());
+  const std::optional<BackwardPrefetch> prefetch = std::get<1>(GetParam());
   auto results = RunRanks(2, [&](RankEnv& env) {
     auto model = std::make_shared<TransformerWithSharedParams>(0, false, true);
     const Names units = WrappedLayers(*model);
