@@ -9,6 +9,13 @@
 // (TrainEngine). It reports its losses and, after every optimizer step, the full parameters by
 // clean FQN (summon_full_params(writeback=False)); the judge compares them with the oracle's
 // data-parallel run (ExpectFsdp1Parity). Gradients are judged through the parameters they move.
+//
+// Under CPUOffload the oracle models FSDP1's CPU gradient buffer (reference::OffloadedFlatParam):
+// a flat parameter that got no gradient in a backward (DoubleLinear's lin2 once the loss is
+// out1.sum()) is still stepped with the buffer's stale gradient (prepare_gradient_for_optim), and
+// where the unsharded flat parameter outlives forward (SHARD_GRAD_OP, _HYBRID_SHARD_ZERO2) the
+// full parameters read afterwards are that kept unsharded copy, not the stepped shard.
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -63,10 +70,46 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   return TrainingObservations(record, c.dtype);
 }
 
+// RunFsdp1ParityRank's flat parameters under CPUOffload, for the oracle: one per nested
+// instance (the parameters under that child's FQN) and the root's (the rest), each keeping its
+// unsharded flat parameter after forward when its effective strategy does not free it there
+// (a sharded strategy on a shard group of `shard_world` > 1 ranks that does not reshard after
+// forward, or the root, which never frees after forward). Empty without CPU offload.
+std::vector<reference::OffloadedFlatParam> OffloadedFlatParams(const ParityCase& c,
+                                                                const CaseParams& params,
+                                                                int shard_world) {
+  if (!params.GetBool("cpu_offload")) return {};
+  const fsdp1::ShardingStrategy strategy =
+      ParseShardingStrategy(params.GetString("sharding_strategy"));
+  const bool sharded = shard_world > 1 && fsdp1::UsesShardedStrategy(strategy);
+  const nn::ModulePtr module = c.model.BuildEngine();
+  std::map<const nn::Module*, std::string> fqns;
+  for (const auto& [name, m] : module->named_modules()) fqns[m.get()] = name;
+  std::vector<reference::OffloadedFlatParam> out;
+  std::set<std::string> nested_params;
+  for (const nn::ModulePtr& child : ChildrenToShard(module)) {
+    reference::OffloadedFlatParam flat;
+    for (const auto& [name, p] : child->named_parameters(fqns.at(child.get()))) {
+      flat.params.push_back(name);
+      nested_params.insert(name);
+    }
+    flat.keeps_unsharded_after_forward = sharded && !fsdp1::ReshardsAfterForward(strategy);
+    if (!flat.params.empty()) out.push_back(std::move(flat));
+  }
+  reference::OffloadedFlatParam root;
+  for (const auto& [name, p] : module->named_parameters()) {
+    if (nested_params.count(name) == 0) root.params.push_back(name);
+  }
+  root.keeps_unsharded_after_forward = sharded;
+  if (!root.params.empty()) out.push_back(std::move(root));
+  return out;
+}
+
 std::vector<nlohmann::json> ExpectFsdp1Parity(const std::string& kind, const CaseParams& params,
                                               int world) {
   const ParityCase c = DecodeParityCase(kind, params);
-  const auto oracle = TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, world);
+  const auto oracle = TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, world,
+                                  OffloadedFlatParams(c, params, world));
   std::vector<nlohmann::json> expected(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     nlohmann::json& e = expected[static_cast<size_t>(r)];
@@ -129,22 +172,6 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.max_world = 8;
   s.info.requirements.devices = {DeviceType::kCPU};
   const std::string name = kind.name;
-  if (name == "double_linear") {
-    // Under CPUOffload FSDP1 hands the optimizer its CPU gradient buffer even for a flat
-    // parameter that got no gradient in that backward (PyTorch's prepare_gradient_for_optim
-    // sets flat_param.grad = _cpu_grad unconditionally), so lin2, unused once the loss
-    // switches to out1.sum(), keeps being stepped; the oracle models a plain model, whose lin2
-    // gets no gradient then.
-    s.skip = [](const CaseParams& p, int) -> std::optional<std::string> {
-      if (p.GetBool("cpu_offload") && p.GetBool("use_second_linear") &&
-          p.GetInt("loss_switch_step") < p.GetInt("steps")) {
-        return "CPUOffload steps a flat parameter unused in backward with its stale CPU "
-               "gradient buffer (PyTorch's prepare_gradient_for_optim); the oracle does not "
-               "model that";
-      }
-      return std::nullopt;
-    };
-  }
   s.inputs = ParityInputs(name);
   s.run_rank = [name](RankEnv& env) { return RunFsdp1ParityRank(name, env); };
   s.expect = [name](const CaseParams& p, int world) { return ExpectFsdp1Parity(name, p, world); };

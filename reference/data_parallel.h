@@ -18,6 +18,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "reference/model.h"
@@ -54,27 +55,53 @@ struct TrainingStep {
   bool set_to_none = true;                 // Default: true (zero_grad's default).
 };
 
+// One FSDP1 flat parameter under CPUOffload(offload_params=True), for RunDataParallelTraining's
+// `offloaded` argument (PyTorch's _flat_param.py prepare_gradient_for_optim, _runtime_utils.py
+// _post_backward_final_callback / _catch_all_reshard):
+//  * its sharded gradient lives in a persistent CPU buffer (`_cpu_grad`, zeros at lazy init):
+//    a backward that gives any of its parameters a gradient overwrites the buffer with the
+//    synchronised gradient (zeros for members without one; not accumulated), a backward that
+//    gives none leaves the buffer as it was; after every synced backward the buffer becomes
+//    `.grad`, so the optimizer always steps every member with it (a stale gradient for a flat
+//    parameter unused in that backward), and zero_grad(set_to_none=False) zeroes it in place;
+//  * `keeps_unsharded_after_forward` (SHARD_GRAD_OP, _HYBRID_SHARD_ZERO2, or the root of any
+//    sharded strategy, on a shard group of more than one rank): the unsharded flat parameter of
+//    a forward is freed only by the post-backward; in a backward that gives the flat parameter
+//    no gradient it stays allocated, later forwards and summon_full_params reuse it without
+//    all-gathering (`needs_unshard()` is false), so they see the values of that forward, not
+//    what the optimizer made of the shard since, until a backward gives it a gradient again.
+//    A flat parameter that gets no gradient is taken to have run forward.
+struct OffloadedFlatParam {
+  std::vector<std::string> params;  // its original parameters' names (keys of the TensorMaps)
+  bool keeps_unsharded_after_forward = false;
+};
+
 template <typename T>
 struct StepRecord {
   std::vector<T> rank_losses;              // loss of each rank on its own input
   std::vector<TensorMap<T>> rank_grads;    // each rank's local gradients of this backward
   TensorMap<T> grads;                      // `.grad` after this backward (averaged, accumulated)
                                            // = what the optimizer saw; before zero_grad
-  TensorMap<T> params;                     // parameters after the optimizer step
+  TensorMap<T> params;                     // parameters after the optimizer step (with
+                                           // `offloaded`: as forward and summon_full_params
+                                           // see them, see OffloadedFlatParam)
   std::vector<TensorMap<T>> rank_buffers;  // each rank's buffers after its forward
   double lr = 0;                           // learning rate the optimizer step used (0 when none)
 };
 
 // Runs the steps in order from `params` / `buffers` (buffers start identical on every rank).
 // `optimizer` may be null only if no step has optimizer_step; `scheduler` may be null. The
-// scheduler steps right after each optimizer step. Throws std::invalid_argument when the steps
-// disagree on the world size.
+// scheduler steps right after each optimizer step. `offloaded`: flat parameters under FSDP1's
+// CPUOffload (OffloadedFlatParam); every step must then step the optimizer. Throws
+// std::invalid_argument when the steps disagree on the world size or `offloaded` names an
+// unknown parameter.
 template <typename T>
 std::vector<StepRecord<T>> RunDataParallelTraining(const Model<T>& model, TensorMap<T> params,
                                                    const TensorMap<T>& buffers,
                                                    const std::vector<TrainingStep<T>>& steps,
                                                    Optimizer<T>* optimizer,
-                                                   StepLr<T>* scheduler = nullptr);
+                                                   StepLr<T>* scheduler = nullptr,
+                                                   const std::vector<OffloadedFlatParam>& offloaded = {});
 
 // Convenience: `num_steps` identical steps, each splitting `global_batch` over `world_size` ranks
 // with `loss` and zero_grad(set_to_none=True) after the optimizer step.
