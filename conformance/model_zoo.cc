@@ -729,7 +729,7 @@ EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
 
 std::vector<reference::StepRecord<double>> TrainOracle(
     const ZooModel& model, const OptimConfig& optim_config, uint64_t seed, int64_t steps,
-    DType dtype, int world, const std::vector<reference::OffloadedFlatParam>& offloaded) {
+    DType dtype, int world, const std::vector<reference::Fsdp1FlatParam>& flat_params) {
   std::vector<reference::TrainingStep<double>> plan;
   for (int64_t step = 0; step < steps; ++step) {
     reference::TrainingStep<double> s;
@@ -742,7 +742,7 @@ std::vector<reference::StepRecord<double>> TrainOracle(
   auto optimizer = MakeOracleOptimizer(optim_config);
   return reference::RunDataParallelTraining<double>(
       model.oracle(), model.MakeParameters(seed, dtype), model.MakeBuffers(seed, dtype), plan,
-      optimizer.get(), /*scheduler=*/nullptr, offloaded);
+      optimizer.get(), /*scheduler=*/nullptr, flat_params);
 }
 
 }  // namespace fsdp::conformance

@@ -91,11 +91,12 @@ BasicRefTensor<T> ZerosLike(const BasicRefTensor<T>& like) {
   return out;
 }
 
-// The state OffloadedFlatParam describes, for one flat parameter.
+// The state Fsdp1FlatParam describes, for one flat parameter.
 template <typename T>
-struct OffloadedState {
+struct FlatParamState {
   TensorMap<T> cpu_grad;                     // `_cpu_grad`
   std::optional<TensorMap<T>> kept_unsharded;  // the unsharded values kept since a forward
+  bool grad_attached = false;  // the optimizer's `.grad` of the members is the buffer
 };
 
 }  // namespace
@@ -105,27 +106,29 @@ std::vector<StepRecord<T>> RunDataParallelTraining(const Model<T>& model, Tensor
                                                    const TensorMap<T>& buffers,
                                                    const std::vector<TrainingStep<T>>& steps,
                                                    Optimizer<T>* optimizer, StepLr<T>* scheduler,
-                                                   const std::vector<OffloadedFlatParam>& offloaded) {
+                                                   const std::vector<Fsdp1FlatParam>& flat_params) {
   std::vector<StepRecord<T>> records;
   if (steps.empty()) return records;
   const size_t world = steps[0].rank_inputs.size();
   if (world == 0) throw std::invalid_argument("RunDataParallelTraining: no ranks");
-  std::vector<OffloadedState<T>> offload_states(offloaded.size());
-  for (size_t g = 0; g < offloaded.size(); ++g) {
-    for (const std::string& name : offloaded[g].params) {
+  std::vector<FlatParamState<T>> flat_states(flat_params.size());
+  for (size_t g = 0; g < flat_params.size(); ++g) {
+    for (const std::string& name : flat_params[g].params) {
       auto it = params.find(name);
       if (it == params.end()) {
-        throw std::invalid_argument("RunDataParallelTraining: offloaded flat parameter " +
+        throw std::invalid_argument("RunDataParallelTraining: FSDP1 flat parameter " +
                                     std::to_string(g) + " names unknown parameter '" + name + "'");
       }
-      offload_states[g].cpu_grad[name] = ZerosLike(it->second);
+      flat_states[g].cpu_grad[name] = ZerosLike(it->second);
     }
   }
-  // What forward and summon_full_params see: `params`, but kept unsharded values where kept.
-  auto visible = [&]() {
+  // What forward (`in_summon` false) or summon_full_params sees: `params`, but kept unsharded
+  // values where kept and seen.
+  auto visible = [&](bool in_summon) {
     TensorMap<T> out = params;
-    for (const OffloadedState<T>& st : offload_states) {
-      if (!st.kept_unsharded) continue;
+    for (size_t g = 0; g < flat_params.size(); ++g) {
+      const FlatParamState<T>& st = flat_states[g];
+      if (!st.kept_unsharded || (in_summon && flat_params[g].full_precision_summon)) continue;
       for (const auto& [name, value] : *st.kept_unsharded) out[name] = value;
     }
     return out;
@@ -139,15 +142,15 @@ std::vector<StepRecord<T>> RunDataParallelTraining(const Model<T>& model, Tensor
                                   std::to_string(step.rank_inputs.size()) + " ranks, step 0 has " +
                                   std::to_string(world));
     }
-    if (!offloaded.empty() && !step.optimizer_step) {
+    if (!flat_params.empty() && !step.optimizer_step) {
       throw std::invalid_argument("RunDataParallelTraining: step " + std::to_string(s) +
-                                  " does not step the optimizer; offloaded flat parameters "
+                                  " does not step the optimizer; FSDP1 flat parameters "
                                   "need every step to");
     }
     StepRecord<T> rec;
-    const TensorMap<T> forward_params = offloaded.empty() ? TensorMap<T>() : visible();
+    const TensorMap<T> forward_params = flat_params.empty() ? TensorMap<T>() : visible(false);
     for (size_t r = 0; r < world; ++r) {
-      LossAndGrads<T> lg = ForwardBackward(model, offloaded.empty() ? params : forward_params,
+      LossAndGrads<T> lg = ForwardBackward(model, flat_params.empty() ? params : forward_params,
                                            rank_buffers[r], step.rank_inputs[r], step.loss);
       rec.rank_losses.push_back(lg.loss);
       rec.rank_grads.push_back(std::move(lg.grads));
@@ -155,23 +158,31 @@ std::vector<StepRecord<T>> RunDataParallelTraining(const Model<T>& model, Tensor
     }
     const TensorMap<T> synced = AverageGradients(rec.rank_grads);
     AccumulateGrads(&grads, synced);
-    for (size_t g = 0; g < offloaded.size(); ++g) {
-      OffloadedState<T>& st = offload_states[g];
+    for (size_t g = 0; g < flat_params.size(); ++g) {
+      FlatParamState<T>& st = flat_states[g];
       bool got_grad = false;
-      for (const std::string& name : offloaded[g].params) got_grad = got_grad || synced.count(name);
+      for (const std::string& name : flat_params[g].params) got_grad = got_grad || synced.count(name);
       if (got_grad) {
         for (auto& [name, buffer] : st.cpu_grad) {
           auto it = synced.find(name);
           buffer = it != synced.end() ? it->second : ZerosLike(buffer);
         }
         st.kept_unsharded.reset();  // the post-backward frees it
-      } else if (offloaded[g].keeps_unsharded_after_forward && !st.kept_unsharded) {
+      } else if (flat_params[g].keeps_unsharded_after_forward && !st.kept_unsharded) {
         TensorMap<T> kept;
-        for (const std::string& name : offloaded[g].params) kept[name] = forward_params.at(name);
+        for (const std::string& name : flat_params[g].params) kept[name] = forward_params.at(name);
         st.kept_unsharded = std::move(kept);
       }
-      // prepare_gradient_for_optim: `.grad` is the CPU buffer.
-      for (const auto& [name, buffer] : st.cpu_grad) grads[name] = buffer;
+      if (!flat_params[g].offload_params) continue;
+      // prepare_gradient_for_optim: `.grad` is the CPU buffer (or views into it).
+      if (got_grad || flat_params[g].grad_every_backward) st.grad_attached = true;
+      for (const auto& [name, buffer] : st.cpu_grad) {
+        if (st.grad_attached) {
+          grads[name] = buffer;
+        } else {
+          grads.erase(name);
+        }
+      }
     }
     rec.grads = grads;
     if (step.optimizer_step) {
@@ -184,11 +195,15 @@ std::vector<StepRecord<T>> RunDataParallelTraining(const Model<T>& model, Tensor
     if (step.zero_grad) {
       ZeroGrad(&grads, step.set_to_none);
       // `.grad` is the CPU buffer itself: zero_() zeroes it, set_to_none leaves it.
-      if (!step.set_to_none) {
-        for (OffloadedState<T>& st : offload_states) ZeroGrad(&st.cpu_grad, false);
+      for (FlatParamState<T>& st : flat_states) {
+        if (step.set_to_none) {
+          st.grad_attached = false;
+        } else if (st.grad_attached) {
+          ZeroGrad(&st.cpu_grad, false);
+        }
       }
     }
-    rec.params = offloaded.empty() ? params : visible();
+    rec.params = flat_params.empty() ? params : visible(true);
     rec.rank_buffers = rank_buffers;
     records.push_back(std::move(rec));
   }
@@ -215,7 +230,7 @@ std::vector<StepRecord<T>> RunDataParallelTraining(
   template TensorMap<T> AverageGradients<T>(const std::vector<TensorMap<T>>&);                   \
   template std::vector<StepRecord<T>> RunDataParallelTraining<T>(                                \
       const Model<T>&, TensorMap<T>, const TensorMap<T>&, const std::vector<TrainingStep<T>>&,   \
-      Optimizer<T>*, StepLr<T>*, const std::vector<OffloadedFlatParam>&);                        \
+      Optimizer<T>*, StepLr<T>*, const std::vector<Fsdp1FlatParam>&);                            \
   template std::vector<StepRecord<T>> RunDataParallelTraining<T>(                                \
       const Model<T>&, const TensorMap<T>&, const TensorMap<T>&, const ModelInput<T>&, int, int, \
       const LossSpec&, Optimizer<T>*, StepLr<T>*);
