@@ -9,6 +9,14 @@ ParamSpec ShardingStrategyAxis() {
                          {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"});
 }
 
+ParamSpec AllShardingStrategiesAxis() {
+  return ParamSpec::Axis("sharding_strategy",
+                         "FullyShardedDataParallel sharding_strategy (hybrid ones on the "
+                         "(replicate, shard) mesh of HybridMeshShapeFor(world))",
+                         {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD",
+                          "_HYBRID_SHARD_ZERO2"});
+}
+
 ParamSpec BackwardPrefetchAxis() {
   return ParamSpec::Axis("backward_prefetch", "BackwardPrefetch (None: no prefetch)",
                          {"BACKWARD_PRE", "BACKWARD_POST", "None"});
@@ -17,6 +25,34 @@ ParamSpec BackwardPrefetchAxis() {
 ParamSpec UseOrigParamsAxis() {
   return ParamSpec::Axis("use_orig_params", "FullyShardedDataParallel use_orig_params",
                          {"False", "True"});
+}
+
+ParamSpec MixedPrecisionAxis() {
+  return ParamSpec::Axis("mixed_precision",
+                         "MixedPrecision: None, param/reduce/buffer dtypes all bfloat16 or all "
+                         "float16, or reduce_dtype=bfloat16 only",
+                         {"None", "bfloat16", "float16", "reduce_bfloat16"});
+}
+
+fsdp1::MixedPrecision ParseMixedPrecision(const std::string& name) {
+  fsdp1::MixedPrecision mp;
+  if (name == "None") return mp;
+  if (name == "reduce_bfloat16") {
+    mp.reduce_dtype = DType::kBFloat16;
+    return mp;
+  }
+  FSDP_CHECK(name == "bfloat16" || name == "float16", "unknown mixed_precision '", name,
+             "' (None, bfloat16, float16 or reduce_bfloat16)");
+  const DType low = name == "bfloat16" ? DType::kBFloat16 : DType::kFloat16;
+  mp.param_dtype = mp.reduce_dtype = mp.buffer_dtype = low;
+  return mp;
+}
+
+std::optional<HybridMeshShape> HybridMeshShapeFor(int world) {
+  for (int p = 2; p * 2 <= world; ++p) {
+    if (world % p == 0) return HybridMeshShape{p, world / p};
+  }
+  return std::nullopt;
 }
 
 fsdp1::ShardingStrategy ParseShardingStrategy(const std::string& name) {

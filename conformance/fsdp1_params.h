@@ -1,8 +1,10 @@
 // The FullyShardedDataParallel knobs that FSDP1 scenario families share as parameters:
-// the sharding_strategy, backward_prefetch and use_orig_params axes with the seeds' values,
-// and their parsing into the engine's option types. Stateless; thread-safe.
+// the sharding_strategy, backward_prefetch, use_orig_params and mixed_precision axes, their
+// parsing into the engine's option types, and the 2-D mesh a hybrid strategy runs on.
+// Stateless; thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -13,10 +15,28 @@ namespace fsdp::conformance {
 
 // {FULL_SHARD, SHARD_GRAD_OP, NO_SHARD}: the seeds' strategies (hybrid ones need a 2-D mesh).
 ParamSpec ShardingStrategyAxis();
+// Every ShardingStrategy, the hybrid ones included (they need HybridMeshShape(world)).
+ParamSpec AllShardingStrategiesAxis();
 // {BACKWARD_PRE, BACKWARD_POST, None}.
 ParamSpec BackwardPrefetchAxis();
 // {False, True}.
 ParamSpec UseOrigParamsAxis();
+
+// {None, bfloat16, float16, reduce_bfloat16}: no MixedPrecision; MixedPrecision(param_dtype,
+// reduce_dtype, buffer_dtype) all bfloat16 / all float16; MixedPrecision(reduce_dtype=bfloat16)
+// only.
+ParamSpec MixedPrecisionAxis();
+// A MixedPrecisionAxis value as the engine's MixedPrecision; InvalidArgument otherwise.
+fsdp1::MixedPrecision ParseMixedPrecision(const std::string& name);
+
+// The (replicate, shard) mesh shape a hybrid strategy uses at `world` ranks: replicate = the
+// smallest prime factor of `world`, shard = the rest; nullopt when either would be 1 (a world
+// of 1, or a prime world), which cannot shard within and replicate across groups at once.
+struct HybridMeshShape {
+  int64_t replicate = 0;
+  int64_t shard = 0;
+};
+std::optional<HybridMeshShape> HybridMeshShapeFor(int world);
 
 // "FULL_SHARD" etc.; InvalidArgument naming the value otherwise.
 fsdp1::ShardingStrategy ParseShardingStrategy(const std::string& name);

@@ -738,10 +738,9 @@ EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
   return record;
 }
 
-std::vector<reference::StepRecord<double>> TrainOracle(const ZooModel& model,
-                                                       const OptimConfig& optim_config,
-                                                       uint64_t seed, int64_t steps, DType dtype,
-                                                       int world) {
+std::vector<reference::StepRecord<double>> TrainOracle(
+    const ZooModel& model, const OptimConfig& optim_config, uint64_t seed, int64_t steps,
+    DType dtype, int world, const std::vector<reference::Fsdp1FlatParam>& flat_params) {
   std::vector<reference::TrainingStep<double>> plan;
   for (int64_t step = 0; step < steps; ++step) {
     reference::TrainingStep<double> s;
@@ -754,7 +753,7 @@ std::vector<reference::StepRecord<double>> TrainOracle(const ZooModel& model,
   auto optimizer = MakeOracleOptimizer(optim_config);
   return reference::RunDataParallelTraining<double>(
       model.oracle(), model.MakeParameters(seed, dtype), model.MakeBuffers(seed, dtype), plan,
-      optimizer.get());
+      optimizer.get(), /*scheduler=*/nullptr, flat_params);
 }
 
 }  // namespace fsdp::conformance

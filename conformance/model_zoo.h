@@ -271,9 +271,9 @@ EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
 // The oracle's run of the same steps over `world` ranks, each step's global batch of
 // world * model.batch() rows split by rank (world 1: the single-rank run above), from the
 // weights MakeParameters(seed, dtype) and the inputs MakeInput(seed, step, dtype, rows).
-std::vector<reference::StepRecord<double>> TrainOracle(const ZooModel& model,
-                                                       const OptimConfig& optim_config,
-                                                       uint64_t seed, int64_t steps, DType dtype,
-                                                       int world = 1);
+// `flat_params`: FSDP1's flat parameters (reference::Fsdp1FlatParam).
+std::vector<reference::StepRecord<double>> TrainOracle(
+    const ZooModel& model, const OptimConfig& optim_config, uint64_t seed, int64_t steps,
+    DType dtype, int world = 1, const std::vector<reference::Fsdp1FlatParam>& flat_params = {});
 
 }  // namespace fsdp::conformance

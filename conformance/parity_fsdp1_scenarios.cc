@@ -1,6 +1,9 @@
 // Family `parity/fsdp1`: FSDP1 (`FullyShardedDataParallel`) training of the seed families'
 // models (Transformer, MLP, DoubleLinear) on `world` ranks against the oracle's data-parallel
-// run, under every sharding_strategy x backward_prefetch x use_orig_params x cpu_offload.
+// run, under every sharding_strategy x backward_prefetch x use_orig_params x cpu_offload x
+// mixed_precision. The hybrid strategies run on the (replicate, shard) mesh of
+// HybridMeshShapeFor(world) (2 x 2 at world 4, an extra ctest run); a world without one skips
+// them. Mixed precision is judged within MixedPrecisionRtol of the oracle (SGD only).
 //
 // Each rank loads the case's runner-owned weights, wraps the model with FSDP1, nesting an
 // instance around the same submodules FSDP2's parity family shards (ChildrenToShard: the
@@ -9,7 +12,19 @@
 // (TrainEngine). It reports its losses and, after every optimizer step, the full parameters by
 // clean FQN (summon_full_params(writeback=False)); the judge compares them with the oracle's
 // data-parallel run (ExpectFsdp1Parity). Gradients are judged through the parameters they move.
+//
+// A flat parameter that gets no gradient in a backward (DoubleLinear's lin2 once the loss is
+// out1.sum()) behaves unlike a plain model's parameters, and the oracle models it
+// (reference::Fsdp1FlatParam): where the unsharded flat parameter outlives forward
+// (SHARD_GRAD_OP, _HYBRID_SHARD_ZERO2) the full parameters read afterwards are that kept copy,
+// not what the optimizer made of the shard (a zeroed gradient still moves it with momentum);
+// under CPUOffload the optimizer keeps stepping it with the CPU buffer's stale gradient
+// (prepare_gradient_for_optim).
+#include <algorithm>
+#include <cmath>
+#include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -21,6 +36,7 @@
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "conformance/sharded_parity.h"
+#include "engine/distributed/device_mesh.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
 #include "engine/fsdp1/unshard_params.h"
 #include "engine/fsdp1/wrap_policy.h"
@@ -50,8 +66,18 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   std::set<const nn::Module*> nested;
   for (const nn::ModulePtr& child : ChildrenToShard(module)) nested.insert(child.get());
   fsdp1::FullyShardedDataParallelOptions options;
-  options.process_group = env.pg;
   options.sharding_strategy = ParseShardingStrategy(env.params.GetString("sharding_strategy"));
+  if (fsdp1::IsHybridStrategy(options.sharding_strategy)) {
+    const std::optional<HybridMeshShape> shape = HybridMeshShapeFor(env.world);
+    FSDP_CHECK(shape.has_value(), "parity/fsdp1: world ", env.world,
+               " has no (replicate, shard) mesh for a hybrid strategy");
+    options.device_mesh = distributed::DeviceMesh::Init(
+        env.pg, env.device.is_cuda() ? "cuda" : "cpu", {shape->replicate, shape->shard},
+        {"replicate", "shard"});
+  } else {
+    options.process_group = env.pg;
+  }
+  options.mixed_precision = ParseMixedPrecision(env.params.GetString("mixed_precision"));
   options.backward_prefetch = ParseBackwardPrefetch(env.params.GetString("backward_prefetch"));
   options.use_orig_params = env.params.GetBool("use_orig_params");
   options.cpu_offload.offload_params = env.params.GetBool("cpu_offload");
@@ -63,15 +89,109 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   return TrainingObservations(record, c.dtype);
 }
 
+// The size of the group the flat parameters are sharded over: the mesh's shard dimension for a
+// hybrid strategy, else the world.
+int ShardWorld(fsdp1::ShardingStrategy strategy, int world) {
+  if (!fsdp1::IsHybridStrategy(strategy)) return world;
+  const std::optional<HybridMeshShape> shape = HybridMeshShapeFor(world);
+  return shape ? static_cast<int>(shape->shard) : world;
+}
+
+// RunFsdp1ParityRank's flat parameters, for the oracle: one per nested
+// instance (the parameters under that child's FQN) and the root's (the rest), each keeping its
+// unsharded flat parameter after forward when its effective strategy does not free it there
+// (a sharded strategy on a shard group of more than one rank that does not reshard after
+// forward, or the root, which never frees after forward; but not where use_orig_params skipped
+// the sharded views, which _catch_all_reshard frees), read by summon_full_params from the
+// full-precision shard under parameter mixed precision, and given the buffer as gradient after
+// every backward (with CPU offload) unless use_orig_params skipped the gradient views in
+// forward.
+std::vector<reference::Fsdp1FlatParam> Fsdp1FlatParams(const ParityCase& c,
+                                                        const CaseParams& params, int world) {
+  const bool offload_params = params.GetBool("cpu_offload");
+  const fsdp1::ShardingStrategy strategy =
+      ParseShardingStrategy(params.GetString("sharding_strategy"));
+  const bool sharded = ShardWorld(strategy, world) > 1 && fsdp1::UsesShardedStrategy(strategy);
+  // use_orig_params under a strategy that keeps the parameters after forward: the post-forward
+  // reshard skips the sharded views (and the gradient views), and _catch_all_reshard then frees
+  // the unsharded flat parameter after all.
+  const bool skips_views = params.GetBool("use_orig_params") && sharded &&
+                           !fsdp1::ReshardsAfterForward(strategy);
+  const bool full_precision_summon =
+      ParseMixedPrecision(params.GetString("mixed_precision")).param_dtype.has_value();
+  const nn::ModulePtr module = c.model.BuildEngine();
+  std::map<const nn::Module*, std::string> fqns;
+  for (const auto& [name, m] : module->named_modules()) fqns[m.get()] = name;
+  std::vector<reference::Fsdp1FlatParam> out;
+  std::set<std::string> nested_params;
+  for (const nn::ModulePtr& child : ChildrenToShard(module)) {
+    reference::Fsdp1FlatParam flat;
+    for (const auto& [name, p] : child->named_parameters(fqns.at(child.get()))) {
+      flat.params.push_back(name);
+      nested_params.insert(name);
+    }
+    flat.keeps_unsharded_after_forward =
+        sharded && !fsdp1::ReshardsAfterForward(strategy) && !skips_views;
+    flat.full_precision_summon = full_precision_summon;
+    flat.offload_params = offload_params;
+    flat.grad_every_backward = !skips_views;
+    if (!flat.params.empty()) out.push_back(std::move(flat));
+  }
+  reference::Fsdp1FlatParam root;
+  for (const auto& [name, p] : module->named_parameters()) {
+    if (nested_params.count(name) == 0) root.params.push_back(name);
+  }
+  root.keeps_unsharded_after_forward = sharded && !skips_views;
+  root.full_precision_summon = full_precision_summon;
+  root.offload_params = offload_params;
+  root.grad_every_backward = !skips_views;
+  if (!root.params.empty()) out.push_back(std::move(root));
+  return out;
+}
+
+// The dtype forward and backward compute in: MixedPrecision's param_dtype, else the case's.
+DType ComputeDType(const ParityCase& c, const CaseParams& params) {
+  return ParseMixedPrecision(params.GetString("mixed_precision")).param_dtype.value_or(c.dtype);
+}
+
+// The relative error mixed precision adds to what the oracle computes in double. With
+// param_dtype of unit roundoff u = finfo(param_dtype).eps / 2, every parameter is rounded to it
+// and every value forward and backward compute carries rounding errors of about u per
+// operation, which accumulate like a random walk over the model's N parameters: u * sqrt(N).
+// With reduce_dtype only, a gradient is rounded when cast for the reduction and once per
+// summation stage of the reduction tree: u * (1 + ceil(log2(world))). 0 without mixed precision.
+double MixedPrecisionRtol(const ParityCase& c, const CaseParams& params, int world) {
+  const fsdp1::MixedPrecision mp = ParseMixedPrecision(params.GetString("mixed_precision"));
+  if (mp.param_dtype) {
+    int64_t num_params = 0;
+    for (const reference::TensorSpec& spec : c.model.oracle().ParameterSpecs()) {
+      int64_t numel = 1;
+      for (int64_t d : spec.shape) numel *= d;
+      num_params += numel;
+    }
+    return FinfoEps(*mp.param_dtype) / 2 * std::sqrt(static_cast<double>(num_params));
+  }
+  if (mp.reduce_dtype) {
+    return FinfoEps(*mp.reduce_dtype) / 2 * (1 + std::ceil(std::log2(std::max(world, 1))));
+  }
+  return 0;
+}
+
+std::vector<reference::StepRecord<double>> Fsdp1Oracle(const ParityCase& c,
+                                                       const CaseParams& params, int world) {
+  return TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, world,
+                     Fsdp1FlatParams(c, params, world));
+}
+
 std::vector<nlohmann::json> ExpectFsdp1Parity(const std::string& kind, const CaseParams& params,
                                               int world) {
   const ParityCase c = DecodeParityCase(kind, params);
-  const auto oracle = TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, world);
+  const auto oracle = Fsdp1Oracle(c, params, world);
   std::vector<nlohmann::json> expected(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     nlohmann::json& e = expected[static_cast<size_t>(r)];
     e[kLosses] = nlohmann::json::array();
-    e["loss_dtype"] = DTypeName(ZooModel::Kind(kind).LossDType(c.dtype));
+    e["loss_dtype"] = DTypeName(ZooModel::Kind(kind).LossDType(ComputeDType(c, params)));
     e[kTensors] = nlohmann::json::object();
     for (int64_t k = 0; k < c.steps; ++k) {
       const auto& step = oracle[static_cast<size_t>(k)];
@@ -87,16 +207,63 @@ void JudgeFsdp1Parity(const std::string& kind, const CaseParams& params, int wor
   const ParityCase c = DecodeParityCase(kind, params);
   const Tolerance tol = c.ToleranceFor(c.dtype);
   const std::vector<nlohmann::json> expected = ExpectFsdp1Parity(kind, params, world);
+  // Mixed precision (MixedPrecisionRtol): the parameters after step k within mp_rtol of every
+  // update the oracle made up to it (the largest element's change per step, summed: the drift
+  // bound); the loss of step k within mp_rtol of itself plus, to first order, what the drift
+  // entering step k can move it: the L1 norm of the oracle's gradient of that rank's loss times
+  // that drift.
+  const double mp_rtol = MixedPrecisionRtol(c, params, world);
+  std::vector<double> drift(static_cast<size_t>(c.steps), 0.0);  // after step k
+  std::vector<reference::StepRecord<double>> oracle;
+  if (mp_rtol > 0) {
+    oracle = Fsdp1Oracle(c, params, world);
+    reference::RefTensorMap previous = c.model.MakeParameters(c.seed, c.dtype);
+    double total = 0;
+    for (int64_t k = 0; k < c.steps; ++k) {
+      const reference::RefTensorMap& current = oracle[static_cast<size_t>(k)].params;
+      double largest_update = 0;
+      for (const auto& [name, value] : current) {
+        const reference::RefTensor& before = previous.at(name);
+        for (size_t i = 0; i < value.data.size(); ++i) {
+          largest_update = std::max(largest_update, std::fabs(value.data[i] - before.data[i]));
+        }
+      }
+      total += mp_rtol * largest_update;
+      drift[static_cast<size_t>(k)] = total;
+      previous = current;
+    }
+  }
   ErrorStats param_err;
   for (int r = 0; r < world; ++r) {
     const std::string who = RankName(r);
-    CheckRankLosses(checks, c, expected, per_rank, r);
+    if (mp_rtol > 0) {
+      const nlohmann::json& loss_dtype = RankObservation(expected, r, "loss_dtype");
+      checks.CheckEqual(who + " loss dtype", loss_dtype,
+                        RankObservation(per_rank, r, "loss_dtype"));
+      const std::vector<double> want = Losses(expected, r);
+      const std::vector<double> got = Losses(per_rank, r);
+      for (size_t k = 0; k < want.size() && k < got.size(); ++k) {
+        double grad_l1 = 0;
+        for (const auto& [name, g] : oracle[k].rank_grads.at(static_cast<size_t>(r))) {
+          for (double v : g.data) grad_l1 += std::fabs(v);
+        }
+        const double entering_drift = k == 0 ? 0.0 : drift[k - 1];
+        checks.CheckClose(who + " loss at step " + std::to_string(k) + " vs oracle", std::vector<double>{want[k]},
+                          std::vector<double>{got[k]},
+                          Tolerance{tol.atol + grad_l1 * entering_drift, tol.rtol + mp_rtol});
+      }
+      checks.CheckEqual(who + " losses reported", want.size(), got.size());
+    } else {
+      CheckRankLosses(checks, c, expected, per_rank, r);
+    }
     for (int64_t k = 0; k < c.steps; ++k) {
       param_err.Merge(CheckMapsClose(checks, who + " parameters after step " + std::to_string(k),
                                      MapFromObservations(expected, r, StepPrefix(k)),
-                                     MapFromObservations(per_rank, r, StepPrefix(k)), tol));
+                                     MapFromObservations(per_rank, r, StepPrefix(k)),
+                                     Tolerance{tol.atol + drift[static_cast<size_t>(k)], tol.rtol}));
     }
   }
+  checks.SetFigure("mixed_precision_rtol", mp_rtol);
   checks.SetFigure("steps", c.steps);
   checks.SetFigure("param_max_abs_err", param_err.max_abs);
   checks.SetFigure("param_max_rel_err", param_err.max_rel);
@@ -114,11 +281,12 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   for (ParamSpec& p : s.info.params) {
     if (p.name == "optim") p = ParamSpec::SizeString("optim", "optimizer: sgd, adam or adamw", "sgd");
   }
-  s.info.params.push_back(ShardingStrategyAxis());
+  s.info.params.push_back(AllShardingStrategiesAxis());
   s.info.params.push_back(BackwardPrefetchAxis());
   s.info.params.push_back(UseOrigParamsAxis());
   s.info.params.push_back(
       ParamSpec::Axis("cpu_offload", "CPUOffload(offload_params=...)", {"False", "True"}));
+  s.info.params.push_back(MixedPrecisionAxis());
   s.info.observations = TrainingSchema(
       "the full parameter, read inside summon_full_params(writeback=False), by its clean FQN "
       "(no _fsdp_wrapped_module.)",
@@ -128,23 +296,27 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.min_world = 1;
   s.info.max_world = 8;
   s.info.requirements.devices = {DeviceType::kCPU};
-  const std::string name = kind.name;
-  if (name == "double_linear") {
-    // Under CPUOffload FSDP1 hands the optimizer its CPU gradient buffer even for a flat
-    // parameter that got no gradient in that backward (PyTorch's prepare_gradient_for_optim
-    // sets flat_param.grad = _cpu_grad unconditionally), so lin2, unused once the loss
-    // switches to out1.sum(), keeps being stepped; the oracle models a plain model, whose lin2
-    // gets no gradient then.
-    s.skip = [](const CaseParams& p, int) -> std::optional<std::string> {
-      if (p.GetBool("cpu_offload") && p.GetBool("use_second_linear") &&
-          p.GetInt("loss_switch_step") < p.GetInt("steps")) {
-        return "CPUOffload steps a flat parameter unused in backward with its stale CPU "
-               "gradient buffer (PyTorch's prepare_gradient_for_optim); the oracle does not "
-               "model that";
-      }
-      return std::nullopt;
-    };
+  // The hybrid strategies on a real 2 x 2 (replicate, shard) mesh.
+  for (const char* hybrid : {"HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"}) {
+    s.info.test_runs.push_back({4, {{"sharding_strategy", hybrid}}});
   }
+  s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
+    if (p.GetString("mixed_precision") != "None" && p.GetString("optim") != "sgd") {
+      return "mixed_precision=" + p.GetString("mixed_precision") + " with optim=" +
+             p.GetString("optim") +
+             ": Adam normalises every element's gradient, so the rounding of a gradient that is "
+             "zero for the oracle becomes an lr-sized step; only SGD's error is bounded by the "
+             "oracle's updates";
+    }
+    const std::string strategy = p.GetString("sharding_strategy");
+    if (fsdp1::IsHybridStrategy(ParseShardingStrategy(strategy)) &&
+        !HybridMeshShapeFor(world).has_value()) {
+      return strategy + " needs a (replicate, shard) mesh with both dimensions >= 2; world " +
+             std::to_string(world) + " has none";
+    }
+    return std::nullopt;
+  };
+  const std::string name = kind.name;
   s.inputs = ParityInputs(name);
   s.run_rank = [name](RankEnv& env) { return RunFsdp1ParityRank(name, env); };
   s.expect = [name](const CaseParams& p, int world) { return ExpectFsdp1Parity(name, p, world); };

@@ -1,5 +1,7 @@
 #include "reference/data_parallel.h"
 
+#include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -79,15 +81,58 @@ TensorMap<T> AverageGradients(const std::vector<TensorMap<T>>& per_rank) {
   return sum;
 }
 
+namespace {
+
+// A zero tensor of `like`'s shape.
+template <typename T>
+BasicRefTensor<T> ZerosLike(const BasicRefTensor<T>& like) {
+  BasicRefTensor<T> out = like;
+  std::fill(out.data.begin(), out.data.end(), T(0));
+  return out;
+}
+
+// The state Fsdp1FlatParam describes, for one flat parameter.
+template <typename T>
+struct FlatParamState {
+  TensorMap<T> cpu_grad;                     // `_cpu_grad`
+  std::optional<TensorMap<T>> kept_unsharded;  // the unsharded values kept since a forward
+  bool grad_attached = false;  // the optimizer's `.grad` of the members is the buffer
+};
+
+}  // namespace
+
 template <typename T>
 std::vector<StepRecord<T>> RunDataParallelTraining(const Model<T>& model, TensorMap<T> params,
                                                    const TensorMap<T>& buffers,
                                                    const std::vector<TrainingStep<T>>& steps,
-                                                   Optimizer<T>* optimizer, StepLr<T>* scheduler) {
+                                                   Optimizer<T>* optimizer, StepLr<T>* scheduler,
+                                                   const std::vector<Fsdp1FlatParam>& flat_params) {
   std::vector<StepRecord<T>> records;
   if (steps.empty()) return records;
   const size_t world = steps[0].rank_inputs.size();
   if (world == 0) throw std::invalid_argument("RunDataParallelTraining: no ranks");
+  std::vector<FlatParamState<T>> flat_states(flat_params.size());
+  for (size_t g = 0; g < flat_params.size(); ++g) {
+    for (const std::string& name : flat_params[g].params) {
+      auto it = params.find(name);
+      if (it == params.end()) {
+        throw std::invalid_argument("RunDataParallelTraining: FSDP1 flat parameter " +
+                                    std::to_string(g) + " names unknown parameter '" + name + "'");
+      }
+      flat_states[g].cpu_grad[name] = ZerosLike(it->second);
+    }
+  }
+  // What forward (`in_summon` false) or summon_full_params sees: `params`, but kept unsharded
+  // values where kept and seen.
+  auto visible = [&](bool in_summon) {
+    TensorMap<T> out = params;
+    for (size_t g = 0; g < flat_params.size(); ++g) {
+      const FlatParamState<T>& st = flat_states[g];
+      if (!st.kept_unsharded || (in_summon && flat_params[g].full_precision_summon)) continue;
+      for (const auto& [name, value] : *st.kept_unsharded) out[name] = value;
+    }
+    return out;
+  };
   std::vector<TensorMap<T>> rank_buffers(world, buffers);
   TensorMap<T> grads;  // the replicated `.grad`, persistent until zero_grad
   for (size_t s = 0; s < steps.size(); ++s) {
@@ -97,15 +142,48 @@ std::vector<StepRecord<T>> RunDataParallelTraining(const Model<T>& model, Tensor
                                   std::to_string(step.rank_inputs.size()) + " ranks, step 0 has " +
                                   std::to_string(world));
     }
+    if (!flat_params.empty() && !step.optimizer_step) {
+      throw std::invalid_argument("RunDataParallelTraining: step " + std::to_string(s) +
+                                  " does not step the optimizer; FSDP1 flat parameters "
+                                  "need every step to");
+    }
     StepRecord<T> rec;
+    const TensorMap<T> forward_params = flat_params.empty() ? TensorMap<T>() : visible(false);
     for (size_t r = 0; r < world; ++r) {
-      LossAndGrads<T> lg =
-          ForwardBackward(model, params, rank_buffers[r], step.rank_inputs[r], step.loss);
+      LossAndGrads<T> lg = ForwardBackward(model, flat_params.empty() ? params : forward_params,
+                                           rank_buffers[r], step.rank_inputs[r], step.loss);
       rec.rank_losses.push_back(lg.loss);
       rec.rank_grads.push_back(std::move(lg.grads));
       rank_buffers[r] = std::move(lg.buffers);
     }
-    AccumulateGrads(&grads, AverageGradients(rec.rank_grads));
+    const TensorMap<T> synced = AverageGradients(rec.rank_grads);
+    AccumulateGrads(&grads, synced);
+    for (size_t g = 0; g < flat_params.size(); ++g) {
+      FlatParamState<T>& st = flat_states[g];
+      bool got_grad = false;
+      for (const std::string& name : flat_params[g].params) got_grad = got_grad || synced.count(name);
+      if (got_grad) {
+        for (auto& [name, buffer] : st.cpu_grad) {
+          auto it = synced.find(name);
+          buffer = it != synced.end() ? it->second : ZerosLike(buffer);
+        }
+        st.kept_unsharded.reset();  // the post-backward frees it
+      } else if (flat_params[g].keeps_unsharded_after_forward && !st.kept_unsharded) {
+        TensorMap<T> kept;
+        for (const std::string& name : flat_params[g].params) kept[name] = forward_params.at(name);
+        st.kept_unsharded = std::move(kept);
+      }
+      if (!flat_params[g].offload_params) continue;
+      // prepare_gradient_for_optim: `.grad` is the CPU buffer (or views into it).
+      if (got_grad || flat_params[g].grad_every_backward) st.grad_attached = true;
+      for (const auto& [name, buffer] : st.cpu_grad) {
+        if (st.grad_attached) {
+          grads[name] = buffer;
+        } else {
+          grads.erase(name);
+        }
+      }
+    }
     rec.grads = grads;
     if (step.optimizer_step) {
       if (optimizer == nullptr)
@@ -114,8 +192,18 @@ std::vector<StepRecord<T>> RunDataParallelTraining(const Model<T>& model, Tensor
       optimizer->Step(&params, grads);
       if (scheduler != nullptr) scheduler->Step();
     }
-    if (step.zero_grad) ZeroGrad(&grads, step.set_to_none);
-    rec.params = params;
+    if (step.zero_grad) {
+      ZeroGrad(&grads, step.set_to_none);
+      // `.grad` is the CPU buffer itself: zero_() zeroes it, set_to_none leaves it.
+      for (FlatParamState<T>& st : flat_states) {
+        if (step.set_to_none) {
+          st.grad_attached = false;
+        } else if (st.grad_attached) {
+          ZeroGrad(&st.cpu_grad, false);
+        }
+      }
+    }
+    rec.params = flat_params.empty() ? params : visible(true);
     rec.rank_buffers = rank_buffers;
     records.push_back(std::move(rec));
   }
@@ -142,7 +230,7 @@ std::vector<StepRecord<T>> RunDataParallelTraining(
   template TensorMap<T> AverageGradients<T>(const std::vector<TensorMap<T>>&);                   \
   template std::vector<StepRecord<T>> RunDataParallelTraining<T>(                                \
       const Model<T>&, TensorMap<T>, const TensorMap<T>&, const std::vector<TrainingStep<T>>&,   \
-      Optimizer<T>*, StepLr<T>*);                                                                \
+      Optimizer<T>*, StepLr<T>*, const std::vector<Fsdp1FlatParam>&);                            \
   template std::vector<StepRecord<T>> RunDataParallelTraining<T>(                                \
       const Model<T>&, const TensorMap<T>&, const TensorMap<T>&, const ModelInput<T>&, int, int, \
       const LossSpec&, Optimizer<T>*, StepLr<T>*);

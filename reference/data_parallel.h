@@ -18,6 +18,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "reference/model.h"
@@ -54,27 +55,71 @@ struct TrainingStep {
   bool set_to_none = true;                 // Default: true (zero_grad's default).
 };
 
+// One FSDP1 flat parameter, for RunDataParallelTraining's `flat_params` argument: what FSDP1
+// does differently from a plain model when the flat parameter gets no gradient in a backward
+// (PyTorch's _flat_param.py prepare_gradient_for_optim / _use_sharded_flat_param,
+// _runtime_utils.py _post_backward_final_callback / _catch_all_reshard). A flat parameter
+// that gets no gradient is taken to have run forward.
+//  * `keeps_unsharded_after_forward` (SHARD_GRAD_OP, _HYBRID_SHARD_ZERO2, or the root of any
+//    sharded strategy, on a shard group of more than one rank, unless use_orig_params skipped
+//    the sharded views): the unsharded flat parameter of a forward is freed only by the
+//    post-backward; in a backward that gives the flat parameter no gradient it stays
+//    allocated, and later forwards and summon_full_params reuse it without all-gathering
+//    (`needs_unshard()` is false): they see the values of that forward, not what the optimizer
+//    made of the shard since, until a backward gives it a gradient again.
+//  * `full_precision_summon` (parameter mixed precision): that kept copy is the low-precision
+//    one; summon_full_params all-gathers the full-precision shard into its own buffer
+//    (`_full_prec_full_param_padded`), so the recorded parameters are the stepped shard while
+//    forward still sees the kept copy.
+//  * `offload_params` (CPUOffload(offload_params=True)): the sharded gradient lives in a
+//    persistent CPU buffer (`_cpu_grad`, zeros at lazy init). A backward that gives any member
+//    a gradient overwrites it with the synchronised gradient (zeros for members without one;
+//    not accumulated); a backward that gives none leaves it as it was. After every synced
+//    backward the buffer is `.grad`, so the optimizer keeps stepping the members with a stale
+//    gradient, and zero_grad(set_to_none=False) zeroes the buffer in place.
+//  * `grad_every_backward` false (with offload_params: use_orig_params where the post-forward
+//    reshard skips the sharded views, SHARD_GRAD_OP and _HYBRID_SHARD_ZERO2): the optimizer
+//    steps the original parameters, whose `.grad` become views into the buffer only in a
+//    post-backward that reduced a gradient; otherwise they stay as the last zero_grad left
+//    them: None (set_to_none=True; not stepped) or zeroed views (stepped with zeros). True: the
+//    buffer is the optimizer's gradient after every backward (the flat parameter itself, or the
+//    views set again by every post-forward reshard).
+// Without offload_params, gradients follow the plain model's rules (a parameter without one
+// keeps what the last zero_grad left).
+struct Fsdp1FlatParam {
+  std::vector<std::string> params;  // its original parameters' names (keys of the TensorMaps)
+  bool keeps_unsharded_after_forward = false;
+  bool full_precision_summon = false;
+  bool offload_params = false;
+  bool grad_every_backward = true;
+};
+
 template <typename T>
 struct StepRecord {
   std::vector<T> rank_losses;              // loss of each rank on its own input
   std::vector<TensorMap<T>> rank_grads;    // each rank's local gradients of this backward
   TensorMap<T> grads;                      // `.grad` after this backward (averaged, accumulated)
                                            // = what the optimizer saw; before zero_grad
-  TensorMap<T> params;                     // parameters after the optimizer step
+  TensorMap<T> params;                     // parameters after the optimizer step (with
+                                           // `flat_params`: as summon_full_params sees them,
+                                           // see Fsdp1FlatParam)
   std::vector<TensorMap<T>> rank_buffers;  // each rank's buffers after its forward
   double lr = 0;                           // learning rate the optimizer step used (0 when none)
 };
 
 // Runs the steps in order from `params` / `buffers` (buffers start identical on every rank).
 // `optimizer` may be null only if no step has optimizer_step; `scheduler` may be null. The
-// scheduler steps right after each optimizer step. Throws std::invalid_argument when the steps
-// disagree on the world size.
+// scheduler steps right after each optimizer step. `flat_params`: FSDP1's flat parameters
+// (Fsdp1FlatParam), each parameter in at most one; every step must then step the optimizer.
+// Throws std::invalid_argument when the steps disagree on the world size or `flat_params` names
+// an unknown parameter.
 template <typename T>
 std::vector<StepRecord<T>> RunDataParallelTraining(const Model<T>& model, TensorMap<T> params,
                                                    const TensorMap<T>& buffers,
                                                    const std::vector<TrainingStep<T>>& steps,
                                                    Optimizer<T>* optimizer,
-                                                   StepLr<T>* scheduler = nullptr);
+                                                   StepLr<T>* scheduler = nullptr,
+                                                   const std::vector<Fsdp1FlatParam>& flat_params = {});
 
 // Convenience: `num_steps` identical steps, each splitting `global_batch` over `world_size` ranks
 // with `loss` and zero_grad(set_to_none=True) after the optimizer step.

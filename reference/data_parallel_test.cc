@@ -186,6 +186,85 @@ TEST(DataParallelTest, UnusedForwardOutputAndZeroGradSemantics) {
   EXPECT_EQ(adam.steps().at("lin1.weight"), 6);
 }
 
+// FSDP1 flat parameters (Fsdp1FlatParam) on test_unused_forward_output's DoubleLinear: lin1 and
+// lin2 are one flat parameter each; lin2 gets no gradient from iteration 3 on.
+class Fsdp1FlatParamTest : public ::testing::Test {
+ protected:
+  static constexpr int kWorld = 2;
+  static constexpr int kIters = 5;
+  static constexpr double kLr = 0.1;
+
+  std::vector<StepRecord<double>> Run(Fsdp1FlatParam lin2, bool set_to_none, double momentum) {
+    const DoubleLinear<double> m(DoubleLinearConfig{6, true, false});
+    const RefTensorMap p0 = UniformTensors<double>(m.ParameterSpecs(), 15, -0.5, 0.5);
+    std::vector<TrainingStep<double>> steps;
+    for (int it = 0; it < kIters; ++it) {
+      TrainingStep<double> s;
+      s.rank_inputs = SplitBatch(Batch(2 * kWorld, 6, 6, 100 + it), kWorld);
+      s.loss = it < 3 ? ProductSumLoss(0, 1) : SumLoss({0});
+      s.set_to_none = set_to_none;
+      steps.push_back(s);
+    }
+    Sgd<double> sgd(SgdOptions{.lr = kLr, .momentum = momentum});
+    Fsdp1FlatParam lin1 = lin2;
+    lin1.params = {"lin1.weight", "lin1.bias"};
+    lin2.params = {"lin2.weight", "lin2.bias"};
+    return RunDataParallelTraining<double>(m, p0, {}, steps, &sgd, nullptr, {lin1, lin2});
+  }
+};
+
+TEST_F(Fsdp1FlatParamTest, CpuOffloadStepsTheStaleBuffer) {
+  const auto rec = Run({.offload_params = true}, /*set_to_none=*/true, /*momentum=*/0);
+  for (int it = 3; it < kIters; ++it) {
+    // prepare_gradient_for_optim hands over the buffer of iteration 2's reduction.
+    EXPECT_EQ(rec[it].grads.at("lin2.weight"), rec[2].grads.at("lin2.weight"));
+    RefTensor stepped = rec[it - 1].params.at("lin2.weight");
+    const RefTensor& g = rec[2].grads.at("lin2.weight");
+    for (size_t i = 0; i < stepped.data.size(); ++i) stepped.data[i] -= kLr * g.data[i];
+    EXPECT_LT(MaxAbsDiff(rec[it].params.at("lin2.weight"), stepped), 1e-12);
+  }
+}
+
+TEST_F(Fsdp1FlatParamTest, CpuOffloadBufferZeroedByZeroGrad) {
+  const auto rec = Run({.offload_params = true}, /*set_to_none=*/false, /*momentum=*/0);
+  EXPECT_EQ(rec[3].grads.at("lin2.weight"), RefTensor({6, 6}));
+  EXPECT_EQ(rec[3].params.at("lin2.weight"), rec[2].params.at("lin2.weight"));
+}
+
+TEST_F(Fsdp1FlatParamTest, UseOrigParamsWithSkippedViewsLeavesNoneGradients) {
+  const auto rec = Run({.offload_params = true, .grad_every_backward = false},
+                       /*set_to_none=*/true, /*momentum=*/0.9);
+  EXPECT_EQ(rec[3].grads.count("lin2.weight"), 0u);
+  EXPECT_EQ(rec[4].params.at("lin2.weight"), rec[2].params.at("lin2.weight"));
+}
+
+TEST_F(Fsdp1FlatParamTest, KeptUnshardedCopyHidesTheMomentumSteps) {
+  // Zeroed (not None) gradients: momentum keeps moving lin2 in the plain model.
+  const auto plain = Run({}, /*set_to_none=*/false, /*momentum=*/0.9);
+  EXPECT_GT(MaxAbsDiff(plain[4].params.at("lin2.weight"), plain[2].params.at("lin2.weight")), 0.0);
+  // SHARD_GRAD_OP keeps iteration 3's unsharded flat parameter: summon_full_params shows it.
+  const auto kept = Run({.keeps_unsharded_after_forward = true}, false, 0.9);
+  EXPECT_EQ(kept[3].params.at("lin2.weight"), plain[2].params.at("lin2.weight"));
+  EXPECT_EQ(kept[4].params.at("lin2.weight"), plain[2].params.at("lin2.weight"));
+  EXPECT_LT(MaxAbsDiff(kept[4].params.at("lin1.weight"), plain[4].params.at("lin1.weight")), 1e-12);
+  // With parameter mixed precision summon_full_params gathers the stepped full-precision shard.
+  const auto summoned =
+      Run({.keeps_unsharded_after_forward = true, .full_precision_summon = true}, false, 0.9);
+  EXPECT_LT(MaxAbsDiff(summoned[4].params.at("lin2.weight"), plain[4].params.at("lin2.weight")),
+            1e-12);
+}
+
+TEST_F(Fsdp1FlatParamTest, UnknownParameterIsRefused) {
+  const DoubleLinear<double> m(DoubleLinearConfig{6, true, false});
+  const RefTensorMap p0 = UniformTensors<double>(m.ParameterSpecs(), 15, -0.5, 0.5);
+  TrainingStep<double> s;
+  s.rank_inputs = SplitBatch(Batch(2, 6, 6, 1), 1);
+  Sgd<double> sgd(SgdOptions{});
+  EXPECT_THROW(RunDataParallelTraining<double>(m, p0, {}, {s}, &sgd, nullptr,
+                                       {Fsdp1FlatParam{.params = {"lin3.weight"}}}),
+               std::invalid_argument);
+}
+
 TEST(DataParallelTest, BatchNormBuffersArePerRank) {
   LinearBatchNormLinearConfig c;
   c.dim = 4;

@@ -12,6 +12,11 @@
 //   Table 2 (step time): the median wall time of the engine's step at world W (the same global
 //     batch split across ranks; the slowest rank's time per step) against the oracle's step
 //     (reference/, double precision, the data-parallel step on the whole global batch, one thread).
+//   Table 4 (FSDP1 memory, per rank): the same model under FullyShardedDataParallel (the same
+//     instances: the blocks nested, the root; tools/fsdp_bench/flat_param_meter.h), one row per
+//     sharding strategy (HYBRID_SHARD where the world has a (replicate, shard) mesh) and one
+//     for FULL_SHARD with the measured step's micro-batch inside no_sync(), each against its
+//     closed-form bound from the flat parameters' sizes. Over the bound: WARN, exit status 1.
 //   Table 3 (all-gather): per FSDP group, the median time of FSDP's whole all-gather path
 //     (unshard: copy-in, all-gather, copy-out; then reshard) against the process group's bare
 //     all_gather_into_tensor of the same bytes, timed in alternation in the same run.
@@ -19,7 +24,7 @@
 // Usage: fsdp-bench [--model transformer|mlp_stack[,..]] [--worlds 1,2,4,8 | 1-8] [--n-layers N]
 //        [--dim N] [--n-heads N] [--vocab-size N] [--seq-len N] [--mlp-dim N] [--batch N]
 //        [--iters N] [--warmup N] [--lr X] [--dtype float32|float64] [--seed N]
-//        [--tables memory,time,comm] [--json PATH]
+//        [--tables memory,time,comm,fsdp1] [--json PATH]
 // Output: aligned text tables and --json, both through tools/bench/table.h (bench::Table).
 // Exit status: 0 ok; 1 when a row exceeds the bound or a rank failed; 2 on bad arguments.
 #include <sched.h>
@@ -31,6 +36,7 @@
 #include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -38,17 +44,22 @@
 
 #include <nlohmann/json.hpp>
 
+#include "conformance/fsdp1_params.h"
 #include "conformance/model_zoo.h"
 #include "conformance/params.h"
 #include "conformance/sharded_parity.h"
 #include "engine/core/error.h"
 #include "engine/core/rank_context.h"
 #include "engine/fsdp/fully_shard.h"
+#include "engine/distributed/device_mesh.h"
 #include "engine/fsdp/observer.h"
+#include "engine/fsdp1/fully_sharded_data_parallel.h"
+#include "engine/fsdp1/wrap_policy.h"
 #include "engine/nn/layers.h"
 #include "fakes/run_ranks.h"
 #include "reference/data_parallel.h"
 #include "tools/bench/table.h"
+#include "tools/fsdp_bench/flat_param_meter.h"
 #include "tools/fsdp_bench/param_grad_meter.h"
 
 namespace fsdp::bench {
@@ -78,6 +89,7 @@ struct BenchConfig {
   bool memory_table = true;
   bool time_table = true;
   bool comm_table = true;
+  bool fsdp1_table = true;
   std::string json_path;
 };
 
@@ -98,7 +110,7 @@ const char* kUsage =
     "                     summed logits of an [8, 32] token batch diverge within 20 steps)\n"
     "  --dtype D          engine parameter dtype float32|float64 (default float32)\n"
     "  --seed N           weights and inputs seed (default 0)\n"
-    "  --tables LIST      memory,time,comm (default all three)\n"
+    "  --tables LIST      memory,time,comm,fsdp1 (default all four)\n"
     "  --json PATH        also write the results as JSON to PATH\n";
 
 std::vector<std::string> SplitCommas(const std::string& text) {
@@ -194,11 +206,14 @@ BenchConfig ParseArgs(int argc, char** argv) {
       FSDP_CHECK(v.has_value() && *v >= 0, "--seed needs an integer >= 0, got '", value, "'");
       c.seed = static_cast<uint64_t>(*v);
     } else if (flag == "--tables") {
-      c.memory_table = c.time_table = c.comm_table = false;
+      c.memory_table = c.time_table = c.comm_table = c.fsdp1_table = false;
       for (const std::string& t : SplitCommas(value)) {
-        FSDP_CHECK(t == "memory" || t == "time" || t == "comm", "--tables: unknown table '", t,
-                   "' (choose memory, time, comm)");
-        (t == "memory" ? c.memory_table : t == "time" ? c.time_table : c.comm_table) = true;
+        FSDP_CHECK(t == "memory" || t == "time" || t == "comm" || t == "fsdp1",
+                   "--tables: unknown table '", t, "' (choose memory, time, comm, fsdp1)");
+        (t == "memory" ? c.memory_table
+         : t == "time" ? c.time_table
+         : t == "comm" ? c.comm_table
+                       : c.fsdp1_table) = true;
       }
     } else if (flag == "--json") {
       c.json_path = value;
@@ -400,6 +415,100 @@ RankReport RunRank(const BenchConfig& c, const ZooModel& model, const OptimConfi
   return report;
 }
 
+// One Table 4 row: a sharding strategy, measured in a plain step or with the measured step's
+// first micro-batch inside no_sync().
+struct Fsdp1Row {
+  fsdp1::ShardingStrategy strategy = fsdp1::ShardingStrategy::kFullShard;
+  bool in_no_sync = false;
+
+  std::string Name() const {
+    return std::string(fsdp1::ShardingStrategyName(strategy)) + (in_no_sync ? " in no_sync()" : "");
+  }
+};
+
+// The rows a world can serve: every strategy (hybrid ones on HybridMeshShapeFor(world)), then
+// FULL_SHARD in no_sync().
+std::vector<Fsdp1Row> Fsdp1Rows(int world) {
+  std::vector<Fsdp1Row> rows;
+  for (auto s : {fsdp1::ShardingStrategy::kFullShard, fsdp1::ShardingStrategy::kShardGradOp,
+                 fsdp1::ShardingStrategy::kNoShard, fsdp1::ShardingStrategy::kHybridShard}) {
+    if (fsdp1::IsHybridStrategy(s) && !conformance::HybridMeshShapeFor(world)) continue;
+    rows.push_back({s, false});
+  }
+  rows.push_back({fsdp1::ShardingStrategy::kFullShard, true});
+  return rows;
+}
+
+struct Fsdp1RankReport {
+  FlatParamBound bound;
+  ParamGradBytes peak;
+  int64_t num_samples = 0;
+};
+
+// Rank `env.rank`'s Table 4 row: wrap (the blocks nested as parity/fsdp1 does, then the root),
+// one priming step, then the measured step with the meter installed: with `in_no_sync`, a
+// micro-batch inside no_sync() followed by a synced one, then the optimizer step.
+Fsdp1RankReport RunFsdp1Rank(const BenchConfig& c, const ZooModel& model, const OptimConfig& optim,
+                             const Fsdp1Row& row, fakes::RankEnv& env) {
+  nn::ModulePtr module = model.BuildEngineWithWeights(c.seed, c.dtype);
+  std::set<const nn::Module*> nested;
+  for (const nn::ModulePtr& child : conformance::ChildrenToShard(module)) nested.insert(child.get());
+  fsdp1::FullyShardedDataParallelOptions options;
+  options.sharding_strategy = row.strategy;
+  if (fsdp1::IsHybridStrategy(row.strategy)) {
+    const auto shape = conformance::HybridMeshShapeFor(env.world_size);
+    options.device_mesh = distributed::DeviceMesh::Init(env.pg, "cpu",
+                                                        {shape->replicate, shape->shard},
+                                                        {"replicate", "shard"});
+  } else {
+    options.process_group = env.pg;
+  }
+  options.auto_wrap_policy = std::make_shared<fsdp1::LambdaAutoWrapPolicy>(
+      [nested](const nn::Module& m) { return nested.count(&m) > 0; });
+  auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(module, options);
+  auto optimizer = conformance::MakeEngineOptimizer(optim, fsdp_model->named_parameters());
+  const auto [row_begin, row_count] = RankRows(c.batch, env.rank, env.world_size);
+  auto input = [&](int64_t k) {
+    return model.MakeInput(c.seed, k, c.dtype, c.batch).ToEngine().narrow(0, row_begin, row_count);
+  };
+  FlatParamMeter* meter = nullptr;
+  auto sample = [&](const std::string& where) {
+    if (meter != nullptr) meter->Sample(where);
+  };
+  auto forward_backward = [&](int64_t k, const std::string& label) {
+    Tensor loss = ZooModel::Loss(model.Forward(*fsdp_model, input(k)), model.LossAt(k));
+    sample("after forward" + label);
+    loss.backward();
+    sample("after backward" + label);
+  };
+  auto step = [&]() {
+    optimizer->step();
+    sample("after optimizer step");
+    optimizer->zero_grad(/*set_to_none=*/true);
+    sample("after zero_grad");
+  };
+  forward_backward(0, "");
+  step();
+
+  Fsdp1RankReport report;
+  FlatParamMeter m(*fsdp_model);
+  report.bound = Fsdp1ClosedFormBound(m.flat_params(), row.strategy, row.in_no_sync);
+  meter = &m;
+  {
+    fsdp2::ScopedObserver observe(m);
+    m.Sample("step start");
+    if (row.in_no_sync) {
+      fsdp1::NoSync no_sync = fsdp_model->no_sync();
+      forward_backward(1, " (no_sync)");
+    }
+    forward_backward(row.in_no_sync ? 2 : 1, "");
+    step();
+  }
+  report.peak = m.peak();
+  report.num_samples = m.num_samples();
+  return report;
+}
+
 // The oracle's step times: the data-parallel step of reference/ on the whole global batch,
 // one rank, from the same weights and inputs; warmup + iters steps, the timed ones returned.
 std::vector<double> OracleStepMs(const BenchConfig& c, const ZooModel& model,
@@ -449,6 +558,18 @@ Table TimeTable() {
                 {"engine_over_world1", "vs world 1", "", 3}});
 }
 
+Table Fsdp1MemoryTable() {
+  return Table({{"world", "world"},
+                {"rank", "rank"},
+                {"row", "row", "", 2, true},
+                {"sharded_bytes", "sharded", "(B)"},
+                {"bound_bytes", "bound", "(B)"},
+                {"measured_peak_bytes", "measured", "(B)"},
+                {"peak_over_bound", "meas/bound", "", 3},
+                {"status", "status", "", 2, true},
+                {"peak_at", "peak at", "", 2, true}});
+}
+
 Table AllGatherTable() {
   return Table({{"world", "world"},
                 {"group", "group", "", 2, true},
@@ -494,6 +615,7 @@ nlohmann::json RunModel(const BenchConfig& c, const std::string& name, bool& exc
   Table memory = MemoryTable();
   Table time = TimeTable();
   Table all_gather = AllGatherTable();
+  Table fsdp1_memory = Fsdp1MemoryTable();
   nlohmann::json groups_json = nlohmann::json::array();
   nlohmann::json breakdown_json = nlohmann::json::array();
   double world1_ms = NAN;
@@ -559,6 +681,28 @@ nlohmann::json RunModel(const BenchConfig& c, const std::string& name, bool& exc
       const AllGatherTiming& t = reports[0].all_gathers[g];
       all_gather.AddRow({int64_t{world}, t.group, t.bytes, fsdp_ms, bare_ms, fsdp_ms / bare_ms});
     }
+    for (const Fsdp1Row& row : c.fsdp1_table ? Fsdp1Rows(world) : std::vector<Fsdp1Row>{}) {
+      auto fsdp1_results = fakes::RunRanks(world, [&](fakes::RankEnv& env) {
+        return RunFsdp1Rank(c, model, optim, row, env);
+      });
+      if (!fsdp1_results.all_ok()) {
+        std::cout << "world " << world << " " << row.Name() << " FAILED:\n"
+                  << fsdp1_results.summary();
+        failed = true;
+        continue;
+      }
+      const std::vector<Fsdp1RankReport> fsdp1_reports = fsdp1_results.values();
+      for (size_t r = 0; r < fsdp1_reports.size(); ++r) {
+        const Fsdp1RankReport& rep = fsdp1_reports[r];
+        const bool over = rep.peak.total() > rep.bound.bound;
+        exceeded = exceeded || over;
+        fsdp1_memory.AddRow({int64_t{world}, static_cast<int64_t>(r), row.Name(),
+                             rep.bound.sharded_bytes, rep.bound.bound, rep.peak.total(),
+                             static_cast<double>(rep.peak.total()) /
+                                 static_cast<double>(rep.bound.bound),
+                             std::string(over ? "WARN > bound" : "ok"), rep.peak.where});
+      }
+    }
     for (const RankReport& rep : reports) {
       if (!std::isfinite(rep.last_loss)) {
         std::cout << "note: world " << world << " reached a non-finite loss; timings of "
@@ -590,6 +734,15 @@ nlohmann::json RunModel(const BenchConfig& c, const std::string& name, bool& exc
               << time.ToText("  ");
     out["time"] = time.ToJson();
     out["oracle_step_ms_samples"] = oracle_ms;
+  }
+  if (c.fsdp1_table) {
+    std::cout << "\nTable 4 - FSDP1 (FullyShardedDataParallel) parameter + gradient bytes per rank "
+                 "during one training step, per sharding strategy\n"
+              << "  bound = 2 x sharded flat params + the unsharded flat params alive at once by "
+                 "the strategy's reshard rule and prefetch + unsharded gradients (one at a time; "
+                 "all of them inside no_sync())\n\n"
+              << fsdp1_memory.ToText("  ");
+    out["fsdp1_memory"] = fsdp1_memory.ToJson();
   }
   if (c.comm_table) {
     std::cout << "\nTable 3 - all-gather per FSDP group: FSDP's path (unshard = copy-in + "

@@ -40,6 +40,18 @@ size_t ElementSize(DType dtype) {
 
 bool IsFloatingPoint(DType dtype) { return dtype != DType::kInt64; }
 
+double FinfoEps(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32: return std::ldexp(1.0, -23);
+    case DType::kFloat64: return std::ldexp(1.0, -52);
+    case DType::kFloat16: return std::ldexp(1.0, -10);
+    case DType::kBFloat16: return std::ldexp(1.0, -7);
+    case DType::kInt64: break;
+  }
+  FSDP_THROW(ErrorCode::kInvalidArgument, "finfo: dtype ", DTypeName(dtype),
+             " is not a floating point type");
+}
+
 uint16_t FloatToHalfBits(float value) {
   uint32_t x;
   std::memcpy(&x, &value, 4);

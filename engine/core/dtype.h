@@ -17,6 +17,9 @@ const char* DTypeName(DType dtype);
 DType ParseDType(const std::string& name);
 size_t ElementSize(DType dtype);
 bool IsFloatingPoint(DType dtype);
+// torch.finfo(dtype).eps: the gap between 1 and the next representable value (2^-23, 2^-52,
+// 2^-10, 2^-7). Throws InvalidArgument for a non-floating dtype.
+double FinfoEps(DType dtype);
 
 // IEEE 754 binary16.
 struct Half {

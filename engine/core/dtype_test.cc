@@ -63,5 +63,18 @@ TEST(CoreDType, ParsesNamesAndRejectsUnknown) {
   EXPECT_THROW(ParseDType("float8"), Error);
 }
 
+TEST(CoreDType, FinfoEpsIsTheGapAfterOne) {
+  EXPECT_EQ(FinfoEps(DType::kFloat32), std::numeric_limits<float>::epsilon());
+  EXPECT_EQ(FinfoEps(DType::kFloat64), std::numeric_limits<double>::epsilon());
+  // 1 + eps is the next representable value; 1 + eps / 2 rounds (to even) back to 1.
+  const auto half_eps = static_cast<float>(FinfoEps(DType::kFloat16));
+  EXPECT_EQ(static_cast<float>(Half(1.0F + half_eps)), 1.0F + half_eps);
+  EXPECT_EQ(static_cast<float>(Half(1.0F + half_eps / 2)), 1.0F);
+  const auto bf16_eps = static_cast<float>(FinfoEps(DType::kBFloat16));
+  EXPECT_EQ(static_cast<float>(BFloat16(1.0F + bf16_eps)), 1.0F + bf16_eps);
+  EXPECT_EQ(static_cast<float>(BFloat16(1.0F + bf16_eps / 2)), 1.0F);
+  EXPECT_THROW(FinfoEps(DType::kInt64), Error);
+}
+
 }  // namespace
 }  // namespace fsdp

@@ -308,9 +308,19 @@ Tensor FlatParamHandle::all_gather_flat_param(const Tensor& padded_unsharded_fla
                            sharded_flat_param.numel() * world_size_,
                        "Expects ", sharded_flat_param.numel() * world_size_, " numel but got ",
                        padded_unsharded_flat_param.numel());
-  // The CUDA path's collective (all_gather_into_tensor, c10d `_allgather_base_`) on every
-  // device; docs/fsdp1.md, "Collectives".
-  options_.process_group->all_gather_into_tensor(padded_unsharded_flat_param, sharded_flat_param);
+  // As `_all_gather_flat_param`: all_gather_into_tensor (c10d `_allgather_base_`) on an
+  // accelerator, the list all_gather (c10d `allgather_`) into views of the W chunks on the CPU.
+  if (sharded_flat_param.device().is_cuda()) {
+    options_.process_group->all_gather_into_tensor(padded_unsharded_flat_param,
+                                                   sharded_flat_param);
+  } else {
+    const int64_t chunk = sharded_flat_param.numel();
+    std::vector<Tensor> tensor_list;
+    for (int r = 0; r < world_size_; ++r) {
+      tensor_list.push_back(padded_unsharded_flat_param.narrow(0, r * chunk, chunk));
+    }
+    options_.process_group->all_gather(tensor_list, sharded_flat_param);
+  }
   return padded_unsharded_flat_param;
 }
 

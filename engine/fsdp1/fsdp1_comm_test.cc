@@ -32,7 +32,8 @@ using fsdp2::TrainingState;
 using nn::TransformerWithSharedParams;
 using Names = std::vector<std::string>;
 
-constexpr const char* kAllGather = "c10d._allgather_base_";
+// On the CPU FSDP1 all-gathers a flat parameter with the list all_gather.
+constexpr const char* kAllGather = "c10d.allgather_";
 constexpr const char* kReduceScatter = "c10d._reduce_scatter_base_";
 constexpr const char* kAllReduce = "c10d.allreduce_";
 
