@@ -8,7 +8,7 @@ SCENARIOS ?= *
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: setup configure build test conform tsan lint clean
+.PHONY: setup configure build test conform tsan asan fuzz lint clean
 
 setup:
 	bash scripts/setup.sh
@@ -35,6 +35,24 @@ tsan: setup
 	cmake --build --preset tsan -j $(JOBS) --target fakes_tests fsdp_tests
 	build/tsan/fakes/fakes_tests
 	build/tsan/engine/fsdp_tests
+
+# Every ctest test but the GPU ones (unit, conformance scenarios, gloo processes) built by clang
+# with AddressSanitizer + UndefinedBehaviorSanitizer; any report fails the test.
+asan: setup
+	cmake --preset asan >/dev/null
+	cmake --build --preset asan -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=0 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	ctest --test-dir build/asan --output-on-failure -j $(JOBS) -LE "gpu|rlimit"
+
+# The libFuzzer targets (fuzz/, built in the asan build), each for FUZZ_SECONDS over its seed
+# corpus; FUZZ_RUNS=N runs each for N executions instead.
+FUZZ_SECONDS ?= 20
+fuzz: setup
+	cmake --preset asan >/dev/null
+	cmake --build --preset asan -j $(JOBS) --target fuzz_safetensors_header fuzz_driver_result \
+	    fuzz_driver_request_args fuzz_scenario_params
+	bash scripts/run_fuzzers.sh build/asan $(if $(FUZZ_RUNS),runs=$(FUZZ_RUNS),$(FUZZ_SECONDS))
 
 # clang-tidy + cppcheck over the CUDA-path host code (no GPU needed).
 lint: build

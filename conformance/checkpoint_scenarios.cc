@@ -17,7 +17,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -32,6 +31,7 @@
 #include "conformance/state_dict_model.h"
 #include "engine/checkpoint/save_load.h"
 #include "engine/checkpoint/state_dict.h"
+#include "engine/core/bitwise_equal.h"
 #include "engine/core/error.h"
 #include "engine/serialization/atomic_file.h"
 #include "engine/serialization/checkpoint_index.h"
@@ -328,8 +328,7 @@ Scenario Faults() {
       size_t i = 0;
       for (const auto& [k, v] : model->state_dict()) {
         const Tensor& was = snapshot[i++];
-        unchanged &= v.nbytes() == was.nbytes() &&
-                     std::memcmp(v.to(Device::CPU()).data_ptr(), was.to(Device::CPU()).data_ptr(), v.nbytes()) == 0;
+        unchanged &= BitwiseEqual(v, was);
       }
       result["unchanged"] = unchanged;
       faults[f.name] = result;

@@ -1,6 +1,7 @@
 #include "engine/core/dtype.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include "engine/core/error.h"
 
@@ -137,6 +138,12 @@ T StoreFromDouble(double v) {
     // double -> float -> half matches PyTorch's double->half path for the values we produce;
     // f32 inputs (the common case) convert exactly to double first, so no double rounding.
     return T(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    // Truncation toward zero; NaN, infinities and values outside int64's range give INT64_MIN,
+    // as x86's conversion (and PyTorch on x86) does, instead of undefined behaviour. The same
+    // rule as the kernels' TruncateToInt64 (engine/ops/cuda/numerics.h).
+    if (!(v > -9223372036854775809.0 && v < 9223372036854775808.0)) return INT64_MIN;
+    return static_cast<int64_t>(v);
   } else {
     return static_cast<T>(v);
   }

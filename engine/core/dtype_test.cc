@@ -42,6 +42,16 @@ TEST(CoreDType, BFloat16RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(BFloat16BitsToFloat(FloatToBFloat16Bits(std::nanf("")))));
 }
 
+// Conversions to int64 that C++ leaves undefined (NaN, infinities, out of range) give INT64_MIN,
+// as x86 and PyTorch on x86 do; everything else truncates toward zero.
+TEST(CoreDType, NonFiniteAndOutOfRangeToInt64GiveInt64Min) {
+  const double in[6] = {std::nan(""), INFINITY, -INFINITY, 1e300, -1e19, -7.9};
+  int64_t out[6];
+  ConvertElements(in, DType::kFloat64, out, DType::kInt64, 6);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(out[i], INT64_MIN) << in[i];
+  EXPECT_EQ(out[5], -7);
+}
+
 TEST(CoreDType, ConvertElementsBetweenAllTypes) {
   const double in[4] = {1.5, -2.0, 3.25, 0.0};
   for (DType d : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16}) {

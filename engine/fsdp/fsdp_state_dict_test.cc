@@ -7,9 +7,9 @@
 // rows is uneven at every world above 1.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <memory>
 
+#include "engine/core/bitwise_equal.h"
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/fsdp/fsdp_param.h"
 #include "engine/fsdp/fully_shard.h"
@@ -35,11 +35,6 @@ std::shared_ptr<nn::Transformer> Shard(std::shared_ptr<nn::Transformer> model, b
   for (const auto& layer : model->layers()) fsdp2::fully_shard(layer, options);
   fsdp2::fully_shard(model, options);
   return model;
-}
-
-bool BitEqual(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.sizes() == b.sizes() &&
-         std::memcmp(a.data_ptr(), b.data_ptr(), a.nbytes()) == 0;
 }
 
 // A detached copy of every value (state_dict() values alias the live parameters).
@@ -77,7 +72,7 @@ TEST_P(FsdpStateDict, KeysAreThePlainModelsAndValuesAreThisRanksChunkRows) {
       const fsdp2::ShardInfo info = fsdp2::ComputeShardInfo(full.sizes(), env.rank, env.world_size);
       EXPECT_EQ(s->global_shape, full.sizes()) << key;
       EXPECT_EQ(s->offsets[0], info.row_begin) << key;
-      EXPECT_TRUE(BitEqual(sd.at(key), full.narrow(0, info.row_begin, info.rows))) << key;
+      EXPECT_TRUE(BitwiseEqual(sd.at(key), full.narrow(0, info.row_begin, info.rows))) << key;
     }
     return 0;
   });
@@ -92,7 +87,7 @@ TEST_P(FsdpStateDict, SavingForcesShardedAfterAForwardWithoutReshard) {
     const nn::StateDict after = model->state_dict();
     EXPECT_EQ(after.keys(), before.keys());
     for (const auto& [key, v] : before) {
-      EXPECT_TRUE(BitEqual(after.at(key), v)) << key;
+      EXPECT_TRUE(BitwiseEqual(after.at(key), v)) << key;
       EXPECT_NE(after.sharding(key), nullptr) << key;
       if (after.sharding(key) == nullptr) continue;
       EXPECT_EQ(after.sharding(key)->offsets, before.sharding(key)->offsets) << key;
@@ -113,7 +108,7 @@ TEST_P(FsdpStateDict, LoadThenTrainingContinuesAsWithoutTheSave) {
       // A fresh model (other initial values) loads the saved values and takes the same step.
       auto other = Shard(std::make_shared<nn::Transformer>(Args()));
       other->load_state_dict(saved, /*strict=*/true, assign);
-      for (const auto& [key, v] : saved) EXPECT_TRUE(BitEqual(other->state_dict().at(key), v)) << key;
+      for (const auto& [key, v] : saved) EXPECT_TRUE(BitwiseEqual(other->state_dict().at(key), v)) << key;
       for (const Tensor& p : other->parameters()) {
         EXPECT_NE(fsdp2::LookupFsdpParam(p), nullptr) << "assign=" << assign;
       }
@@ -126,7 +121,7 @@ TEST_P(FsdpStateDict, LoadThenTrainingContinuesAsWithoutTheSave) {
       }
       const nn::StateDict want = model->state_dict();
       const nn::StateDict got = other->state_dict();
-      for (const auto& [key, v] : want) EXPECT_TRUE(BitEqual(got.at(key), v)) << key << " assign=" << assign;
+      for (const auto& [key, v] : want) EXPECT_TRUE(BitwiseEqual(got.at(key), v)) << key << " assign=" << assign;
       return 0;
     });
     ASSERT_TRUE(results.all_ok()) << results.summary();

@@ -12,7 +12,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <fstream>
@@ -20,6 +19,7 @@
 #include <random>
 #include <thread>
 
+#include "engine/core/bitwise_equal.h"
 #include "engine/core/error.h"
 #include "engine/core/rng.h"
 #include "engine/fsdp/shard_layout.h"
@@ -80,7 +80,7 @@ void ExpectBitEqual(const nn::StateDict& got, const nn::StateDict& want, const s
     const Tensor& g = got.at(key);
     ASSERT_EQ(g.dtype(), t.dtype()) << what << " " << key;
     ASSERT_EQ(g.sizes(), t.sizes()) << what << " " << key;
-    EXPECT_EQ(std::memcmp(g.data_ptr(), t.data_ptr(), t.nbytes()), 0) << what << " " << key;
+    EXPECT_TRUE(BitwiseEqual(g, t)) << what << " " << key;
     const nn::ShardedEntry* gs = got.sharding(key);
     const nn::ShardedEntry* ws = want.sharding(key);
     ASSERT_EQ(gs == nullptr, ws == nullptr) << what << " " << key;

@@ -94,6 +94,15 @@ FSDP_HOST_DEVICE inline float LoadFloat(const void* p, ElemType t, int64_t i) {
   return 0.0f;
 }
 
+// double -> int64 truncating toward zero; NaN, infinities and values outside int64's range
+// give INT64_MIN, as x86's conversion (and so PyTorch on x86) does, instead of undefined
+// behaviour. The same rule as core's ConvertElements (engine/core/dtype.cc).
+FSDP_HOST_DEVICE inline int64_t TruncateToInt64(double v) {
+  // 2^63 is exact in double; every double in (-2^63 - 1, 2^63) truncates into range.
+  if (!(v > -9223372036854775809.0 && v < 9223372036854775808.0)) return INT64_MIN;
+  return static_cast<int64_t>(v);
+}
+
 // Writes `v` (a float) as element `i` of `p`: float16/bfloat16 rounded once to nearest even.
 FSDP_HOST_DEVICE inline void StoreFloat(void* p, ElemType t, int64_t i, float v) {
   switch (t) {
@@ -101,7 +110,7 @@ FSDP_HOST_DEVICE inline void StoreFloat(void* p, ElemType t, int64_t i, float v)
     case ElemType::kFloat16: static_cast<uint16_t*>(p)[i] = HalfBitsFromFloat(v); return;
     case ElemType::kBFloat16: static_cast<uint16_t*>(p)[i] = BFloat16BitsFromFloat(v); return;
     case ElemType::kFloat64: static_cast<double*>(p)[i] = static_cast<double>(v); return;
-    case ElemType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
+    case ElemType::kInt64: static_cast<int64_t*>(p)[i] = TruncateToInt64(v); return;
   }
 }
 
@@ -110,7 +119,7 @@ FSDP_HOST_DEVICE inline void StoreFloat(void* p, ElemType t, int64_t i, float v)
 FSDP_HOST_DEVICE inline void StoreDouble(void* p, ElemType t, int64_t i, double v) {
   switch (t) {
     case ElemType::kFloat64: static_cast<double*>(p)[i] = v; return;
-    case ElemType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
+    case ElemType::kInt64: static_cast<int64_t*>(p)[i] = TruncateToInt64(v); return;
     default: StoreFloat(p, t, i, static_cast<float>(v)); return;
   }
 }
