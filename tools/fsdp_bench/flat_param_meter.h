@@ -28,7 +28,6 @@
 #include "engine/core/error.h"
 #include "engine/core/storage.h"
 #include "engine/core/tensor.h"
-#include "engine/fsdp/observer.h"
 #include "engine/fsdp1/api.h"
 #include "engine/fsdp1/flat_param.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
@@ -106,7 +105,7 @@ inline FlatParamBound Fsdp1ClosedFormBound(const std::vector<MeteredFlatParam>& 
   return b;
 }
 
-class FlatParamMeter : public fsdp2::Observer {
+class FlatParamMeter : public SamplingObserver {
  public:
   explicit FlatParamMeter(const nn::Module& root) : flat_params_(FlatParamsOf(root)) {
     FSDP_CHECK(!flat_params_.empty(), "FlatParamMeter: the model has no FSDP1 flat parameter");
@@ -115,7 +114,7 @@ class FlatParamMeter : public fsdp2::Observer {
   const std::vector<MeteredFlatParam>& flat_params() const { return flat_params_; }
 
   // Takes one sample labelled `where` and keeps it when it is the largest total so far.
-  void Sample(const std::string& where) {
+  void Sample(const std::string& where) override {
     ParamGradBytes s = Measure();
     s.where = where;
     ++num_samples_;
@@ -124,26 +123,7 @@ class FlatParamMeter : public fsdp2::Observer {
   const ParamGradBytes& peak() const { return peak_; }
   int64_t num_samples() const { return num_samples_; }
 
-  void unshard(const std::string& fqn, fsdp2::TrainingState state) override {
-    Sample(Label("unshard", fqn, state));
-  }
-  void reshard(const std::string& fqn, fsdp2::TrainingState state) override {
-    Sample(Label("reshard", fqn, state));
-  }
-  void pre_backward(const std::string& fqn, fsdp2::TrainingState state) override {
-    Sample(Label("pre_backward", fqn, state));
-  }
-  void post_backward(const std::string& fqn, fsdp2::TrainingState state) override {
-    Sample(Label("post_backward", fqn, state));
-  }
-
  private:
-  static std::string Label(const char* event, const std::string& fqn,
-                           fsdp2::TrainingState state) {
-    return std::string(event) + " " + (fqn.empty() ? "<root>" : fqn) + " " +
-           fsdp2::TrainingStateName(state);
-  }
-
   ParamGradBytes Measure() const {
     ParamGradBytes s;
     std::unordered_set<const Storage*> seen;

@@ -50,9 +50,9 @@
 #include "engine/fsdp/fsdp_param.h"
 #include "engine/fsdp/fsdp_param_group.h"
 #include "engine/fsdp/fsdp_state.h"
-#include "engine/fsdp/observer.h"
 #include "engine/fsdp/training_state.h"
 #include "engine/nn/module.h"
+#include "tools/fsdp_bench/sampling_observer.h"
 
 namespace fsdp::bench {
 
@@ -120,7 +120,7 @@ inline ParamGradBound ClosedFormBound(const std::vector<fsdp2::FsdpParamGroup*>&
   return b;
 }
 
-class ParamGradMeter : public fsdp2::Observer {
+class ParamGradMeter : public SamplingObserver {
  public:
   explicit ParamGradMeter(const nn::ModulePtr& root) : groups_(FsdpGroupsOf(root)) {
     FSDP_CHECK(!groups_.empty(), "ParamGradMeter: fully_shard was not applied to the model");
@@ -165,7 +165,7 @@ class ParamGradMeter : public fsdp2::Observer {
   }
 
   // Takes one sample labelled `where` and keeps it when it is the largest total so far.
-  void Sample(const std::string& where) {
+  void Sample(const std::string& where) override {
     ParamGradBytes s = Measure();
     s.where = where;
     ++num_samples_;
@@ -179,27 +179,7 @@ class ParamGradMeter : public fsdp2::Observer {
   int64_t peak_comm_buffers() const { return peak_comm_buffers_; }
   int64_t num_samples() const { return num_samples_; }
 
-  // fsdp2::Observer: one sample per event, labelled "<event> <fqn or root> <state>".
-  void unshard(const std::string& fqn, fsdp2::TrainingState state) override {
-    Sample(Label("unshard", fqn, state));
-  }
-  void reshard(const std::string& fqn, fsdp2::TrainingState state) override {
-    Sample(Label("reshard", fqn, state));
-  }
-  void pre_backward(const std::string& fqn, fsdp2::TrainingState state) override {
-    Sample(Label("pre_backward", fqn, state));
-  }
-  void post_backward(const std::string& fqn, fsdp2::TrainingState state) override {
-    Sample(Label("post_backward", fqn, state));
-  }
-
  private:
-  static std::string Label(const char* event, const std::string& fqn,
-                           fsdp2::TrainingState state) {
-    return std::string(event) + " " + (fqn.empty() ? "<root>" : fqn) + " " +
-           fsdp2::TrainingStateName(state);
-  }
-
   ParamGradBytes Measure() {
     ParamGradBytes s;
     std::unordered_set<const Storage*> counted;
