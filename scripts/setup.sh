@@ -9,6 +9,7 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libgloo-dev libeigen3-dev nlohmann-json3-dev
   clang-tidy cppcheck
+  clang libclang-rt-14-dev
 )
 
 missing=()
