@@ -191,11 +191,11 @@ DriverRequest DriverRequest::FromArgs(const std::vector<std::string>& args) {
     } else if (flag == "--request") {
       r.request_file = value;
     } else if (flag == "--timeout-s") {
+      // Bounded so that ToArgs() writes it back exactly ("%.3f" of at most 1e9 s fits).
       auto t = ParseDouble(value);
-      FSDP_CHECK(t.has_value() && *t > 0,
-                 "driver protocol: --timeout-s expects a positive "
-                 "number, got '",
-                 value, "'");
+      FSDP_CHECK(t.has_value() && *t > 0 && *t <= kMaxDriverTimeoutSeconds,
+                 "driver protocol: --timeout-s expects seconds in (0, ", kMaxDriverTimeoutSeconds,
+                 "], got '", value, "'");
       r.timeout_s = *t;
     } else if (flag == "--subject") {
       r.subject = value;

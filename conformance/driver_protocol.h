@@ -77,6 +77,8 @@ nlohmann::json RequestFileJson(const DriverRequest& request, const Scenario& sce
 // before they are built) and the length of an error message or skip reason (longer ones are
 // cut, saying how much was cut).
 inline constexpr int kMaxResultJsonDepth = 64;
+// The longest --timeout-s a request may carry (about 31 years).
+inline constexpr double kMaxDriverTimeoutSeconds = 1e9;
 inline constexpr size_t kMaxResultMessageBytes = 16 * 1024;
 // nlohmann::json::parse with the depth limit; DataLoss beyond it.
 nlohmann::json ParseBoundedJson(const std::string& text);

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -160,6 +161,12 @@ TEST(DriverRequest, FromArgsIsStrict) {
   auto bad_protocol = args;
   bad_protocol[1] = "1";
   EXPECT_THAT(err(bad_protocol), HasSubstr("version 1 is not supported"));
+  // Found by fuzz_driver_request_args: a timeout too long to write back did not round-trip.
+  auto huge_timeout = args;
+  const auto timeout_flag = std::find(huge_timeout.begin(), huge_timeout.end(), "--timeout-s");
+  ASSERT_NE(timeout_flag, huge_timeout.end());
+  *(timeout_flag + 1) = std::string(118, '9') + ".000";
+  EXPECT_THAT(err(huge_timeout), HasSubstr("--timeout-s expects seconds in (0, 1e+09]"));
   auto bad_rank = args;
   bad_rank[5] = "1";  // rank 1 of world 1
   EXPECT_THAT(err(bad_rank), HasSubstr("rank 1 is outside world 1"));
