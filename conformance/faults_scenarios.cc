@@ -350,6 +350,27 @@ void JudgeMismatch(CheckList& checks, const CaseParams& p, int world,
   CheckTimes(checks, p, world, per_rank, [&](int) { return last; });
 }
 
+// The body every mismatch scenario runs: after a barrier every healthy rank issues the float32
+// SUM all_reduce of `count` elements; the faulty rank waits fault_delay_ms (so that the others
+// are already blocked), records the time, and issues `faulty_call` instead. On the fault world
+// (threaded) or the rank's world group (process backends).
+nlohmann::json RunMismatchRank(RankEnv& env,
+                               const std::function<void(distributed::ProcessGroup&)>& faulty_call) {
+  const int faulty = FaultyRank(env.params, env.world);
+  const int64_t count = env.params.GetInt("count");
+  const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
+  return RunFaultRank(
+      env,
+      [&](distributed::ProcessGroup& pg, Timeline& timeline) {
+        pg.barrier();
+        if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
+        std::this_thread::sleep_for(delay);
+        timeline.issued_ns = timeline.fault_ns = NowNs();
+        faulty_call(pg);
+      },
+      FaultWorldKind::kAnyWorldGroup);
+}
+
 Scenario MismatchedOp() {
   Scenario s;
   s.info = FaultInfo(
@@ -364,28 +385,19 @@ Scenario MismatchedOp() {
        FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(), FaultDelaySize()},
       FaultWorldKind::kAnyWorldGroup);
   s.run_rank = [](RankEnv& env) {
-    const int faulty = FaultyRank(env.params, env.world);
     const std::string faulty_op = env.params.GetString("faulty_op");
     const int64_t count = env.params.GetInt("count");
-    const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
-    return RunFaultRank(
-        env,
-        [&](distributed::ProcessGroup& pg, Timeline& timeline) {
-          pg.barrier();
-          if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
-          std::this_thread::sleep_for(delay);
-          Tensor t = Tensor::ones({count}, DType::kFloat32);
-          timeline.issued_ns = timeline.fault_ns = NowNs();
-          if (faulty_op == "broadcast") {
-            pg.broadcast(t, 0);
-          } else if (faulty_op == "all_gather_into_tensor") {
-            Tensor out = Tensor::empty({count * pg.size()}, DType::kFloat32);
-            pg.all_gather_into_tensor(out, t);
-          } else {
-            pg.barrier();
-          }
-        },
-        FaultWorldKind::kAnyWorldGroup);
+    return RunMismatchRank(env, [&](distributed::ProcessGroup& pg) {
+      Tensor t = Tensor::ones({count}, DType::kFloat32);
+      if (faulty_op == "broadcast") {
+        pg.broadcast(t, 0);
+      } else if (faulty_op == "all_gather_into_tensor") {
+        Tensor out = Tensor::empty({count * pg.size()}, DType::kFloat32);
+        pg.all_gather_into_tensor(out, t);
+      } else {
+        pg.barrier();
+      }
+    });
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) { JudgeMismatch(checks, p, world, per_rank); };
@@ -405,69 +417,42 @@ Scenario MismatchedSize() {
                  ParamSpec::SizeInt("extra", "elements the faulty rank adds", 1), FaultDelaySize()},
                 FaultWorldKind::kAnyWorldGroup);
   s.run_rank = [](RankEnv& env) {
-    const int faulty = FaultyRank(env.params, env.world);
-    const int64_t count = env.params.GetInt("count");
-    const int64_t extra = env.params.GetInt("extra");
-    FSDP_CHECK(extra != 0 && count + extra >= 0, "parameter extra=", extra,
-               " must change the count ", count, " to another valid count");
-    const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
-    return RunFaultRank(
-        env,
-        [&](distributed::ProcessGroup& pg, Timeline& timeline) {
-          pg.barrier();
-          if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
-          std::this_thread::sleep_for(delay);
-          Tensor t = Tensor::ones({count + extra}, DType::kFloat32);
-          timeline.issued_ns = timeline.fault_ns = NowNs();
-          pg.all_reduce(t);
-        },
-        FaultWorldKind::kAnyWorldGroup);
+    const int64_t elements = env.params.GetInt("count") + env.params.GetInt("extra");
+    return RunMismatchRank(env, [&](distributed::ProcessGroup& pg) {
+      Tensor t = Tensor::ones({elements}, DType::kFloat32);
+      pg.all_reduce(t);
+    });
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) { JudgeMismatch(checks, p, world, per_rank); };
   return s;
 }
 
-// The mismatches a byte-level transport cannot see: the faulty rank's
-// all_reduce moves exactly the bytes the others' does, but as another dtype
-// (float16, twice the elements) or with another reduce op (MAX). Without a
-// fingerprint check every rank would return wrong data.
+// The mismatches a byte-level transport cannot see: the faulty rank's all_reduce moves exactly
+// the bytes the others' does, but as another dtype (float16, twice the elements) or with another
+// reduce op (MAX). Without a fingerprint check every rank would return wrong data.
 Scenario MismatchedDtypeOrReduceOp() {
   Scenario s;
   s.info = FaultInfo(
       "mismatched_dtype_or_reduce_op",
-      "after a barrier every rank issues a float32 SUM all_reduce of "
-      "count elements but the "
-      "faulty rank issues, with the same byte count, a float16 "
-      "all_reduce of 2*count elements "
-      "(mismatch=dtype) or a MAX all_reduce (mismatch=reduce_op): "
-      "every rank fails, at once",
-      "the suite's own: test_pg_wrapper.py's mismatch tests with "
-      "equal byte counts, which a "
+      "after a barrier every rank issues a float32 SUM all_reduce of count elements but the "
+      "faulty rank issues, with the same byte count, a float16 all_reduce of 2*count elements "
+      "(mismatch=dtype) or a MAX all_reduce (mismatch=reduce_op): every rank fails, at once",
+      "the suite's own: test_pg_wrapper.py's mismatch tests with equal byte counts, which a "
       "transport cannot tell apart",
       {ParamSpec::Axis("mismatch", "what the faulty rank changes", {"dtype", "reduce_op"}),
        FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(), FaultDelaySize()},
       FaultWorldKind::kAnyWorldGroup);
   s.run_rank = [](RankEnv& env) {
-    const int faulty = FaultyRank(env.params, env.world);
-    const std::string mismatch = env.params.GetString("mismatch");
+    const bool dtype = env.params.GetString("mismatch") == "dtype";
     const int64_t count = env.params.GetInt("count");
-    const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
-    return RunFaultRank(
-        env,
-        [&](distributed::ProcessGroup& pg, Timeline& timeline) {
-          pg.barrier();
-          if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
-          std::this_thread::sleep_for(delay);
-          const bool dtype = mismatch == "dtype";
-          Tensor t = dtype ? Tensor::ones({2 * count}, DType::kFloat16)
-                           : Tensor::ones({count}, DType::kFloat32);
-          distributed::ReduceOptions options;
-          if (!dtype) options.op = distributed::ReduceOp::kMax;
-          timeline.issued_ns = timeline.fault_ns = NowNs();
-          pg.all_reduce(t, options);
-        },
-        FaultWorldKind::kAnyWorldGroup);
+    return RunMismatchRank(env, [&](distributed::ProcessGroup& pg) {
+      Tensor t = dtype ? Tensor::ones({2 * count}, DType::kFloat16)
+                       : Tensor::ones({count}, DType::kFloat32);
+      distributed::ReduceOptions options;
+      if (!dtype) options.op = distributed::ReduceOp::kMax;
+      pg.all_reduce(t, options);
+    });
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) { JudgeMismatch(checks, p, world, per_rank); };
