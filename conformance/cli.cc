@@ -170,24 +170,35 @@ nlohmann::json ScenarioJson(const Scenario& s, const distributed::BackendRegistr
           {"description", i.description},
           {"seed_test", i.seed_test},
           {"default_world", i.default_world},
+          {"extra_default_runs",
+           [&] {
+             nlohmann::json runs = nlohmann::json::array();
+             for (const TestRun& run : i.extra_default_runs) {
+               runs.push_back({{"world", run.world}, {"params", run.params}});
+             }
+             return runs;
+           }()},
           {"min_world", i.min_world},
           {"max_world", i.max_world},
           {"backends", BackendsFor(i, backends)},
-          {"requirements", {{"in_process", i.requirements.in_process},
-                        {"devices", [&] {
-                           std::vector<std::string> d;
-                           for (DeviceType t : i.requirements.devices) {
-                             d.push_back(t == DeviceType::kCPU ? "cpu" : "cuda");
-                           }
-                           return d;
-                         }()},
-                        {"collectives", [&] {
-                           std::vector<std::string> c;
-                           for (auto op : i.requirements.collectives) {
-                             c.push_back(distributed::CollectiveOpName(op));
-                           }
-                           return c;
-                         }()}}},
+          {"requirements",
+           {{"in_process", i.requirements.in_process},
+            {"devices",
+             [&] {
+               std::vector<std::string> d;
+               for (DeviceType t : i.requirements.devices) {
+                 d.push_back(t == DeviceType::kCPU ? "cpu" : "cuda");
+               }
+               return d;
+             }()},
+            {"collectives",
+             [&] {
+               std::vector<std::string> c;
+               for (auto op : i.requirements.collectives) {
+                 c.push_back(distributed::CollectiveOpName(op));
+               }
+               return c;
+             }()}}},
           {"requires_gpu", i.requirements.requires_gpu()},
           {"params", params},
           {"inputs", InputsJson(i.inputs)},
@@ -242,9 +253,15 @@ int List(const std::vector<std::string>& args, const Catalog& catalog, std::ostr
     out << i.name << "\n";
     out << "    " << i.description << "\n";
     out << "    seed: " << i.seed_test << "\n";
-    out << "    world " << i.default_world << " (range " << i.min_world << ".." << i.max_world
-        << "), requires " << i.requirements.str() << ", backends "
-        << Join(BackendsFor(i, catalog.backends), ",")
+    out << "    world " << i.default_world;
+    for (const TestRun& run : i.extra_default_runs) {
+      out << " and " << run.world;
+      std::string fixed;
+      for (const auto& [k, v] : run.params) fixed += (fixed.empty() ? "" : ",") + k + "=" + v;
+      if (!fixed.empty()) out << " (" << fixed << ")";
+    }
+    out << " (range " << i.min_world << ".." << i.max_world << "), requires "
+        << i.requirements.str() << ", backends " << Join(BackendsFor(i, catalog.backends), ",")
         << (i.requirements.requires_gpu() ? ", needs a GPU" : "") << "\n";
     size_t width = 0;
     for (const auto& p : i.params) width = std::max(width, p.name.size());

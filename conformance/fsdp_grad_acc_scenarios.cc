@@ -33,6 +33,7 @@
 // all_gather_into_tensor on accelerators and with the list all_gather on the CPU, so the judge
 // counts `c10d._allgather_base_` and `c10d.allgather_` together as all-gathers.
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -44,6 +45,7 @@
 #include "conformance/observations.h"
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
+#include "conformance/uneven_world.h"
 #include "engine/core/rng.h"
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/distributed/device_mesh.h"
@@ -254,6 +256,25 @@ ObservationSchema GradAccSchema() {
   return schema;
 }
 
+// The modules the seed wraps (FSDP1's ModuleWrapPolicy) or shards (FSDP2) before the root.
+const std::set<std::string>& LayerTypes() {
+  static const std::set<std::string> types = {"TransformerEncoderLayer", "TransformerDecoderLayer"};
+  return types;
+}
+
+// The uneven world a default run adds: where what is sharded (FSDP2: dim 0 of every parameter;
+// FSDP1: each layer's flat parameter and the root's) splits unlike a balanced split.
+int GradAccUnevenWorld(bool fully_shard, int max_world) {
+  auto model = std::make_shared<nn::TransformerWithSharedParams>(/*rank=*/0, /*add_bn=*/true,
+                                                                 /*deterministic=*/true);
+  std::vector<nn::ModulePtr> layers;
+  for (const nn::ModulePtr& m : model->modules()) {
+    if (LayerTypes().count(m->type_name()) != 0) layers.push_back(m);
+  }
+  return DiscriminatingWorld(
+      fully_shard ? ParameterDim0Sizes(*model) : FlatParameterNumels(*model, layers), max_world);
+}
+
 std::shared_ptr<fsdp1::FullyShardedDataParallel> Wrap(const nn::ModulePtr& model,
                                                       const GradAccCase& c, const RankEnv& env) {
   fsdp1::FullyShardedDataParallelOptions options;
@@ -271,8 +292,7 @@ std::shared_ptr<fsdp1::FullyShardedDataParallel> Wrap(const nn::ModulePtr& model
   options.use_orig_params = c.use_orig_params;
   options.backward_prefetch = c.prefetch;
   options.cpu_offload.offload_params = c.cpu_offload;
-  options.auto_wrap_policy = std::make_shared<fsdp1::ModuleWrapPolicy>(
-      std::set<std::string>{"TransformerEncoderLayer", "TransformerDecoderLayer"});
+  options.auto_wrap_policy = std::make_shared<fsdp1::ModuleWrapPolicy>(LayerTypes());
   return std::make_shared<fsdp1::FullyShardedDataParallel>(model, options);
 }
 
@@ -292,7 +312,7 @@ nlohmann::json RunGradAccRank(RankEnv& env) {
     fsdp2::FullyShardOptions options;
     options.process_group = env.pg;
     for (const nn::ModulePtr& m : model->modules()) {
-      if (m->type_name() == "TransformerEncoderLayer" || m->type_name() == "TransformerDecoderLayer") {
+      if (LayerTypes().count(m->type_name()) != 0) {
         fsdp2::fully_shard(m, options);
       }
     }
@@ -567,6 +587,13 @@ Scenario MakeGradAcc(const std::string& test, const std::string& seed_test,
     };
     s.info.test_runs = {{3, {{"use_orig_params", "True"}, {"backward_prefetch", "BACKWARD_PRE"}}},
                         {4, {{"use_orig_params", "False"}, {"backward_prefetch", "None"}}}};
+  }
+  if (const int uneven = GradAccUnevenWorld(api == "fully_shard", s.info.max_world)) {
+    // The prefetch axis plays no part in the sharding.
+    s.info.extra_default_runs = {
+        {uneven, api == "fully_shard"
+                     ? std::map<std::string, std::string>{}
+                     : std::map<std::string, std::string>{{"backward_prefetch", "BACKWARD_PRE"}}}};
   }
   s.inputs = GradAccInputs;
   s.run_rank = RunGradAccRank;

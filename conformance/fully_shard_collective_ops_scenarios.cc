@@ -44,6 +44,7 @@
 #include "conformance/observations.h"
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
+#include "conformance/uneven_world.h"
 #include "engine/core/error.h"
 #include "engine/core/rng.h"
 #include "engine/core/tensor.h"
@@ -245,6 +246,13 @@ void AddSeedGroupInfo(Scenario& s) {
   info.max_world = 128;
   // ctest: also the smallest worlds (as the gloo backend does, tools/CMakeLists.txt).
   info.test_runs = {{2, {}}, {3, {}}};
+  // At 128 ranks every seed shape shards alike under torch.chunk and a balanced split; a
+  // default run also runs the smallest world where they differ for the most shapes.
+  std::vector<int64_t> dim0_sizes;
+  for (const Shape& shape : ParseShapes(kSeedParamSizes)) dim0_sizes.push_back(shape.at(0));
+  if (const int uneven = DiscriminatingWorld(dim0_sizes, info.max_world)) {
+    info.extra_default_runs = {{uneven, {}}};
+  }
 }
 
 // ---- all_gather_fp32 --------------------------------------------------------------------------

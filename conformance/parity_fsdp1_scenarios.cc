@@ -295,6 +295,12 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.default_world = 2;
   s.info.min_world = 1;
   s.info.max_world = 8;
+  // An uneven world where the flat parameters shard unlike a balanced split; the prefetch and
+  // mixed-precision axes play no part in the sharding there.
+  if (const int uneven = ParityUnevenWorld(kind, s.info.params, s.info.max_world, true)) {
+    s.info.extra_default_runs = {
+        {uneven, {{"backward_prefetch", "BACKWARD_PRE"}, {"mixed_precision", "None"}}}};
+  }
   s.info.requirements.devices = {DeviceType::kCPU};
   // The hybrid strategies on a real 2 x 2 (replicate, shard) mesh.
   for (const char* hybrid : {"HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"}) {

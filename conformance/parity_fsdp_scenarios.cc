@@ -33,6 +33,9 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.default_world = 2;
   s.info.min_world = 1;
   s.info.max_world = 8;
+  if (const int uneven = ParityUnevenWorld(kind, s.info.params, s.info.max_world, false)) {
+    s.info.extra_default_runs = {{uneven, {}}};
+  }
   s.skip = SkipIntNotAFactor;
   const std::string name = kind.name;
   s.info.inputs = ZooInputsDoc(kind, "the case's dtype");

@@ -82,7 +82,7 @@ std::vector<PlannedCase> Runner::Plan() {
 
   // Names first: scenarios, backend, subject, then parameters.
   std::vector<const Scenario*> scenarios = catalog_.scenarios.Match(options_.patterns);
-  const distributed::BackendSpec& backend = catalog_.backends.Get(backend_);
+  catalog_.backends.Get(backend_);  // an unknown backend fails here, listing the known ones
   if (external) {
     FSDP_CHECK(!options_.driver.empty(),
                "--subject external needs --driver PATH (the program run once per rank)");
@@ -134,56 +134,72 @@ std::vector<PlannedCase> Runner::Plan() {
         fixed[p.name] = semantics_;
       }
     }
-    // Validates and canonicalises the values even when the scenario is then skipped.
-    std::vector<CaseParams> cases = ExpandCases(info.name, info.params, fixed);
-    std::map<std::string, std::string> canonical_fixed;
-    for (const auto& [k, v] : fixed) canonical_fixed[k] = cases.front().GetString(k);
-    const int world = options_.world.value_or(info.default_world);
-
-    std::optional<std::string> whole = info.requirements.UnmetBy(backend);
-    if (!whole && (world < info.min_world || world > info.max_world)) {
-      whole = "world " + std::to_string(world) + " is outside the scenario's range [" +
-              std::to_string(info.min_world) + ", " + std::to_string(info.max_world) + "]";
+    // Without --world: the default world, then the scenario's extra default runs, each with
+    // the axes it fixes (the user's --param values win).
+    std::vector<TestRun> runs = {TestRun{options_.world.value_or(info.default_world), {}}};
+    if (!options_.world) {
+      runs.insert(runs.end(), info.extra_default_runs.begin(), info.extra_default_runs.end());
     }
-    // The backend's own reason ("backend nccl: no CUDA device visible") is the most specific.
-    if (!whole && !external) whole = catalog_.backends.Unavailable(backend_, world);
-    if (whole) {
-      plan.push_back(PlannedCase{s, CaseParams(canonical_fixed), world, whole});
-      continue;
+    for (const TestRun& run : runs) {
+      std::map<std::string, std::string> run_fixed = run.params;
+      for (const auto& [k, v] : fixed) run_fixed[k] = v;
+      // Validates and canonicalises the values even when the scenario is then skipped.
+      std::vector<CaseParams> cases = ExpandCases(info.name, info.params, run_fixed);
+      std::map<std::string, std::string> canonical_fixed;
+      for (const auto& [k, v] : run_fixed) canonical_fixed[k] = cases.front().GetString(k);
+      PlanWorld(s, cases, canonical_fixed, run.world, plan);
     }
-
-    std::vector<PlannedCase> kept;
-    std::string excluded_reason;
-    for (auto& c : cases) {
-      if (s->excluded) {
-        if (auto why = s->excluded(c, world)) {
-          if (excluded_reason.empty()) excluded_reason = c.Label() + ": " + *why;
-          continue;
-        }
-      }
-      PlannedCase pc{s, c, world, std::nullopt};
-      if (s->skip) {
-        // A skip rule may also reject a value that is invalid in combination (e.g.
-        // reshard_after_forward=None under torch-2.4): the plan fails, naming the case.
-        try {
-          pc.skip_reason = s->skip(c, world);
-        } catch (const Error& e) {
-          FSDP_THROW(e.code(), "scenario ", info.name, " (", c.Label(), "): ", e.message());
-        }
-      }
-      if (!pc.skip_reason && subject_) pc.skip_reason = subject_->Unsupported(*s, c, backend_);
-      kept.push_back(std::move(pc));
-    }
-    if (kept.empty()) {
-      plan.push_back(
-          PlannedCase{s, CaseParams(canonical_fixed), world,
-                      "the seed runs none of the selected cases (" + excluded_reason + ")"});
-      continue;
-    }
-    for (auto& pc : kept) plan.push_back(std::move(pc));
   }
   planned_ = true;
   return plan;
+}
+
+void Runner::PlanWorld(const Scenario* s, const std::vector<CaseParams>& cases,
+                       const std::map<std::string, std::string>& canonical_fixed, int world,
+                       std::vector<PlannedCase>& plan) const {
+  const ScenarioInfo& info = s->info;
+  const bool external = options_.subject == kExternalSubject;
+  std::optional<std::string> whole = info.requirements.UnmetBy(catalog_.backends.Get(backend_));
+  if (!whole && (world < info.min_world || world > info.max_world)) {
+    whole = "world " + std::to_string(world) + " is outside the scenario's range [" +
+            std::to_string(info.min_world) + ", " + std::to_string(info.max_world) + "]";
+  }
+  // The backend's own reason ("backend nccl: no CUDA device visible") is the most specific.
+  if (!whole && !external) whole = catalog_.backends.Unavailable(backend_, world);
+  if (whole) {
+    plan.push_back(PlannedCase{s, CaseParams(canonical_fixed), world, whole});
+    return;
+  }
+
+  std::vector<PlannedCase> kept;
+  std::string excluded_reason;
+  for (auto& c : cases) {
+    if (s->excluded) {
+      if (auto why = s->excluded(c, world)) {
+        if (excluded_reason.empty()) excluded_reason = c.Label() + ": " + *why;
+        continue;
+      }
+    }
+    PlannedCase pc{s, c, world, std::nullopt};
+    if (s->skip) {
+      // A skip rule may also reject a value that is invalid in combination (e.g.
+      // reshard_after_forward=None under torch-2.4): the plan fails, naming the case.
+      try {
+        pc.skip_reason = s->skip(c, world);
+      } catch (const Error& e) {
+        FSDP_THROW(e.code(), "scenario ", info.name, " (", c.Label(), "): ", e.message());
+      }
+    }
+    if (!pc.skip_reason && subject_) pc.skip_reason = subject_->Unsupported(*s, c, backend_);
+    kept.push_back(std::move(pc));
+  }
+  if (kept.empty()) {
+    plan.push_back(
+        PlannedCase{s, CaseParams(canonical_fixed), world,
+                    "the seed runs none of the selected cases (" + excluded_reason + ")"});
+    return;
+  }
+  for (auto& pc : kept) plan.push_back(std::move(pc));
 }
 
 std::unique_ptr<RankLauncher> Runner::MakeLauncher() const {

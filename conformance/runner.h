@@ -103,6 +103,12 @@ class Runner {
   const RunOptions& options() const { return options_; }
 
  private:
+  // Appends the cases of scenario `s` (`cases`, expanded from the run's --param values) at
+  // `world` to `plan`: skipped as a whole when the scenario, the backend or the world rule it
+  // out, else one PlannedCase per case not excluded (skip rules applied).
+  void PlanWorld(const Scenario* s, const std::vector<CaseParams>& cases,
+                 const std::map<std::string, std::string>& canonical_fixed, int world,
+                 std::vector<PlannedCase>& plan) const;
   std::unique_ptr<RankLauncher> MakeLauncher() const;
 
   const Catalog& catalog_;

@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "conformance/catalog.h"
 #include "conformance/testing/toy_catalog.h"
 #include "engine/core/error.h"
@@ -319,6 +321,35 @@ TEST(Runner, TableSubjectRunsItsBodiesAndSkipsTheRest) {
   EXPECT_EQ(results[0].subject, "thirdparty");
   EXPECT_EQ(results[1].status, CaseStatus::kSkipped);
   EXPECT_EQ(results[1].skip_reason, "subject thirdparty does not implement toy/sum");
+}
+
+// A run without --world adds each scenario's extra default runs (an uneven world, with the axes
+// they fix); --param values win over those; --world replaces them all.
+TEST(Runner, ExtraDefaultRunsJoinARunWithoutWorld) {
+  const Scenario& scenario = DefaultCatalog().scenarios.Get("parity/fsdp1/mlp");
+  ASSERT_EQ(scenario.info.extra_default_runs.size(), 1u);
+  const TestRun& extra = scenario.info.extra_default_runs.front();
+  auto plan_of = [](RunOptions o) {
+    Runner runner(DefaultCatalog(), std::move(o));
+    return runner.Plan();
+  };
+  RunOptions o = Options({"parity/fsdp1/mlp"});
+  std::map<int, int> cases_per_world;
+  for (const PlannedCase& pc : plan_of(o)) {
+    ++cases_per_world[pc.world];
+    if (pc.world == extra.world) {
+      for (const auto& [key, value] : extra.params) EXPECT_EQ(pc.params.GetString(key), value);
+    }
+  }
+  ASSERT_EQ(cases_per_world.size(), 2u);
+  EXPECT_GT(cases_per_world[scenario.info.default_world], cases_per_world[extra.world]);
+
+  o.params = {{"backward_prefetch", "None"}};
+  for (const PlannedCase& pc : plan_of(o)) {
+    EXPECT_EQ(pc.params.GetString("backward_prefetch"), "None") << "world " << pc.world;
+  }
+  o.world = 3;
+  for (const PlannedCase& pc : plan_of(o)) EXPECT_EQ(pc.world, 3);
 }
 
 TEST(CaseResult, JsonShape) {

@@ -106,6 +106,12 @@ void ValidateScenario(const Scenario& s) {
   FSDP_CHECK(i.min_world >= 1 && i.min_world <= i.default_world && i.default_world <= i.max_world,
              "scenario ", i.name, ": world sizes must satisfy 1 <= min_world (", i.min_world,
              ") <= default_world (", i.default_world, ") <= max_world (", i.max_world, ")");
+  for (const TestRun& run : i.extra_default_runs) {
+    const int w = run.world;
+    FSDP_CHECK(w >= i.min_world && w <= i.max_world && w != i.default_world, "scenario ", i.name,
+               ": extra default world ", w, " must differ from default_world (", i.default_world,
+               ") and lie in [min_world, max_world] = [", i.min_world, ", ", i.max_world, "]");
+  }
   FSDP_CHECK(!i.requirements.devices.empty(), "scenario ", i.name, ": allows no device");
   ValidateParamSpecs(i.name, i.params);
   FSDP_CHECK(static_cast<bool>(s.run_rank), "scenario ", i.name, ": run_rank is not set");

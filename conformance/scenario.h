@@ -120,6 +120,13 @@ struct ScenarioInfo {
   int default_world = 2;          // Default: 2; the seed's world size
   int min_world = 1;              // Default: 1
   int max_world = 8;              // Default: 8
+  // Runs the runner also plans, after default_world, when no --world is given: typically an
+  // uneven world at which torch.chunk and a balanced split shard the scenario's parameters
+  // differently (DiscriminatingWorld, conformance/uneven_world.h), so that a wrong sharding
+  // rule fails a default run, with axes that play no part in the sharding fixed to keep it
+  // cheap (a value the user fixes with --param wins). Each world lies in [min_world,
+  // max_world] and differs from default_world. Default: none.
+  std::vector<TestRun> extra_default_runs;
   // What the scenario needs of a backend. Default: nothing (every backend).
   ScenarioRequirements requirements;
   // Extra configurations ctest runs on the threaded backend (e.g. other worlds), all in one

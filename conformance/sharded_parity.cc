@@ -7,6 +7,7 @@
 #include "conformance/observations.h"
 #include "conformance/parity_common.h"
 #include "conformance/rank_checks.h"
+#include "conformance/uneven_world.h"
 #include "engine/fsdp/fsdp_param.h"
 #include "engine/nn/layers.h"
 #include "reference/sharding.h"
@@ -50,6 +51,15 @@ reference::RefTensorMap FullParameters(nn::Module& module) {
 }
 
 }  // namespace
+
+int ParityUnevenWorld(const ZooModelKind& kind, const std::vector<ParamSpec>& params, int max_world,
+                      bool flat_parameters) {
+  const CaseParams defaults = ExpandCases(kind.name, params, {}).front();
+  const nn::ModulePtr root = ZooModel::Make(kind.name, defaults).BuildEngine();
+  return DiscriminatingWorld(flat_parameters ? FlatParameterNumels(*root, ChildrenToShard(root))
+                                             : ParameterDim0Sizes(*root),
+                             max_world);
+}
 
 std::vector<nn::ModulePtr> ChildrenToShard(const nn::ModulePtr& root) {
   const std::vector<nn::ModulePtr> children = root->children();

@@ -44,6 +44,14 @@ ShardPlan ShardSubmodulesThenRoot(std::vector<std::string> fqns);
 // seed's `for module in model: fully_shard(module)` over an nn.Sequential.
 void ShardEveryChildThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options);
 
+// The uneven world a parity scenario of zoo model `kind` (parameters `params`) also runs by
+// default: DiscriminatingWorld (conformance/uneven_world.h) over what is sharded at the default
+// sizes, dim 0 of every parameter (FSDP2) or, with `flat_parameters`, the numel of each FSDP1
+// flat parameter of ChildrenToShard's units and the root. 0 when no world up to max_world
+// tells torch.chunk from a balanced split.
+int ParityUnevenWorld(const ZooModelKind& kind, const std::vector<ParamSpec>& params, int max_world,
+                      bool flat_parameters);
+
 // The case's fully_shard options on this rank: its process group, its semantics profile (the
 // default when the case has no `semantics` parameter) and, when the case has a
 // `reshard_after_forward` parameter, that value (None as nullopt).
