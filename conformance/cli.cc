@@ -62,6 +62,9 @@ run options:
                        or external (with --driver)
   --driver PATH        program run once per rank under the driver protocol
                        (docs/scenarios.md) when --subject external
+  --determinism WHICH  which cases of the scenarios that train run twice, their observations
+                       required to be bit-identical: first (default: the first case of each
+                       scenario at each world), all, or none
   --no-check-collectives
                        process ranks skip the cross-rank fingerprint check of every
                        collective (on by default: FSDP_CHECK_COLLECTIVES=1 in their
@@ -370,13 +373,14 @@ int CheckCommand(const std::vector<std::string>& args, const Catalog& catalog, s
 
 int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& out,
         std::ostream& err) {
-  FlagParser flags(
-      "run",
-      {"--backend", "--world", "--json", "--timeout", "--subject", "--driver", "--semantics"},
-      {"--param"}, {"--no-check-collectives"});
+  FlagParser flags("run",
+                   {"--backend", "--world", "--json", "--timeout", "--subject", "--driver",
+                    "--semantics", "--determinism"},
+                   {"--param"}, {"--no-check-collectives"});
   flags.Parse(args, 1);
   RunOptions options;
   options.check_collectives = !flags.Has("--no-check-collectives");
+  if (auto d = flags.Value("--determinism")) options.determinism = ParseDeterminismCheck(*d);
   options.patterns = flags.positional();
   FSDP_CHECK(!options.patterns.empty(),
              "run: give at least one scenario pattern, e.g. "

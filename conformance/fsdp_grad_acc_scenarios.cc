@@ -567,6 +567,7 @@ Scenario MakeGradAcc(const std::string& test, const std::string& seed_test,
   s.info.seed_test = std::string(kSeed004) + seed_test;
   s.info.params = CommonParams(api, cpu_offload, std::move(configs));
   s.info.observations = GradAccSchema();
+  s.info.deterministic = true;
   s.info.inputs = GradAccInputsDoc();
   s.info.default_world = 2;
   s.info.min_world = 1;

@@ -91,6 +91,7 @@ Scenario ShardedTraining(const std::string& test, const std::string& description
   params.push_back(SemanticsParam());
   s.info.params = std::move(params);
   s.info.observations = ShardedParitySchema();
+  s.info.deterministic = true;
   s.info.default_world = 4;  // min(4, gpus)
   s.info.min_world = 1;
   s.info.max_world = 8;
@@ -311,6 +312,7 @@ Scenario PostAccGradHookOptimParity() {
                                  static_cast<uint64_t>(params.GetInt("seed")), world,
                                  TokenBatches::kPerRank);
   };
+  s.info.deterministic = true;
   s.info.default_world = 2;  // min(2, gpus)
   s.info.min_world = 1;
   s.info.max_world = 8;

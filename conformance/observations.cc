@@ -220,4 +220,47 @@ nlohmann::json ReportedObservations(const nlohmann::json& observations) {
   return out.empty() ? nlohmann::json(nullptr) : out;
 }
 
+namespace {
+
+void FindDifference(const nlohmann::json& a, const nlohmann::json& b, const std::string& path,
+                    std::string& out) {
+  if (!out.empty() || a == b) return;
+  const std::string here = path.empty() ? "(top)" : path;
+  if (a.is_object() && b.is_object()) {
+    for (const auto& [key, value] : a.items()) {
+      const std::string sub = path.empty() ? key : path + "." + key;
+      if (!b.contains(key)) {
+        out = sub + ": missing in the second";
+        return;
+      }
+      FindDifference(value, b.at(key), sub, out);
+      if (!out.empty()) return;
+    }
+    for (const auto& [key, value] : b.items()) {
+      if (!a.contains(key)) {
+        out = (path.empty() ? key : path + "." + key) + ": only in the second";
+        return;
+      }
+    }
+  } else if (a.is_array() && b.is_array() && a.size() == b.size()) {
+    for (size_t i = 0; i < a.size() && out.empty(); ++i) {
+      FindDifference(a[i], b[i], here + "[" + std::to_string(i) + "]", out);
+    }
+  } else {
+    auto cut = [](const nlohmann::json& v) {
+      std::string text = v.dump();
+      return text.size() > 80 ? text.substr(0, 77) + "..." : text;
+    };
+    out = here + ": " + cut(a) + " vs " + cut(b);
+  }
+}
+
+}  // namespace
+
+std::string FirstDifference(const nlohmann::json& expected, const nlohmann::json& actual) {
+  std::string out;
+  FindDifference(expected, actual, "", out);
+  return out;
+}
+
 }  // namespace fsdp::conformance

@@ -52,6 +52,10 @@ nlohmann::json PhaseCommCountsJson(const std::map<std::string, int64_t>& forward
 nlohmann::json EventJson(const std::string& kind, const std::string& fqn,
                          const std::string& training_state);
 
+// Where two observations first differ, as "tensors.grad0/w.data[3]: 0.25 vs 0.2500000001" (keys
+// in order, array elements by index, values printed as JSON; "" when they are equal).
+std::string FirstDifference(const nlohmann::json& expected, const nlohmann::json& actual);
+
 // Throws DataLoss when a conventional key is present with the wrong shape (so that a
 // third-party driver's malformed output is reported as such, not as a wrong answer).
 // `who` names the source in messages, e.g. "rank 2".

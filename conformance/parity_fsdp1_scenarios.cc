@@ -291,6 +291,7 @@ Scenario MakeScenario(const ZooModelKind& kind) {
       "the full parameter, read inside summon_full_params(writeback=False), by its clean FQN "
       "(no _fsdp_wrapped_module.)",
       /*with_grads=*/false);
+  s.info.deterministic = true;
   s.info.inputs = ZooInputsDoc(kind, "the case's dtype");
   s.info.default_world = 2;
   s.info.min_world = 1;

@@ -30,6 +30,7 @@ Scenario MakeScenario(const ZooModelKind& kind) {
       "reshard_after_forward", "fully_shard reshard_after_forward: True, False or an int factor",
       "True"));
   s.info.observations = ShardedParitySchema();
+  s.info.deterministic = true;
   s.info.default_world = 2;
   s.info.min_world = 1;
   s.info.max_world = 8;

@@ -92,6 +92,7 @@ Scenario MakeParityScenario(const ZooModelKind& kind) {
       kind, ParamSpec::Axis("dtype", "the engine's parameter and input dtype",
                             {"float32", "float64"}));
   s.info.observations = TrainingSchema("the full parameter", /*with_grads=*/false);
+  s.info.deterministic = true;
   s.info.observations.Add(ObservationKey::StringList(
       "param_names", "the FQNs of named_parameters(), in order"));
   s.info.default_world = 1;

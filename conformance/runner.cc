@@ -73,6 +73,27 @@ nlohmann::json CaseResult::ToJson() const {
   return j;
 }
 
+const char* DeterminismCheckName(DeterminismCheck check) {
+  switch (check) {
+    case DeterminismCheck::kNone:
+      return "none";
+    case DeterminismCheck::kFirstCase:
+      return "first";
+    case DeterminismCheck::kEveryCase:
+      return "all";
+  }
+  return "?";
+}
+
+DeterminismCheck ParseDeterminismCheck(const std::string& name) {
+  for (DeterminismCheck c :
+       {DeterminismCheck::kNone, DeterminismCheck::kFirstCase, DeterminismCheck::kEveryCase}) {
+    if (name == DeterminismCheckName(c)) return c;
+  }
+  FSDP_THROW(ErrorCode::kInvalidArgument, "unknown --determinism '", name,
+             "'; choose none, first or all");
+}
+
 Runner::Runner(const Catalog& catalog, RunOptions options)
     : catalog_(catalog), options_(std::move(options)) {}
 
@@ -199,6 +220,13 @@ void Runner::PlanWorld(const Scenario* s, const std::vector<CaseParams>& cases,
                     "the seed runs none of the selected cases (" + excluded_reason + ")"});
     return;
   }
+  if (info.deterministic && options_.determinism != DeterminismCheck::kNone) {
+    for (auto& pc : kept) {
+      if (pc.skip_reason) continue;
+      pc.check_determinism = true;
+      if (options_.determinism == DeterminismCheck::kFirstCase) break;
+    }
+  }
   for (auto& pc : kept) plan.push_back(std::move(pc));
 }
 
@@ -267,7 +295,33 @@ CaseResult Runner::RunCase(const PlannedCase& planned) const {
   }
 
   JudgeOutcomes(scenario, planned.params, planned.world, outcomes, result);
+  if (planned.check_determinism && result.status == CaseStatus::kPassed) {
+    CheckDeterminism(request, result);
+  }
   return finish(result.status);
+}
+
+void Runner::CheckDeterminism(const LaunchRequest& request, CaseResult& result) const {
+  const std::string name = "determinism: a second run's observations equal the first's bit for bit";
+  std::vector<RankOutcome> again;
+  try {
+    again = MakeLauncher()->Launch(request);
+  } catch (const Error& e) {
+    result.checks.Fail(name, std::string("the second run failed to launch: ") + e.what());
+    result.status = CaseStatus::kFailed;
+    return;
+  }
+  std::string difference;
+  for (size_t r = 0; r < again.size() && difference.empty(); ++r) {
+    const std::string rank = "rank " + std::to_string(r);
+    if (again[r].status != RankOutcome::Status::kOk) {
+      difference = again[r].Describe(static_cast<int>(r));
+    } else if (again[r].observations != result.observations[r]) {
+      difference = rank + ": " + FirstDifference(result.observations[r], again[r].observations);
+    }
+  }
+  result.checks.CheckTrue(name, difference.empty(), difference);
+  result.status = result.checks.all_passed() ? CaseStatus::kPassed : CaseStatus::kFailed;
 }
 
 void JudgeOutcomes(const Scenario& scenario, const CaseParams& params, int world,

@@ -25,6 +25,17 @@
 
 namespace fsdp::conformance {
 
+// Which cases of a ScenarioInfo::deterministic scenario the runner runs a second time,
+// requiring bit-identical observations (--determinism).
+enum class DeterminismCheck {
+  kNone,       // "none": no case
+  kFirstCase,  // "first": the first runnable case of each scenario at each world
+  kEveryCase,  // "all": every case (doubles the run time of those scenarios)
+};
+// "none", "first", "all"; ParseDeterminismCheck throws InvalidArgument listing them.
+const char* DeterminismCheckName(DeterminismCheck check);
+DeterminismCheck ParseDeterminismCheck(const std::string& name);
+
 struct RunOptions {
   std::vector<std::string> patterns;  // globs over scenario names; at least one
   // Default: "threaded" for in-process subjects, "gloo" for the external subject.
@@ -41,6 +52,8 @@ struct RunOptions {
   // Process ranks cross-check every collective (see LaunchRequest). Default:
   // true.
   bool check_collectives = true;
+  // Default: the first runnable case of each deterministic scenario at each world.
+  DeterminismCheck determinism = DeterminismCheck::kFirstCase;
   std::string subject = kEngineSubject;           // Default: "engine"; or "external"
   std::string driver;                             // the driver program for "external"
   // The program and arguments that run a rank in process backends. Default (empty): this
@@ -57,6 +70,9 @@ struct PlannedCase {
   CaseParams params;  // all parameters; for a whole-scenario skip only the --param ones
   int world = 1;
   std::optional<std::string> skip_reason;  // set: reported skipped without running
+  // Run a second time; the judged run's observations must equal the second run's bit for bit
+  // (RunOptions::determinism).
+  bool check_determinism = false;
 };
 
 struct CaseResult {
@@ -110,6 +126,9 @@ class Runner {
                  const std::map<std::string, std::string>& canonical_fixed, int world,
                  std::vector<PlannedCase>& plan) const;
   std::unique_ptr<RankLauncher> MakeLauncher() const;
+  // Launches `request` again and records the determinism check of `result` (a passed case):
+  // every rank's observations equal the judged run's, else the first difference is named.
+  void CheckDeterminism(const LaunchRequest& request, CaseResult& result) const;
 
   const Catalog& catalog_;
   RunOptions options_;

@@ -352,6 +352,31 @@ TEST(Runner, ExtraDefaultRunsJoinARunWithoutWorld) {
   for (const PlannedCase& pc : plan_of(o)) EXPECT_EQ(pc.world, 3);
 }
 
+// A deterministic scenario's first case runs twice; observations that change between the runs
+// fail it, naming the rank and the value. --determinism none skips the second run.
+TEST(Runner, NondeterministicObservationsFailTheDeterminismCheck) {
+  RunOptions o = Options({"toy/flaws"});
+  o.params = {{"flaw", "nondeterministic"}};
+  auto results = RunToy(o);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].status, CaseStatus::kFailed) << Dump(results[0]);
+  EXPECT_THAT(results[0].checks.Table(), HasSubstr("determinism"));
+  EXPECT_THAT(results[0].checks.Table(), HasSubstr("rank 0: run:"));
+
+  o.params = {{"flaw", "none"}};
+  results = RunToy(o);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].status, CaseStatus::kPassed) << Dump(results[0]);
+  EXPECT_THAT(Dump(results[0]), HasSubstr("determinism"));
+
+  o.params = {{"flaw", "nondeterministic"}};
+  o.determinism = DeterminismCheck::kNone;
+  results = RunToy(o);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].status, CaseStatus::kPassed) << Dump(results[0]);
+  EXPECT_THROW(ParseDeterminismCheck("sometimes"), Error);
+}
+
 TEST(CaseResult, JsonShape) {
   RunOptions o = Options({"toy/sum"});
   o.params = {{"mode", "plain"}};

@@ -120,6 +120,11 @@ struct ScenarioInfo {
   int default_world = 2;          // Default: 2; the seed's world size
   int min_world = 1;              // Default: 1
   int max_world = 8;              // Default: 8
+  // The observations are a pure function of the case's parameters, world and inputs (true of
+  // every family that trains): the runner runs such a case twice and requires bit-identical
+  // observations (RunOptions::determinism), so an engine that reads uninitialised memory or
+  // reduces in a run-dependent order fails. Default: false.
+  bool deterministic = false;
   // Runs the runner also plans, after default_world, when no --world is given: typically an
   // uneven world at which torch.chunk and a balanced split shard the scenario's parameters
   // differently (DiscriminatingWorld, conformance/uneven_world.h), so that a wrong sharding

@@ -1,5 +1,6 @@
 #include "conformance/testing/toy_catalog.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -185,14 +186,20 @@ void RegisterToyFlaws(ScenarioRegistry& registry) {
   s.info = ToyInfo("toy/flaws", "fails in the way its 'flaw' parameter says");
   s.info.params = {ParamSpec::SizeString("flaw",
                                          "none, rank_error, skip, sleep, bad_obs, no_checks, "
-                                         "judge_throws",
+                                         "judge_throws, nondeterministic",
                                          "none"),
                    ParamSpec::SizeInt("bad_rank", "the rank that fails for rank_error", 1),
                    ParamSpec::SizeInt("sleep_ms", "how long every rank sleeps for sleep", 1500)};
   s.info.default_world = 2;
   s.info.requirements.devices = {DeviceType::kCPU};
+  s.info.deterministic = true;
   s.run_rank = [](RankEnv& env) -> nlohmann::json {
     const std::string flaw = env.params.GetString("flaw");
+    if (flaw == "nondeterministic") {
+      // A value that changes from one run of the case to the next (per process).
+      static std::atomic<int64_t> runs{0};
+      return {{"rank", env.rank}, {"run", runs.fetch_add(1)}};
+    }
     if (flaw == "rank_error" && env.rank == env.params.GetInt("bad_rank")) {
       // In a process, this lands in the rank's log, whose tail the error report carries.
       if (env.backend != kBackendThreaded)

@@ -9,7 +9,8 @@
 //   toy/matrix  axes a {x, y} x b {1, 2, 3}; (y, 3) is excluded; b=2 is skipped at odd worlds;
 //               threaded only
 //   toy/flaws   size flaw=none: none | rank_error | skip | sleep | bad_obs | no_checks |
-//               judge_throws; bad_rank=1, sleep_ms=1500
+//               judge_throws | nondeterministic (a value that changes between runs; the
+//               scenario is ScenarioInfo::deterministic); bad_rank=1, sleep_ms=1500
 //   toy/gpu     requires a GPU
 //
 // Backends: the defaults (threaded: fakes::ThreadedProcessGroup; gloo: GlooProcessGroup; nccl:
