@@ -215,9 +215,12 @@ TEST(Fsdp1TensorParallel, SyncModuleStatesBroadcastsWithinDpGroups) {
     auto model = std::make_shared<nn::Module>("TestModel");
     const Tensor param = Random({8, 8}, 50 + env.rank);
     const Tensor buf = Random({8, 8}, 60 + env.rank);
-    model->register_parameter("param", param);
-    tensor_parallel::RegisterDTensorParameter(
-        *model, "param", DTensor::from_local(param, tp_mesh, {Placement::Replicate()}));
+    const Tensor leaf = model->register_parameter("param", param);
+    {
+      autograd::NoGradGuard no_grad;
+      tensor_parallel::RecordDTensorParameter(
+          *model, "param", DTensor::from_local(leaf, tp_mesh, {Placement::Replicate()}));
+    }
     model->register_buffer("buf", buf);
     FullyShardedDataParallelOptions options;
     options.device_mesh = (*mesh_2d)["dp"];
