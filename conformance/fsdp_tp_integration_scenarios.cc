@@ -196,7 +196,7 @@ std::map<std::string, Tensor> FullGradients(const fsdp1::FlatParamHandle& handle
 // is divided by tp, "following the data parallel paradigm where gradients are averaged over
 // ranks". TP parameters' gradients already sum over the TP group's rows.
 void SyncTpGrads(const fsdp1::FlatParamHandle& handle, distributed::ProcessGroup& tp_group) {
-  const Tensor grad = handle.flat_param().grad();
+  Tensor grad = handle.flat_param().grad();  // shares the optimizer's gradient
   FSDP_CHECK(grad.defined(), "fsdp_tp_integration: the flat parameter has no gradient");
   autograd::NoGradGuard no_grad;
   Tensor summed = grad.clone();
@@ -207,7 +207,7 @@ void SyncTpGrads(const fsdp1::FlatParamHandle& handle, distributed::ProcessGroup
     Tensor mine = grad.narrow(0, info.offset_in_shard, info.numel_in_shard);
     mine.copy_(summed.narrow(0, info.offset_in_shard, info.numel_in_shard));
   }
-  const_cast<Tensor&>(grad).copy_(grad * (1.0 / tp_group.size()));
+  grad.copy_(grad * (1.0 / tp_group.size()));
 }
 
 nlohmann::json GradientsJson(const std::map<std::string, Tensor>& grads, const std::string& prefix) {
