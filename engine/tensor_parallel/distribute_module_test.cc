@@ -3,7 +3,8 @@
 // Shard(0) piece of the batch) gives the unsharded module's output rows, and its weight's
 // gradient, Partial by the placement rule, is all-reduced into the full-batch gradient with
 // one c10d_functional.all_reduce in backward; a Replicate() input needs none. Inputs the rule
-// does not cover fail with errors naming the module and the placements.
+// does not cover fail with errors naming the module and the placements. The default partition
+// replicates every parameter and buffer (rank 0's values everywhere).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -114,6 +115,30 @@ void CheckRmsNorm(int world, const std::vector<int64_t>& mesh_shape, bool sharde
 TEST(DistributeModuleTest, ShardedRowsGiveAllReducedReplicateGradient) {
   for (int world : {2, 3}) CheckRmsNorm(world, {world}, true);
   CheckRmsNorm(4, {2, 2}, true);
+}
+
+// Without a partition_fn every parameter and buffer becomes Replicate(): rank 0's values on
+// every rank (distribute_tensor's broadcast), parameters recorded as DTensors.
+TEST(DistributeModuleTest, DefaultPartitionReplicatesParametersAndBuffers) {
+  auto results = fakes::RunRanks(3, [](fakes::RankEnv& env) {
+    auto mesh = DeviceMesh::Init(env.pg, "cpu", {3});
+    auto model = std::make_shared<nn::RMSNormPython>(4);
+    {
+      autograd::NoGradGuard no_grad;
+      model->parameter("weight").copy_(Random({4}, 40 + env.rank));
+    }
+    model->register_buffer("running", Random({2, 4}, 50 + env.rank));
+    distribute_module(*model, mesh);
+    const auto weight = GetDTensorParameter(*model, "weight");
+    EXPECT_TRUE(weight.has_value());
+    if (!weight) return 0;
+    EXPECT_EQ(weight->placements(), Placements{Placement::Replicate()});
+    EXPECT_TRUE(model->parameter("weight").is_same(weight->local_tensor()));
+    EXPECT_EQ(model->parameter("weight").to_doubles(), Random({4}, 40).to_doubles());
+    EXPECT_EQ(model->buffer("running").to_doubles(), Random({2, 4}, 50).to_doubles());
+    return 0;
+  });
+  ASSERT_TRUE(results.all_ok()) << results.summary();
 }
 
 TEST(DistributeModuleTest, ReplicatedInputNeedsNoCollective) { CheckRmsNorm(2, {2}, false); }
