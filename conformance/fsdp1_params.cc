@@ -72,4 +72,17 @@ std::optional<fsdp1::BackwardPrefetch> ParseBackwardPrefetch(const std::string& 
   return std::nullopt;
 }
 
+nlohmann::json MergeFlatParamAllGathers(nlohmann::json phase) {
+  if (!phase.is_object()) return phase;
+  int64_t n = 0;
+  for (const char* key : {kFlatParamAllGather, kFlatParamAllGatherList}) {
+    if (phase.contains(key) && phase[key].is_number_integer()) {
+      n += phase[key].get<int64_t>();
+      phase.erase(key);
+    }
+  }
+  if (n > 0) phase[kFlatParamAllGather] = n;
+  return phase;
+}
+
 }  // namespace fsdp::conformance

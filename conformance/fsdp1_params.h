@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -42,5 +43,13 @@ std::optional<HybridMeshShape> HybridMeshShapeFor(int world);
 fsdp1::ShardingStrategy ParseShardingStrategy(const std::string& name);
 // "BACKWARD_PRE", "BACKWARD_POST", or "None" (no prefetch); InvalidArgument otherwise.
 std::optional<fsdp1::BackwardPrefetch> ParseBackwardPrefetch(const std::string& name);
+
+// FSDP1 all-gathers a flat parameter with all_gather_into_tensor (`c10d._allgather_base_`) on
+// an accelerator and with the list all_gather (`c10d.allgather_`) on the CPU: judges count both
+// under kFlatParamAllGather.
+inline constexpr const char* kFlatParamAllGather = "c10d._allgather_base_";
+inline constexpr const char* kFlatParamAllGatherList = "c10d.allgather_";
+// One phase's {op: n} counts with both all-gather keys merged under kFlatParamAllGather.
+nlohmann::json MergeFlatParamAllGathers(nlohmann::json phase);
 
 }  // namespace fsdp::conformance

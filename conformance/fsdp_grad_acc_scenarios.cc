@@ -67,8 +67,7 @@ namespace fsdp::conformance {
 namespace {
 
 constexpr const char* kSeed004 = "test_fsdp_grad_acc.py::TestGradAcc::";
-constexpr const char* kAllGather = "c10d._allgather_base_";
-constexpr const char* kAllGatherList = "c10d.allgather_";
+constexpr const char* kAllGather = kFlatParamAllGather;
 constexpr const char* kReduceScatter = "c10d._reduce_scatter_base_";
 constexpr const char* kAllReduce = "c10d.allreduce_";
 // The seed's micro-batch: get_input() = (arange(12).view(6, 2), arange(8).view(4, 2)).
@@ -482,20 +481,6 @@ std::vector<nlohmann::json> ExpectGradAcc(const CaseParams& params, int world) {
   return expected;
 }
 
-// The all-gathers of a phase under one key (PyTorch's op depends on the device).
-nlohmann::json MergeAllGathers(nlohmann::json phase) {
-  if (!phase.is_object()) return phase;
-  int64_t n = 0;
-  for (const char* key : {kAllGather, kAllGatherList}) {
-    if (phase.contains(key) && phase[key].is_number_integer()) {
-      n += phase[key].get<int64_t>();
-      phase.erase(key);
-    }
-  }
-  if (n > 0) phase[kAllGather] = n;
-  return phase;
-}
-
 void JudgeGradAcc(const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
                   CheckList& checks) {
   const GradAccCase c = GradAccCase::Decode(params);
@@ -513,7 +498,7 @@ void JudgeGradAcc(const CaseParams& params, int world, const std::vector<nlohman
                              (c.pattern[i % c.pattern.size()] ? " (no_sync)" : " (sync)");
       for (const char* phase : {"forward", "backward"}) {
         checks.CheckEqual(at + " " + phase + " comm counts", want[i][phase],
-                          MergeAllGathers(counts[i].value(phase, nlohmann::json::object())));
+                          MergeFlatParamAllGathers(counts[i].value(phase, nlohmann::json::object())));
       }
     }
     for (int64_t k = 0; k < c.steps; ++k) {

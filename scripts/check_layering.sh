@@ -18,7 +18,8 @@
 #   serialization -> core, nn               (safetensors files, atomic writes, checkpoints of
 #                                            nn::StateDict: index, rank files, N -> M reads)
 #   fsdp        -> core, ops, autograd, functional, nn, optim, distributed
-#   fsdp1       -> core, ops, autograd, functional, nn, optim, distributed, fsdp
+#   fsdp1       -> core, ops, autograd, functional, nn, optim, distributed, fsdp,
+#                  tensor_parallel           (its DTensor extension: FSDP1 over a TP model)
 #   checkpoint  -> core, ops, autograd, functional, nn, optim, distributed, serialization,
 #                  fsdp                      (get/set_model_state_dict, checkpoint save/load)
 #   ddp         -> core, ops, autograd, functional, nn, optim, distributed
@@ -54,7 +55,7 @@ declare -A allowed=(
   [distributed]="core"
   [serialization]="core nn"
   [fsdp]="core ops autograd functional nn optim distributed"
-  [fsdp1]="core ops autograd functional nn optim distributed fsdp"
+  [fsdp1]="core ops autograd functional nn optim distributed fsdp tensor_parallel"
   [checkpoint]="core ops autograd functional nn optim distributed serialization fsdp"
   [ddp]="core ops autograd functional nn optim distributed"
   [tensor_parallel]="core ops autograd functional nn optim distributed"

@@ -7,6 +7,7 @@
 #include "engine/autograd/node.h"
 #include "engine/autograd/variable.h"
 #include "engine/core/error.h"
+#include "engine/fsdp1/dtensor_extensions.h"
 #include "engine/fsdp1/tensor_data.h"
 #include "engine/functional/functional.h"
 #include "engine/nn/module.h"
@@ -120,6 +121,8 @@ void FlatParamHandle::init_flat_param_and_metadata(const std::vector<Tensor>& pa
       numels_.push_back(param.numel());
       shapes_.push_back(param.sizes());
       fqns_.push_back(submodule_name.empty() ? param_name : submodule_name + "." + param_name);
+      param_extensions_.push_back(
+          PreFlattenTransform(*submodule, param_name, param, fqns_.back()));
     }
   }
   FSDP_CHECK(params_to_flatten.size() == params.size(),
@@ -540,6 +543,13 @@ Tensor FlatParamHandle::sharded_grad() const {
   return flat_param_.grad();
 }
 
+bool FlatParamHandle::has_param_extensions() const {
+  for (const auto& extension : param_extensions_) {
+    if (extension) return true;
+  }
+  return false;
+}
+
 bool FlatParamHandle::is_sharded(const Tensor& tensor) const {
   return sharded_ && uses_sharded_strategy() && tensor.numel() == sharded_numel_ &&
          tensor.dim() == 1;
@@ -578,13 +588,16 @@ void FlatParamHandle::use_unsharded_views(bool as_params) {
   const std::vector<Tensor> views = get_unflat_views(flat_param_);
   for (size_t i = 0; i < views.size(); ++i) {
     const ParamInfo& info = param_infos_[i];
+    const std::optional<tensor_parallel::DTensor>& extension = param_extensions_[i];
     if (options_.use_orig_params && as_params) {
       setattr_param(info.module, info.param_name, params_[i]);
       SetData(params_[i], views[i]);
+      if (extension) PostUnflattenTransform(*info.module, info.param_name, params_[i], *extension);
     } else if (as_params) {
       Tensor param = views[i].detach();
       param.set_requires_grad(flat_param_.requires_grad());
       setattr_param(info.module, info.param_name, param);
+      if (extension) PostUnflattenTransform(*info.module, info.param_name, param, *extension);
     } else {
       Tensor param_var = views[i];
       if (options_.use_orig_params) {
@@ -597,6 +610,7 @@ void FlatParamHandle::use_unsharded_views(bool as_params) {
         }
       }
       setattr_tensor(info.module, info.param_name, param_var);
+      if (extension) PostUnflattenTransform(*info.module, info.param_name, param_var, *extension);
     }
   }
   for (size_t i = 0; i < shared_param_infos_.size(); ++i) {

@@ -19,6 +19,8 @@
 //    registered and their data is rebound: to 1-D slices of the local shard when sharded (a
 //    size-0 tensor when this rank holds none of it), to views of the unsharded flat parameter
 //    inside forward and summon_full_params. Their `.grad` are views into the flat gradient.
+//  * Tensor-parallel parameters (dtensor_extensions.h): a DTensor parameter is flattened as its
+//    local tensor, and each unsharded view is recorded as a DTensor with its TP placements.
 //  * Gradients: autograd accumulates the unsharded gradient into the flat parameter's .grad;
 //    prepare_gradient_for_backward / prepare_gradient_for_optim move the sharded gradient
 //    between `.grad` and `saved_grad_shard` (the runtime reduces into the latter).
@@ -45,6 +47,7 @@
 #include "engine/fsdp1/api.h"
 #include "engine/fsdp1/flat_param_layout.h"
 #include "engine/fsdp1/training_state.h"
+#include "engine/tensor_parallel/dtensor.h"
 
 namespace fsdp::nn {
 class Module;
@@ -200,6 +203,12 @@ class FlatParamHandle : public std::enable_shared_from_this<FlatParamHandle> {
   const std::vector<Shape>& shapes() const { return shapes_; }
   const std::vector<int64_t>& numels() const { return numels_; }
   const std::vector<ShardParamInfo>& shard_param_infos() const { return shard_param_infos_; }
+  // The tensor-parallel extension of each flattened parameter (dtensor_extensions.h): its
+  // DTensor (mesh, placements, global shape), or nullopt for a plain parameter.
+  const std::vector<std::optional<tensor_parallel::DTensor>>& param_extensions() const {
+    return param_extensions_;
+  }
+  bool has_param_extensions() const;
   int64_t unpadded_unsharded_numel() const { return layout_.total_numel; }
   int64_t sharded_numel() const { return sharded_numel_; }
   int64_t shard_numel_padded() const { return shard_numel_padded_; }
@@ -276,6 +285,7 @@ class FlatParamHandle : public std::enable_shared_from_this<FlatParamHandle> {
   std::vector<std::string> fqns_;
   std::vector<Shape> shapes_;
   std::vector<int64_t> numels_;
+  std::vector<std::optional<tensor_parallel::DTensor>> param_extensions_;
   // use_orig_params: the original parameter tensors, their shared registrations, the views
   // saved in forward for pre-backward, and which gradients were None at writeback.
   std::vector<Tensor> params_;

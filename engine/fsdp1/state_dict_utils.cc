@@ -41,6 +41,20 @@ void SetUseDtensor(FullyShardedDataParallel& state) {
   }
 }
 
+// State dicts of a module whose flat parameter holds tensor-parallel pieces
+// (dtensor_extensions.h) are not implemented: FULL would save TP-local pieces under the full
+// parameters' names, SHARDED would need 2-D (dp, tp) pieces.
+void CheckNoTensorParallelParams(const FullyShardedDataParallel& state) {
+  if (!state.handle) return;
+  const FlatParamHandle& handle = *state.handle;
+  for (size_t i = 0; i < handle.param_extensions().size(); ++i) {
+    const auto& extension = handle.param_extensions()[i];
+    FSDP_CHECK(!extension, "state_dict / load_state_dict of FSDP over a tensor-parallel module is "
+               "not implemented: parameter '", handle.fqns()[i], "' is ", extension->str(), " (",
+               DescribeInstance(state), ")");
+  }
+}
+
 // The clean FQNs (relative to the instance) of the parameters its handle manages: each
 // flattened parameter, then each shared registration.
 std::vector<std::string> ManagedParamNames(const FlatParamHandle& handle) {
@@ -70,6 +84,7 @@ void PreStateDictHook(nn::Module& module, const std::string& /*prefix*/, bool /*
   autograd::NoGradGuard no_grad;
   FullyShardedDataParallel& state = StateOf(module);
   SetUseDtensor(state);
+  CheckNoTensorParallelParams(state);
   LazyInit(state);
   const StateDictSettings settings = EffectiveSettings(state);
   switch (settings.state_dict_type) {
@@ -261,6 +276,7 @@ void PreLoadStateDictHook(nn::Module& module, nn::StateDict& sd, const std::stri
   autograd::NoGradGuard no_grad;
   FullyShardedDataParallel& state = StateOf(module);
   SetUseDtensor(state);
+  CheckNoTensorParallelParams(state);
   LazyInit(state);
   nn::ReplaceByPrefix(sd, prefix, prefix + kFsdpPrefix);
   if (!state.handle) return;

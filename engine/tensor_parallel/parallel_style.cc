@@ -127,10 +127,12 @@ void RowwiseParallel::apply(nn::Module& module, const MeshPtr& mesh, const std::
   const Placement input_layout = input_layout_;
   const Placement output_layout = output_layout_;
   // The bias takes part in the local product as Replicate -> Partial (bias / W on every
-  // rank): its Partial local tensor sits in the bias slot for the duration of the call
-  // (the slot gets the leaf back after forward, as FSDP swaps sharded and unsharded params).
-  const std::optional<DTensor> bias = GetDTensorParameter(module, "bias");
-  module.register_forward_pre_hook([mesh, input_layout, in_features, bias, fqn](
+  // rank): its Partial local tensor sits in the bias slot for the duration of the call, made
+  // from the tensor the slot holds at call time (the leaf, or the view a wrapper such as FSDP1
+  // installed), which gets the slot back after forward.
+  const bool has_bias = GetDTensorParameter(module, "bias").has_value();
+  auto saved_bias = std::make_shared<Tensor>();
+  module.register_forward_pre_hook([mesh, input_layout, in_features, has_bias, saved_bias, fqn](
                                        nn::Module& m,
                                        const nn::Value& args) -> std::optional<nn::Value> {
     const Tensor x = InputTensor(args, fqn);
@@ -142,19 +144,24 @@ void RowwiseParallel::apply(nn::Module& module, const MeshPtr& mesh, const std::
     }
     Tensor local =
         PrepareInput(x, mesh, input_layout, Placement::Shard(-1), Placement::Shard(-1), shape);
-    if (bias) {
-      m.set_parameter(
-          "bias",
-          bias->redistribute({Placement::Partial()}).to_local(Placements{Placement::Replicate()}));
+    if (has_bias) {
+      *saved_bias = m.parameter("bias");
+      const DTensor bias = DTensor::from_local(*saved_bias, mesh, {Placement::Replicate()});
+      SetParameterOrAttribute(
+          m, "bias",
+          bias.redistribute({Placement::Partial()}).to_local(Placements{Placement::Replicate()}));
     }
     return nn::Value(local);
   });
   nn::ForwardHookOptions options;
   options.always_call = true;  // the bias slot gets its leaf back even when forward throws
   module.register_forward_hook(
-      [mesh, output_layout, bias](nn::Module& m, const nn::Value&,
-                                  const nn::Value& output) -> std::optional<nn::Value> {
-        if (bias) m.set_parameter("bias", bias->local_tensor());
+      [mesh, output_layout, saved_bias](nn::Module& m, const nn::Value&,
+                                        const nn::Value& output) -> std::optional<nn::Value> {
+        if (saved_bias->defined()) {
+          SetParameterOrAttribute(m, "bias", *saved_bias);
+          *saved_bias = Tensor();
+        }
         if (output.is_none()) return std::nullopt;  // forward threw
         const Tensor& y = output.tensor();
         return nn::Value(PrepareOutput(y, mesh, Placement::Partial(), y.sizes(), output_layout));
