@@ -16,6 +16,7 @@
 #include "engine/nn/models.h"
 #include "engine/optim/adam.h"
 #include "engine/optim/sgd.h"
+#include "reference/float32_output.h"
 #include "reference/models.h"
 #include "reference/transformer.h"
 
@@ -472,6 +473,7 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
 
   ZooModel m;
   m.kind_ = kind_name;
+  m.squares_loss_ = params.has("loss") && params.GetString("loss") == "squares";
   m.batch_ = p.GetInt("batch");
   FSDP_CHECK(m.batch_ >= 1, "zoo model ", kind_name, ": batch must be positive, got ", m.batch_);
 
@@ -494,7 +496,9 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
     const int64_t seq_len = p.GetInt("seq_len");
     FSDP_CHECK(seq_len >= 1 && seq_len <= args.max_seq_len, "zoo transformer: seq_len ", seq_len,
                " must be in [1, max_seq_len = ", args.max_seq_len, "]");
-    m.oracle_ = std::make_shared<reference::Transformer<double>>(rargs);
+    // The forward ends with `.float()`.
+    m.fd_oracle_ = std::make_shared<reference::Transformer<double>>(rargs);
+    m.oracle_ = std::make_shared<reference::Float32Output<double>>(m.fd_oracle_);
     m.build_engine_ = [args] { return std::make_shared<nn::Transformer>(args); };
     m.uses_tokens_ = true;
     m.vocab_size_ = args.vocab_size;
@@ -564,6 +568,7 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
   } else {
     FSDP_THROW(ErrorCode::kInternal, "zoo model ", kind_name, " has no construction");
   }
+  if (!m.fd_oracle_) m.fd_oracle_ = m.oracle_;
   return m;
 }
 
@@ -669,11 +674,13 @@ ZooInput ZooModel::MakeInput(uint64_t seed, int64_t step, DType dtype, int64_t r
 }
 
 reference::LossSpec ZooModel::LossAt(int64_t step) const {
+  const reference::LossSpec of_first_output =
+      squares_loss_ ? reference::ProductSumLoss(0, 0) : reference::SumLoss({0});
   if (oracle_->NumOutputs() == 2) {
-    if (loss_switch_step_ >= 0 && step >= loss_switch_step_) return reference::SumLoss({0});
+    if (loss_switch_step_ >= 0 && step >= loss_switch_step_) return of_first_output;
     return reference::ProductSumLoss(0, 1);
   }
-  return reference::SumLoss({0});
+  return of_first_output;
 }
 
 std::vector<Tensor> ZooModel::Forward(nn::Module& module, const Tensor& input) const {

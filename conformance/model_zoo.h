@@ -208,7 +208,10 @@ class ZooModel {
   int64_t batch() const { return batch_; }
 
   // The loss of step `step` (the seeds': `out.sum()`; DoubleLinear with both outputs uses
-  // `(out1 * out2).sum()` before step `loss_switch_step` and `out1.sum()` from it on).
+  // `(out1 * out2).sum()` before step `loss_switch_step` and `out1.sum()` from it on). A case
+  // whose "loss" parameter is "squares" uses `(out * out).sum()` instead of `out.sum()` (and
+  // `(out1 * out1).sum()` instead of `out1.sum()`): bounded below, so SGD converges instead of
+  // driving the loss to minus infinity.
   reference::LossSpec LossAt(int64_t step) const;
   // Engine forward: the model's outputs (a tuple Value flattened into its tensors).
   std::vector<Tensor> Forward(nn::Module& module, const Tensor& input) const;
@@ -220,18 +223,23 @@ class ZooModel {
   // (`.float()`), which would drown central differences of a float64 model in rounding, so
   // they read the float64 output of its `output` projection (same values before the cast).
   const std::string& fd_output_module() const { return fd_output_module_; }
+  // The oracle at that point: oracle() without the final cast to float32 (oracle() itself for
+  // the models that have none).
+  const reference::Model<double>& fd_oracle() const { return *fd_oracle_; }
 
  private:
   ZooModel() = default;
 
   std::string kind_;
   std::shared_ptr<const reference::Model<double>> oracle_;
+  std::shared_ptr<const reference::Model<double>> fd_oracle_;
   std::function<nn::ModulePtr()> build_engine_;
   bool uses_tokens_ = false;
   int64_t vocab_size_ = 0;
   reference::Shape input_row_shape_;  // the shape of one row of features / tokens
   int64_t batch_ = 2;
   int64_t loss_switch_step_ = -1;  // -1: the loss never switches
+  bool squares_loss_ = false;      // the case's "loss" is "squares"
   std::string fd_output_module_;
 };
 

@@ -154,9 +154,9 @@ void JudgeModel(const std::string& kind, const CaseParams& p,
 
   const reference::RefTensorMap params = model.MakeParameters(seed, DType::kFloat64);
   const ZooInput input = model.MakeInput(seed, 0, DType::kFloat64);
-  const reference::LossAndGrads<double> expected =
-      reference::ForwardBackward(model.oracle(), params, model.MakeBuffers(seed, DType::kFloat64),
-                                 input.oracle, model.LossAt(0));
+  const reference::LossAndGrads<double> expected = reference::ForwardBackward(
+      model.fd_oracle(), params, model.MakeBuffers(seed, DType::kFloat64), input.oracle,
+      model.LossAt(0));
 
   ErrorStats oracle_err;
   const std::vector<double> losses = Losses(per_rank, 0);

@@ -11,6 +11,7 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
       std::move(dtype_param),
       ParamSpec::SizeInt("seed", "seed of the zoo's weights and inputs", 0),
       ParamSpec::SizeInt("steps", "training steps", 10, /*minimum=*/1),
+      LossParam(),
       ParamSpec::SizeDouble("sgd_lr", "SGD learning rate (ZooModelKind::sgd_lr)", kind.sgd_lr),
       ParamSpec::SizeDouble("adam_lr", "Adam learning rate (the seeds' 1e-2)", 1e-2),
       ParamSpec::SizeDouble("momentum", "SGD momentum", 0.9),
@@ -20,6 +21,20 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
       ParamSpec::SizeDouble("rtol_float64", "rtol of losses and parameters, float64", 1e-10)};
   params.insert(params.end(), kind.params.begin(), kind.params.end());
   return params;
+}
+
+ParamSpec LossParam() {
+  ParamSpec p = ParamSpec::SizeString(
+      "loss",
+      "sum: the seeds' out.sum(), unbounded below; squares: (out * out).sum(), bounded below, "
+      "so training converges and the output gradients depend on the outputs (DoubleLinear keeps "
+      "its seed's (out1 * out2).sum() before loss_switch_step either way)",
+      "sum");
+  p.domain = ParamDomain{"sum or squares", [](const std::string& v) -> std::optional<std::string> {
+                           if (v == "squares" || v == "sum") return v;
+                           return std::nullopt;
+                         }};
+  return p;
 }
 
 Tolerance ParityCase::ToleranceFor(DType computed_in) const {

@@ -18,8 +18,12 @@
 namespace fsdp::conformance {
 
 // The parameters of a parity scenario for zoo model `kind`: optim axis, `dtype_param` (an axis
-// or a size), seed, steps, learning rates, momentum, tolerances, then the model's own knobs.
+// or a size), seed, steps, loss, learning rates, momentum, tolerances, then the model's own knobs.
 std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_param);
+
+// The "loss" parameter of the parity families: "sum" (default, the seeds') or "squares"
+// (ZooModel::LossAt).
+ParamSpec LossParam();
 
 // A parity case's parameters (ParityParams plus "dtype"), decoded once: what every body and
 // judge of the parity families reads at its top.
