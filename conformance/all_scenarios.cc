@@ -20,6 +20,8 @@ void RegisterParityFsdp1Scenarios(ScenarioRegistry& registry);
 void RegisterFullyShardStateDictScenarios(ScenarioRegistry& registry);
 void RegisterCheckpointScenarios(ScenarioRegistry& registry);
 void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardTrainingScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -35,6 +37,8 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardStateDictScenarios(registry);
   RegisterCheckpointScenarios(registry);
   RegisterFsdpStateDictScenarios(registry);
+  RegisterFullyShardTrainingScenarios(registry);
+  RegisterFullyShardMixedPrecisionScenarios(registry);
 }
 
 }  // namespace fsdp::conformance

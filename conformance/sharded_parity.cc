@@ -22,15 +22,15 @@ std::set<const TensorImpl*> ParamIds(const nn::Module& module) {
   return ids;
 }
 
-// The rank's local parameter shards (named_parameters order), as an oracle map.
-reference::RefTensorMap LocalShards(nn::Module& module) {
+}  // namespace
+
+reference::RefTensorMap LocalParameterShards(nn::Module& module) {
   reference::RefTensorMap out;
   for (const auto& [name, param] : module.named_parameters()) out[name] = ToRef(param);
   return out;
 }
 
-// The rank's local gradient shards; parameters whose .grad is None are absent.
-reference::RefTensorMap LocalGradShards(nn::Module& module) {
+reference::RefTensorMap LocalGradientShards(nn::Module& module) {
   reference::RefTensorMap out;
   for (const auto& [name, param] : module.named_parameters()) {
     const Tensor grad = param.grad();
@@ -39,8 +39,7 @@ reference::RefTensorMap LocalGradShards(nn::Module& module) {
   return out;
 }
 
-// The full (all-gathered) parameters; every rank must call it (collectives).
-reference::RefTensorMap FullParameters(nn::Module& module) {
+reference::RefTensorMap FullShardedParameters(nn::Module& module) {
   reference::RefTensorMap out;
   for (const auto& [name, param] : module.named_parameters()) {
     const fsdp2::FsdpParam* fsdp_param = fsdp2::LookupFsdpParam(param);
@@ -48,8 +47,6 @@ reference::RefTensorMap FullParameters(nn::Module& module) {
   }
   return out;
 }
-
-}  // namespace
 
 std::vector<nn::ModulePtr> ChildrenToShard(const nn::ModulePtr& root) {
   const std::vector<nn::ModulePtr> children = root->children();
@@ -115,9 +112,10 @@ nlohmann::json RunShardedParityRank(const std::string& kind, const ShardPlan& pl
   module->to(env.device);  // cuda:<local rank> on GPU backends; TrainEngine follows the params
   plan(module, ShardOptionsOf(env));
   const EngineTrainingRecord record =
-      TrainEngine(c.model, *module, c.optim, env.Inputs(), c.steps, LocalShards, LocalGradShards);
+      TrainEngine(c.model, *module, c.optim, env.Inputs(), c.steps, LocalParameterShards,
+                  LocalGradientShards);
   nlohmann::json obs = TrainingObservations(record, c.dtype);
-  obs[kTensors].update(MapToJson(FullParameters(*module), DTypeName(c.dtype), "full/"));
+  obs[kTensors].update(MapToJson(FullShardedParameters(*module), DTypeName(c.dtype), "full/"));
   return obs;
 }
 

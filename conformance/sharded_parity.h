@@ -44,6 +44,14 @@ ShardPlan ShardSubmodulesThenRoot(std::vector<std::string> fqns);
 // seed's `for module in model: fully_shard(module)` over an nn.Sequential.
 void ShardEveryChildThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options);
 
+// The rank's local parameter shards (named_parameters order), as an oracle map.
+reference::RefTensorMap LocalParameterShards(nn::Module& module);
+// The rank's local gradient shards; parameters whose .grad is None are absent.
+reference::RefTensorMap LocalGradientShards(nn::Module& module);
+// The full parameters (full_tensor(), an all-gather over the shard group, for FSDP
+// parameters; others as held); every rank must call it (collectives).
+reference::RefTensorMap FullShardedParameters(nn::Module& module);
+
 // The case's fully_shard options on this rank: its process group, its semantics profile (the
 // default when the case has no `semantics` parameter) and, when the case has a
 // `reshard_after_forward` parameter, that value (None as nullopt).
