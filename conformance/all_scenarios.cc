@@ -22,6 +22,7 @@ void RegisterCheckpointScenarios(ScenarioRegistry& registry);
 void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardTrainingScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardPrefetchScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -39,6 +40,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFsdpStateDictScenarios(registry);
   RegisterFullyShardTrainingScenarios(registry);
   RegisterFullyShardMixedPrecisionScenarios(registry);
+  RegisterFullyShardPrefetchScenarios(registry);
 }
 
 }  // namespace fsdp::conformance

@@ -116,8 +116,9 @@ bool ReshardsAfterBackward(const FullyShardPlan& plan, const PlanGroup& g, int64
 
 // Collective counts and payload bytes of micro-batch i of step k (docs/fsdp-behaviour.md,
 // "Collective counts"): a group all-gathers in forward iff it is sharded when forward starts
-// (always before the first forward; later iff the previous backward resharded it), and, but
-// the root (kept unsharded after forward), again in backward; a synced backward
+// (always before the first forward; later iff the previous backward resharded it), a non-root
+// group again for each further call in the same forward (it reshards after each), and, but
+// the root (kept unsharded after forward), once in backward; a synced backward
 // reduce-scatters the group's gradients (in reduce dtype) and, under HSDP, all-reduces the
 // shard across the replicas; a shard group of one rank all-gathers nothing. Bytes are the
 // collective's full buffer: S * the padded shard.
@@ -132,9 +133,12 @@ std::pair<nlohmann::json, nlohmann::json> PlanCommCounts(const FullyShardPlan& p
     const int64_t previous = i == 0 ? plan.micro_batches - 1 : i - 1;
     const bool sharded_at_forward = first || ReshardsAfterBackward(plan, g, previous);
     const int64_t ag_bytes = numel * static_cast<int64_t>(ElementSize(AllGatherDType(plan)));
-    if (shard > 1 && sharded_at_forward) {
-      forward[kAllGather] += 1;
-      forward_bytes[kAllGather] += ag_bytes;
+    const auto calls = plan.forward_calls.count(g.fqn) ? plan.forward_calls.at(g.fqn) : 1;
+    const int64_t forward_gathers =
+        (sharded_at_forward ? 1 : 0) + (g.is_root() ? 0 : calls - 1);
+    if (shard > 1 && forward_gathers > 0) {
+      forward[kAllGather] += forward_gathers;
+      forward_bytes[kAllGather] += forward_gathers * ag_bytes;
     }
     if (shard > 1 && !g.is_root()) {
       backward[kAllGather] += 1;

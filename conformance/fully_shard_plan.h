@@ -35,6 +35,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -54,6 +55,9 @@ struct FullyShardPlan {
   // Submodule FQNs fully_shard is applied to, in order, before the root. Default: "0", "1" (the
   // root manages the third block, so the root group has parameters too).
   std::vector<std::string> groups = {"0", "1"};
+  // Calls of a group's module in one forward, by FQN (a module used twice: 2). Default: one
+  // call each. A non-root group reshards after each call, so each further call all-gathers.
+  std::map<std::string, int64_t> forward_calls;
   uint64_t seed = 0;
   DType dtype = DType::kFloat64;  // the parameters' (and inputs') dtype
   int64_t steps = 2;              // optimizer steps (>= 1)

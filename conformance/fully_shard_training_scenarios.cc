@@ -1,7 +1,7 @@
 // Family `fully_shard_training` (test_fully_shard_training.py, FSDP2's training tests) and
 // `fully_shard_comm/set_reduce_scatter_divide_factor`: FSDP2's policies and runtime switches
-// beyond the seeds, each a training plan (conformance/fully_shard_plan.h) on the zoo's MLPStack
-// (fully_shard on blocks 0 and 1, then the root, which manages block 2), judged against the
+// beyond the seeds, each a training plan (conformance/fully_shard_plan.h), most on the zoo's
+// MLPStack (fully_shard on blocks 0 and 1, then the root, which manages block 2), judged against the
 // oracle's per-rank gradients reduced by FSDP2's rules, and against collective counts and
 // payload bytes derived from the switches:
 //   gradient_accumulation        TestFullyShardGradientAccumulation.test_gradient_accumulation:
@@ -16,6 +16,10 @@
 //                                CPUOffloadPolicy(pin_memory)
 //   ignored_params               fully_shard(ignored_params=...): not sharded, not reduced,
 //                                trained locally on each rank
+//   multi_forward_module         TestFullyShard1DTrainingCore.test_multi_forward_module: the
+//                                zoo's state_dict_model, outer(inner(x) + inner(x)), fully_shard
+//                                on inner: a group that runs twice per forward (all-gathers per
+//                                call) and reduces the sum of both calls' gradients
 //   set_reduce_scatter_divide_factor (family fully_shard_comm)
 //                                TestFullyShardCommunication.test_set_reduce_scatter_divide_factor:
 //                                set_gradient_divide_factor(multiple * world) on every module
@@ -128,6 +132,22 @@ Scenario IgnoredParams() {
       });
 }
 
+Scenario MultiForwardModule() {
+  return MakePlanScenario(
+      "fully_shard_training/multi_forward_module",
+      "the test's MultiForwardModule, outer(inner(x) + inner(x)), fully_shard on inner then the "
+      "root: inner's group runs twice per forward and reduces the sum of both calls' "
+      "gradients; counts per call, gradient and parameter shards vs the oracle",
+      std::string(kTraining) + "TestFullyShard1DTrainingCore::test_multi_forward_module",
+      "state_dict_model", "float64", {MicroBatches(2)}, [](const CaseParams& p, int) {
+        FullyShardPlan plan = DecodePlanBase("state_dict_model", p);
+        plan.micro_batches = p.GetInt("micro_batches");
+        plan.groups = {"inner"};
+        plan.forward_calls = {{"inner", 2}};
+        return plan;
+      });
+}
+
 Scenario SetReduceScatterDivideFactor() {
   return MakePlanScenario(
       "fully_shard_comm/set_reduce_scatter_divide_factor",
@@ -153,6 +173,7 @@ void RegisterFullyShardTrainingScenarios(ScenarioRegistry& registry) {
   registry.Add(TrainParityHsdp());
   registry.Add(TrainParityCpuOffload());
   registry.Add(IgnoredParams());
+  registry.Add(MultiForwardModule());
   registry.Add(SetReduceScatterDivideFactor());
 }
 
