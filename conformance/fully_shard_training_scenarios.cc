@@ -81,7 +81,7 @@ Scenario GradientAccumulation() {
 }
 
 Scenario TrainParityHsdp() {
-  return MakePlanScenario(
+  Scenario s = MakePlanScenario(
       "fully_shard_training/train_parity_hsdp",
       "MLPStack on the 2-D (replicate, shard) mesh: reduce-scatter in the shard group, "
       "all-reduce across replicas, gradients divided by the data-parallel size; shards of the "
@@ -92,6 +92,10 @@ Scenario TrainParityHsdp() {
         plan.hsdp = true;
         return plan;
       });
+  // The smallest (replicate, shard) mesh, 2 x 2, by default; 2 x 4 at world 8.
+  s.info.default_world = 4;
+  s.info.test_runs = {{8, {}}};
+  return s;
 }
 
 Scenario TrainParityCpuOffload() {
