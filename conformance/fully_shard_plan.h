@@ -29,7 +29,7 @@
 // dimension of the row-major mesh). Collective counts follow docs/fsdp-behaviour.md
 // ("Collective counts"), derived per group from the switches. The ranks run on the CPU, where
 // every gradient lives, CPU offload or not (the offload's host copies are judged by values). Mixed precision
-// is judged within a bound derived from finfo(dtype).eps and the model (MixedPrecisionRtol).
+// is judged within a bound derived from finfo(dtype).eps and the model (PlanMixedPrecisionRtol).
 //
 // Stateless; thread-safe (run_rank runs on every rank's thread with its own module).
 #pragma once
