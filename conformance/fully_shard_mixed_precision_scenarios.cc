@@ -15,7 +15,12 @@
 //                                .test_grad_acc_with_reduce_dtype: micro-batches without
 //                                gradient sync, then a synced one, under param_dtype bfloat16
 //                                and reduce_dtype float32
-//   output_dtype                 MixedPrecisionPolicy(output_dtype): the root's output cast
+//   output_dtype                 MixedPrecisionPolicy(output_dtype) on the root: the model's
+//                                output cast
+//   float16_on_one_submodule     TestFullyShardMixedPrecisionCasts
+//                                .test_float16_on_one_submodule: per-module policies, blocks
+//                                in low precision (cast_forward_inputs, output_dtype float32)
+//                                under a full-precision root
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,11 +49,25 @@ FullyShardPlan MixedPrecisionPlan(const CaseParams& p) {
   plan.micro_batches = p.has("micro_batches") ? p.GetInt("micro_batches") : 1;
   if (p.has("param_dtype")) plan.mp_policy.param_dtype = OptionalDType(p, "param_dtype");
   if (p.has("reduce_dtype")) plan.mp_policy.reduce_dtype = OptionalDType(p, "reduce_dtype");
-  if (p.has("output_dtype")) plan.mp_policy.output_dtype = OptionalDType(p, "output_dtype");
+  // output_dtype on the root only: a block casting its output to another dtype would feed the
+  // next block's Linear an input of another dtype than its weight (F.linear raises).
+  if (p.has("output_dtype")) {
+    fsdp2::MixedPrecisionPolicy root = plan.mp_policy;
+    root.output_dtype = OptionalDType(p, "output_dtype");
+    plan.group_mp_policies[""] = root;
+  }
   return plan;
 }
 
-// Steps default to 1 here: mixed precision is judged over one optimizer step.
+// Mixed precision is judged over one optimizer step: `steps` defaults to 1.
+void OneStep(Scenario& s) {
+  for (ParamSpec& spec : s.info.params) {
+    if (spec.name == "steps") {
+      spec = ParamSpec::SizeInt("steps", "optimizer steps (mixed precision: 1)", 1, 1);
+    }
+  }
+}
+
 Scenario Make(const std::string& test, const std::string& description,
               std::vector<ParamSpec> axes, bool accumulate) {
   Scenario s = MakePlanScenario(
@@ -60,9 +79,34 @@ Scenario Make(const std::string& test, const std::string& description,
         plan.accumulate_without_sync = accumulate;
         return plan;
       });
-  for (ParamSpec& spec : s.info.params) {
-    if (spec.name == "steps") spec = ParamSpec::SizeInt("steps", "optimizer steps (mixed precision: 1)", 1, 1);
-  }
+  OneStep(s);
+  return s;
+}
+
+// test_float16_on_one_submodule's shape: the root (block 2) keeps full precision while blocks 0
+// and 1 compute in `param_dtype` with MixedPrecisionPolicy(param_dtype, output_dtype=float32,
+// cast_forward_inputs=True): each block casts its float32 input down and its output back up.
+Scenario LowPrecisionSubmodules() {
+  Scenario s = MakePlanScenario(
+      "fully_shard_mixed_precision/float16_on_one_submodule",
+      "MLPStack in float32, blocks 0 and 1 with param_dtype float16 / bfloat16, "
+      "cast_forward_inputs and output_dtype float32, the root without mixed precision: each "
+      "block's collectives in its own dtype, values vs the oracle",
+      "test_fully_shard_mixed_precision.py::TestFullyShardMixedPrecisionCasts::"
+      "test_float16_on_one_submodule",
+      kKind, "float32",
+      {ParamSpec::Axis("param_dtype", "the blocks' MixedPrecisionPolicy.param_dtype",
+                       {"float16", "bfloat16"})},
+      [](const CaseParams& p, int) {
+        FullyShardPlan plan = DecodePlanBase(kKind, p);
+        fsdp2::MixedPrecisionPolicy low;
+        low.param_dtype = ParseDType(p.GetString("param_dtype"));
+        low.output_dtype = plan.dtype;
+        low.cast_forward_inputs = true;
+        for (const std::string& fqn : plan.groups) plan.group_mp_policies[fqn] = low;
+        return plan;
+      });
+  OneStep(s);
   return s;
 }
 
@@ -95,13 +139,14 @@ void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry) {
                      ParamSpec::SizeInt("micro_batches", "backwards in the step", 3, 1)},
                     /*accumulate=*/true));
   registry.Add(Make("output_dtype",
-                    "MLPStack with param_dtype bfloat16 and output_dtype float32 / float16: the "
-                    "model's output dtype, gradients vs the oracle",
+                    "MLPStack with param_dtype bfloat16, the root's output_dtype float32 / "
+                    "float16: the model's output dtype, gradients vs the oracle",
                     {ParamSpec::SizeString("param_dtype", "MixedPrecisionPolicy.param_dtype",
                                            "bfloat16"),
                      ParamSpec::Axis("output_dtype", "MixedPrecisionPolicy.output_dtype",
                                      {"float32", "float16"})},
                     /*accumulate=*/false));
+  registry.Add(LowPrecisionSubmodules());
 }
 
 }  // namespace fsdp::conformance

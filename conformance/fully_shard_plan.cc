@@ -17,6 +17,7 @@
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/distributed/device_mesh.h"
 #include "engine/fsdp/fully_shard.h"
+#include "engine/nn/layers.h"
 #include "engine/optim/sgd.h"
 #include "reference/model.h"
 #include "reference/sharding.h"
@@ -87,16 +88,25 @@ int64_t PaddedShardNumel(const PlanGroup& group, const ZooModel& model, int shar
   return numel;
 }
 
-// The dtypes of the plan's collectives (MixedPrecisionPolicy): all-gather in param_dtype, the
-// reduction in reduce_dtype, else in the gradient's dtype (param_dtype when set).
-DType AllGatherDType(const FullyShardPlan& plan) {
-  return plan.mp_policy.param_dtype.value_or(plan.dtype);
+// The dtypes of a group's collectives (its MixedPrecisionPolicy): all-gather in param_dtype,
+// the reduction in reduce_dtype, else in the gradient's dtype (param_dtype when set).
+DType AllGatherDType(const FullyShardPlan& plan, const std::string& fqn) {
+  return plan.PolicyOf(fqn).param_dtype.value_or(plan.dtype);
 }
-DType ReduceDType(const FullyShardPlan& plan) {
-  return plan.mp_policy.reduce_dtype.value_or(AllGatherDType(plan));
+DType ReduceDType(const FullyShardPlan& plan, const std::string& fqn) {
+  return plan.PolicyOf(fqn).reduce_dtype.value_or(AllGatherDType(plan, fqn));
 }
+// The model's output: cast by the root's post-forward to output_dtype, else computed in the
+// root's param_dtype.
 DType OutputDType(const FullyShardPlan& plan) {
-  return plan.mp_policy.output_dtype.value_or(AllGatherDType(plan));
+  return plan.PolicyOf("").output_dtype.value_or(AllGatherDType(plan, ""));
+}
+
+// Every group's module FQN ("" the root).
+std::vector<std::string> GroupFqns(const FullyShardPlan& plan) {
+  std::vector<std::string> fqns = plan.groups;
+  fqns.push_back("");
+  return fqns;
 }
 
 // Whether group `g` reduces in micro-batch i (the plan's set_requires_gradient_sync).
@@ -132,7 +142,7 @@ std::pair<nlohmann::json, nlohmann::json> PlanCommCounts(const FullyShardPlan& p
     const bool first = k == 0 && i == 0;
     const int64_t previous = i == 0 ? plan.micro_batches - 1 : i - 1;
     const bool sharded_at_forward = first || ReshardsAfterBackward(plan, g, previous);
-    const int64_t ag_bytes = numel * static_cast<int64_t>(ElementSize(AllGatherDType(plan)));
+    const int64_t ag_bytes = numel * static_cast<int64_t>(ElementSize(AllGatherDType(plan, g.fqn)));
     const auto calls = plan.forward_calls.count(g.fqn) ? plan.forward_calls.at(g.fqn) : 1;
     const int64_t forward_gathers =
         (sharded_at_forward ? 1 : 0) + (g.is_root() ? 0 : calls - 1);
@@ -145,7 +155,7 @@ std::pair<nlohmann::json, nlohmann::json> PlanCommCounts(const FullyShardPlan& p
       backward_bytes[kAllGather] += ag_bytes;
     }
     if (Syncs(plan, g, i)) {
-      const auto item = static_cast<int64_t>(ElementSize(ReduceDType(plan)));
+      const auto item = static_cast<int64_t>(ElementSize(ReduceDType(plan, g.fqn)));
       backward[kReduceScatter] += 1;
       backward_bytes[kReduceScatter] += numel * item;
       if (plan.hsdp) {
@@ -184,7 +194,6 @@ fsdp2::FullyShardOptions PlanOptions(const FullyShardPlan& plan, const RankEnv& 
   } else {
     options.process_group = env.pg;
   }
-  options.mp_policy = plan.mp_policy;
   options.offload_policy = plan.offload_policy;
   for (const std::string& fqn : plan.ignored_params) {
     bool found = false;
@@ -282,6 +291,10 @@ ObservationSchema PlanSchema() {
       "output_dtype", "the dtype of the model's output (MixedPrecisionPolicy: output_dtype, "
                       "else param_dtype, else the parameters' dtype)"));
   const nlohmann::json phases = ObservationKey::CommCounts("").schema;
+  schema.Add(ObservationKey::StringList(
+      "mixed_dtype_linears",
+      "FQNs of the Linear modules whose floating input had another dtype than their weight "
+      "during some forward (F.linear raises there in PyTorch): none in a conforming run"));
   schema.Add(ObservationKey::Custom(
       kMicroCommCounts, {{"type", "array"}, {"items", phases}},
       "per micro-batch, {\"forward\": {op: n}, \"backward\": {op: n}} (CommDebugMode op keys)"));
@@ -311,13 +324,34 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
   const ZooModel model = ZooModel::Make(plan.kind, env.params);
   nn::ModulePtr module = model.BuildEngineFromInputs(env.Inputs(), plan.dtype);
   module->to(env.device);
-  const fsdp2::FullyShardOptions options = PlanOptions(plan, env, *module);
-  for (const std::string& fqn : plan.groups) fsdp2::fully_shard(module->get_submodule(fqn), options);
+  fsdp2::FullyShardOptions options = PlanOptions(plan, env, *module);
+  for (const std::string& fqn : plan.groups) {
+    options.mp_policy = plan.PolicyOf(fqn);
+    fsdp2::fully_shard(module->get_submodule(fqn), options);
+  }
+  options.mp_policy = plan.PolicyOf("");
   fsdp2::FSDPModule root = fsdp2::fully_shard(module, options);
   if (plan.divide_factor) {
     for (const nn::ModulePtr& m : module->modules()) {
       if (fsdp2::IsFsdpModule(*m)) fsdp2::FSDPModule(m).set_gradient_divide_factor(*plan.divide_factor);
     }
+  }
+  // F.linear takes an input of its weight's dtype (PyTorch raises otherwise): record every
+  // Linear whose input had another dtype (a missing cast_forward_inputs cast, say). Registered
+  // after fully_shard, so each hook sees the arguments FSDP's pre-forward produced.
+  auto mixed_dtype_linears = std::make_shared<std::set<std::string>>();
+  std::vector<nn::RemovableHandle> hooks;
+  for (const auto& [name, m] : module->named_modules()) {
+    if (dynamic_cast<nn::Linear*>(m.get()) == nullptr) continue;
+    hooks.push_back(m->register_forward_pre_hook(
+        [name = name, mixed_dtype_linears](nn::Module& linear, const nn::Value& args)
+            -> std::optional<nn::Value> {
+          const DType weight = static_cast<nn::Linear&>(linear).weight().dtype();
+          for (const Tensor& t : args.tensors()) {
+            if (IsFloatingPoint(t.dtype()) && t.dtype() != weight) mixed_dtype_linears->insert(name);
+          }
+          return std::nullopt;
+        }));
   }
   optim::SGD optimizer(module->named_parameters(), optim::SGDOptions{.lr = plan.lr});
   nlohmann::json obs;
@@ -361,6 +395,7 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
     obs[kTensors].update(MapToJson(LocalParameterShards(*module), DTypeName(plan.dtype), StepPrefix(k)));
   }
   obs["output_dtype"] = output_dtype;
+  obs["mixed_dtype_linears"] = *mixed_dtype_linears;
   obs[kTensors].update(MapToJson(FullShardedParameters(*module), DTypeName(plan.dtype), "full/"));
   return obs;
 }
@@ -393,6 +428,7 @@ PlanOracle RunPlanOracle(const FullyShardPlan& plan, const CaseParams& params, i
     e["grad_devices"] = nlohmann::json::array();
     e["grad_dtypes"] = nlohmann::json::array();
     e["output_dtype"] = DTypeName(OutputDType(plan));
+    e["mixed_dtype_linears"] = nlohmann::json::array();
     e[kTensors] = nlohmann::json::object();
   }
   for (int64_t k = 0; k < plan.steps; ++k) {
@@ -422,7 +458,9 @@ PlanOracle RunPlanOracle(const FullyShardPlan& plan, const CaseParams& params, i
         if (IsIgnored(plan, name)) {
           for (int r = 0; r < world; ++r) {
             const auto& mine = local[static_cast<size_t>(r)];
-            if (mine.count(name)) reference::AccumulateInto(&grads[static_cast<size_t>(r)], name, mine.at(name));
+            if (mine.count(name)) {
+              reference::AccumulateInto(&grads[static_cast<size_t>(r)], name, mine.at(name));
+            }
           }
           continue;
         }
@@ -471,28 +509,47 @@ std::vector<nlohmann::json> ExpectPlan(const FullyShardPlan& plan, const CasePar
   return RunPlanOracle(plan, params, world).expected;
 }
 
-bool FullyShardPlan::UsesMixedPrecision() const {
-  return (mp_policy.param_dtype && *mp_policy.param_dtype != dtype) ||
-         ElementSize(ReduceDType(*this)) < ElementSize(dtype);
+const fsdp2::MixedPrecisionPolicy& FullyShardPlan::PolicyOf(const std::string& fqn) const {
+  const auto it = group_mp_policies.find(fqn);
+  return it != group_mp_policies.end() ? it->second : mp_policy;
 }
 
-double PlanMixedPrecisionRtol(const FullyShardPlan& plan, const CaseParams& params, int world) {
-  double rtol = 0;
-  if (plan.mp_policy.param_dtype && *plan.mp_policy.param_dtype != plan.dtype) {
-    int64_t num_params = 0;
-    const ZooModel model = ZooModel::Make(plan.kind, params);
-    for (const reference::TensorSpec& spec : model.oracle().ParameterSpecs()) {
-      int64_t numel = 1;
-      for (int64_t d : spec.shape) numel *= d;
-      num_params += numel;
+bool FullyShardPlan::UsesMixedPrecision() const {
+  for (const std::string& fqn : GroupFqns(*this)) {
+    if (AllGatherDType(*this, fqn) != dtype ||
+        ElementSize(ReduceDType(*this, fqn)) < ElementSize(dtype)) {
+      return true;
     }
-    rtol += FinfoEps(*plan.mp_policy.param_dtype) / 2 * std::sqrt(static_cast<double>(num_params));
   }
-  const DType reduce = ReduceDType(plan);
-  if (ElementSize(reduce) < ElementSize(plan.dtype)) {
-    rtol += FinfoEps(reduce) / 2 * (1 + std::ceil(std::log2(std::max(world, 1))));
+  return false;
+}
+
+// Over the groups, the lowest-precision compute and reduction bound: a group computing in a
+// lower dtype rounds what every later module reads, so the bound of the coarsest one applies to
+// the whole model.
+double PlanMixedPrecisionRtol(const FullyShardPlan& plan, const CaseParams& params, int world) {
+  int64_t num_params = 0;
+  const ZooModel model = ZooModel::Make(plan.kind, params);
+  for (const reference::TensorSpec& spec : model.oracle().ParameterSpecs()) {
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= d;
+    num_params += numel;
   }
-  return rtol;
+  double compute = 0;
+  double reduction = 0;
+  for (const std::string& fqn : GroupFqns(plan)) {
+    const DType param_dtype = AllGatherDType(plan, fqn);
+    if (param_dtype != plan.dtype) {
+      compute = std::max(compute, FinfoEps(param_dtype) / 2 *
+                                      std::sqrt(static_cast<double>(num_params)));
+    }
+    const DType reduce = ReduceDType(plan, fqn);
+    if (ElementSize(reduce) < ElementSize(plan.dtype)) {
+      reduction = std::max(reduction, FinfoEps(reduce) / 2 *
+                                          (1 + std::ceil(std::log2(std::max(world, 1)))));
+    }
+  }
+  return compute + reduction;
 }
 
 void JudgePlan(const FullyShardPlan& plan, const CaseParams& params, int world,
@@ -518,6 +575,9 @@ void JudgePlan(const FullyShardPlan& plan, const CaseParams& params, int world,
     }
     checks.CheckEqual(who + " output dtype", RankObservation(expected, r, "output_dtype"),
                       RankObservation(per_rank, r, "output_dtype"));
+    checks.CheckEqual(who + " Linear modules fed another dtype than their weight's",
+                      RankObservation(expected, r, "mixed_dtype_linears"),
+                      RankObservation(per_rank, r, "mixed_dtype_linears"));
     const nlohmann::json& counts = RankObservation(per_rank, r, kMicroCommCounts);
     const nlohmann::json& bytes = RankObservation(per_rank, r, kMicroCommBytes);
     const nlohmann::json& want_counts = expected[static_cast<size_t>(r)][kMicroCommCounts];

@@ -13,7 +13,8 @@
 // the last of a step) and set_gradient_divide_factor once.
 //
 // Observations per rank: every micro-batch's loss, its collective counts and payload bytes per
-// phase (CommDebugMode), the dtype of the model's output; after the last backward of each step
+// phase (CommDebugMode), the dtype of the model's output, the Linear modules fed an input of
+// another dtype than their weight (PyTorch's F.linear raises there); after the last backward of each step
 // the local gradient shards ("grad{k}/{fqn}") and the device they live on; after each optimizer
 // step the local parameter shards ("step{k}/{fqn}"); after the last step the full parameters
 // ("full/{fqn}", all-gathered; ignored parameters as the rank holds them).
@@ -27,9 +28,10 @@
 // the rank's own gradient and is stepped locally, so ranks diverge. The expected shards are the
 // rank's torch.chunk rows over the shard group (HSDP: the rank's coordinate on the shard
 // dimension of the row-major mesh). Collective counts follow docs/fsdp-behaviour.md
-// ("Collective counts"), derived per group from the switches. The ranks run on the CPU, where
-// every gradient lives, CPU offload or not (the offload's host copies are judged by values). Mixed precision
-// is judged within a bound derived from finfo(dtype).eps and the model (PlanMixedPrecisionRtol).
+// ("Collective counts"), derived per group from the switches and the group's
+// MixedPrecisionPolicy. The ranks run on the CPU, where every gradient lives, CPU offload or not
+// (the offload's host copies are judged by values). Mixed precision is judged within a bound
+// derived from finfo(dtype).eps and the model (PlanMixedPrecisionRtol).
 //
 // Stateless; thread-safe (run_rank runs on every rank's thread with its own module).
 #pragma once
@@ -73,7 +75,9 @@ struct FullyShardPlan {
   // set_gradient_divide_factor(factor) on every FSDP module. Default: unset (the world size).
   std::optional<double> divide_factor;
   bool hsdp = false;  // the 2-D (replicate, shard) mesh of HybridMeshShapeFor(world)
-  fsdp2::MixedPrecisionPolicy mp_policy;
+  fsdp2::MixedPrecisionPolicy mp_policy;  // every fully_shard call's, unless overridden below
+  // A group's own MixedPrecisionPolicy by module FQN ("" the root). Default: none.
+  std::map<std::string, fsdp2::MixedPrecisionPolicy> group_mp_policies;
   fsdp2::OffloadPolicy offload_policy;
   std::vector<std::string> ignored_params;  // FQNs passed as ignored_params to every call
   Tolerance tolerance;                      // for values without mixed precision
@@ -82,7 +86,9 @@ struct FullyShardPlan {
   int ShardSize(int world) const;
   // This rank's index within its shard group.
   int ShardRank(int rank, int world) const;
-  // param_dtype or reduce_dtype below the parameters' dtype.
+  // The policy of the group of module `fqn` ("" the root).
+  const fsdp2::MixedPrecisionPolicy& PolicyOf(const std::string& fqn) const;
+  // Some group's param_dtype or reduce_dtype differs from / is below the parameters' dtype.
   bool UsesMixedPrecision() const;
 };
 
@@ -117,7 +123,7 @@ void JudgePlan(const FullyShardPlan& plan, const CaseParams& params, int world,
 // rounded and every operation forward and backward rounds again, errors that accumulate like a
 // random walk over the model's N parameters, u * sqrt(N); a reduce_dtype below the gradient's
 // adds u_r * (1 + ceil(log2(W))) (the cast, then one rounding per stage of the reduction tree).
-// 0 without mixed precision.
+// With per-group policies the coarsest group's terms apply. 0 without mixed precision.
 // Mixed precision plans run one optimizer step (the bound holds at the oracle's parameters).
 double PlanMixedPrecisionRtol(const FullyShardPlan& plan, const CaseParams& params, int world);
 

@@ -10,15 +10,15 @@
 // before the issuing block's reshard). The judge derives the order for any n_layers and
 // num_to_prefetch (ExpectedEvents) and compares the training against the oracle.
 //
-// Rules (docs/fsdp-behaviour.md, "Backward prefetch" and "Explicit prefetch"): a module's pre-forward unshards its own group
-// (unless a prefetch already did), then issues the unshard of each target not yet unsharded,
-// in list order, in FORWARD state; the root is first. In backward the blocks run in reverse;
-// each block's pre-backward unshards its group (unless prefetched), then its explicit backward
-// targets, or, without any, the block before it (the implicit prefetch: the next in reverse
-// post-forward order), all in PRE_BACKWARD state. A block reshards after its forward (FORWARD)
-// and in its post-backward (POST_BACKWARD). The root (kept unsharded after forward) unshards
-// nothing in backward and reshards last, in the end-of-backward callback. A world of one rank all-gathers nothing but records the same
-// events. Stateless; thread-safe.
+// Rules (docs/fsdp-behaviour.md, "Backward prefetch" and "Explicit prefetch"): a module's
+// pre-forward unshards its own group (unless a prefetch already did), then issues the unshard of
+// each target not yet unsharded, in list order, in FORWARD state; the root is first. In backward
+// the blocks run in reverse; each block's pre-backward unshards its group (unless prefetched), then
+// its explicit backward targets, or, without any, the block before it (the implicit prefetch: the
+// next in reverse post-forward order), all in PRE_BACKWARD state. A block reshards after its
+// forward (FORWARD) and in its post-backward (POST_BACKWARD). The root (kept unsharded after
+// forward) unshards nothing in backward and reshards last, in the end-of-backward callback. A world
+// of one rank all-gathers nothing but records the same events. Stateless; thread-safe.
 #include <memory>
 #include <set>
 #include <string>
@@ -157,7 +157,9 @@ Scenario MakePrefetchScenario(Direction direction) {
       obs = RunShardedParityRank(kKind, plan, env);
     }
     obs[kUnshards] = nlohmann::json::array();
-    for (const fsdp2::FsdpEvent& e : observer.events({fsdp2::EventKind::kUnshard, fsdp2::EventKind::kReshard})) {
+    const std::set<fsdp2::EventKind> kinds = {fsdp2::EventKind::kUnshard,
+                                              fsdp2::EventKind::kReshard};
+    for (const fsdp2::FsdpEvent& e : observer.events(kinds)) {
       obs[kUnshards].push_back(
           EventJson(fsdp2::EventKindName(e.kind), e.fqn, fsdp2::TrainingStateName(e.state)));
     }
