@@ -21,6 +21,9 @@ void RegisterFullyShardStateDictScenarios(ScenarioRegistry& registry);
 void RegisterCheckpointScenarios(ScenarioRegistry& registry);
 void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry);
 void RegisterFsdpTpIntegrationScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardTrainingScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardPrefetchScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -37,6 +40,9 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterCheckpointScenarios(registry);
   RegisterFsdpStateDictScenarios(registry);
   RegisterFsdpTpIntegrationScenarios(registry);
+  RegisterFullyShardTrainingScenarios(registry);
+  RegisterFullyShardMixedPrecisionScenarios(registry);
+  RegisterFullyShardPrefetchScenarios(registry);
 }
 
 }  // namespace fsdp::conformance

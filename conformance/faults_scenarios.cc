@@ -9,6 +9,8 @@
 //                    -> every rank fails after deadline_ms, not before;
 //                    mode=return (its function returns without it) -> the
 //                    others fail at once
+//   mismatched_root  one rank broadcasts from another root (same bytes) -> every rank
+//                    fails, at once, naming both roots
 //   throwing_rank    one rank throws before the collective   -> it reports its
 //   own error, the
 //                    others fail, at once
@@ -351,11 +353,13 @@ void JudgeMismatch(CheckList& checks, const CaseParams& p, int world,
 }
 
 // The body every mismatch scenario runs: after a barrier every healthy rank issues the float32
-// SUM all_reduce of `count` elements; the faulty rank waits fault_delay_ms (so that the others
-// are already blocked), records the time, and issues `faulty_call` instead. On the fault world
-// (threaded) or the rank's world group (process backends).
-nlohmann::json RunMismatchRank(RankEnv& env,
-                               const std::function<void(distributed::ProcessGroup&)>& faulty_call) {
+// SUM all_reduce of `count` elements (or `healthy_call` when given); the faulty rank waits
+// fault_delay_ms (so that the others are already blocked), records the time, and issues
+// `faulty_call` instead. On the fault world (threaded) or the rank's world group (process
+// backends).
+nlohmann::json RunMismatchRank(
+    RankEnv& env, const std::function<void(distributed::ProcessGroup&)>& faulty_call,
+    const std::function<void(distributed::ProcessGroup&)>& healthy_call = nullptr) {
   const int faulty = FaultyRank(env.params, env.world);
   const int64_t count = env.params.GetInt("count");
   const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
@@ -363,7 +367,11 @@ nlohmann::json RunMismatchRank(RankEnv& env,
       env,
       [&](distributed::ProcessGroup& pg, Timeline& timeline) {
         pg.barrier();
-        if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
+        if (env.rank != faulty && !healthy_call) return IssueAllReduce(pg, count, timeline);
+        if (env.rank != faulty) {
+          timeline.issued_ns = NowNs();
+          return healthy_call(pg);
+        }
         std::this_thread::sleep_for(delay);
         timeline.issued_ns = timeline.fault_ns = NowNs();
         faulty_call(pg);
@@ -456,6 +464,54 @@ Scenario MismatchedDtypeOrReduceOp() {
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) { JudgeMismatch(checks, p, world, per_rank); };
+  return s;
+}
+
+// The mismatch no byte count shows: every rank broadcasts the same float32 tensor, but the
+// faulty rank names another root (the last rank instead of rank 0). Without a fingerprint check
+// the ranks would each take another rank's data, or hang.
+Scenario MismatchedRoot() {
+  Scenario s;
+  s.info = FaultInfo(
+      "mismatched_root",
+      "after a barrier every rank broadcasts count float32 elements from root 0 but the faulty "
+      "rank names root world - 1 (or the reverse when it is rank 0): every rank fails, at once, "
+      "with an error that names both roots",
+      "the suite's own: test_pg_wrapper.py's mismatch tests, for the root argument",
+      {FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(), FaultDelaySize()},
+      FaultWorldKind::kAnyWorldGroup);
+  // The roots of a case: the healthy ranks' and the faulty rank's (never equal, world >= 2).
+  static const auto roots = [](const CaseParams& p, int world) {
+    const int faulty = FaultyRank(p, world);
+    return faulty == world - 1 ? std::pair<int, int>{world - 1, 0}
+                               : std::pair<int, int>{0, world - 1};
+  };
+  s.run_rank = [](RankEnv& env) {
+    const int64_t count = env.params.GetInt("count");
+    const auto [healthy_root, faulty_root] = roots(env.params, env.world);
+    auto broadcast_from = [count](int root) {
+      return [count, root](distributed::ProcessGroup& pg) {
+        Tensor t = Tensor::ones({count}, DType::kFloat32);
+        pg.broadcast(t, root);
+      };
+    };
+    return RunMismatchRank(env, broadcast_from(faulty_root), broadcast_from(healthy_root));
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    JudgeMismatch(checks, p, world, per_rank);
+    const auto [healthy_root, faulty_root] = roots(p, world);
+    for (int r = 0; r < world; ++r) {
+      const nlohmann::json& error = RankObservation(per_rank, r, "error");
+      const std::string message = error.is_object() ? error.value("message", "") : "";
+      for (int root : {healthy_root, faulty_root}) {
+        checks.CheckTrue(RankName(r) + " error names root " + std::to_string(root),
+                         message.find("root " + std::to_string(root)) != std::string::npos ||
+                             message.find("root=" + std::to_string(root)) != std::string::npos,
+                         message);
+      }
+    }
+  };
   return s;
 }
 
@@ -598,6 +654,7 @@ void RegisterFaultsScenarios(ScenarioRegistry& registry) {
   registry.Add(MismatchedOp());
   registry.Add(MismatchedSize());
   registry.Add(MismatchedDtypeOrReduceOp());
+  registry.Add(MismatchedRoot());
   registry.Add(MissingRank());
   registry.Add(ThrowingRank());
 }

@@ -23,15 +23,15 @@ std::set<const TensorImpl*> ParamIds(const nn::Module& module) {
   return ids;
 }
 
-// The rank's local parameter shards (named_parameters order), as an oracle map.
-reference::RefTensorMap LocalShards(nn::Module& module) {
+}  // namespace
+
+reference::RefTensorMap LocalParameterShards(nn::Module& module) {
   reference::RefTensorMap out;
   for (const auto& [name, param] : module.named_parameters()) out[name] = ToRef(param);
   return out;
 }
 
-// The rank's local gradient shards; parameters whose .grad is None are absent.
-reference::RefTensorMap LocalGradShards(nn::Module& module) {
+reference::RefTensorMap LocalGradientShards(nn::Module& module) {
   reference::RefTensorMap out;
   for (const auto& [name, param] : module.named_parameters()) {
     const Tensor grad = param.grad();
@@ -40,8 +40,7 @@ reference::RefTensorMap LocalGradShards(nn::Module& module) {
   return out;
 }
 
-// The full (all-gathered) parameters; every rank must call it (collectives).
-reference::RefTensorMap FullParameters(nn::Module& module) {
+reference::RefTensorMap FullShardedParameters(nn::Module& module) {
   reference::RefTensorMap out;
   for (const auto& [name, param] : module.named_parameters()) {
     const fsdp2::FsdpParam* fsdp_param = fsdp2::LookupFsdpParam(param);
@@ -49,8 +48,6 @@ reference::RefTensorMap FullParameters(nn::Module& module) {
   }
   return out;
 }
-
-}  // namespace
 
 int ParityUnevenWorld(const ZooModelKind& kind, const std::vector<ParamSpec>& params, int max_world,
                       bool flat_parameters) {
@@ -125,9 +122,10 @@ nlohmann::json RunShardedParityRank(const std::string& kind, const ShardPlan& pl
   module->to(env.device);  // cuda:<local rank> on GPU backends; TrainEngine follows the params
   plan(module, ShardOptionsOf(env));
   const EngineTrainingRecord record =
-      TrainEngine(c.model, *module, c.optim, env.Inputs(), c.steps, LocalShards, LocalGradShards);
+      TrainEngine(c.model, *module, c.optim, env.Inputs(), c.steps, LocalParameterShards,
+                  LocalGradientShards);
   nlohmann::json obs = TrainingObservations(record, c.dtype);
-  obs[kTensors].update(MapToJson(FullParameters(*module), DTypeName(c.dtype), "full/"));
+  obs[kTensors].update(MapToJson(FullShardedParameters(*module), DTypeName(c.dtype), "full/"));
   return obs;
 }
 

@@ -44,6 +44,14 @@ ShardPlan ShardSubmodulesThenRoot(std::vector<std::string> fqns);
 // seed's `for module in model: fully_shard(module)` over an nn.Sequential.
 void ShardEveryChildThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options);
 
+// The rank's local parameter shards (named_parameters order), as an oracle map.
+reference::RefTensorMap LocalParameterShards(nn::Module& module);
+// The rank's local gradient shards; parameters whose .grad is None are absent.
+reference::RefTensorMap LocalGradientShards(nn::Module& module);
+// The full parameters (full_tensor(), an all-gather over the shard group, for FSDP
+// parameters; others as held); every rank must call it (collectives).
+reference::RefTensorMap FullShardedParameters(nn::Module& module);
+
 // The uneven world a parity scenario of zoo model `kind` (parameters `params`) also runs by
 // default: DiscriminatingWorld (conformance/uneven_world.h) over what is sharded at the default
 // sizes, dim 0 of every parameter (FSDP2) or, with `flat_parameters`, the numel of each FSDP1

@@ -1,0 +1,152 @@
+// Family `fully_shard_mixed_precision` (test_fully_shard_mixed_precision.py): MixedPrecisionPolicy
+// as training plans (conformance/fully_shard_plan.h) on the zoo's MLPStack in float32, as the
+// seed's nn.Sequential of three MLPs: fully_shard on blocks 0 and 1, then the root. Every
+// case runs one optimizer step; gradients, parameters and losses are judged against the
+// float64 oracle within the bound derived from finfo(dtype).eps and the model's size
+// (PlanMixedPrecisionRtol), and the collectives exactly: all-gathers carry param_dtype bytes,
+// reduce-scatters reduce_dtype bytes (else param_dtype's), the gradients come back in the
+// parameters' dtype, and the model's output has output_dtype (else param_dtype).
+//   compute_dtype                TestFullyShardMixedPrecisionTraining.test_compute_dtype:
+//                                param_dtype bfloat16 / float16
+//   reduce_dtype                 TestFullyShardMixedPrecisionTraining.test_reduce_dtype:
+//                                param_dtype float32 (or bfloat16) with reduce_dtype below or
+//                                above it
+//   grad_acc_with_reduce_dtype   TestFullyShardMixedPrecisionTraining
+//                                .test_grad_acc_with_reduce_dtype: micro-batches without
+//                                gradient sync, then a synced one, under param_dtype bfloat16
+//                                and reduce_dtype float32
+//   output_dtype                 MixedPrecisionPolicy(output_dtype) on the root: the model's
+//                                output cast
+//   float16_on_one_submodule     TestFullyShardMixedPrecisionCasts
+//                                .test_float16_on_one_submodule: per-module policies, blocks
+//                                in low precision (cast_forward_inputs, output_dtype float32)
+//                                under a full-precision root
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "conformance/fully_shard_plan.h"
+#include "conformance/scenario_registry.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr const char* kKind = "mlp_stack";
+constexpr const char* kSeed =
+    "test_fully_shard_mixed_precision.py::TestFullyShardMixedPrecisionTraining::";
+
+// "None" or a dtype name.
+std::optional<DType> OptionalDType(const CaseParams& p, const std::string& key) {
+  const std::string value = p.GetString(key);
+  if (value == "None") return std::nullopt;
+  return ParseDType(value);
+}
+
+// One step of `micro_batches` backwards with the case's policy axes (those it declares).
+FullyShardPlan MixedPrecisionPlan(const CaseParams& p) {
+  FullyShardPlan plan = DecodePlanBase(kKind, p);
+  plan.micro_batches = p.has("micro_batches") ? p.GetInt("micro_batches") : 1;
+  if (p.has("param_dtype")) plan.mp_policy.param_dtype = OptionalDType(p, "param_dtype");
+  if (p.has("reduce_dtype")) plan.mp_policy.reduce_dtype = OptionalDType(p, "reduce_dtype");
+  // output_dtype on the root only: a block casting its output to another dtype would feed the
+  // next block's Linear an input of another dtype than its weight (F.linear raises).
+  if (p.has("output_dtype")) {
+    fsdp2::MixedPrecisionPolicy root = plan.mp_policy;
+    root.output_dtype = OptionalDType(p, "output_dtype");
+    plan.group_mp_policies[""] = root;
+  }
+  return plan;
+}
+
+// Mixed precision is judged over one optimizer step: `steps` defaults to 1.
+void OneStep(Scenario& s) {
+  for (ParamSpec& spec : s.info.params) {
+    if (spec.name == "steps") {
+      spec = ParamSpec::SizeInt("steps", "optimizer steps (mixed precision: 1)", 1, 1);
+    }
+  }
+}
+
+Scenario Make(const std::string& test, const std::string& description,
+              std::vector<ParamSpec> axes, bool accumulate) {
+  Scenario s = MakePlanScenario(
+      "fully_shard_mixed_precision/" + test, description,
+      test == "output_dtype" ? "MixedPrecisionPolicy(output_dtype) (no seed test)"
+                             : std::string(kSeed) + "test_" + test,
+      kKind, "float32", std::move(axes), [accumulate](const CaseParams& p, int) {
+        FullyShardPlan plan = MixedPrecisionPlan(p);
+        plan.accumulate_without_sync = accumulate;
+        return plan;
+      });
+  OneStep(s);
+  return s;
+}
+
+// test_float16_on_one_submodule's shape: the root (block 2) keeps full precision while blocks 0
+// and 1 compute in `param_dtype` with MixedPrecisionPolicy(param_dtype, output_dtype=float32,
+// cast_forward_inputs=True): each block casts its float32 input down and its output back up.
+Scenario LowPrecisionSubmodules() {
+  Scenario s = MakePlanScenario(
+      "fully_shard_mixed_precision/float16_on_one_submodule",
+      "MLPStack in float32, blocks 0 and 1 with param_dtype float16 / bfloat16, "
+      "cast_forward_inputs and output_dtype float32, the root without mixed precision: each "
+      "block's collectives in its own dtype, values vs the oracle",
+      "test_fully_shard_mixed_precision.py::TestFullyShardMixedPrecisionCasts::"
+      "test_float16_on_one_submodule",
+      kKind, "float32",
+      {ParamSpec::Axis("param_dtype", "the blocks' MixedPrecisionPolicy.param_dtype",
+                       {"float16", "bfloat16"})},
+      [](const CaseParams& p, int) {
+        FullyShardPlan plan = DecodePlanBase(kKind, p);
+        fsdp2::MixedPrecisionPolicy low;
+        low.param_dtype = ParseDType(p.GetString("param_dtype"));
+        low.output_dtype = plan.dtype;
+        low.cast_forward_inputs = true;
+        for (const std::string& fqn : plan.groups) plan.group_mp_policies[fqn] = low;
+        return plan;
+      });
+  OneStep(s);
+  return s;
+}
+
+}  // namespace
+
+void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry) {
+  registry.Add(Make("compute_dtype",
+                    "MLPStack with param_dtype bfloat16 / float16: all-gathers in param_dtype, "
+                    "compute and reduce-scatter in it, float32 gradients; vs the oracle within "
+                    "u * sqrt(N)",
+                    {ParamSpec::Axis("param_dtype", "MixedPrecisionPolicy.param_dtype",
+                                     {"bfloat16", "float16"})},
+                    /*accumulate=*/false));
+  registry.Add(Make("reduce_dtype",
+                    "MLPStack with reduce_dtype bfloat16 under param_dtype float32, or float32 "
+                    "under param_dtype bfloat16: the reduce-scatter's dtype and bytes, gradients "
+                    "cast back to float32, values vs the oracle",
+                    {ParamSpec::Axis("param_dtype", "MixedPrecisionPolicy.param_dtype",
+                                     {"float32", "bfloat16"}),
+                     ParamSpec::Axis("reduce_dtype", "MixedPrecisionPolicy.reduce_dtype",
+                                     {"bfloat16", "float32"})},
+                    /*accumulate=*/false));
+  registry.Add(Make("grad_acc_with_reduce_dtype",
+                    "MLPStack with param_dtype bfloat16, reduce_dtype float32: micro-batches "
+                    "without gradient sync, then a synced one; counts, bytes and values",
+                    {ParamSpec::SizeString("param_dtype", "MixedPrecisionPolicy.param_dtype",
+                                           "bfloat16"),
+                     ParamSpec::SizeString("reduce_dtype", "MixedPrecisionPolicy.reduce_dtype",
+                                           "float32"),
+                     ParamSpec::SizeInt("micro_batches", "backwards in the step", 3, 1)},
+                    /*accumulate=*/true));
+  registry.Add(Make("output_dtype",
+                    "MLPStack with param_dtype bfloat16, the root's output_dtype float32 / "
+                    "float16: the model's output dtype, gradients vs the oracle",
+                    {ParamSpec::SizeString("param_dtype", "MixedPrecisionPolicy.param_dtype",
+                                           "bfloat16"),
+                     ParamSpec::Axis("output_dtype", "MixedPrecisionPolicy.output_dtype",
+                                     {"float32", "float16"})},
+                    /*accumulate=*/false));
+  registry.Add(LowPrecisionSubmodules());
+}
+
+}  // namespace fsdp::conformance

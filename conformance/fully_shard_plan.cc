@@ -1,0 +1,665 @@
+#include "conformance/fully_shard_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <set>
+#include <utility>
+
+#include "conformance/fsdp1_params.h"
+#include "conformance/model_zoo.h"
+#include "conformance/observations.h"
+#include "conformance/parity_common.h"
+#include "conformance/rank_checks.h"
+#include "conformance/sharded_parity.h"
+#include "engine/core/error.h"
+#include "engine/distributed/comm_debug_mode.h"
+#include "engine/distributed/device_mesh.h"
+#include "engine/fsdp/fully_shard.h"
+#include "engine/nn/layers.h"
+#include "engine/optim/sgd.h"
+#include "reference/model.h"
+#include "reference/sharding.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr const char* kAllGather = "c10d._allgather_base_";
+constexpr const char* kReduceScatter = "c10d._reduce_scatter_base_";
+constexpr const char* kAllReduce = "c10d.allreduce_";
+constexpr const char* kMicroCommCounts = "micro_batch_comm_counts";
+constexpr const char* kMicroCommBytes = "micro_batch_comm_bytes";
+
+// Zoo step (input and loss index) of micro-batch i of optimizer step k.
+int64_t ZooStep(const FullyShardPlan& plan, int64_t k, int64_t i) {
+  return k * plan.micro_batches + i;
+}
+
+bool IsIgnored(const FullyShardPlan& plan, const std::string& fqn) {
+  return std::find(plan.ignored_params.begin(), plan.ignored_params.end(), fqn) !=
+         plan.ignored_params.end();
+}
+
+// One FSDP parameter group of the plan: the FQNs it manages (ignored ones excluded).
+struct PlanGroup {
+  std::string fqn;  // "" for the root
+  std::vector<std::string> params;
+  bool is_root() const { return fqn.empty(); }
+};
+
+// The groups with parameters, in fully_shard order (the listed submodules, then the root): a
+// parameter belongs to the first listed submodule whose subtree holds it, else to the root.
+std::vector<PlanGroup> GroupsOf(const FullyShardPlan& plan, const ZooModel& model) {
+  std::vector<PlanGroup> groups;
+  for (const std::string& fqn : plan.groups) groups.push_back({fqn, {}});
+  groups.push_back({"", {}});
+  for (const std::string& name : model.ParameterNames()) {
+    if (IsIgnored(plan, name)) continue;
+    PlanGroup* owner = &groups.back();
+    for (PlanGroup& g : groups) {
+      if (!g.is_root() && name.rfind(g.fqn + ".", 0) == 0) {
+        owner = &g;
+        break;
+      }
+    }
+    owner->params.push_back(name);
+  }
+  std::vector<PlanGroup> out;
+  for (PlanGroup& g : groups) {
+    if (!g.params.empty()) out.push_back(std::move(g));
+  }
+  return out;
+}
+
+// Elements one rank's padded shard of the group holds: sum of ceil(dim0 / S) * row numel.
+int64_t PaddedShardNumel(const PlanGroup& group, const ZooModel& model, int shard_size) {
+  int64_t numel = 0;
+  for (const reference::TensorSpec& spec : model.oracle().ParameterSpecs()) {
+    if (std::find(group.params.begin(), group.params.end(), spec.name) == group.params.end()) {
+      continue;
+    }
+    int64_t row = 1;
+    for (size_t d = 1; d < spec.shape.size(); ++d) row *= spec.shape[d];
+    const int64_t dim0 = spec.shape.empty() ? 1 : spec.shape[0];
+    numel += reference::MakeChunkLayout(dim0, shard_size).chunk_rows * row;
+  }
+  return numel;
+}
+
+// The dtypes of a group's collectives (its MixedPrecisionPolicy): all-gather in param_dtype,
+// the reduction in reduce_dtype, else in the gradient's dtype (param_dtype when set).
+DType AllGatherDType(const FullyShardPlan& plan, const std::string& fqn) {
+  return plan.PolicyOf(fqn).param_dtype.value_or(plan.dtype);
+}
+DType ReduceDType(const FullyShardPlan& plan, const std::string& fqn) {
+  return plan.PolicyOf(fqn).reduce_dtype.value_or(AllGatherDType(plan, fqn));
+}
+// The model's output: cast by the root's post-forward to output_dtype, else computed in the
+// root's param_dtype.
+DType OutputDType(const FullyShardPlan& plan) {
+  return plan.PolicyOf("").output_dtype.value_or(AllGatherDType(plan, ""));
+}
+
+// Every group's module FQN ("" the root).
+std::vector<std::string> GroupFqns(const FullyShardPlan& plan) {
+  std::vector<std::string> fqns = plan.groups;
+  fqns.push_back("");
+  return fqns;
+}
+
+// Whether group `g` reduces in micro-batch i (the plan's set_requires_gradient_sync).
+bool Syncs(const FullyShardPlan& plan, const PlanGroup& g, int64_t i) {
+  if (!plan.accumulate_without_sync || i + 1 == plan.micro_batches) return true;
+  return !plan.recurse && !g.is_root();
+}
+
+// Whether group `g` reshards in the post-backward of micro-batch i.
+bool ReshardsAfterBackward(const FullyShardPlan& plan, const PlanGroup& g, int64_t i) {
+  if (!plan.accumulate_without_sync || !plan.no_reshard_after_backward ||
+      i + 1 == plan.micro_batches) {
+    return true;
+  }
+  return !plan.recurse && !g.is_root();
+}
+
+// Collective counts and payload bytes of micro-batch i of step k (docs/fsdp-behaviour.md,
+// "Collective counts"): a group all-gathers in forward iff it is sharded when forward starts
+// (always before the first forward; later iff the previous backward resharded it), a non-root
+// group again for each further call in the same forward (it reshards after each), and, but
+// the root (kept unsharded after forward), once in backward; a synced backward
+// reduce-scatters the group's gradients (in reduce dtype) and, under HSDP, all-reduces the
+// shard across the replicas; a shard group of one rank all-gathers nothing. Bytes are the
+// collective's full buffer: S * the padded shard.
+std::pair<nlohmann::json, nlohmann::json> PlanCommCounts(const FullyShardPlan& plan,
+                                                         const ZooModel& model, int world,
+                                                         int64_t k, int64_t i) {
+  const int shard = plan.ShardSize(world);
+  std::map<std::string, int64_t> forward, backward, forward_bytes, backward_bytes;
+  for (const PlanGroup& g : GroupsOf(plan, model)) {
+    const int64_t numel = PaddedShardNumel(g, model, shard) * shard;
+    const bool first = k == 0 && i == 0;
+    const int64_t previous = i == 0 ? plan.micro_batches - 1 : i - 1;
+    const bool sharded_at_forward = first || ReshardsAfterBackward(plan, g, previous);
+    const int64_t ag_bytes = numel * static_cast<int64_t>(ElementSize(AllGatherDType(plan, g.fqn)));
+    const auto calls = plan.forward_calls.count(g.fqn) ? plan.forward_calls.at(g.fqn) : 1;
+    const int64_t forward_gathers =
+        (sharded_at_forward ? 1 : 0) + (g.is_root() ? 0 : calls - 1);
+    if (shard > 1 && forward_gathers > 0) {
+      forward[kAllGather] += forward_gathers;
+      forward_bytes[kAllGather] += forward_gathers * ag_bytes;
+    }
+    if (shard > 1 && !g.is_root()) {
+      backward[kAllGather] += 1;
+      backward_bytes[kAllGather] += ag_bytes;
+    }
+    if (Syncs(plan, g, i)) {
+      const auto item = static_cast<int64_t>(ElementSize(ReduceDType(plan, g.fqn)));
+      backward[kReduceScatter] += 1;
+      backward_bytes[kReduceScatter] += numel * item;
+      if (plan.hsdp) {
+        backward[kAllReduce] += 1;
+        backward_bytes[kAllReduce] += numel / shard * item;
+      }
+    }
+  }
+  return {PhaseCommCountsJson(forward, backward), PhaseCommCountsJson(forward_bytes, backward_bytes)};
+}
+
+// The rank's local shards (torch.chunk rows over the shard group) of `full`; ignored
+// parameters whole.
+reference::RefTensorMap ExpectedLocal(const FullyShardPlan& plan, const reference::RefTensorMap& full,
+                                      int rank, int world) {
+  reference::RefTensorMap out;
+  for (const auto& [name, t] : full) {
+    out[name] = IsIgnored(plan, name)
+                    ? t
+                    : reference::ShardOf(t, plan.ShardRank(rank, world), plan.ShardSize(world));
+  }
+  return out;
+}
+
+// The FSDP options of this rank's plan.
+fsdp2::FullyShardOptions PlanOptions(const FullyShardPlan& plan, const RankEnv& env,
+                                     const nn::Module& module) {
+  fsdp2::FullyShardOptions options;
+  if (plan.hsdp) {
+    const std::optional<HybridMeshShape> shape = HybridMeshShapeFor(env.world);
+    FSDP_CHECK(shape.has_value(), env.scenario, ": world ", env.world,
+               " has no (replicate, shard) mesh for HSDP");
+    options.mesh = distributed::DeviceMesh::Init(env.pg, env.device.is_cuda() ? "cuda" : "cpu",
+                                                 {shape->replicate, shape->shard},
+                                                 {"replicate", "shard"});
+  } else {
+    options.process_group = env.pg;
+  }
+  options.offload_policy = plan.offload_policy;
+  for (const std::string& fqn : plan.ignored_params) {
+    bool found = false;
+    for (const auto& [name, param] : module.named_parameters()) {
+      if (name == fqn) {
+        options.ignored_params.push_back(param);
+        found = true;
+      }
+    }
+    FSDP_CHECK(found, env.scenario, ": ignored parameter '", fqn, "' is not a parameter of the model");
+  }
+  return options;
+}
+
+// "cpu" / "cuda:0"... of the first gradient, "none" when no parameter has one; "mixed" when
+// they differ. The same for dtypes.
+std::pair<std::string, std::string> GradPlacement(const nn::Module& module) {
+  std::set<std::string> devices, dtypes;
+  for (const auto& [name, param] : module.named_parameters()) {
+    const Tensor grad = param.grad();
+    if (!grad.defined()) continue;
+    devices.insert(grad.device().str());
+    dtypes.insert(DTypeName(grad.dtype()));
+  }
+  auto one = [](const std::set<std::string>& s) {
+    return s.empty() ? std::string("none") : s.size() == 1 ? *s.begin() : std::string("mixed");
+  };
+  return {one(devices), one(dtypes)};
+}
+
+}  // namespace
+
+int FullyShardPlan::ShardSize(int world) const {
+  if (!hsdp) return world;
+  const std::optional<HybridMeshShape> shape = HybridMeshShapeFor(world);
+  FSDP_CHECK(shape.has_value(), "world ", world, " has no (replicate, shard) mesh for HSDP");
+  return static_cast<int>(shape->shard);
+}
+
+int FullyShardPlan::ShardRank(int rank, int world) const { return rank % ShardSize(world); }
+
+std::vector<ParamSpec> PlanParams(const std::string& kind, const std::string& default_dtype) {
+  std::vector<ParamSpec> params = {
+      ParamSpec::SizeInt("seed", "seed of the zoo's weights and inputs", 0),
+      ParamSpec::SizeInt("steps", "optimizer steps", 2, /*minimum=*/1),
+      ParamSpec::SizeDouble("lr", "plain SGD learning rate (the losses decrease)", 1e-2),
+      ParamSpec::SizeString("dtype", "the parameters' and inputs' dtype (float32 or float64)",
+                            default_dtype),
+      ParamSpec::SizeDouble("atol", "atol of losses, gradients and parameters, float32", 1e-5),
+      ParamSpec::SizeDouble("rtol", "rtol of losses, gradients and parameters, float32", 1e-4),
+      ParamSpec::SizeDouble("atol_float64", "atol of every value, float64", 1e-12),
+      ParamSpec::SizeDouble("rtol_float64", "rtol of every value, float64", 1e-10)};
+  const ZooModelKind& zoo = ZooModel::Kind(kind);
+  params.insert(params.end(), zoo.params.begin(), zoo.params.end());
+  return params;
+}
+
+FullyShardPlan DecodePlanBase(const std::string& kind, const CaseParams& params) {
+  FullyShardPlan plan;
+  plan.kind = kind;
+  plan.seed = static_cast<uint64_t>(params.GetInt("seed"));
+  plan.steps = params.GetInt("steps");
+  FSDP_CHECK(plan.steps >= 1, "steps must be >= 1, got ", plan.steps);
+  plan.lr = params.GetDouble("lr");
+  plan.dtype = ParseDType(params.GetString("dtype"));
+  FSDP_CHECK(plan.dtype == DType::kFloat32 || plan.dtype == DType::kFloat64,
+             "dtype must be float32 or float64, got ", params.GetString("dtype"));
+  plan.tolerance = plan.dtype == DType::kFloat64
+                       ? Tolerance{params.GetDouble("atol_float64"), params.GetDouble("rtol_float64")}
+                       : Tolerance{params.GetDouble("atol"), params.GetDouble("rtol")};
+  return plan;
+}
+
+InputsFn PlanInputs(const PlanDecoder& decode) {
+  return [decode](const CaseParams& params, int world) {
+    const FullyShardPlan plan = decode(params, world);
+    const ZooModel model = ZooModel::Make(plan.kind, params);
+    return model.MakeCaseInputs(plan.seed, plan.dtype, plan.steps * plan.micro_batches, world);
+  };
+}
+
+InputsDoc PlanInputsDoc(const std::string& kind) {
+  InputsDoc doc = ZooInputsDoc(ZooModel::Kind(kind), "the case's dtype");
+  doc.rank_tensors = {{"step{k}/input", "the case's dtype", "[batch, features]",
+                       "the rank's rows of micro-batch j = k * micro_batches + i (one zoo step "
+                       "per micro-batch)"}};
+  return doc;
+}
+
+ObservationSchema PlanSchema() {
+  ObservationSchema schema;
+  schema.Add(ObservationKey::Losses(
+      "the rank's loss of every micro-batch, in order over all steps (the loss of its own batch)"));
+  schema.Add(ObservationKey::String(
+      "output_dtype", "the dtype of the model's output (MixedPrecisionPolicy: output_dtype, "
+                      "else param_dtype, else the parameters' dtype)"));
+  const nlohmann::json phases = ObservationKey::CommCounts("").schema;
+  schema.Add(ObservationKey::StringList(
+      "mixed_dtype_linears",
+      "FQNs of the Linear modules whose floating input had another dtype than their weight "
+      "during some forward (F.linear raises there in PyTorch): none in a conforming run"));
+  schema.Add(ObservationKey::Custom(
+      kMicroCommCounts, {{"type", "array"}, {"items", phases}},
+      "per micro-batch, {\"forward\": {op: n}, \"backward\": {op: n}} (CommDebugMode op keys)"));
+  schema.Add(ObservationKey::Custom(
+      kMicroCommBytes, {{"type", "array"}, {"items", phases}},
+      "per micro-batch, the payload bytes of those collectives, {phase: {op: bytes}} (the full "
+      "buffer: all-gather output, reduce-scatter input, all-reduce tensor)"));
+  schema.Add(ObservationKey::StringList(
+      "grad_devices", "per step, the device of every gradient after the last backward "
+                      "(\"cpu\", \"cuda:0\"; \"mixed\" when they differ)"));
+  schema.Add(ObservationKey::StringList(
+      "grad_dtypes", "per step, the dtype of every gradient after the last backward "
+                     "(\"mixed\" when they differ)"));
+  schema.AddTensors({"grad{k}/{fqn}", "the case's dtype", "the rank's local shard",
+                     "each parameter's .grad after the last backward of step k, before the "
+                     "optimizer step: torch.chunk rows over the shard group (ignored "
+                     "parameters whole)"});
+  schema.AddTensors({"step{k}/{fqn}", "the case's dtype", "the rank's local shard",
+                     "every parameter after optimizer step k, like grad{k}/{fqn}"});
+  schema.AddTensors({"full/{fqn}", "the case's dtype", "the full parameter",
+                     "every parameter after the last step, all-gathered (full_tensor()); "
+                     "ignored parameters as the rank holds them"});
+  return schema;
+}
+
+nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
+  const ZooModel model = ZooModel::Make(plan.kind, env.params);
+  nn::ModulePtr module = model.BuildEngineFromInputs(env.Inputs(), plan.dtype);
+  module->to(env.device);
+  fsdp2::FullyShardOptions options = PlanOptions(plan, env, *module);
+  for (const std::string& fqn : plan.groups) {
+    options.mp_policy = plan.PolicyOf(fqn);
+    fsdp2::fully_shard(module->get_submodule(fqn), options);
+  }
+  options.mp_policy = plan.PolicyOf("");
+  fsdp2::FSDPModule root = fsdp2::fully_shard(module, options);
+  if (plan.divide_factor) {
+    for (const nn::ModulePtr& m : module->modules()) {
+      if (fsdp2::IsFsdpModule(*m)) fsdp2::FSDPModule(m).set_gradient_divide_factor(*plan.divide_factor);
+    }
+  }
+  // F.linear takes an input of its weight's dtype (PyTorch raises otherwise): record every
+  // Linear whose input had another dtype (a missing cast_forward_inputs cast, say). Registered
+  // after fully_shard, so each hook sees the arguments FSDP's pre-forward produced.
+  auto mixed_dtype_linears = std::make_shared<std::set<std::string>>();
+  std::vector<nn::RemovableHandle> hooks;
+  for (const auto& [name, m] : module->named_modules()) {
+    if (dynamic_cast<nn::Linear*>(m.get()) == nullptr) continue;
+    hooks.push_back(m->register_forward_pre_hook(
+        [name = name, mixed_dtype_linears](nn::Module& linear, const nn::Value& args)
+            -> std::optional<nn::Value> {
+          const DType weight = static_cast<nn::Linear&>(linear).weight().dtype();
+          for (const Tensor& t : args.tensors()) {
+            if (IsFloatingPoint(t.dtype()) && t.dtype() != weight) mixed_dtype_linears->insert(name);
+          }
+          return std::nullopt;
+        }));
+  }
+  optim::SGD optimizer(module->named_parameters(), optim::SGDOptions{.lr = plan.lr});
+  nlohmann::json obs;
+  obs[kLosses] = nlohmann::json::array();
+  obs[kMicroCommCounts] = nlohmann::json::array();
+  obs[kMicroCommBytes] = nlohmann::json::array();
+  obs["grad_devices"] = nlohmann::json::array();
+  obs["grad_dtypes"] = nlohmann::json::array();
+  obs[kTensors] = nlohmann::json::object();
+  std::string output_dtype;
+  for (int64_t k = 0; k < plan.steps; ++k) {
+    for (int64_t i = 0; i < plan.micro_batches; ++i) {
+      if (plan.accumulate_without_sync) {
+        const bool last = i + 1 == plan.micro_batches;
+        root.set_requires_gradient_sync(last, plan.recurse);
+        if (plan.no_reshard_after_backward) root.set_reshard_after_backward(last, plan.recurse);
+        root.set_is_last_backward(last);
+      }
+      const int64_t j = ZooStep(plan, k, i);
+      const Tensor input = env.Inputs().Get(StepInputName(j)).to(env.device);
+      distributed::CommDebugMode forward_mode;
+      const std::vector<Tensor> outputs = model.Forward(*module, input);
+      forward_mode.exit();
+      output_dtype = DTypeName(outputs.at(0).dtype());
+      Tensor loss = ZooModel::Loss(outputs, model.LossAt(j));
+      distributed::CommDebugMode backward_mode;
+      loss.backward();
+      backward_mode.exit();
+      obs[kLosses].push_back(loss.item());
+      obs[kMicroCommCounts].push_back(PhaseCommCountsJson(forward_mode.get_comm_counts(),
+                                                     backward_mode.get_comm_counts()));
+      obs[kMicroCommBytes].push_back(PhaseCommCountsJson(forward_mode.get_comm_bytes(),
+                                                    backward_mode.get_comm_bytes()));
+    }
+    const auto [device, dtype] = GradPlacement(*module);
+    obs["grad_devices"].push_back(device);
+    obs["grad_dtypes"].push_back(dtype);
+    obs[kTensors].update(MapToJson(LocalGradientShards(*module), DTypeName(plan.dtype), GradPrefix(k)));
+    optimizer.step();
+    optimizer.zero_grad(/*set_to_none=*/true);
+    obs[kTensors].update(MapToJson(LocalParameterShards(*module), DTypeName(plan.dtype), StepPrefix(k)));
+  }
+  obs["output_dtype"] = output_dtype;
+  obs["mixed_dtype_linears"] = *mixed_dtype_linears;
+  obs[kTensors].update(MapToJson(FullShardedParameters(*module), DTypeName(plan.dtype), "full/"));
+  return obs;
+}
+
+namespace {
+
+// The oracle's run of a plan: the expected observations, and per rank and micro-batch the L1
+// norm of the model's outputs (what rounding the outputs can move a summed loss by).
+struct PlanOracle {
+  std::vector<nlohmann::json> expected;
+  std::vector<std::vector<double>> output_l1;  // [rank][micro-batch]
+};
+
+PlanOracle RunPlanOracle(const FullyShardPlan& plan, const CaseParams& params, int world) {
+  PlanOracle run;
+  run.output_l1.resize(static_cast<size_t>(world));
+  std::vector<nlohmann::json>& expected = run.expected;
+  const ZooModel model = ZooModel::Make(plan.kind, params);
+  const reference::Model<double>& oracle = model.oracle();
+  const double factor = plan.divide_factor.value_or(static_cast<double>(world));
+  const std::string dtype = DTypeName(plan.dtype);
+  std::vector<reference::RefTensorMap> rank_params(static_cast<size_t>(world),
+                                                   model.MakeParameters(plan.seed, plan.dtype));
+  const reference::RefTensorMap buffers = model.MakeBuffers(plan.seed, plan.dtype);
+  expected.resize(static_cast<size_t>(world));
+  for (nlohmann::json& e : expected) {
+    e[kLosses] = nlohmann::json::array();
+    e[kMicroCommCounts] = nlohmann::json::array();
+    e[kMicroCommBytes] = nlohmann::json::array();
+    e["grad_devices"] = nlohmann::json::array();
+    e["grad_dtypes"] = nlohmann::json::array();
+    e["output_dtype"] = DTypeName(OutputDType(plan));
+    e["mixed_dtype_linears"] = nlohmann::json::array();
+    e[kTensors] = nlohmann::json::object();
+  }
+  for (int64_t k = 0; k < plan.steps; ++k) {
+    std::vector<reference::RefTensorMap> grads(static_cast<size_t>(world));
+    for (int64_t i = 0; i < plan.micro_batches; ++i) {
+      const int64_t j = ZooStep(plan, k, i);
+      const ZooInput global = model.MakeInput(plan.seed, j, plan.dtype, world * model.batch());
+      std::vector<reference::RefTensorMap> local(static_cast<size_t>(world));
+      for (int r = 0; r < world; ++r) {
+        const auto result = reference::ForwardBackward(
+            oracle, rank_params[static_cast<size_t>(r)], buffers,
+            global.RankSlice(r, world).oracle, model.LossAt(j));
+        expected[static_cast<size_t>(r)][kLosses].push_back(result.loss);
+        double l1 = 0;
+        for (const auto& out : result.outputs) {
+          for (double v : out.data) l1 += std::fabs(v);
+        }
+        run.output_l1[static_cast<size_t>(r)].push_back(l1);
+        local[static_cast<size_t>(r)] = result.grads;
+      }
+      // Managed: sum over the data-parallel ranks / factor on every rank; ignored: the rank's own.
+      std::set<std::string> names;
+      for (const auto& m : local) {
+        for (const auto& [name, g] : m) names.insert(name);
+      }
+      for (const std::string& name : names) {
+        if (IsIgnored(plan, name)) {
+          for (int r = 0; r < world; ++r) {
+            const auto& mine = local[static_cast<size_t>(r)];
+            if (mine.count(name)) {
+              reference::AccumulateInto(&grads[static_cast<size_t>(r)], name, mine.at(name));
+            }
+          }
+          continue;
+        }
+        std::optional<reference::RefTensor> sum;
+        for (const auto& m : local) {
+          if (!m.count(name)) continue;
+          if (!sum) {
+            sum = m.at(name);
+          } else {
+            for (size_t e = 0; e < sum->data.size(); ++e) sum->data[e] += m.at(name).data[e];
+          }
+        }
+        for (double& v : sum->data) v /= factor;
+        for (auto& g : grads) reference::AccumulateInto(&g, name, *sum);
+      }
+      const auto [counts, bytes] = PlanCommCounts(plan, model, world, k, i);
+      for (nlohmann::json& e : expected) {
+        e[kMicroCommCounts].push_back(counts);
+        e[kMicroCommBytes].push_back(bytes);
+      }
+    }
+    for (int r = 0; r < world; ++r) {
+      nlohmann::json& e = expected[static_cast<size_t>(r)];
+      reference::RefTensorMap& p = rank_params[static_cast<size_t>(r)];
+      const reference::RefTensorMap& g = grads[static_cast<size_t>(r)];
+      e["grad_devices"].push_back(Device::CPU().str());
+      e["grad_dtypes"].push_back(dtype);
+      e[kTensors].update(MapToJson(ExpectedLocal(plan, g, r, world), dtype, GradPrefix(k)));
+      for (const auto& [name, grad] : g) {
+        for (size_t x = 0; x < grad.data.size(); ++x) p.at(name).data[x] -= plan.lr * grad.data[x];
+      }
+      e[kTensors].update(MapToJson(ExpectedLocal(plan, p, r, world), dtype, StepPrefix(k)));
+    }
+  }
+  for (int r = 0; r < world; ++r) {
+    expected[static_cast<size_t>(r)][kTensors].update(
+        MapToJson(rank_params[static_cast<size_t>(r)], dtype, "full/"));
+  }
+  return run;
+}
+
+}  // namespace
+
+std::vector<nlohmann::json> ExpectPlan(const FullyShardPlan& plan, const CaseParams& params,
+                                       int world) {
+  return RunPlanOracle(plan, params, world).expected;
+}
+
+const fsdp2::MixedPrecisionPolicy& FullyShardPlan::PolicyOf(const std::string& fqn) const {
+  const auto it = group_mp_policies.find(fqn);
+  return it != group_mp_policies.end() ? it->second : mp_policy;
+}
+
+bool FullyShardPlan::UsesMixedPrecision() const {
+  for (const std::string& fqn : GroupFqns(*this)) {
+    if (AllGatherDType(*this, fqn) != dtype ||
+        ElementSize(ReduceDType(*this, fqn)) < ElementSize(dtype)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Over the groups, the lowest-precision compute and reduction bound: a group computing in a
+// lower dtype rounds what every later module reads, so the bound of the coarsest one applies to
+// the whole model.
+double PlanMixedPrecisionRtol(const FullyShardPlan& plan, const CaseParams& params, int world) {
+  int64_t num_params = 0;
+  const ZooModel model = ZooModel::Make(plan.kind, params);
+  for (const reference::TensorSpec& spec : model.oracle().ParameterSpecs()) {
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= d;
+    num_params += numel;
+  }
+  double compute = 0;
+  double reduction = 0;
+  for (const std::string& fqn : GroupFqns(plan)) {
+    const DType param_dtype = AllGatherDType(plan, fqn);
+    if (param_dtype != plan.dtype) {
+      compute = std::max(compute, FinfoEps(param_dtype) / 2 *
+                                      std::sqrt(static_cast<double>(num_params)));
+    }
+    const DType reduce = ReduceDType(plan, fqn);
+    if (ElementSize(reduce) < ElementSize(plan.dtype)) {
+      reduction = std::max(reduction, FinfoEps(reduce) / 2 *
+                                          (1 + std::ceil(std::log2(std::max(world, 1)))));
+    }
+  }
+  return compute + reduction;
+}
+
+void JudgePlan(const FullyShardPlan& plan, const CaseParams& params, int world,
+               const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
+  const PlanOracle oracle = RunPlanOracle(plan, params, world);
+  const std::vector<nlohmann::json>& expected = oracle.expected;
+  const double mp_rtol = PlanMixedPrecisionRtol(plan, params, world);
+  FSDP_CHECK(!plan.UsesMixedPrecision() || plan.steps == 1,
+             "mixed precision is judged over one optimizer step, got steps=", plan.steps);
+  ErrorStats grad_err, param_err;
+  for (int r = 0; r < world; ++r) {
+    const std::string who = RankName(r);
+    // Losses (sums of the outputs): under mixed precision each output term within mp_rtol of
+    // itself, so the loss within mp_rtol of the outputs' L1 norm.
+    const std::vector<double> want = Losses(expected, r);
+    const std::vector<double> got = Losses(per_rank, r);
+    checks.CheckEqual(who + " micro-batch losses reported", want.size(), got.size());
+    for (size_t m = 0; m < want.size() && m < got.size(); ++m) {
+      const double l1 = oracle.output_l1[static_cast<size_t>(r)][m];
+      checks.CheckClose(who + " micro-batch " + std::to_string(m) + " loss vs oracle",
+                        std::vector<double>{want[m]}, std::vector<double>{got[m]},
+                        Tolerance{plan.tolerance.atol + mp_rtol * l1, plan.tolerance.rtol});
+    }
+    checks.CheckEqual(who + " output dtype", RankObservation(expected, r, "output_dtype"),
+                      RankObservation(per_rank, r, "output_dtype"));
+    checks.CheckEqual(who + " Linear modules fed another dtype than their weight's",
+                      RankObservation(expected, r, "mixed_dtype_linears"),
+                      RankObservation(per_rank, r, "mixed_dtype_linears"));
+    const nlohmann::json& counts = RankObservation(per_rank, r, kMicroCommCounts);
+    const nlohmann::json& bytes = RankObservation(per_rank, r, kMicroCommBytes);
+    const nlohmann::json& want_counts = expected[static_cast<size_t>(r)][kMicroCommCounts];
+    const nlohmann::json& want_bytes = expected[static_cast<size_t>(r)][kMicroCommBytes];
+    checks.CheckEqual(who + " micro-batches reported", want_counts.size(), counts.size());
+    for (size_t m = 0; m < want_counts.size() && m < counts.size() && m < bytes.size(); ++m) {
+      const std::string at = who + " micro-batch " + std::to_string(m);
+      checks.CheckEqual(at + " collective counts", want_counts[m], counts[m]);
+      checks.CheckEqual(at + " collective bytes", want_bytes[m], bytes[m]);
+    }
+    checks.CheckEqual(who + " gradient devices", RankObservation(expected, r, "grad_devices"),
+                      RankObservation(per_rank, r, "grad_devices"));
+    checks.CheckEqual(who + " gradient dtypes (the parameters' dtype)",
+                      RankObservation(expected, r, "grad_dtypes"),
+                      RankObservation(per_rank, r, "grad_dtypes"));
+    for (int64_t k = 0; k < plan.steps; ++k) {
+      const std::string at = who + " step " + std::to_string(k);
+      const reference::RefTensorMap want_grads = MapFromObservations(expected, r, GradPrefix(k));
+      double largest = 0;
+      for (const auto& [name, g] : want_grads) {
+        for (double v : g.data) largest = std::max(largest, std::fabs(v));
+      }
+      // Mixed precision: every element within mp_rtol of the largest gradient (rounding of the
+      // low-precision compute scales with the values it sums, not with the element's own size).
+      const Tolerance grad_tol{plan.tolerance.atol + mp_rtol * largest,
+                               plan.tolerance.rtol + mp_rtol};
+      grad_err.Merge(CheckMapsClose(checks, at + " gradient shards vs oracle", want_grads,
+                                    MapFromObservations(per_rank, r, GradPrefix(k)), grad_tol));
+      // A parameter moves by lr times its gradient: the gradient's bound (both terms) times lr.
+      const Tolerance param_tol{plan.tolerance.atol + plan.lr * 2 * mp_rtol * largest,
+                                plan.tolerance.rtol};
+      param_err.Merge(CheckMapsClose(checks, at + " parameter shards vs oracle",
+                                     MapFromObservations(expected, r, StepPrefix(k)),
+                                     MapFromObservations(per_rank, r, StepPrefix(k)), param_tol));
+      if (k + 1 == plan.steps) {
+        param_err.Merge(CheckMapsClose(checks, who + " full parameters after the last step",
+                                       MapFromObservations(expected, r, "full/"),
+                                       MapFromObservations(per_rank, r, "full/"), param_tol));
+      }
+    }
+  }
+  checks.SetFigure("micro_batches", plan.steps * plan.micro_batches);
+  checks.SetFigure("mixed_precision_rtol", mp_rtol);
+  checks.SetFigure("grad_max_abs_err", grad_err.max_abs);
+  checks.SetFigure("param_max_abs_err", param_err.max_abs);
+}
+
+Scenario MakePlanScenario(const std::string& name, const std::string& description,
+                          const std::string& seed_test, const std::string& kind,
+                          const std::string& default_dtype, std::vector<ParamSpec> extra_params,
+                          PlanDecoder decode) {
+  Scenario s;
+  s.info.name = name;
+  s.info.description = description;
+  s.info.seed_test = seed_test;
+  s.info.params = std::move(extra_params);
+  for (ParamSpec& p : PlanParams(kind, default_dtype)) s.info.params.push_back(std::move(p));
+  s.info.observations = PlanSchema();
+  s.info.inputs = PlanInputsDoc(kind);
+  s.info.default_world = 2;
+  s.info.min_world = 1;
+  s.info.max_world = 8;
+  // The ranks run on the CPU, where every gradient lives (CPU offload or not).
+  s.info.requirements.devices = {DeviceType::kCPU};
+  s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
+  s.skip = [decode](const CaseParams& p, int world) -> std::optional<std::string> {
+    const FullyShardPlan plan = decode(p, world);
+    if (plan.hsdp && !HybridMeshShapeFor(world).has_value()) {
+      return "HSDP needs a (replicate, shard) mesh with both dimensions >= 2; world " +
+             std::to_string(world) + " has none";
+    }
+    if (plan.UsesMixedPrecision() && plan.steps != 1) {
+      return "mixed precision is judged over one optimizer step (steps=1)";
+    }
+    return std::nullopt;
+  };
+  s.inputs = PlanInputs(decode);
+  s.run_rank = [decode](RankEnv& env) { return RunPlanRank(decode(env.params, env.world), env); };
+  s.expect = [decode](const CaseParams& p, int world) { return ExpectPlan(decode(p, world), p, world); };
+  s.judge = [decode](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+                     CheckList& checks) { JudgePlan(decode(p, world), p, world, per_rank, checks); };
+  return s;
+}
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,138 @@
+// A training plan under FSDP2's policies and runtime switches, judged against the oracle: the
+// shared body, expectations and judge of the families that exercise fully_shard's API beyond
+// the seeds (fully_shard_training/*, fully_shard_mixed_precision/*).
+//
+// A plan trains zoo model `kind` (runner-owned weights and inputs, ZooModel::MakeCaseInputs)
+// for `steps` optimizer steps of `micro_batches` micro-batches each (micro-batch i of step k is
+// zoo step j = k * micro_batches + i), plain SGD after the last micro-batch of a step, then
+// zero_grad(set_to_none=True). Each rank applies fully_shard to the submodules `groups`, then to
+// the root, with the plan's policies (process group or HSDP's 2-D (replicate, shard) mesh,
+// MixedPrecisionPolicy, OffloadPolicy, ignored_params), then per micro-batch applies the plan's
+// switches (set_requires_gradient_sync / set_reshard_after_backward / set_is_last_backward, as
+// test_fully_shard_training.py's test_gradient_accumulation does: off for every micro-batch but
+// the last of a step) and set_gradient_divide_factor once.
+//
+// Observations per rank: every micro-batch's loss, its collective counts and payload bytes per
+// phase (CommDebugMode), the dtype of the model's output, the Linear modules fed an input of
+// another dtype than their weight (PyTorch's F.linear raises there); after the last backward of each step
+// the local gradient shards ("grad{k}/{fqn}") and the device they live on; after each optimizer
+// step the local parameter shards ("step{k}/{fqn}"); after the last step the full parameters
+// ("full/{fqn}", all-gathered; ignored parameters as the rank holds them).
+//
+// The oracle (reference/) runs every rank's forward and backward in float64 from the same
+// weights and inputs and applies the FSDP2 reduction rules, which hold for any size: a managed
+// parameter's gradient is the sum over the ranks of the data-parallel group divided by the
+// divide factor (the world size unless set_gradient_divide_factor set one), accumulated over
+// the micro-batches of a step whether a group reduced each of them or only the last (the
+// unsharded gradient accumulates locally until the synced backward); an ignored parameter keeps
+// the rank's own gradient and is stepped locally, so ranks diverge. The expected shards are the
+// rank's torch.chunk rows over the shard group (HSDP: the rank's coordinate on the shard
+// dimension of the row-major mesh). Collective counts follow docs/fsdp-behaviour.md
+// ("Collective counts"), derived per group from the switches and the group's
+// MixedPrecisionPolicy. The ranks run on the CPU, where every gradient lives, CPU offload or not
+// (the offload's host copies are judged by values). Mixed precision is judged within a bound
+// derived from finfo(dtype).eps and the model (PlanMixedPrecisionRtol).
+//
+// Stateless; thread-safe (run_rank runs on every rank's thread with its own module).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "conformance/checks.h"
+#include "conformance/params.h"
+#include "conformance/scenario.h"
+#include "engine/core/dtype.h"
+#include "engine/fsdp/fsdp_api.h"
+
+namespace fsdp::conformance {
+
+// What a plan does; decoded from a case by each family (PlanDecoder). A value type.
+struct FullyShardPlan {
+  std::string kind = "mlp_stack";  // Default: the zoo's MLPStack (three MLP blocks)
+  // Submodule FQNs fully_shard is applied to, in order, before the root. Default: "0", "1" (the
+  // root manages the third block, so the root group has parameters too).
+  std::vector<std::string> groups = {"0", "1"};
+  // Calls of a group's module in one forward, by FQN (a module used twice: 2). Default: one
+  // call each. A non-root group reshards after each call, so each further call all-gathers.
+  std::map<std::string, int64_t> forward_calls;
+  uint64_t seed = 0;
+  DType dtype = DType::kFloat64;  // the parameters' (and inputs') dtype
+  int64_t steps = 2;              // optimizer steps (>= 1)
+  int64_t micro_batches = 1;      // backwards per optimizer step (>= 1)
+  double lr = 1e-2;               // plain SGD (no momentum)
+  // Gradient accumulation as test_gradient_accumulation: every micro-batch but the last of a
+  // step runs with set_requires_gradient_sync(False, recurse) and, when
+  // `no_reshard_after_backward`, set_reshard_after_backward(False, recurse), and
+  // set_is_last_backward(False), all called on the root. Default: off (every backward syncs).
+  bool accumulate_without_sync = false;
+  bool recurse = true;                     // the switches' recurse argument
+  bool no_reshard_after_backward = false;  // see accumulate_without_sync
+  // set_gradient_divide_factor(factor) on every FSDP module. Default: unset (the world size).
+  std::optional<double> divide_factor;
+  bool hsdp = false;  // the 2-D (replicate, shard) mesh of HybridMeshShapeFor(world)
+  fsdp2::MixedPrecisionPolicy mp_policy;  // every fully_shard call's, unless overridden below
+  // A group's own MixedPrecisionPolicy by module FQN ("" the root). Default: none.
+  std::map<std::string, fsdp2::MixedPrecisionPolicy> group_mp_policies;
+  fsdp2::OffloadPolicy offload_policy;
+  std::vector<std::string> ignored_params;  // FQNs passed as ignored_params to every call
+  Tolerance tolerance;                      // for values without mixed precision
+
+  // The ranks one reduce-scatter spans: the shard dimension of the HSDP mesh, else the world.
+  int ShardSize(int world) const;
+  // This rank's index within its shard group.
+  int ShardRank(int rank, int world) const;
+  // The policy of the group of module `fqn` ("" the root).
+  const fsdp2::MixedPrecisionPolicy& PolicyOf(const std::string& fqn) const;
+  // Some group's param_dtype or reduce_dtype differs from / is below the parameters' dtype.
+  bool UsesMixedPrecision() const;
+};
+
+// A family's decoding of a case at a world size into its plan.
+using PlanDecoder = std::function<FullyShardPlan(const CaseParams& params, int world)>;
+
+// The parameters every plan family declares: seed, steps, lr, dtype and the tolerances
+// (atol/rtol for float32 runs, atol_float64/rtol_float64 for float64 ones), plus zoo model
+// `kind`'s own knobs.
+std::vector<ParamSpec> PlanParams(const std::string& kind, const std::string& default_dtype);
+// A plan with those parameters decoded (the family fills in the rest).
+FullyShardPlan DecodePlanBase(const std::string& kind, const CaseParams& params);
+
+// The runner-owned inputs: the zoo's weights and, per rank, the input of every micro-batch
+// (StepInputName(j), j = k * micro_batches + i).
+InputsFn PlanInputs(const PlanDecoder& decode);
+InputsDoc PlanInputsDoc(const std::string& kind);
+
+// The observation schema described in the file comment.
+ObservationSchema PlanSchema();
+// One rank's run of the plan (observations as described in the file comment).
+nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env);
+// What every rank reports, by the oracle and the rules above.
+std::vector<nlohmann::json> ExpectPlan(const FullyShardPlan& plan, const CaseParams& params,
+                                       int world);
+// Judges every rank against ExpectPlan (mixed precision within the derived bound).
+void JudgePlan(const FullyShardPlan& plan, const CaseParams& params, int world,
+               const std::vector<nlohmann::json>& per_rank, CheckList& checks);
+
+// The relative error mixed precision adds to a gradient the oracle computes in double: with
+// param_dtype of unit roundoff u = finfo(param_dtype).eps / 2 every parameter and activation is
+// rounded and every operation forward and backward rounds again, errors that accumulate like a
+// random walk over the model's N parameters, u * sqrt(N); a reduce_dtype below the gradient's
+// adds u_r * (1 + ceil(log2(W))) (the cast, then one rounding per stage of the reduction tree).
+// With per-group policies the coarsest group's terms apply. 0 without mixed precision.
+// Mixed precision plans run one optimizer step (the bound holds at the oracle's parameters).
+double PlanMixedPrecisionRtol(const FullyShardPlan& plan, const CaseParams& params, int world);
+
+// Builds a Scenario of a plan family: name, description, seed test, parameters (PlanParams plus
+// `extra_params`), inputs, schema, body, expect and judge, all from `decode`. Worlds 1-8
+// (default 2); HSDP plans skip worlds without a (replicate, shard) mesh.
+Scenario MakePlanScenario(const std::string& name, const std::string& description,
+                          const std::string& seed_test, const std::string& kind,
+                          const std::string& default_dtype, std::vector<ParamSpec> extra_params,
+                          PlanDecoder decode);
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,189 @@
+// Explicit prefetching (test_fully_shard_comm.py's TestFullyShardPrefetch
+// .test_set_modules_to_forward_prefetch / test_set_modules_to_backward_prefetch), family
+// `fully_shard_comm`: the zoo's Transformer with fully_shard on every block of `layers`, then
+// the root (embeddings, norm and output stay with the root);
+// block i prefetches the next `num_to_prefetch` blocks in forward
+// (set_modules_to_forward_prefetch) or the previous ones in backward
+// (set_modules_to_backward_prefetch). Each rank trains `steps` steps (sharded parity,
+// conformance/sharded_parity.h: prefetching must not change a value) and reports the FSDP
+// `unshard` and `reshard` events of every step in order (a prefetch shows as an unshard issued
+// before the issuing block's reshard). The judge derives the order for any n_layers and
+// num_to_prefetch (ExpectedEvents) and compares the training against the oracle.
+//
+// Rules (docs/fsdp-behaviour.md, "Backward prefetch" and "Explicit prefetch"): a module's
+// pre-forward unshards its own group (unless a prefetch already did), then issues the unshard of
+// each target not yet unsharded, in list order, in FORWARD state; the root is first. In backward
+// the blocks run in reverse; each block's pre-backward unshards its group (unless prefetched), then
+// its explicit backward targets, or, without any, the block before it (the implicit prefetch: the
+// next in reverse post-forward order), all in PRE_BACKWARD state. A block reshards after its
+// forward (FORWARD) and in its post-backward (POST_BACKWARD). The root (kept unsharded after
+// forward) unshards nothing in backward and reshards last, in the end-of-backward callback. A world
+// of one rank all-gathers nothing but records the same events. Stateless; thread-safe.
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "conformance/fsdp_params.h"
+#include "conformance/observations.h"
+#include "conformance/parity_common.h"
+#include "conformance/rank_checks.h"
+#include "conformance/scenario_registry.h"
+#include "conformance/sharded_parity.h"
+#include "engine/fsdp/fully_shard.h"
+#include "engine/fsdp/observer.h"
+#include "engine/nn/models.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr const char* kKind = "transformer";
+constexpr const char* kUnshards = "fsdp_events";
+
+enum class Direction { kForward, kBackward };
+
+std::string Layer(int64_t i) { return "layers." + std::to_string(i); }
+
+// Block i's explicit targets: the next (forward) or previous (backward) `num` blocks.
+std::vector<int64_t> Targets(Direction direction, int64_t i, int64_t n_layers, int64_t num) {
+  std::vector<int64_t> out;
+  for (int64_t k = 1; k <= num; ++k) {
+    const int64_t j = direction == Direction::kForward ? i + k : i - k;
+    if (j >= 0 && j < n_layers) out.push_back(j);
+  }
+  return out;
+}
+
+// One step's unshard and reshard events by the rules of the file comment.
+nlohmann::json ExpectedEvents(Direction direction, int64_t n_layers, int64_t num) {
+  nlohmann::json events = nlohmann::json::array();
+  events.push_back(EventJson("unshard", "", "FORWARD"));
+  std::set<int64_t> done;
+  auto unshard = [&](int64_t i, const char* state) {
+    if (done.insert(i).second) events.push_back(EventJson("unshard", Layer(i), state));
+  };
+  for (int64_t i = 0; i < n_layers; ++i) {
+    unshard(i, "FORWARD");
+    if (direction == Direction::kForward) {
+      for (int64_t j : Targets(direction, i, n_layers, num)) unshard(j, "FORWARD");
+    }
+    events.push_back(EventJson("reshard", Layer(i), "FORWARD"));
+  }
+  done.clear();
+  for (int64_t i = n_layers - 1; i >= 0; --i) {
+    unshard(i, "PRE_BACKWARD");
+    const std::vector<int64_t> targets = direction == Direction::kBackward
+                                             ? Targets(direction, i, n_layers, num)
+                                             : Targets(Direction::kBackward, i, n_layers, 1);
+    for (int64_t j : targets) unshard(j, "PRE_BACKWARD");
+    events.push_back(EventJson("reshard", Layer(i), "POST_BACKWARD"));
+  }
+  events.push_back(EventJson("reshard", "", "POST_BACKWARD"));
+  return events;
+}
+
+Scenario MakePrefetchScenario(Direction direction) {
+  const bool forward = direction == Direction::kForward;
+  const std::string api =
+      forward ? "set_modules_to_forward_prefetch" : "set_modules_to_backward_prefetch";
+  Scenario s;
+  s.info.name = "fully_shard_comm/" + api;
+  s.info.description =
+      "Transformer, block i " + api + "(the " + (forward ? "next" : "previous") +
+      " num_to_prefetch blocks): unshard events of every step in the prefetch order, losses, "
+      "parameter and gradient shards vs the oracle";
+  s.info.seed_test =
+      "test_fully_shard_comm.py::TestFullyShardPrefetch::test_" + api;
+  s.info.params = ParityParams(
+      ZooModel::Kind(kKind),
+      ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float64"));
+  for (ParamSpec& p : s.info.params) {
+    if (p.name == "n_layers") p = ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 4, 1);
+    if (p.name == "steps") p = ParamSpec::SizeInt("steps", "training steps", 2, 1);
+    if (p.name == "optim") p = ParamSpec::Axis("optim", "optimizer", {"sgd"});
+  }
+  s.info.params.push_back(ParamSpec::Axis("num_to_prefetch", "blocks each block prefetches",
+                                          {"1", "2"}));
+  ObservationSchema schema = ShardedParitySchema();
+  schema.Add(ObservationKey::Events(
+      kUnshards, "every step's FSDP unshard and reshard events, in order, as [kind, module FQN "
+                 "(root \"\"), training state]"));
+  s.info.observations = schema;
+  s.info.inputs = ZooInputsDoc(ZooModel::Kind(kKind), "the case's dtype");
+  s.info.default_world = 2;
+  s.info.min_world = 1;
+  s.info.max_world = 8;
+  s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {{"num_to_prefetch", "2"}}}};
+  s.inputs = ParityInputs(kKind);
+  s.expect = [direction](const CaseParams& p, int world) {
+    std::vector<nlohmann::json> expected = ExpectShardedParity(kKind, p, world);
+    const nlohmann::json step =
+        ExpectedEvents(direction, p.GetInt("n_layers"), p.GetInt("num_to_prefetch"));
+    for (nlohmann::json& e : expected) {
+      e[kUnshards] = nlohmann::json::array();
+      for (int64_t k = 0; k < p.GetInt("steps"); ++k) {
+        for (const auto& event : step) e[kUnshards].push_back(event);
+      }
+    }
+    return expected;
+  };
+  s.run_rank = [direction](RankEnv& env) {
+    const int64_t num = env.params.GetInt("num_to_prefetch");
+    const ShardPlan plan = [direction, num](const nn::ModulePtr& root,
+                                            const fsdp2::FullyShardOptions& options) {
+      std::vector<nn::ModulePtr> blocks;
+      for (const nn::ModulePtr& block : root->get_submodule("layers")->children()) {
+        fsdp2::fully_shard(block, options);
+        blocks.push_back(block);
+      }
+      fsdp2::fully_shard(root, options);
+      const auto n = static_cast<int64_t>(blocks.size());
+      for (int64_t i = 0; i < n; ++i) {
+        std::vector<nn::ModulePtr> targets;
+        for (int64_t j : Targets(direction, i, n, num)) targets.push_back(blocks[static_cast<size_t>(j)]);
+        fsdp2::FSDPModule block(blocks[static_cast<size_t>(i)]);
+        if (direction == Direction::kForward) {
+          block.set_modules_to_forward_prefetch(targets);
+        } else {
+          block.set_modules_to_backward_prefetch(targets);
+        }
+      }
+    };
+    fsdp2::RecordingObserver observer;
+    nlohmann::json obs;
+    {
+      fsdp2::ScopedObserver install(observer);
+      obs = RunShardedParityRank(kKind, plan, env);
+    }
+    obs[kUnshards] = nlohmann::json::array();
+    const std::set<fsdp2::EventKind> kinds = {fsdp2::EventKind::kUnshard,
+                                              fsdp2::EventKind::kReshard};
+    for (const fsdp2::FsdpEvent& e : observer.events(kinds)) {
+      obs[kUnshards].push_back(
+          EventJson(fsdp2::EventKindName(e.kind), e.fqn, fsdp2::TrainingStateName(e.state)));
+    }
+    return obs;
+  };
+  const ExpectFn expect = s.expect;
+  s.judge = [expect](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+                     CheckList& checks) {
+    JudgeShardedParity(kKind, p, world, per_rank, checks);
+    const std::vector<nlohmann::json> expected = expect(p, world);
+    for (int r = 0; r < world; ++r) {
+      checks.CheckEqual(RankName(r) + " unshard and reshard events (prefetch order)",
+                        expected[static_cast<size_t>(r)][kUnshards],
+                        RankObservation(per_rank, r, kUnshards));
+    }
+  };
+  return s;
+}
+
+}  // namespace
+
+void RegisterFullyShardPrefetchScenarios(ScenarioRegistry& registry) {
+  registry.Add(MakePrefetchScenario(Direction::kForward));
+  registry.Add(MakePrefetchScenario(Direction::kBackward));
+}
+
+}  // namespace fsdp::conformance

@@ -1,0 +1,184 @@
+// Family `fully_shard_training` (test_fully_shard_training.py, FSDP2's training tests) and
+// `fully_shard_comm/set_reduce_scatter_divide_factor`: FSDP2's policies and runtime switches
+// beyond the seeds, each a training plan (conformance/fully_shard_plan.h), most on the zoo's
+// MLPStack (fully_shard on blocks 0 and 1, then the root, which manages block 2), judged against the
+// oracle's per-rank gradients reduced by FSDP2's rules, and against collective counts and
+// payload bytes derived from the switches:
+//   gradient_accumulation        TestFullyShardGradientAccumulation.test_gradient_accumulation:
+//                                micro-batches with set_requires_gradient_sync(False, recurse),
+//                                optionally set_reshard_after_backward(False, recurse), and
+//                                set_is_last_backward(False) but the last of a step; mode "sync"
+//                                reduces in every backward (several backwards before one step)
+//   train_parity_hsdp            TestFullyShardHSDPTraining.test_train_parity_hsdp: the 2-D
+//                                (replicate, shard) mesh, reduce-scatter then all-reduce
+//   train_parity_cpu_offload     TestFullyShard1DTrainingCore
+//                                .test_train_parity_multi_group_cpu_offload_eager:
+//                                CPUOffloadPolicy(pin_memory)
+//   ignored_params               fully_shard(ignored_params=...): not sharded, not reduced,
+//                                trained locally on each rank
+//   multi_forward_module         TestFullyShard1DTrainingCore.test_multi_forward_module: the
+//                                zoo's state_dict_model, outer(inner(x) + inner(x)), fully_shard
+//                                on inner: a group that runs twice per forward (all-gathers per
+//                                call) and reduces the sum of both calls' gradients
+//   set_reduce_scatter_divide_factor (family fully_shard_comm)
+//                                TestFullyShardCommunication.test_set_reduce_scatter_divide_factor:
+//                                set_gradient_divide_factor(multiple * world) on every module
+#include <string>
+#include <vector>
+
+#include "conformance/fully_shard_plan.h"
+#include "conformance/scenario_registry.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr const char* kKind = "mlp_stack";
+constexpr const char* kTraining = "test_fully_shard_training.py::";
+
+ParamSpec MicroBatches(int64_t value) {
+  return ParamSpec::SizeInt("micro_batches", "backwards per optimizer step", value, /*minimum=*/1);
+}
+
+FullyShardPlan Base(const CaseParams& p) {
+  FullyShardPlan plan = DecodePlanBase(kKind, p);
+  plan.micro_batches = p.has("micro_batches") ? p.GetInt("micro_batches") : 1;
+  return plan;
+}
+
+Scenario GradientAccumulation() {
+  Scenario s = MakePlanScenario(
+      "fully_shard_training/gradient_accumulation",
+      "MLPStack, micro-batches per step without gradient sync (all modules or the root only; "
+      "optionally without reshard after backward) or with sync in every backward: per "
+      "micro-batch collective counts and bytes, gradient and parameter shards vs the oracle",
+      std::string(kTraining) + "TestFullyShardGradientAccumulation::test_gradient_accumulation",
+      kKind, "float64",
+      {ParamSpec::Axis("mode",
+                       "sync: every backward reduces; all: set_requires_gradient_sync(False) "
+                       "(recurse) but for the last micro-batch; root_only: the same with "
+                       "recurse=False (the root's group only)",
+                       {"sync", "all", "root_only"}),
+       ParamSpec::Axis("reshard_after_backward",
+                       "False: set_reshard_after_backward(False) with the sync switch",
+                       {"True", "False"}),
+       MicroBatches(3)},
+      [](const CaseParams& p, int) {
+        FullyShardPlan plan = Base(p);
+        const std::string mode = p.GetString("mode");
+        plan.accumulate_without_sync = mode != "sync";
+        plan.recurse = mode != "root_only";
+        plan.no_reshard_after_backward = !p.GetBool("reshard_after_backward");
+        return plan;
+      });
+  s.excluded = [](const CaseParams& p, int) -> std::optional<std::string> {
+    if (p.GetString("mode") == "sync" && !p.GetBool("reshard_after_backward")) {
+      return "mode sync sets no switch";
+    }
+    return std::nullopt;
+  };
+  return s;
+}
+
+Scenario TrainParityHsdp() {
+  Scenario s = MakePlanScenario(
+      "fully_shard_training/train_parity_hsdp",
+      "MLPStack on the 2-D (replicate, shard) mesh: reduce-scatter in the shard group, "
+      "all-reduce across replicas, gradients divided by the data-parallel size; shards of the "
+      "shard group vs the oracle",
+      std::string(kTraining) + "TestFullyShardHSDPTraining::test_train_parity_hsdp", kKind,
+      "float64", {MicroBatches(1)}, [](const CaseParams& p, int) {
+        FullyShardPlan plan = Base(p);
+        plan.hsdp = true;
+        return plan;
+      });
+  // The smallest (replicate, shard) mesh, 2 x 2, by default; 2 x 4 at world 8.
+  s.info.default_world = 4;
+  s.info.test_runs = {{8, {}}};
+  return s;
+}
+
+Scenario TrainParityCpuOffload() {
+  return MakePlanScenario(
+      "fully_shard_training/train_parity_cpu_offload",
+      "MLPStack with CPUOffloadPolicy: gradients on the CPU, values vs the oracle",
+      std::string(kTraining) +
+          "TestFullyShard1DTrainingCore::test_train_parity_multi_group_cpu_offload_eager",
+      kKind, "float64",
+      {ParamSpec::Axis("pin_memory", "CPUOffloadPolicy(pin_memory)", {"True", "False"}),
+       MicroBatches(2)},
+      [](const CaseParams& p, int) {
+        FullyShardPlan plan = Base(p);
+        plan.offload_policy = fsdp2::OffloadPolicy::CPUOffload(p.GetBool("pin_memory"));
+        return plan;
+      });
+}
+
+Scenario IgnoredParams() {
+  return MakePlanScenario(
+      "fully_shard_training/ignored_params",
+      "MLPStack with ignored_params (a weight of a sharded block and a bias of the root's): not "
+      "sharded, not reduced (each rank steps its own gradient), the rest vs the oracle",
+      "test_fully_shard_init.py (fully_shard(ignored_params=...))", kKind, "float64",
+      {ParamSpec::SizeString("ignored", "comma-separated FQNs passed as ignored_params",
+                             "0.in_proj.weight,2.out_proj.bias")},
+      [](const CaseParams& p, int) {
+        FullyShardPlan plan = Base(p);
+        const std::string text = p.GetString("ignored");
+        size_t begin = 0;
+        while (begin < text.size()) {
+          const size_t comma = text.find(',', begin);
+          const size_t end = comma == std::string::npos ? text.size() : comma;
+          if (end > begin) plan.ignored_params.push_back(text.substr(begin, end - begin));
+          begin = end + 1;
+        }
+        return plan;
+      });
+}
+
+Scenario MultiForwardModule() {
+  return MakePlanScenario(
+      "fully_shard_training/multi_forward_module",
+      "the test's MultiForwardModule, outer(inner(x) + inner(x)), fully_shard on inner then the "
+      "root: inner's group runs twice per forward and reduces the sum of both calls' "
+      "gradients; counts per call, gradient and parameter shards vs the oracle",
+      std::string(kTraining) + "TestFullyShard1DTrainingCore::test_multi_forward_module",
+      "state_dict_model", "float64", {MicroBatches(2)}, [](const CaseParams& p, int) {
+        FullyShardPlan plan = DecodePlanBase("state_dict_model", p);
+        plan.micro_batches = p.GetInt("micro_batches");
+        plan.groups = {"inner"};
+        plan.forward_calls = {{"inner", 2}};
+        return plan;
+      });
+}
+
+Scenario SetReduceScatterDivideFactor() {
+  return MakePlanScenario(
+      "fully_shard_comm/set_reduce_scatter_divide_factor",
+      "MLPStack with set_gradient_divide_factor(multiple * world) on every module: gradients "
+      "are the ranks' sum divided by that factor, vs the oracle",
+      "test_fully_shard_comm.py::TestFullyShardCommunication::"
+      "test_set_reduce_scatter_divide_factor",
+      kKind, "float64",
+      {ParamSpec::SizeDouble("divide_factor_multiple",
+                             "the divide factor over the world size (the seed's 2)", 2.0),
+       MicroBatches(1)},
+      [](const CaseParams& p, int world) {
+        FullyShardPlan plan = Base(p);
+        plan.divide_factor = p.GetDouble("divide_factor_multiple") * world;
+        return plan;
+      });
+}
+
+}  // namespace
+
+void RegisterFullyShardTrainingScenarios(ScenarioRegistry& registry) {
+  registry.Add(GradientAccumulation());
+  registry.Add(TrainParityHsdp());
+  registry.Add(TrainParityCpuOffload());
+  registry.Add(IgnoredParams());
+  registry.Add(MultiForwardModule());
+  registry.Add(SetReduceScatterDivideFactor());
+}
+
+}  // namespace fsdp::conformance
