@@ -20,6 +20,7 @@ void RegisterParityFsdp1Scenarios(ScenarioRegistry& registry);
 void RegisterFullyShardStateDictScenarios(ScenarioRegistry& registry);
 void RegisterCheckpointScenarios(ScenarioRegistry& registry);
 void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardOverlapScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -35,6 +36,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardStateDictScenarios(registry);
   RegisterCheckpointScenarios(registry);
   RegisterFsdpStateDictScenarios(registry);
+  RegisterFullyShardOverlapScenarios(registry);
 }
 
 }  // namespace fsdp::conformance
