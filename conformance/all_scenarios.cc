@@ -21,6 +21,7 @@ void RegisterFullyShardStateDictScenarios(ScenarioRegistry& registry);
 void RegisterCheckpointScenarios(ScenarioRegistry& registry);
 void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardOverlapScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardRegisteredParamsScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -37,6 +38,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterCheckpointScenarios(registry);
   RegisterFsdpStateDictScenarios(registry);
   RegisterFullyShardOverlapScenarios(registry);
+  RegisterFullyShardRegisteredParamsScenarios(registry);
 }
 
 }  // namespace fsdp::conformance

@@ -104,6 +104,7 @@ Scenario StreamOrder() {
   info.min_world = 2;
   info.max_world = 8;
   info.test_runs = {{2, {}}, {3, {}}};
+  for (const TestRun& run : LaterProfileTestRuns(4)) info.test_runs.push_back(run);
   info.inputs = TransformerInputsDoc(TokenBatches::kPerRank);
   info.observations.Add(ObservationKey::Custom(
       kStreamTrace, {{"type", "array"}, {"items", TraceEntrySchema()}},
