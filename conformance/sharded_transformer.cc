@@ -1,5 +1,7 @@
 #include "conformance/sharded_transformer.h"
 
+#include <utility>
+
 #include "conformance/case_inputs.h"
 #include "conformance/fsdp_params.h"
 #include "engine/nn/checkpoint.h"
@@ -8,7 +10,7 @@ namespace fsdp::conformance {
 
 std::shared_ptr<nn::Transformer> ShardedTransformer(
     const RankEnv& env, std::optional<fsdp2::ReshardAfterForward> raf,
-    const std::string& checkpoint_impl) {
+    const std::string& checkpoint_impl, std::shared_ptr<distributed::DeviceMesh> mesh) {
   nn::ModelArgs args;
   args.n_layers = env.params.GetInt("n_layers");
   args.dropout_p = 0.0;
@@ -18,6 +20,7 @@ std::shared_ptr<nn::Transformer> ShardedTransformer(
   model->to(env.device);  // cuda:<local rank> on GPU backends
   fsdp2::FullyShardOptions options;
   options.process_group = env.pg;
+  options.mesh = std::move(mesh);
   options.semantics = SemanticsOf(env.params);
   options.reshard_after_forward = raf;
   for (const nn::ModulePtr& block : model->layers()) {

@@ -14,8 +14,10 @@ constexpr const char* kCopyInAfterOptimizer = "copy_in_after_optimizer_step";
 constexpr const char* kCopyInAfterReshard = "copy_in_after_post_forward_reshard";
 constexpr const char* kAllGatherAfterCopyIn = "all_gather_after_copy_in";
 constexpr const char* kCopyOutAfterAllGather = "copy_out_after_all_gather";
+constexpr const char* kAllGatherWaited = "all_gather_waited_before_release";
 constexpr const char* kBufferReleased = "all_gather_buffer_released_after_copy_out";
 constexpr const char* kReduceScatterAfterCopyIn = "reduce_scatter_after_copy_in";
+constexpr const char* kAllReduceAfterReduceScatter = "all_reduce_after_reduce_scatter";
 constexpr const char* kReduceScatterInputReleased =
     "reduce_scatter_input_released_after_reduce_scatter";
 constexpr const char* kOptimizerAfterReduction = "optimizer_after_reduction";
@@ -181,6 +183,14 @@ class Judge {
   // The end of a forward or backward: every all-gather buffer and reduce-scatter input of the
   // pass was released only after its consumer.
   void EndPass() {
+    for (size_t i = pass_first_all_gather_; i < all_gathers_.size(); ++i) {
+      if (!clocks_.Covers(kCurrent, all_gathers_[i].node)) {
+        Violate(kAllGatherWaited, "the current stream is not ordered after all-gather " +
+                                      all_gathers_[i].node.where + " when the " + phase_ +
+                                      " ends");
+      }
+    }
+    pass_first_all_gather_ = all_gathers_.size();
     for (const Node& copy_out : unreleased_copy_outs_) {
       for (const char* stream : {kCopyInStream, kAllGatherStream}) {
         if (!clocks_.Covers(stream, copy_out)) {
@@ -306,7 +316,18 @@ class Judge {
       }
       reduce_scatter_copy_in_.reset();
       unreleased_reduce_scatters_.push_back(node);
-    } else if (what == "all_reduce" || what == "post_reduce") {
+      last_reduce_scatter_ = node;
+    } else if (what == "all_reduce") {
+      expect_stream("all_reduce");
+      if (!last_reduce_scatter_ || !clocks_.Covers(stream, *last_reduce_scatter_)) {
+        Violate(kAllReduceAfterReduceScatter,
+                "all-reduce " + where + " is not ordered after its reduce-scatter" +
+                    (last_reduce_scatter_ ? " " + last_reduce_scatter_->where
+                                          : std::string(" (none issued)")));
+      }
+      last_reduce_scatter_.reset();
+      reductions_.push_back(node);
+    } else if (what == "post_reduce") {
       reductions_.push_back(node);
     }
   }
@@ -326,9 +347,11 @@ class Judge {
   std::optional<Node> copy_in_;
   std::vector<AllGather> all_gathers_;
   std::optional<size_t> awaiting_;
+  size_t pass_first_all_gather_ = 0;  // all_gathers_ issued since the current pass began
   std::vector<Node> unreleased_copy_outs_;
   std::optional<Node> reduce_scatter_copy_in_;
   std::vector<Node> unreleased_reduce_scatters_;
+  std::optional<Node> last_reduce_scatter_;
   std::vector<Node> reductions_;
 };
 
@@ -338,8 +361,8 @@ const std::vector<std::string>& StreamOrderRuleNames() {
   static const std::vector<std::string> names = {
       kRecordedBeforeWaited,   kGuardsBalanced,      kCopyInAfterOptimizer,
       kCopyInAfterReshard,     kAllGatherAfterCopyIn, kCopyOutAfterAllGather,
-      kBufferReleased,         kReduceScatterAfterCopyIn, kReduceScatterInputReleased,
-      kOptimizerAfterReduction, kDedicatedStreams,   kRunAhead};
+      kAllGatherWaited,        kBufferReleased,         kReduceScatterAfterCopyIn, kAllReduceAfterReduceScatter,
+      kReduceScatterInputReleased, kOptimizerAfterReduction, kDedicatedStreams, kRunAhead};
   return names;
 }
 

@@ -16,6 +16,11 @@
 //                                   (the group's reshard_after_forward_event)
 //   all_gather_after_copy_in        all_gather_stream.wait_stream(all_gather_copy_in_stream)
 //   copy_out_after_all_gather       the copy-out waits for its all-gather's event
+//   all_gather_waited_before_release  by the end of each forward and backward the current
+//                                   stream is ordered after every all-gather issued in it (its
+//                                   copy-out, or for a prefetch nobody used, the end of backward
+//                                   in FSDPParamGroup.finalize_backward), so no all-gather output
+//                                   is freed while the collective may still write it
 //   all_gather_buffer_released_after_copy_out  both all-gather streams are ordered after each
 //                                   copy-out before the next copy-out (the implicit forward
 //                                   prefetch keeps one all-gather result alive) and before the
@@ -24,15 +29,17 @@
 //   reduce_scatter_after_copy_in    reduce_scatter_stream.wait_stream(current_stream): the
 //                                   reduce-scatter reads the gradients copied in on the current
 //                                   stream
+//   all_reduce_after_reduce_scatter the HSDP all-reduce reads the reduce-scatter output
+//                                   (all_reduce_stream.wait_stream(reduce_scatter_stream))
 //   reduce_scatter_input_released_after_reduce_scatter  the current stream waits for each
 //                                   reduce-scatter before the next one's copy-in (which frees
 //                                   the previous input) and before backward ends
 //   optimizer_after_reduction       the root's end of backward makes the current stream wait for
 //                                   every post-reduce event (the reduced gradient shards; the
 //                                   all-reduce under HSDP) before the optimizer step
-//   communication_on_dedicated_streams  copy-in, all-gather and reduce-scatter of FORWARD /
-//                                   PRE_BACKWARD unshards and of post-backwards run on their
-//                                   own streams (what overlaps communication with compute)
+//   communication_on_dedicated_streams  copy-in, all-gather, reduce-scatter and all-reduce of
+//                                   FORWARD / PRE_BACKWARD unshards and of post-backwards run on
+//                                   their own streams (what overlaps communication with compute)
 //   all_gather_streams_run_ahead    the all-gather streams wait for the whole current stream
 //                                   only at the root pre-forward, and not at all when a
 //                                   post-optimizer event was set
