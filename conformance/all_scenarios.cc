@@ -24,6 +24,8 @@ void RegisterFsdpTpIntegrationScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardTrainingScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardPrefetchScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardOverlapScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardRegisteredParamsScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -43,6 +45,8 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardTrainingScenarios(registry);
   RegisterFullyShardMixedPrecisionScenarios(registry);
   RegisterFullyShardPrefetchScenarios(registry);
+  RegisterFullyShardOverlapScenarios(registry);
+  RegisterFullyShardRegisteredParamsScenarios(registry);
 }
 
 }  // namespace fsdp::conformance

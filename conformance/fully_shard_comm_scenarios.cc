@@ -25,13 +25,13 @@
 #include "conformance/observations.h"
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
+#include "conformance/sharded_transformer.h"
 #include "conformance/transformer_inputs.h"
 #include "engine/core/rng.h"
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/fsdp/fully_shard.h"
 #include "engine/fsdp/observer.h"
 #include "engine/functional/functional.h"
-#include "engine/nn/checkpoint.h"
 #include "engine/nn/init.h"
 #include "engine/nn/layers.h"
 #include "engine/optim/sgd.h"
@@ -44,35 +44,6 @@ namespace {
 constexpr const char* kSeed000 = "test_fully_shard_comm.py::TestFullyShardCommunication::";
 constexpr const char* kAllGather = "c10d._allgather_base_";
 constexpr const char* kReduceScatter = "c10d._reduce_scatter_base_";
-
-// `_init_transformer`-style model: every TransformerBlock sharded, then the root.
-// checkpoint_impl: "none", "utils" (per-block checkpoint inside the Transformer) or
-// "composable" (nn::checkpoint on each block before fully_shard).
-std::shared_ptr<nn::Transformer> ShardedTransformer(
-    const RankEnv& env, std::optional<fsdp2::ReshardAfterForward> raf,
-    const std::string& checkpoint_impl = "none") {
-  nn::ModelArgs args;
-  args.n_layers = env.params.GetInt("n_layers");
-  args.dropout_p = 0.0;
-  args.checkpoint_activations = checkpoint_impl == "utils";
-  auto model = std::make_shared<nn::Transformer>(args);
-  model->load_state_dict(env.Inputs().weights());
-  model->to(env.device);  // cuda:<local rank> on GPU backends
-  fsdp2::FullyShardOptions options;
-  options.process_group = env.pg;
-  options.semantics = SemanticsOf(env.params);
-  options.reshard_after_forward = raf;
-  for (const nn::ModulePtr& block : model->layers()) {
-    if (checkpoint_impl == "composable") nn::checkpoint(block);
-    fsdp2::fully_shard(block, options);
-  }
-  fsdp2::fully_shard(model, options);
-  return model;
-}
-
-Tensor Tokens(const RankEnv& env) {
-  return env.Inputs().Get(StepInputName(0)).to(env.device);
-}
 
 // Runner-owned inputs of the Transformer scenarios: the same tokens on every rank.
 CaseInputs TransformerInputs(const CaseParams& params, int world) {
@@ -249,7 +220,7 @@ Scenario CommunicationCount() {
   s.inputs = TransformerInputs;
   s.run_rank = [](RankEnv& env) {
     auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params));
-    return ForwardBackwardCounts(*model, Tokens(env), [] {});
+    return ForwardBackwardCounts(*model, TransformerTokens(env), [] {});
   };
   // docs/fsdp-behaviour.md, "Collective counts": every group all-gathers once in forward; in
   // backward a group all-gathers iff it was resharded after forward (the root per the profile,
@@ -279,7 +250,7 @@ Scenario ManualReshard() {
   s.inputs = TransformerInputs;
   s.run_rank = [](RankEnv& env) {
     auto model = ShardedTransformer(env, false);
-    return ForwardBackwardCounts(*model, Tokens(env), [&] {
+    return ForwardBackwardCounts(*model, TransformerTokens(env), [&] {
       for (const nn::ModulePtr& m : model->modules()) {
         if (fsdp2::IsFsdpModule(*m)) fsdp2::FSDPModule(m).reshard();
       }
@@ -326,7 +297,7 @@ Scenario BackwardPrefetchMultiForward() {
   s.run_rank = [](RankEnv& env) {
     auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params),
                                     env.params.GetString("checkpoint_impl"));
-    const Tensor tokens = Tokens(env);
+    const Tensor tokens = TransformerTokens(env);
     fsdp2::RecordingObserver observer;
     fsdp2::ScopedObserver install(observer);
     const std::set<fsdp2::EventKind> kinds = {fsdp2::EventKind::kUnshard,
@@ -396,7 +367,7 @@ Scenario BackwardPrefetchForwardBackward() {
     auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params),
                                     env.params.GetString("checkpoint_impl"));
     optim::SGD optim(model->parameters(), optim::SGDOptions{.lr = 1e-2});
-    const Tensor tokens = Tokens(env);
+    const Tensor tokens = TransformerTokens(env);
     fsdp2::RecordingObserver observer;
     fsdp2::ScopedObserver install(observer);
     const std::set<fsdp2::EventKind> kinds = {fsdp2::EventKind::kUnshard,

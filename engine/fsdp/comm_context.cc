@@ -25,6 +25,10 @@ void Trace(StreamOp::Kind kind, std::string_view stream, std::string_view other 
 
 }  // namespace
 
+void TraceWork(std::string_view work, int64_t event) {
+  Trace(StreamOp::Kind::kWork, "current", work, event);
+}
+
 std::string StreamOp::str() const {
   switch (kind) {
     case Kind::kRecord: return stream + ".record(e" + std::to_string(event) + ")";
@@ -32,6 +36,8 @@ std::string StreamOp::str() const {
     case Kind::kWaitStream: return stream + ".wait_stream(" + other + ")";
     case Kind::kEnterGuard: return "enter stream(" + stream + ")";
     case Kind::kExitGuard: return "exit stream(" + stream + ")";
+    case Kind::kWork:
+      return stream + ".work(" + other + (event != 0 ? ", e" + std::to_string(event) : "") + ")";
   }
   return "?";
 }

@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -46,13 +47,18 @@ class CommStream;
 // shows exactly the ordering the CUDA path enforces (tests check FSDP2's event contract with
 // it, and a user debugging a GPU race can print it). A stream named "current" is logged under
 // the name of the innermost guarded stream, which is what it resolves to on a GPU.
+// The FSDP collectives also log where their work is issued (TraceWork: the all-gather copy-in,
+// the all-gather, the copy-out, the reduce-scatter copy-in, the reduce-scatter, the HSDP
+// all-reduce and the post-reduce gradient writes), so that a reader can tell which data each
+// wait orders (the conformance family fully_shard_overlap judges FSDP2's happens-before
+// relations from it).
 // Thread-safety: one trace per thread; not shared.
 struct StreamOp {
-  enum class Kind { kRecord, kWaitEvent, kWaitStream, kEnterGuard, kExitGuard };
+  enum class Kind { kRecord, kWaitEvent, kWaitStream, kEnterGuard, kExitGuard, kWork };
   Kind kind;
-  std::string stream;  // the stream that records, waits or is guarded
-  std::string other;   // kWaitStream: the producer stream
-  int64_t event = 0;   // kRecord / kWaitEvent: the event's id
+  std::string stream;  // the stream that records, waits, is guarded or runs the work
+  std::string other;   // kWaitStream: the producer stream; kWork: what runs (TraceWork)
+  int64_t event = 0;   // kRecord / kWaitEvent: the event's id; kWork: the event it reads, if any
   std::string str() const;  // "all_gather.record(e3)", "current.wait_event(e3)", ...
 };
 
@@ -81,6 +87,12 @@ class StreamTraceScope {
  private:
   StreamTrace* previous_;
 };
+
+// Logs `work` as issued now on the calling thread's current stream (the innermost guarded
+// stream, "current" when none), e.g. "all_gather_copy_in"; `event` names an event whose
+// producer's output the work reads (the copy-out: its all-gather's event), 0 when none. A
+// no-op without an installed trace.
+void TraceWork(std::string_view work, int64_t event = 0);
 
 // A recorded point in a stream (PyTorch's `stream.record_event()`). On a CUDA stream it holds
 // a CudaEvent recorded there; on a CPU stream it is complete when recorded. Copies share the

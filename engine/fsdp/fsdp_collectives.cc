@@ -89,6 +89,7 @@ std::shared_ptr<AllGatherResult> foreach_all_gather(
     if (t.numel() > 0) all_gather_input.narrow(0, offset, t.numel()).copy_(t.flatten());
     offset += t.numel();
   }
+  TraceWork("all_gather_copy_in");
   copy_in_guard.reset();
   // The collective (on the all-gather stream, after the copy-in), in place.
   all_gather_stream.wait_stream(all_gather_copy_in_stream);
@@ -98,6 +99,7 @@ std::shared_ptr<AllGatherResult> foreach_all_gather(
                                               async_op);
     if (async_op) result->all_gather_work = std::move(work);
   }
+  TraceWork("all_gather");
   result->all_gather_event.record(all_gather_stream);
   return result;
 }
@@ -114,6 +116,7 @@ void foreach_all_gather_copy_out(AllGatherResult& all_gather_result,
   // event; an async one was waited above and recorded on the current stream anyway).
   const CommStream current = CommStream::Current(all_gather_result.all_gather_output.device());
   current.wait_event(all_gather_result.all_gather_event);
+  TraceWork("all_gather_copy_out", all_gather_result.all_gather_event.id());
   FSDP_INTERNAL_ASSERT(all_gather_result.param_all_gather_input_numels.size() ==
                        fsdp_params.size());
   int64_t per_rank_numel = 0;
@@ -197,6 +200,7 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
   result.reduce_scatter_input =
       Tensor::zeros({layout.total_numel(world_size)}, reduce_dtype, options.device);
   foreach_reduce_scatter_copy_in(unsharded_grads, result.reduce_scatter_input, world_size);
+  TraceWork("reduce_scatter_copy_in");
   unsharded_grads.clear();  // only after the copy-in may the unsharded grads be freed
 
   // The reduce-scatter stream waits for the gradient-producing (current) stream, which also
@@ -210,6 +214,7 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
   DivIfNeeded(result.reduce_scatter_input, factors.pre_divide);
   reduce_scatter_group->reduce_scatter_tensor(reduce_output, result.reduce_scatter_input,
                                               ToReduceOptions(factors));
+  TraceWork("reduce_scatter");
   // The reduce-scatter input may be freed only after this event (ReduceScatterState).
   result.reduce_scatter_event.record(reduce_scatter_stream);
   const CommStream* post_reduce_stream = &reduce_scatter_stream;
@@ -223,6 +228,7 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
       } else {
         result.partial_reduce_output = reduce_output;
       }
+      TraceWork("post_reduce");
       result.post_reduce_event.record(reduce_scatter_stream);
       return result;
     }
@@ -240,6 +246,7 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
     const distributed::ReduceOptions all_reduce_op =
         factors.op == DivideFactors::Op::kAvg ? distributed::Avg() : distributed::Sum();
     options.all_reduce_group->all_reduce(reduce_output, all_reduce_op);
+    TraceWork("all_reduce");
   }
   DivIfNeeded(reduce_output, factors.post_divide);
   if (reduce_output.dtype() != options.orig_dtype) reduce_output = reduce_output.to(options.orig_dtype);
@@ -253,6 +260,7 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
         reduce_output.narrow(0, layout.offsets[i], info.sharded_numel()).view(info.sharded_shape);
     fsdp_param->accumulate_sharded_grad(new_sharded_grad);
   }
+  TraceWork("post_reduce");
   // The current stream waits on this before the optimizer step (end of backward).
   result.post_reduce_event.record(*post_reduce_stream);
   return result;

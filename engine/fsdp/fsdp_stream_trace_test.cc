@@ -140,17 +140,18 @@ void ExpectAllGatherContract(const fsdp2::StreamTrace& trace, int allowed_copy_i
       << "the copy-in stream must run ahead of compute\n" << trace.str();
 }
 
-// The copy-out events: recorded on the current stream right after it waited for an
-// all-gather's event (other current-stream records are reshard events).
+// The copy-out events: the first event the current stream records after a copy-out's work
+// (other current-stream records are reshard events).
 std::vector<size_t> CopyOutRecords(const fsdp2::StreamTrace& trace) {
-  std::set<int64_t> all_gather_events;
-  for (size_t r : Records(trace, "all_gather")) all_gather_events.insert(trace.ops()[r].event);
   std::vector<size_t> out;
-  for (size_t r : Records(trace, "current")) {
-    const StreamOp* before = r > 0 ? &trace.ops()[r - 1] : nullptr;
-    if (before != nullptr && Is(*before, Kind::kWaitEvent, "current") &&
-        all_gather_events.count(before->event) != 0) {
-      out.push_back(r);
+  const std::vector<StreamOp>& ops = trace.ops();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].kind != Kind::kWork || ops[i].other != "all_gather_copy_out") continue;
+    for (size_t j = i + 1; j < ops.size(); ++j) {
+      if (Is(ops[j], Kind::kRecord, "current")) {
+        out.push_back(j);
+        break;
+      }
     }
   }
   return out;
