@@ -127,10 +127,13 @@ void RowwiseParallel::apply(nn::Module& module, const MeshPtr& mesh, const std::
   const Placement input_layout = input_layout_;
   const Placement output_layout = output_layout_;
   // The bias takes part in the local product as Replicate -> Partial (bias / W on every
-  // rank): its Partial local tensor sits in the bias slot for the duration of the call
-  // (the slot gets the leaf back after forward, as FSDP swaps sharded and unsharded params).
+  // rank): its Partial local tensor sits in the bias slot for the duration of the call. The
+  // bias is whatever tensor the slot holds at the call (the leaf, or FSDP's unsharded
+  // parameter under fully_shard), wrapped with from_local(Replicate()): its gradient arrives
+  // Replicate; the slot gets that tensor back after forward.
   const std::optional<DTensor> bias = GetDTensorParameter(module, "bias");
-  module.register_forward_pre_hook([mesh, input_layout, in_features, bias, fqn](
+  auto bias_in_slot = std::make_shared<Tensor>();
+  module.register_forward_pre_hook([mesh, input_layout, in_features, bias, bias_in_slot, fqn](
                                        nn::Module& m,
                                        const nn::Value& args) -> std::optional<nn::Value> {
     const Tensor x = InputTensor(args, fqn);
@@ -143,18 +146,23 @@ void RowwiseParallel::apply(nn::Module& module, const MeshPtr& mesh, const std::
     Tensor local =
         PrepareInput(x, mesh, input_layout, Placement::Shard(-1), Placement::Shard(-1), shape);
     if (bias) {
-      m.set_parameter(
-          "bias",
-          bias->redistribute({Placement::Partial()}).to_local(Placements{Placement::Replicate()}));
+      *bias_in_slot = m.parameter("bias");
+      m.set_parameter("bias",
+                      DTensor::from_local(*bias_in_slot, mesh, bias->placements(), bias->shape())
+                          .redistribute({Placement::Partial()})
+                          .to_local(Placements{Placement::Replicate()}));
     }
     return nn::Value(local);
   });
   nn::ForwardHookOptions options;
-  options.always_call = true;  // the bias slot gets its leaf back even when forward throws
+  options.always_call = true;  // the bias slot gets its tensor back even when forward throws
   module.register_forward_hook(
-      [mesh, output_layout, bias](nn::Module& m, const nn::Value&,
-                                  const nn::Value& output) -> std::optional<nn::Value> {
-        if (bias) m.set_parameter("bias", bias->local_tensor());
+      [mesh, output_layout, bias_in_slot](nn::Module& m, const nn::Value&,
+                                          const nn::Value& output) -> std::optional<nn::Value> {
+        if (bias_in_slot->defined()) {
+          m.set_parameter("bias", *bias_in_slot);
+          *bias_in_slot = Tensor();
+        }
         if (output.is_none()) return std::nullopt;  // forward threw
         const Tensor& y = output.tensor();
         return nn::Value(PrepareOutput(y, mesh, Placement::Partial(), y.sizes(), output_layout));

@@ -9,6 +9,9 @@
 //     Replicate -> Partial, i.e. bias / W on every rank, as DTensor's addmm does), redistributed
 //     to output_layouts: Replicate() (default, all_reduce) or Shard(d) (reduce_scatter).
 //
+// The hooks compute with whatever the module's parameter slots hold at call time: the local
+// shards, or, under fully_shard over the dp submesh (FSDP2 × TP), FSDP's unsharded TP-local
+// tensors (engine/fsdp/tp_sharding.h).
 // Applying a style to a module whose weight is already tensor-parallel fails.
 // Parameters are sharded with distribute_tensor (src_data_rank 0) and registered with
 // RegisterDTensorParameter: the module's slots hold the local shards. Plain tensor inputs are
