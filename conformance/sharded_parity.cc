@@ -22,14 +22,14 @@ std::set<const TensorImpl*> ParamIds(const nn::Module& module) {
   return ids;
 }
 
-// The rank's local parameter shards (named_parameters order), as an oracle map.
+}  // namespace
+
 reference::RefTensorMap LocalShards(nn::Module& module) {
   reference::RefTensorMap out;
   for (const auto& [name, param] : module.named_parameters()) out[name] = ToRef(param);
   return out;
 }
 
-// The rank's local gradient shards; parameters whose .grad is None are absent.
 reference::RefTensorMap LocalGradShards(nn::Module& module) {
   reference::RefTensorMap out;
   for (const auto& [name, param] : module.named_parameters()) {
@@ -39,7 +39,6 @@ reference::RefTensorMap LocalGradShards(nn::Module& module) {
   return out;
 }
 
-// The full (all-gathered) parameters; every rank must call it (collectives).
 reference::RefTensorMap FullParameters(nn::Module& module) {
   reference::RefTensorMap out;
   for (const auto& [name, param] : module.named_parameters()) {
@@ -48,8 +47,6 @@ reference::RefTensorMap FullParameters(nn::Module& module) {
   }
   return out;
 }
-
-}  // namespace
 
 std::vector<nn::ModulePtr> ChildrenToShard(const nn::ModulePtr& root) {
   const std::vector<nn::ModulePtr> children = root->children();

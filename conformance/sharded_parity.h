@@ -49,6 +49,14 @@ void ShardEveryChildThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardO
 // `reshard_after_forward` parameter, that value (None as nullopt).
 fsdp2::FullyShardOptions ShardOptionsOf(const RankEnv& env);
 
+// The rank's local parameter shards (named_parameters order), as an oracle map.
+reference::RefTensorMap LocalShards(nn::Module& module);
+// The rank's local gradient shards; parameters whose .grad is None are absent.
+reference::RefTensorMap LocalGradShards(nn::Module& module);
+// The full parameters (FsdpParam::full_tensor(), over dp and tp for tensor-parallel ones); every
+// rank must call it (collectives).
+reference::RefTensorMap FullParameters(nn::Module& module);
+
 // The observations RunShardedParityRank reports (see above).
 ObservationSchema ShardedParitySchema();
 // One rank's run of zoo model `kind` under `plan` (observations as described above). The

@@ -37,12 +37,14 @@ Tensor InputTensor(const nn::Value& args, const std::string& fqn) {
   return args[0].tensor();
 }
 
-// Shards parameter `name` of `module` with `placement` (distribute_tensor, src_data_rank 0).
-void ShardParameter(nn::Module& module, const std::string& name, const Placement& placement,
-                    const MeshPtr& mesh) {
-  const Tensor param = module.parameter(name);
-  if (!param.defined()) return;
-  RegisterDTensorParameter(module, name, distribute_tensor(param, mesh, {placement}));
+// Shards every parameter of `module` with its style placement (distribute_tensor,
+// src_data_rank 0).
+void ShardParameters(nn::Module& module, const ParallelStyle& style, const MeshPtr& mesh) {
+  for (const auto& [name, placement] : style.parameter_placements()) {
+    const Tensor param = module.parameter(name);
+    if (!param.defined()) continue;
+    RegisterDTensorParameter(module, name, distribute_tensor(param, mesh, {placement}));
+  }
 }
 
 // The prepare-input step of a style: `x` annotated with `input_layout` (from_local, global
@@ -87,8 +89,7 @@ ColwiseParallel::ColwiseParallel(ParallelStyleOptions options)
 void ColwiseParallel::apply(nn::Module& module, const MeshPtr& mesh, const std::string& fqn) const {
   nn::Linear& linear = CheckLinear(module, "ColwiseParallel", fqn);
   const int64_t out_features = linear.out_features();
-  ShardParameter(module, "weight", Placement::Shard(0), mesh);
-  ShardParameter(module, "bias", Placement::Shard(0), mesh);
+  ShardParameters(module, *this, mesh);
   const Placement input_layout = input_layout_;
   const Placement output_layout = output_layout_;
   // The local product x @ W_local^T reads all of x: its gradient is a Partial sum.
@@ -107,6 +108,10 @@ void ColwiseParallel::apply(nn::Module& module, const MeshPtr& mesh, const std::
       });
 }
 
+std::vector<std::pair<std::string, Placement>> ColwiseParallel::parameter_placements() const {
+  return {{"weight", Placement::Shard(0)}, {"bias", Placement::Shard(0)}};
+}
+
 std::string ColwiseParallel::str() const {
   return StyleStr("ColwiseParallel", input_layout_, output_layout_);
 }
@@ -122,8 +127,7 @@ RowwiseParallel::RowwiseParallel(ParallelStyleOptions options)
 void RowwiseParallel::apply(nn::Module& module, const MeshPtr& mesh, const std::string& fqn) const {
   nn::Linear& linear = CheckLinear(module, "RowwiseParallel", fqn);
   const int64_t in_features = linear.in_features();
-  ShardParameter(module, "weight", Placement::Shard(1), mesh);
-  ShardParameter(module, "bias", Placement::Replicate(), mesh);
+  ShardParameters(module, *this, mesh);
   const Placement input_layout = input_layout_;
   const Placement output_layout = output_layout_;
   // The bias takes part in the local product as Replicate -> Partial (bias / W on every
@@ -168,6 +172,10 @@ void RowwiseParallel::apply(nn::Module& module, const MeshPtr& mesh, const std::
         return nn::Value(PrepareOutput(y, mesh, Placement::Partial(), y.sizes(), output_layout));
       },
       options);
+}
+
+std::vector<std::pair<std::string, Placement>> RowwiseParallel::parameter_placements() const {
+  return {{"weight", Placement::Shard(1)}, {"bias", Placement::Replicate()}};
 }
 
 std::string RowwiseParallel::str() const {

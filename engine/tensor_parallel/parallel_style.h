@@ -27,6 +27,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/distributed/device_mesh.h"
 #include "engine/nn/module.h"
@@ -44,6 +46,12 @@ class ParallelStyle {
                      const std::string& fqn) const = 0;
   // "ColwiseParallel(input_layouts=(Replicate(),), ...)".
   virtual std::string str() const = 0;
+  // The placement apply() gives each parameter of the module, by attribute name ("weight",
+  // "bias"); a parameter the module lacks is skipped by apply(). Default: none (a style that
+  // shards no parameter).
+  virtual std::vector<std::pair<std::string, Placement>> parameter_placements() const {
+    return {};
+  }
 };
 
 struct ParallelStyleOptions {
@@ -58,6 +66,7 @@ class ColwiseParallel : public ParallelStyle {
   void apply(nn::Module& module, const std::shared_ptr<distributed::DeviceMesh>& mesh,
              const std::string& fqn) const override;
   std::string str() const override;
+  std::vector<std::pair<std::string, Placement>> parameter_placements() const override;
 
  private:
   Placement input_layout_;
@@ -70,6 +79,7 @@ class RowwiseParallel : public ParallelStyle {
   void apply(nn::Module& module, const std::shared_ptr<distributed::DeviceMesh>& mesh,
              const std::string& fqn) const override;
   std::string str() const override;
+  std::vector<std::pair<std::string, Placement>> parameter_placements() const override;
 
  private:
   Placement input_layout_;
