@@ -27,6 +27,10 @@ int GlobalRank() {
 distributed::ProcessGroup& ShardGroup(const fsdp2::FsdpParam& param) {
   FSDP_CHECK(param.mesh_info().shard_process_group != nullptr, "FSDP parameter ", param.fqn(),
              " has no shard process group");
+  FSDP_CHECK(!param.is_dtensor(), "FSDP parameter ", param.fqn(), " is sharded over dp and tp ",
+             param.tp_sharding()->placements_str(), ": full or resharded state dicts of FSDP2 x "
+             "TP parameters are not implemented (use the module's state_dict(), whose values are "
+             "the local shards with their global offsets, or FsdpParam::full_tensor())");
   return *param.mesh_info().shard_process_group;
 }
 

@@ -4,7 +4,8 @@
 // mesh_2d["dp"], trained with SGD against the unsharded model on every dp batch (gradients
 // averaged over dp), at (dp, tp) = (2, 2) and (3, 2) with uneven chunks. Checked per step: the
 // outputs, every rank's gradient and parameter shards (the nested torch.chunk: TP piece, then
-// the dp chunk of dim 0), full_tensor() / full gradients, the state-dict sharding, and the
+// the dp chunk of dim 0), full_tensor() / full gradients, the state-dict sharding (and that it
+// loads back, while full tensors do not), and the
 // collectives of forward and backward by name, derived from the groups and the placements.
 // Bad meshes fail with errors naming the parameter and the meshes.
 #include <gtest/gtest.h>
@@ -205,6 +206,16 @@ void CheckTrainParity2D(int64_t dp, int64_t tp) {
         }
         ExpectClose(*sd.find(name), at, name + " state-dict value at its offsets");
       }
+    }
+    // It loads back; a full tensor does not, and the error names the 2-D placements.
+    model->load_state_dict(sd);
+    nn::StateDict full;
+    for (const auto& [name, param] : reference->named_parameters()) full.insert(name, param);
+    try {
+      model->load_state_dict(full);
+      ADD_FAILURE() << "loading full tensors into FSDP x TP parameters did not fail";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(", Shard(dim="), std::string::npos) << e.what();
     }
   });
   ASSERT_TRUE(results.all_ok()) << results.summary();
