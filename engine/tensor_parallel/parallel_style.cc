@@ -4,6 +4,7 @@
 
 #include "engine/core/error.h"
 #include "engine/nn/layers.h"
+#include "engine/nn/models.h"
 #include "engine/tensor_parallel/dtensor.h"
 #include "engine/tensor_parallel/dtensor_parameter.h"
 
@@ -41,7 +42,7 @@ Tensor InputTensor(const nn::Value& args, const std::string& fqn) {
 // src_data_rank 0).
 void ShardParameters(nn::Module& module, const ParallelStyle& style, const MeshPtr& mesh) {
   for (const auto& [name, placement] : style.parameter_placements()) {
-    const Tensor param = module.parameter(name);
+    const Tensor param = module.has_parameter(name) ? module.parameter(name) : Tensor();
     if (!param.defined()) continue;
     RegisterDTensorParameter(module, name, distribute_tensor(param, mesh, {placement}));
   }
@@ -180,6 +181,72 @@ std::vector<std::pair<std::string, Placement>> RowwiseParallel::parameter_placem
 
 std::string RowwiseParallel::str() const {
   return StyleStr("RowwiseParallel", input_layout_, output_layout_);
+}
+
+// ---- SequenceParallel --------------------------------------------------------------------------
+
+SequenceParallel::SequenceParallel(int64_t sequence_dim, bool use_local_output)
+    : sequence_dim_(sequence_dim), use_local_output_(use_local_output) {}
+
+void SequenceParallel::apply(nn::Module& module, const MeshPtr& mesh,
+                             const std::string& fqn) const {
+  FSDP_CHECK(dynamic_cast<nn::LayerNorm*>(&module) != nullptr ||
+                 dynamic_cast<nn::RMSNormPython*>(&module) != nullptr,
+             "SequenceParallel currently only supports nn.LayerNorm and RMSNorm: module '", fqn,
+             "' is ", module.type_name());
+  FSDP_CHECK(!GetDTensorParameter(module, "weight").has_value(), "SequenceParallel: module '", fqn,
+             "' is already tensor-parallel (its weight is ",
+             GetDTensorParameter(module, "weight")->str(), ")");
+  std::vector<std::string> names;
+  for (const auto& [name, placement] : parameter_placements()) {
+    const Tensor param = module.has_parameter(name) ? module.parameter(name) : Tensor();
+    if (!param.defined()) continue;
+    // _replicate_module_fn: nn.Parameter(DTensor.from_local(param, [Replicate()])): a leaf
+    // over this rank's own values, no communication (the replicas are equal by construction).
+    RegisterDTensorParameter(module, name,
+                             distribute_tensor(param, mesh, {placement}, /*src_data_rank=*/std::nullopt));
+    names.push_back(name);
+  }
+  const Placement sequence_sharding = Placement::Shard(sequence_dim_);
+  // The tensors the slots held before the call (restored after it).
+  auto in_slots = std::make_shared<std::vector<Tensor>>();
+  module.register_forward_pre_hook([mesh, names, sequence_sharding, in_slots, fqn](
+                                       nn::Module& m,
+                                       const nn::Value& args) -> std::optional<nn::Value> {
+    const Tensor x = InputTensor(args, fqn);
+    in_slots->clear();
+    for (const std::string& name : names) {
+      const Tensor param = m.parameter(name);
+      in_slots->push_back(param);
+      m.set_parameter(name, DTensor::from_local(param, mesh, {Placement::Replicate()})
+                                .to_local(Placements{Placement::Partial()}));
+    }
+    // The input is this rank's piece along the sequence dim already (from_local, as PyTorch
+    // assumes for a plain tensor); its gradient comes back with the same placement.
+    const Placement normalized = sequence_sharding.normalized(x.dim());
+    return nn::Value(DTensor::from_local(x, mesh, {normalized}).to_local());
+  });
+  nn::ForwardHookOptions options;
+  options.always_call = true;  // the slots get their tensors back even when forward throws
+  module.register_forward_hook(
+      [names, in_slots](nn::Module& m, const nn::Value&,
+                        const nn::Value& output) -> std::optional<nn::Value> {
+        for (size_t i = 0; i < in_slots->size() && i < names.size(); ++i) {
+          m.set_parameter(names[i], (*in_slots)[i]);
+        }
+        in_slots->clear();
+        return std::nullopt;  // the local output, Shard(sequence_dim)
+      },
+      options);
+}
+
+std::vector<std::pair<std::string, Placement>> SequenceParallel::parameter_placements() const {
+  return {{"weight", Placement::Replicate()}, {"bias", Placement::Replicate()}};
+}
+
+std::string SequenceParallel::str() const {
+  return "SequenceParallel(sequence_dim=" + std::to_string(sequence_dim_) +
+         ", use_local_output=" + (use_local_output_ ? "True" : "False") + ")";
 }
 
 }  // namespace fsdp::tensor_parallel
