@@ -7,6 +7,8 @@
 // the dp chunk of dim 0), full_tensor() / full gradients, the state-dict sharding (and that it
 // loads back, while full tensors do not), and the
 // collectives of forward and backward by name, derived from the groups and the placements.
+// The sequence-parallel pattern (a SequenceParallel norm, then colwise / rowwise on sequence-
+// sharded activations) trains the same way.
 // Bad meshes fail with errors naming the parameter and the meshes.
 #include <gtest/gtest.h>
 
@@ -22,6 +24,7 @@
 #include "engine/fsdp/fsdp_param.h"
 #include "engine/fsdp/fully_shard.h"
 #include "engine/functional/functional.h"
+#include "engine/nn/layers.h"
 #include "engine/nn/models.h"
 #include "engine/ops/elementwise.h"
 #include "engine/ops/shape_ops.h"
@@ -223,6 +226,112 @@ void CheckTrainParity2D(int64_t dp, int64_t tp) {
 
 TEST(FsdpTpTest, TrainParity2DMlpStackDp2Tp2) { CheckTrainParity2D(2, 2); }
 TEST(FsdpTpTest, TrainParity2DMlpStackDp3Tp2) { CheckTrainParity2D(3, 2); }
+
+// The sequence-parallel pattern (PyTorch's MLPStack with use_seq_parallel, on [batch, seq, dim]
+// activations): a LayerNorm under SequenceParallel(1), then Linear ColwiseParallel
+// (input_layouts=Shard(1)), ReLU, Linear RowwiseParallel(output_layouts=Shard(1)), each rank
+// holding its sequence rows, under fully_shard over dp (the norm's
+// Replicate parameters are sharded over dp only). Gradients and parameters equal the unsharded
+// model's; per step the collectives follow from the placements: forward the colwise input
+// all-gather and the rowwise output reduce-scatter, backward their inverses and one all-reduce
+// per norm parameter (its Partial gradient), plus FSDP's all-gather per group and
+// reduce-scatter per group.
+TEST(FsdpTpTest, SequenceParallelNormThenColwiseRowwise2D) {
+  const int64_t dp = 2;
+  const int64_t tp = 2;
+  auto results = fakes::RunRanks(static_cast<int>(dp * tp), [&](fakes::RankEnv& env) {
+    auto mesh_2d = DeviceMesh::Init(env.pg, "cpu", {dp, tp}, {"dp", "tp"});
+    auto make = [] {
+      return std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+          std::make_shared<nn::LayerNorm>(kDim), std::make_shared<nn::Linear>(kDim, 3 * kDim),
+          std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(3 * kDim, kDim)});
+    };
+    auto reference = make();
+    auto model = make();
+    FillParameters(*reference);
+    FillParameters(*model);
+    tensor_parallel::ParallelStyleOptions colwise;
+    colwise.input_layouts = Placement::Shard(1);
+    tensor_parallel::ParallelStyleOptions rowwise;
+    rowwise.output_layouts = Placement::Shard(1);
+    tensor_parallel::parallelize_module(
+        *model, (*mesh_2d)["tp"],
+        {{"0", std::make_shared<tensor_parallel::SequenceParallel>(1)},
+         {"1", std::make_shared<ColwiseParallel>(colwise)},
+         {"3", std::make_shared<RowwiseParallel>(rowwise)}});
+    FullyShardOptions options;
+    options.mesh = (*mesh_2d)["dp"];
+    for (const char* child : {"0", "1", "3"}) fully_shard(model->get_submodule(child), options);
+    fully_shard(model, options);
+    const int64_t groups = 3;  // the root holds no parameter of its own
+    const int64_t norm_params = 2;
+    const Counts want_forward{{"c10d._allgather_base_", groups},
+                              {"c10d_functional.all_gather_into_tensor", 1},
+                              {"c10d_functional.reduce_scatter_tensor", 1}};
+    const Counts want_backward{{"c10d._allgather_base_", groups},
+                               {"c10d._reduce_scatter_base_", groups},
+                               {"c10d_functional.all_gather_into_tensor", 1},
+                               {"c10d_functional.reduce_scatter_tensor", 1},
+                               {"c10d_functional.all_reduce", norm_params}};
+    // Even over tp: a plain tensor annotated Shard(1) has the global size local * tp (from_local
+    // without a shape, as PyTorch assumes).
+    const int64_t seq = 4 * tp;
+    const int64_t dp_index = mesh_2d->get_local_rank(0);
+    const auto range = tensor_parallel::ComputeChunkRange(seq, tp, mesh_2d->get_local_rank(1));
+    optim::SGDOptions sgd;
+    sgd.lr = 0.1;
+    optim::SGD ref_optim(reference->parameters(), sgd);
+    optim::SGD optim(model->parameters(), sgd);
+    for (int step = 0; step < kSteps; ++step) {
+      ref_optim.zero_grad();
+      Tensor ref_out_here;
+      for (int64_t i = 0; i < dp; ++i) {
+        Tensor y = (*reference)(Random({2, seq, kDim}, 300 + 10 * step + i)).tensor();
+        sum(mul(y, Random({2, seq, kDim}, 400 + 10 * step + i))).backward();
+        if (i == dp_index) ref_out_here = y.detach();
+      }
+      {
+        autograd::NoGradGuard no_grad;
+        for (Tensor p : reference->parameters()) {
+          p.grad().copy_(ops::kernels::DivScalar(p.grad(), static_cast<double>(dp)));
+        }
+      }
+      const Tensor x = ops::kernels::Narrow(Random({2, seq, kDim}, 300 + 10 * step + dp_index), 1,
+                                            range.offset, range.length);
+      const Tensor up = ops::kernels::Narrow(Random({2, seq, kDim}, 400 + 10 * step + dp_index),
+                                             1, range.offset, range.length);
+      optim.zero_grad();
+      CommDebugMode comm_mode;
+      Tensor y = (*model)(x).tensor();
+      comm_mode.exit();
+      EXPECT_EQ(comm_mode.get_comm_counts(), want_forward) << "forward, step " << step;
+      comm_mode.enter();
+      sum(mul(y, up)).backward();
+      comm_mode.exit();
+      EXPECT_EQ(comm_mode.get_comm_counts(), want_backward) << "backward, step " << step;
+      ExpectClose(y, ops::kernels::Narrow(ref_out_here, 1, range.offset, range.length),
+                  "output rows, step " + std::to_string(step));
+      for (const auto& [name, param] : model->named_parameters()) {
+        const FsdpParam* fsdp_param = LookupFsdpParam(param);
+        ASSERT_NE(fsdp_param, nullptr) << name;
+        ASSERT_TRUE(fsdp_param->is_dtensor()) << name;
+        ExpectClose(fsdp_param->full_grad(), reference->get_parameter(name).grad(),
+                    name + " full gradient, step " + std::to_string(step));
+        ExpectClose(param.grad(),
+                    NestedPiece(reference->get_parameter(name).grad(),
+                                fsdp_param->tp_sharding()->tp_placement, *mesh_2d),
+                    name + ".grad shard, step " + std::to_string(step));
+      }
+      ref_optim.step();
+      optim.step();
+      for (const auto& [name, param] : model->named_parameters()) {
+        ExpectClose(LookupFsdpParam(param)->full_tensor(), reference->get_parameter(name),
+                    name + " full_tensor() after step " + std::to_string(step));
+      }
+    }
+  });
+  ASSERT_TRUE(results.all_ok()) << results.summary();
+}
 
 // fully_shard given the 2-D mesh instead of mesh_2d["dp"], or a mesh whose groups are not two
 // dims of one parent with the TP mesh, fails naming the parameter and the meshes.
