@@ -73,8 +73,22 @@ FsdpParam::FsdpParam(const Tensor& param, ParamModuleInfo module_info,
   sharded_param_ = Tensor(std::make_shared<TensorImpl>());
   init_sharded_data(local, sharded_param_);
   if (param.requires_grad()) sharded_param_.set_requires_grad(true);
+  if (tp_sharding_) release_tp_local_param(param);
   register_sharded_param();
   setattr_on_modules(sharded_param_);
+}
+
+void FsdpParam::release_tp_local_param(const Tensor& param) {
+  // PyTorch replaces the module's DTensor parameter by the sharded one, dropping the TP-local
+  // tensor; here the style's DTensor registry keeps the TP spec for the hooks, over a local
+  // tensor of the TP-local shape without storage (the values now live in the sharded data).
+  Tensor spec_only = Tensor::empty(param.sizes(), param.dtype(), param.device());
+  spec_only.storage()->Resize(0);
+  tensor_parallel::RegisterDTensorParameter(
+      *module_info_.module, module_info_.param_name,
+      tensor_parallel::DTensor::from_local(spec_only, tp_sharding_->tp_mesh,
+                                           {tp_sharding_->tp_placement},
+                                           tp_sharding_->global_shape));
 }
 
 FsdpParam::~FsdpParam() { unregister_sharded_param(); }

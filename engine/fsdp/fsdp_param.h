@@ -21,6 +21,8 @@
 // `_orig_size`), and tp_sharding() holds the 2-D spec (tp_sharding.h). The unsharded parameter
 // is the TP-local tensor again, which the parallel styles consume; its gradient arrives in the
 // TP placement (see tp_sharding.h), so the reduce-scatter over dp needs no redistribution.
+// The style's DTensor (GetDTensorParameter) keeps only the TP spec afterwards: its local tensor
+// has the TP-local shape and no storage.
 //
 // It also records where it is registered: the owning (module, attribute) and every shared
 // location of a tied weight; every swap (sharded ↔ unsharded) sets all of them.
@@ -177,6 +179,9 @@ class FsdpParam {
   void wait_for_grad_offload();
 
  private:
+  // Re-registers the style's DTensor of a tensor-parallel parameter over a storage-less local
+  // tensor, so the TP-local tensor `param` is not kept alive beside the sharded data.
+  void release_tp_local_param(const Tensor& param);
   // Sets `tensor` into every registered location of this parameter.
   void setattr_on_modules(const Tensor& tensor);
   void register_sharded_param();

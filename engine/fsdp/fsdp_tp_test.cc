@@ -128,6 +128,15 @@ void CheckTrainParity2D(int64_t dp, int64_t tp) {
                     ", " + s.tp_placement.str() + ")")
           << name;
       EXPECT_EQ(fsdp_param->tensor_shape(), reference->get_parameter(name).sizes()) << name;
+      // The style's DTensor keeps the TP spec only; the TP-local values are not kept beside
+      // the shard.
+      const auto dot = name.rfind('.');
+      const auto dtensor = tensor_parallel::GetDTensorParameter(
+          *model->get_submodule(name.substr(0, dot)), name.substr(dot + 1));
+      ASSERT_TRUE(dtensor.has_value()) << name;
+      EXPECT_EQ(dtensor->local_tensor().sizes(), s.tp_local_shape) << name;
+      EXPECT_EQ(dtensor->local_tensor().storage()->nbytes(), 0u) << name;
+      EXPECT_TRUE(param.is_same(fsdp_param->sharded_param())) << name;
     }
 
     optim::SGDOptions sgd;

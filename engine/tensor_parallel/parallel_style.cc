@@ -136,9 +136,9 @@ void RowwiseParallel::apply(nn::Module& module, const MeshPtr& mesh, const std::
   // bias is whatever tensor the slot holds at the call (the leaf, or FSDP's unsharded
   // parameter under fully_shard), wrapped with from_local(Replicate()): its gradient arrives
   // Replicate; the slot gets that tensor back after forward.
-  const std::optional<DTensor> bias = GetDTensorParameter(module, "bias");
+  const bool has_bias = GetDTensorParameter(module, "bias").has_value();
   auto bias_in_slot = std::make_shared<Tensor>();
-  module.register_forward_pre_hook([mesh, input_layout, in_features, bias, bias_in_slot, fqn](
+  module.register_forward_pre_hook([mesh, input_layout, in_features, has_bias, bias_in_slot, fqn](
                                        nn::Module& m,
                                        const nn::Value& args) -> std::optional<nn::Value> {
     const Tensor x = InputTensor(args, fqn);
@@ -150,10 +150,11 @@ void RowwiseParallel::apply(nn::Module& module, const MeshPtr& mesh, const std::
     }
     Tensor local =
         PrepareInput(x, mesh, input_layout, Placement::Shard(-1), Placement::Shard(-1), shape);
-    if (bias) {
+    if (has_bias) {
+      const DTensor spec = *GetDTensorParameter(m, "bias");  // placements and shape
       *bias_in_slot = m.parameter("bias");
       m.set_parameter("bias",
-                      DTensor::from_local(*bias_in_slot, mesh, bias->placements(), bias->shape())
+                      DTensor::from_local(*bias_in_slot, mesh, spec.placements(), spec.shape())
                           .redistribute({Placement::Partial()})
                           .to_local(Placements{Placement::Replicate()}));
     }
