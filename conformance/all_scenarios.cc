@@ -12,6 +12,7 @@ void RegisterParitySingleScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardCommScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardCollectiveOpsScenarios(ScenarioRegistry& registry);
 void RegisterParityFsdpScenarios(ScenarioRegistry& registry);
+void RegisterParityTpScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardAutogradScenarios(ScenarioRegistry& registry);
 void RegisterCollectivesScenarios(ScenarioRegistry& registry);
 void RegisterFaultsScenarios(ScenarioRegistry& registry);
@@ -33,6 +34,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardCommScenarios(registry);
   RegisterFullyShardCollectiveOpsScenarios(registry);
   RegisterParityFsdpScenarios(registry);
+  RegisterParityTpScenarios(registry);
   RegisterFullyShardAutogradScenarios(registry);
   RegisterCollectivesScenarios(registry);
   RegisterFaultsScenarios(registry);

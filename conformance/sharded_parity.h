@@ -48,8 +48,9 @@ void ShardEveryChildThenRoot(const nn::ModulePtr& root, const fsdp2::FullyShardO
 reference::RefTensorMap LocalParameterShards(nn::Module& module);
 // The rank's local gradient shards; parameters whose .grad is None are absent.
 reference::RefTensorMap LocalGradientShards(nn::Module& module);
-// The full parameters (full_tensor(), an all-gather over the shard group, for FSDP
-// parameters; others as held); every rank must call it (collectives).
+// The full parameters (full_tensor(): an all-gather over the shard group for FSDP parameters,
+// over dp and tp for tensor-parallel ones; others as held); every rank must call it
+// (collectives).
 reference::RefTensorMap FullShardedParameters(nn::Module& module);
 
 // The uneven world a parity scenario of zoo model `kind` (parameters `params`) also runs by

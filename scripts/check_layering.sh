@@ -17,7 +17,8 @@
 #                                            no backend folder)
 #   serialization -> core, nn               (safetensors files, atomic writes, checkpoints of
 #                                            nn::StateDict: index, rank files, N -> M reads)
-#   fsdp        -> core, ops, autograd, functional, nn, optim, distributed
+#   fsdp        -> core, ops, autograd, functional, nn, optim, distributed, tensor_parallel
+#                                           (FSDP2 over tensor-parallel parameters)
 #   fsdp1       -> core, ops, autograd, functional, nn, optim, distributed, fsdp,
 #                  tensor_parallel           (its DTensor extension: FSDP1 over a TP model)
 #   checkpoint  -> core, ops, autograd, functional, nn, optim, distributed, serialization,
@@ -54,7 +55,7 @@ declare -A allowed=(
   [optim]="core ops autograd functional nn"
   [distributed]="core"
   [serialization]="core nn"
-  [fsdp]="core ops autograd functional nn optim distributed"
+  [fsdp]="core ops autograd functional nn optim distributed tensor_parallel"
   [fsdp1]="core ops autograd functional nn optim distributed fsdp tensor_parallel"
   [checkpoint]="core ops autograd functional nn optim distributed serialization fsdp"
   [ddp]="core ops autograd functional nn optim distributed"

@@ -27,6 +27,10 @@ int GlobalRank() {
 distributed::ProcessGroup& ShardGroup(const fsdp2::FsdpParam& param) {
   FSDP_CHECK(param.mesh_info().shard_process_group != nullptr, "FSDP parameter ", param.fqn(),
              " has no shard process group");
+  FSDP_CHECK(!param.is_dtensor(), "FSDP parameter ", param.fqn(), " is sharded over dp and tp ",
+             param.tp_sharding()->placements_str(), ": full or resharded state dicts of FSDP2 x "
+             "TP parameters are not implemented (use the module's state_dict(), whose values are "
+             "the local shards with their global offsets, or FsdpParam::full_tensor())");
   return *param.mesh_info().shard_process_group;
 }
 
@@ -189,11 +193,7 @@ const fsdp2::FsdpParam* ShardedLike(const Tensor& param, const Tensor& state) {
   return p != nullptr && state.dim() > 0 && state.sizes() == param.sizes() ? p : nullptr;
 }
 
-nn::ShardedEntry EntryOf(const fsdp2::FsdpParam& p) {
-  Shape offsets(p.global_shape().size(), 0);
-  offsets[0] = p.shard_info().row_begin;
-  return {p.global_shape(), offsets};
-}
+nn::ShardedEntry EntryOf(const fsdp2::FsdpParam& p) { return {p.tensor_shape(), p.tensor_offsets()}; }
 
 constexpr const char* kStatePrefix = "state.";
 constexpr const char* kGroupsPrefix = "param_groups.";
@@ -260,7 +260,7 @@ void set_optimizer_state_dict(nn::Module& model, optim::Optimizer& optimizer,
         if (key.rfind(state_prefix, 0) != 0) continue;
         const bool full_shape = value.dim() > 0 && fsdp2::LookupFsdpParam(param) != nullptr &&
                                 (options.full_state_dict
-                                     ? value.sizes() == fsdp2::LookupFsdpParam(param)->global_shape()
+                                     ? value.sizes() == fsdp2::LookupFsdpParam(param)->tensor_shape()
                                      : value.sizes() == param.sizes());
         const Tensor local = full_shape ? Tensor::empty(param.sizes(), value.dtype()) : value;
         like.insert(key, local);

@@ -9,6 +9,7 @@
 #include "engine/core/rank_context.h"
 #include "engine/nn/module.h"
 #include "engine/ops/elementwise.h"
+#include "engine/tensor_parallel/dtensor_parameter.h"
 
 namespace fsdp::fsdp2 {
 
@@ -59,6 +60,12 @@ FsdpParam::FsdpParam(const Tensor& param, ParamModuleInfo module_info,
   FSDP_CHECK(param.dim() > 0, "fully_shard doesn't support salar parameters. Change ", fqn_,
              " to a 1D tensor with numel equal to 1.");
   global_shape_ = param.sizes();
+  if (auto dtensor = tensor_parallel::GetDTensorParameter(*module_info_.module,
+                                                          module_info_.param_name);
+      dtensor && dtensor->local_tensor().is_same(param)) {
+    tp_sharding_ = MakeTpSharding(*dtensor, mesh_info_,
+                                  module_info_.fqn.empty() ? fqn_ : module_info_.fqn);
+  }
   shard_info_ = ComputeShardInfo(global_shape_, mesh_info_.shard_mesh_rank,
                                  mesh_info_.shard_mesh_size);
   orig_dtype_ = param.dtype();
@@ -66,8 +73,22 @@ FsdpParam::FsdpParam(const Tensor& param, ParamModuleInfo module_info,
   sharded_param_ = Tensor(std::make_shared<TensorImpl>());
   init_sharded_data(local, sharded_param_);
   if (param.requires_grad()) sharded_param_.set_requires_grad(true);
+  if (tp_sharding_) release_tp_local_param(param);
   register_sharded_param();
   setattr_on_modules(sharded_param_);
+}
+
+void FsdpParam::release_tp_local_param(const Tensor& param) {
+  // PyTorch replaces the module's DTensor parameter by the sharded one, dropping the TP-local
+  // tensor; here the style's DTensor registry keeps the TP spec for the hooks, over a local
+  // tensor of the TP-local shape without storage (the values now live in the sharded data).
+  Tensor spec_only = Tensor::empty(param.sizes(), param.dtype(), param.device());
+  spec_only.storage()->Resize(0);
+  tensor_parallel::RegisterDTensorParameter(
+      *module_info_.module, module_info_.param_name,
+      tensor_parallel::DTensor::from_local(spec_only, tp_sharding_->tp_mesh,
+                                           {tp_sharding_->tp_placement},
+                                           tp_sharding_->global_shape));
 }
 
 FsdpParam::~FsdpParam() { unregister_sharded_param(); }
@@ -300,13 +321,25 @@ void FsdpParam::wait_for_grad_offload() {
   grad_offload_event_.reset();
 }
 
+const Shape& FsdpParam::tensor_shape() const {
+  return tp_sharding_ ? tp_sharding_->global_shape : global_shape_;
+}
+
+Shape FsdpParam::tensor_offsets() const {
+  if (tp_sharding_) return tp_sharding_->global_offsets(shard_info_.row_begin);
+  Shape offsets(global_shape_.size(), 0);
+  offsets[0] = shard_info_.row_begin;
+  return offsets;
+}
+
 Tensor FsdpParam::full_tensor() const {
   const auto& group = mesh_info_.shard_process_group;
   const int world = mesh_info_.shard_mesh_size;
   Tensor input = sharded_param_data_.to(device_);
   Tensor output = Tensor::empty({input.numel() * world}, input.dtype(), device_);
   group->all_gather_into_tensor(output, input);
-  return output.narrow(0, 0, Numel(global_shape_)).view(global_shape_);
+  const Tensor unsharded = output.narrow(0, 0, Numel(global_shape_)).view(global_shape_);
+  return tp_sharding_ ? tp_sharding_->full_tensor(unsharded) : unsharded;
 }
 
 Tensor FsdpParam::full_grad() const {
@@ -318,7 +351,8 @@ Tensor FsdpParam::full_grad() const {
   if (shard_info_.rows > 0) padded.narrow(0, 0, shard_info_.rows).copy_(grad);
   Tensor output = Tensor::empty({padded.numel() * world}, grad.dtype(), device_);
   group->all_gather_into_tensor(output, padded.flatten());
-  return output.narrow(0, 0, Numel(global_shape_)).view(global_shape_);
+  const Tensor unsharded = output.narrow(0, 0, Numel(global_shape_)).view(global_shape_);
+  return tp_sharding_ ? tp_sharding_->full_tensor(unsharded) : unsharded;
 }
 
 }  // namespace fsdp::fsdp2

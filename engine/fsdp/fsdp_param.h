@@ -16,6 +16,14 @@
 //    equal slices of the padded unsharded buffer, cloned, used as the all-gather input over the
 //    k-rank post-forward group.
 //
+// A tensor-parallel parameter (a DTensor over the TP mesh, engine/tensor_parallel) is sharded
+// the same way on its TP-local tensor: global_shape() is then the TP-local shape (PyTorch's
+// `_orig_size`), and tp_sharding() holds the 2-D spec (tp_sharding.h). The unsharded parameter
+// is the TP-local tensor again, which the parallel styles consume; its gradient arrives in the
+// TP placement (see tp_sharding.h), so the reduce-scatter over dp needs no redistribution.
+// The style's DTensor (GetDTensorParameter) keeps only the TP spec afterwards: its local tensor
+// has the TP-local shape and no storage.
+//
 // It also records where it is registered: the owning (module, attribute) and every shared
 // location of a tied weight; every swap (sharded ↔ unsharded) sets all of them.
 //
@@ -36,6 +44,7 @@
 #include "engine/fsdp/fsdp_api.h"
 #include "engine/fsdp/mesh_info.h"
 #include "engine/fsdp/shard_layout.h"
+#include "engine/fsdp/tp_sharding.h"
 #include "engine/fsdp/training_state.h"
 
 namespace fsdp::nn {
@@ -50,6 +59,9 @@ struct ParamModuleInfo {
   std::string param_name;
   std::vector<nn::Module*> shared_modules;
   std::vector<std::string> shared_param_names;
+  // The FQN under the module fully_shard was applied to ("0.in_proj.weight"), naming the
+  // parameter in fully_shard's errors. Default: empty (the attribute name is used).
+  std::string fqn;
 };
 
 namespace internal {
@@ -61,7 +73,8 @@ class FsdpParam {
   // Shards `param` (the original leaf) immediately: allocates the padded sharded buffer on
   // `device` (the CPU with CPU offload), copies this rank's rows and creates the sharded
   // parameter, which it registers on every location of `module_info`. Rejects 0-dim
-  // parameters with PyTorch's message.
+  // parameters with PyTorch's message. A parameter a parallel style registered as a DTensor
+  // (GetDTensorParameter) is sharded on its TP-local tensor (MakeTpSharding checks the meshes).
   FsdpParam(const Tensor& param, ParamModuleInfo module_info, const FsdpMeshInfo& mesh_info,
             std::optional<FsdpMeshInfo> post_forward_mesh_info, Device device,
             const OffloadPolicy& offload_policy);
@@ -80,7 +93,16 @@ class FsdpParam {
   const Tensor& sharded_param() const { return sharded_param_; }
   // The padded sharded buffer, flattened ([c * rest] elements).
   const Tensor& sharded_param_data() const { return sharded_param_data_; }
+  // The shape FSDP shards over its mesh: the parameter's, or a tensor-parallel parameter's
+  // TP-local tensor's.
   const Shape& global_shape() const { return global_shape_; }
+  // Set for a tensor-parallel parameter (FSDP × TP).
+  const std::optional<TpSharding>& tp_sharding() const { return tp_sharding_; }
+  bool is_dtensor() const { return tp_sharding_.has_value(); }
+  // The shape of the full tensor (tp_sharding's global shape for a tensor-parallel parameter)
+  // and the offsets of this rank's sharded parameter in it.
+  const Shape& tensor_shape() const;
+  Shape tensor_offsets() const;
   const ShardInfo& shard_info() const { return shard_info_; }
   Shape padded_sharded_size() const { return shard_info_.padded_shard_shape; }
   const FsdpMeshInfo& mesh_info() const { return mesh_info_; }
@@ -92,7 +114,8 @@ class FsdpParam {
   bool offload_to_cpu() const { return offload_policy_.offload_to_cpu; }
 
   // DTensor.full_tensor(): all-gathers the sharded parameter over the shard group (a
-  // collective: every rank of the group must call it) and returns the global tensor.
+  // collective: every rank of the group must call it) and returns the global tensor; for a
+  // tensor-parallel parameter then all-gathers the TP-local tensor over tp as well.
   Tensor full_tensor() const;
   // The same for the sharded gradient (undefined when this rank has none; all ranks must
   // agree on whether it exists).
@@ -156,6 +179,9 @@ class FsdpParam {
   void wait_for_grad_offload();
 
  private:
+  // Re-registers the style's DTensor of a tensor-parallel parameter over a storage-less local
+  // tensor, so the TP-local tensor `param` is not kept alive beside the sharded data.
+  void release_tp_local_param(const Tensor& param);
   // Sets `tensor` into every registered location of this parameter.
   void setattr_on_modules(const Tensor& tensor);
   void register_sharded_param();
@@ -170,6 +196,7 @@ class FsdpParam {
   Device device_;
   OffloadPolicy offload_policy_;
   Shape global_shape_;
+  std::optional<TpSharding> tp_sharding_;
   ShardInfo shard_info_;
   ShardedState sharded_state_ = ShardedState::kSharded;
 

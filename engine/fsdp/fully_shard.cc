@@ -101,7 +101,8 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
         }
         auto it = infos.find(param.impl());
         if (it == infos.end()) {
-          infos[param.impl()] = ParamModuleInfo{submodule.get(), param_name, {}, {}};
+          infos[param.impl()] = ParamModuleInfo{submodule.get(), param_name, {}, {},
+                                                (name.empty() ? "" : name + ".") + param_name};
         } else {
           it->second.shared_modules.push_back(submodule.get());
           it->second.shared_param_names.push_back(param_name);

@@ -13,6 +13,9 @@
 // (the module's parameter slots then hold the sharded parameters), attaches an FsdpState to
 // the module (Module attachment "fully_shard") and registers its forward hooks. A module is
 // "an FSDP module" iff it carries that attachment: IsFsdpModule / FSDPModule(module).
+// Parameters a parallel style made tensor-parallel are sharded on their TP-local tensors over
+// the FSDP mesh, which must then be the dp submesh of the TP mesh's parent (FSDP2 × TP,
+// tp_sharding.h).
 //
 // Ownership: the module owns its state; FSDPModule and UnshardHandle are cheap handles that
 // share the module / group. Thread-safety: a rank's modules are used by its thread.

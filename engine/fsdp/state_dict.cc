@@ -10,11 +10,10 @@ namespace fsdp::fsdp2 {
 
 namespace {
 
-// The Shard(0) placement of `param` on this rank as a state-dict sharding.
+// The placement of `param` on this rank (Shard(0), or the 2-D FSDP × TP one) as a state-dict
+// sharding: the full tensor's shape and this rank's offsets in it.
 nn::ShardedEntry ShardingOf(const FsdpParam& param) {
-  Shape offsets(param.global_shape().size(), 0);
-  offsets[0] = param.shard_info().row_begin;
-  return nn::ShardedEntry{param.global_shape(), offsets};
+  return nn::ShardedEntry{param.tensor_shape(), param.tensor_offsets()};
 }
 
 // The FSDP parameters registered on `module`, by attribute name.
@@ -35,7 +34,9 @@ void CheckLoadedValue(const nn::StateDict& state_dict, const std::string& key,
   const nn::ShardedEntry* sharding = state_dict.sharding(key);
   const nn::ShardedEntry want = ShardingOf(param);
   FSDP_CHECK(sharding != nullptr, "FSDP parameter ", key,
-             " is a DTensor (Shard(0) of global shape ", ShapeStr(want.global_shape),
+             " is a DTensor (", param.is_dtensor() ? param.tp_sharding()->placements_str()
+                                                   : std::string("Shard(0)"),
+             " of global shape ", ShapeStr(want.global_shape),
              ") but load_state_dict got a plain tensor of shape ", ShapeStr(value->sizes()),
              ": load a sharded state dict, or full tensors with set_model_state_dict");
   FSDP_CHECK(sharding->global_shape == want.global_shape && sharding->offsets == want.offsets,

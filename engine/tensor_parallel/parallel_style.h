@@ -8,7 +8,17 @@
 //     Shard(-1)) is redistributed to Shard(-1); the local output is Partial (the bias enters as
 //     Replicate -> Partial, i.e. bias / W on every rank, as DTensor's addmm does), redistributed
 //     to output_layouts: Replicate() (default, all_reduce) or Shard(d) (reduce_scatter).
+//   SequenceParallel(sequence_dim=1): for the norm layers (nn::LayerNorm, RMSNormPython) that
+//     run on activations sharded on the sequence dim: every parameter Replicate(); the input is
+//     taken as this rank's Shard(sequence_dim) piece (from_local, no communication), so the
+//     module computes on its rows only. Each parameter enters the call as
+//     from_local(param, Replicate()).to_local(grad_placements=Partial()): its local gradient
+//     sums over this rank's rows only, a Partial sum that from_local's backward all-reduces to
+//     Replicate (one functional all_reduce per parameter per backward).
 //
+// The hooks compute with whatever the module's parameter slots hold at call time: the local
+// shards, or, under fully_shard over the dp submesh (FSDP2 × TP), FSDP's unsharded TP-local
+// tensors (engine/fsdp/tp_sharding.h).
 // Applying a style to a module whose weight is already tensor-parallel fails.
 // Parameters are sharded with distribute_tensor (src_data_rank 0) and registered with
 // RegisterDTensorParameter: the module's slots hold the local shards. Plain tensor inputs are
@@ -24,6 +34,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/distributed/device_mesh.h"
 #include "engine/nn/module.h"
@@ -41,6 +53,12 @@ class ParallelStyle {
                      const std::string& fqn) const = 0;
   // "ColwiseParallel(input_layouts=(Replicate(),), ...)".
   virtual std::string str() const = 0;
+  // The placement apply() gives each parameter of the module, by attribute name ("weight",
+  // "bias"); a parameter the module lacks is skipped by apply(). Default: none (a style that
+  // shards no parameter).
+  virtual std::vector<std::pair<std::string, Placement>> parameter_placements() const {
+    return {};
+  }
 };
 
 struct ParallelStyleOptions {
@@ -55,6 +73,7 @@ class ColwiseParallel : public ParallelStyle {
   void apply(nn::Module& module, const std::shared_ptr<distributed::DeviceMesh>& mesh,
              const std::string& fqn) const override;
   std::string str() const override;
+  std::vector<std::pair<std::string, Placement>> parameter_placements() const override;
 
  private:
   Placement input_layout_;
@@ -67,10 +86,28 @@ class RowwiseParallel : public ParallelStyle {
   void apply(nn::Module& module, const std::shared_ptr<distributed::DeviceMesh>& mesh,
              const std::string& fqn) const override;
   std::string str() const override;
+  std::vector<std::pair<std::string, Placement>> parameter_placements() const override;
 
  private:
   Placement input_layout_;
   Placement output_layout_;
+};
+
+// torch.distributed.tensor.parallel.SequenceParallel(sequence_dim=1, use_local_output=False).
+// The output is the local tensor whatever use_local_output (module outputs cannot carry
+// DTensors): its placement is Shard(sequence_dim), which the next style must be told
+// (input_layouts=Shard(sequence_dim)), as PyTorch's sequence-parallel plans do.
+class SequenceParallel : public ParallelStyle {
+ public:
+  explicit SequenceParallel(int64_t sequence_dim = 1, bool use_local_output = false);
+  void apply(nn::Module& module, const std::shared_ptr<distributed::DeviceMesh>& mesh,
+             const std::string& fqn) const override;
+  std::string str() const override;
+  std::vector<std::pair<std::string, Placement>> parameter_placements() const override;
+
+ private:
+  int64_t sequence_dim_;
+  bool use_local_output_;
 };
 
 }  // namespace fsdp::tensor_parallel

@@ -1,4 +1,5 @@
-// ColwiseParallel / RowwiseParallel / parallelize_module on the threaded fake: an MLPModule
+// ColwiseParallel / RowwiseParallel / SequenceParallel / parallelize_module on the threaded
+// fake (SequenceParallel: LayerNorm and RMSNorm over sequence-sharded activations, below): an MLPModule
 // (net1 Linear(10, 16), relu, net2 Linear(16, 10)) parallelized colwise -> rowwise over a TP
 // mesh (worlds 2 and 3: 16 hidden features split unevenly at 3; a 2x2 mesh's "tp" submesh)
 // gives the unsharded model's output and gradients, with the functional collectives PyTorch
@@ -10,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/autograd/grad_mode.h"
 #include "engine/core/rng.h"
+#include "engine/nn/layers.h"
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/distributed/device_mesh.h"
 #include "engine/functional/functional.h"
@@ -145,6 +148,64 @@ TEST(ParallelStyleTest, TwoDimMeshTpSubmeshMatchesUnshardedModel) {
   CheckMlp({4, {2, 2}, true});
 }
 
+// SequenceParallel on a norm over activations sharded on the sequence dim (5 positions: uneven
+// over 2 and 3 ranks): each rank's output and input gradient are its rows of the unsharded
+// norm's, and every parameter's gradient is the full one on every rank, each brought there by
+// one all_reduce of its Partial local gradient in backward (none in forward).
+template <typename Norm>
+void CheckSequenceParallelNorm(int world) {
+  auto results = fakes::RunRanks(world, [&](fakes::RankEnv& env) {
+    auto mesh = DeviceMesh::Init(env.pg, "cpu", {world}, {"tp"});
+    const int64_t dim = 6;
+    const Tensor batch = Random({2, 5, dim}, 17);
+    const Tensor upstream = Random({2, 5, dim}, 19);
+    auto reference = std::make_shared<Norm>(dim);
+    auto model = std::make_shared<Norm>(dim);
+    for (auto [name, p] : reference->named_parameters()) {  // non-trivial affine parameters
+      autograd::NoGradGuard no_grad;
+      const Tensor values = Random(p.sizes(), 23);
+      p.copy_(values);
+      model->get_parameter(name).copy_(values);
+    }
+    parallelize_module(*model, mesh, {{"", std::make_shared<SequenceParallel>(1)}});
+    Tensor ref_x = batch.clone().set_requires_grad(true);
+    Tensor ref_y = (*reference)(ref_x).tensor();
+    sum(mul(ref_y, upstream)).backward();
+
+    const Placement seq = Placement::Shard(1);
+    Tensor x = Piece(batch, *mesh, seq).clone().set_requires_grad(true);
+    CommDebugMode comm_mode;
+    Tensor y = (*model)(x).tensor();
+    comm_mode.exit();
+    EXPECT_EQ(comm_mode.get_comm_counts(), Counts{});
+    ExpectClose(y, Piece(ref_y.detach(), *mesh, seq), "output");
+    comm_mode.enter();
+    sum(mul(y, Piece(upstream, *mesh, seq))).backward();
+    comm_mode.exit();
+    const int64_t params = static_cast<int64_t>(reference->named_parameters().size());
+    EXPECT_EQ(comm_mode.get_comm_counts(), (Counts{{kAllReduce, params}}));
+    ExpectClose(x.grad(), Piece(ref_x.grad(), *mesh, seq), "input gradient");
+    for (const auto& [name, ref_param] : reference->named_parameters()) {
+      const auto dtensor = GetDTensorParameter(*model, name);
+      EXPECT_TRUE(dtensor.has_value()) << name;
+      if (!dtensor) continue;
+      EXPECT_EQ(dtensor->placements(), Placements{Placement::Replicate()}) << name;
+      EXPECT_TRUE(model->get_parameter(name).is_same(dtensor->local_tensor())) << name;
+      ExpectClose(model->get_parameter(name).grad(), ref_param.grad(), name + ".grad");
+    }
+    return 0;
+  });
+  ASSERT_TRUE(results.all_ok()) << results.summary();
+}
+
+TEST(ParallelStyleTest, SequenceParallelLayerNormMatchesUnshardedNorm) {
+  for (int world : {2, 3}) CheckSequenceParallelNorm<nn::LayerNorm>(world);
+}
+
+TEST(ParallelStyleTest, SequenceParallelRmsNormMatchesUnshardedNorm) {
+  for (int world : {2, 3}) CheckSequenceParallelNorm<nn::RMSNormPython>(world);
+}
+
 // The sharded parameters' DTensors rebuild the full parameters (full_tensor).
 TEST(ParallelStyleTest, ShardedParametersFullTensorEqualsOriginal) {
   auto results = fakes::RunRanks(3, [](fakes::RankEnv& env) {
@@ -222,6 +283,13 @@ TEST(ParallelStyleTest, BadPlansMeshesAndPlacementsNameWhatIsWrong) {
       ColwiseParallel style(options);
     });
     EXPECT_NE(local_output.find("use_local_output=False"), std::string::npos) << local_output;
+    const std::string not_norm = ErrorOf([&] {
+      parallelize_module(*model, mesh, {{"net2", std::make_shared<SequenceParallel>()}});
+    });
+    EXPECT_NE(not_norm.find("SequenceParallel currently only supports nn.LayerNorm"),
+              std::string::npos)
+        << not_norm;
+    EXPECT_NE(not_norm.find("'net2'"), std::string::npos) << not_norm;
     return 0;
   });
   ASSERT_TRUE(results.all_ok()) << results.summary();

@@ -1,0 +1,300 @@
+// Family `parity/tp` (issue 16, FSDP2 × TP; extends seed 003's TP integration to FSDP2): the
+// zoo's MLPStack and Transformer parallelised with tensor parallelism over mesh_2d["tp"]
+// (conformance/tp_plans.h), then fully_shard per block and on the root over mesh_2d["dp"]
+// (ShardChildrenThenRoot), trained `steps` steps with the case's optimizer against the
+// oracle's data-parallel run over dp ranks (reference/, double). Mesh (dp, tp) from the
+// parameters: world = dp * tp, rank r at (r / tp, r % tp) (init_device_mesh's layout); every
+// rank of a TP group gets its dp index's batch.
+//
+// Observations per rank: its losses, its local parameter and gradient shards per step (the
+// nested torch.chunk of tp_plans.h), the full parameters after the last step (full_tensor(),
+// gathered over dp and tp) and the collectives of every step's forward and backward. The
+// counts are derived from the FSDP groups and the placements: per FSDP group with parameters
+// one c10d all-gather in forward, one in backward unless it is the root (kept unsharded after
+// forward) and one reduce-scatter (no all-gathers over a dp size of 1); per RowwiseParallel one functional all-reduce in forward
+// (its Partial output to Replicate); per ColwiseParallel whose input needs a gradient one
+// functional all-reduce in backward (its input's Partial gradient).
+#include <optional>
+#include <string>
+
+#include "conformance/fsdp_params.h"
+#include "conformance/model_zoo.h"
+#include "conformance/observations.h"
+#include "conformance/parity_common.h"
+#include "conformance/rank_checks.h"
+#include "conformance/scenario_registry.h"
+#include "conformance/sharded_parity.h"
+#include "conformance/tp_plans.h"
+#include "engine/distributed/comm_debug_mode.h"
+#include "engine/distributed/device_mesh.h"
+#include "engine/fsdp/fully_shard.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr const char* kFamily = "parity/tp";
+constexpr const char* kStepCommCounts = "step_comm_counts";
+using Counts = distributed::CommDebugMode::Counts;
+
+// The case's (dp, tp) at `world`: tp from the parameters, dp from the parameters or world / tp.
+struct MeshShape {
+  int dp = 1;
+  int tp = 1;
+};
+MeshShape MeshShapeOf(const CaseParams& params, int world) {
+  MeshShape m;
+  m.tp = static_cast<int>(params.GetInt("tp"));
+  const int64_t dp = params.GetInt("dp");
+  m.dp = dp > 0 ? static_cast<int>(dp) : world / m.tp;
+  return m;
+}
+
+std::optional<std::string> SkipMeshNotWorld(const CaseParams& params, int world) {
+  const MeshShape m = MeshShapeOf(params, world);
+  if (m.dp < 1 || static_cast<int64_t>(m.dp) * m.tp != world) {
+    return "the (dp, tp) = (" + std::to_string(m.dp) + ", " + std::to_string(m.tp) +
+           ") mesh does not multiply to world size " + std::to_string(world);
+  }
+  return std::nullopt;
+}
+
+// Every rank of dp index i gets the oracle's dp rank i's batches.
+InputsFn TpInputs(const std::string& kind) {
+  return [kind](const CaseParams& params, int world) {
+    const ParityCase c = DecodeParityCase(kind, params);
+    const MeshShape m = MeshShapeOf(params, world);
+    CaseInputs dp_inputs = c.model.MakeCaseInputs(c.seed, c.dtype, c.steps, m.dp);
+    CaseInputs inputs;
+    inputs.weights = std::move(dp_inputs.weights);
+    for (int r = 0; r < world; ++r) inputs.ranks.push_back(dp_inputs.ranks.at(r / m.tp));
+    return inputs;
+  };
+}
+
+ObservationSchema TpParitySchema() {
+  ObservationSchema schema = TrainingSchema(
+      "the rank's local shard: the TP piece (the style's placement over tp; whole for parameters "
+      "no style shards), then torch.chunk(piece, dp, dim=0)[dp index]",
+      /*with_grads=*/true);
+  schema.AddTensors({"full/{fqn}", "the case's dtype", "the full parameter",
+                     "every parameter after the last step, all-gathered over dp and tp "
+                     "(full_tensor())"});
+  schema.Add(ObservationKey::Custom(
+      kStepCommCounts, {{"type", "array"}, {"items", ObservationKey::CommCounts("").schema}},
+      "per training step, the collectives of its forward and of its backward: {\"forward\": {op: "
+      "n}, \"backward\": {op: n}} with CommDebugMode's op keys"));
+  return schema;
+}
+
+// The collectives of one step on every rank, derived as the file comment says.
+nlohmann::json ExpectedStepCounts(const std::string& kind, const ParityCase& c, int dp) {
+  nn::ModulePtr module = c.model.BuildEngine();
+  std::vector<std::string> names;
+  for (const auto& [name, param] : module->named_parameters()) names.push_back(name);
+  const tensor_parallel::ParallelizePlan plan = ZooTpPlan(kind, names);
+  int64_t groups = 0;
+  int64_t non_root_groups = 0;
+  std::set<const TensorImpl*> in_children;
+  for (const nn::ModulePtr& child : ChildrenToShard(module)) {
+    bool has_params = false;
+    for (const auto& [name, param] : child->named_parameters()) {
+      has_params = in_children.insert(param.impl()).second || has_params;
+    }
+    groups += has_params ? 1 : 0;
+    non_root_groups += has_params ? 1 : 0;
+  }
+  for (const auto& [name, param] : module->named_parameters()) {
+    if (!in_children.count(param.impl())) {
+      ++groups;  // the root's own group
+      break;
+    }
+  }
+  int64_t rowwise = 0;
+  for (const auto& [fqn, style] : plan) {
+    rowwise += dynamic_cast<const tensor_parallel::RowwiseParallel*>(style.get()) != nullptr;
+  }
+  int64_t colwise_with_input_grad = 0;
+  for (const std::string& fqn : PlannedModulesWithInputGrad(names, plan)) {
+    for (const auto& [planned, style] : plan) {
+      if (planned == fqn) {
+        colwise_with_input_grad +=
+            dynamic_cast<const tensor_parallel::ColwiseParallel*>(style.get()) != nullptr;
+      }
+    }
+  }
+  // FSDP over one rank skips its all-gathers (the local shard is the parameter) but still
+  // reduce-scatters (docs/fsdp-behaviour.md, "All-gather").
+  const int64_t all_gathers = dp == 1 ? 0 : groups;
+  const int64_t backward_all_gathers = dp == 1 ? 0 : non_root_groups;
+  Counts forward{{"c10d._allgather_base_", all_gathers}, {"c10d_functional.all_reduce", rowwise}};
+  Counts backward{{"c10d._allgather_base_", backward_all_gathers},
+                  {"c10d._reduce_scatter_base_", groups},
+                  {"c10d_functional.all_reduce", colwise_with_input_grad}};
+  for (Counts* counts : {&forward, &backward}) {
+    for (auto it = counts->begin(); it != counts->end();) {
+      it = it->second == 0 ? counts->erase(it) : std::next(it);
+    }
+  }
+  return PhaseCommCountsJson(forward, backward);
+}
+
+nlohmann::json RunTpParityRank(const std::string& kind, RankEnv& env) {
+  const ParityCase c = DecodeParityCase(kind, env.params);
+  const MeshShape m = MeshShapeOf(env.params, env.world);
+  auto mesh_2d = distributed::DeviceMesh::Init(env.pg, env.device.is_cuda() ? "cuda" : "cpu",
+                                               {m.dp, m.tp}, {"dp", "tp"});
+  nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
+  module->to(env.device);
+  ParallelizeZooModel(kind, *module, (*mesh_2d)["tp"]);
+  fsdp2::FullyShardOptions options;
+  options.mesh = (*mesh_2d)["dp"];
+  options.semantics = SemanticsOf(env.params);
+  ShardChildrenThenRoot(module, options);
+
+  // Each step's forward is counted from the root's first forward pre-hook to its forward hook,
+  // its backward from there to the gradient snapshot.
+  distributed::CommDebugMode comm_mode;
+  comm_mode.exit();
+  Counts forward;
+  nlohmann::json step_counts = nlohmann::json::array();
+  nn::ForwardPreHookOptions first;
+  first.prepend = true;
+  module->register_forward_pre_hook(
+      [&comm_mode](nn::Module&, const nn::Value&) -> std::optional<nn::Value> {
+        comm_mode.enter();
+        return std::nullopt;
+      },
+      first);
+  module->register_forward_hook(
+      [&](nn::Module&, const nn::Value&, const nn::Value&) -> std::optional<nn::Value> {
+        comm_mode.exit();
+        forward = comm_mode.get_comm_counts();
+        comm_mode.enter();
+        return std::nullopt;
+      });
+  const EngineTrainingRecord record =
+      TrainEngine(c.model, *module, c.optim, env.Inputs(), c.steps, LocalParameterShards,
+                  [&](nn::Module& mod) {
+                    comm_mode.exit();
+                    step_counts.push_back(PhaseCommCountsJson(forward, comm_mode.get_comm_counts()));
+                    return LocalGradientShards(mod);
+                  });
+  nlohmann::json obs = TrainingObservations(record, c.dtype);
+  obs[kTensors].update(MapToJson(FullShardedParameters(*module), DTypeName(c.dtype), "full/"));
+  obs[kStepCommCounts] = std::move(step_counts);
+  return obs;
+}
+
+std::vector<nlohmann::json> ExpectTpParity(const std::string& kind, const CaseParams& params,
+                                           int world) {
+  const ParityCase c = DecodeParityCase(kind, params);
+  const MeshShape m = MeshShapeOf(params, world);
+  const auto oracle = TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, m.dp);
+  const auto placements = ZooTpPlacements(kind, c.model.ParameterNames());
+  const std::string dtype = DTypeName(c.dtype);
+  const nlohmann::json step_counts = ExpectedStepCounts(kind, c, m.dp);
+  auto shards = [&](const reference::RefTensorMap& full, int rank) {
+    reference::RefTensorMap out;
+    for (const auto& [name, tensor] : full) {
+      auto it = placements.find(name);
+      out[name] = NestedShardOf(tensor,
+                                it == placements.end()
+                                    ? std::nullopt
+                                    : std::optional<tensor_parallel::Placement>(it->second),
+                                rank / m.tp, m.dp, rank % m.tp, m.tp);
+    }
+    return out;
+  };
+  std::vector<nlohmann::json> expected(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    nlohmann::json& e = expected[static_cast<size_t>(r)];
+    e[kLosses] = nlohmann::json::array();
+    e["loss_dtype"] = DTypeName(ZooModel::Kind(kind).LossDType(c.dtype));
+    e[kTensors] = nlohmann::json::object();
+    e[kStepCommCounts] = nlohmann::json::array();
+    for (int64_t k = 0; k < c.steps; ++k) {
+      const auto& step = oracle[static_cast<size_t>(k)];
+      e[kLosses].push_back(step.rank_losses.at(r / m.tp));
+      e[kTensors].update(MapToJson(shards(step.grads, r), dtype, GradPrefix(k)));
+      e[kTensors].update(MapToJson(shards(step.params, r), dtype, StepPrefix(k)));
+      e[kStepCommCounts].push_back(step_counts);
+    }
+    e[kTensors].update(MapToJson(oracle.back().params, dtype, "full/"));
+  }
+  return expected;
+}
+
+void JudgeTpParity(const std::string& kind, const CaseParams& params, int world,
+                   const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
+  const ParityCase c = DecodeParityCase(kind, params);
+  const Tolerance tol = c.ToleranceFor(c.dtype);
+  const std::vector<nlohmann::json> expected = ExpectTpParity(kind, params, world);
+  ErrorStats param_err;
+  ErrorStats grad_err;
+  for (int r = 0; r < world; ++r) {
+    const std::string who = RankName(r);
+    CheckRankLosses(checks, c, expected, per_rank, r);
+    checks.CheckEqual(who + " collectives of every step's forward and backward",
+                      RankObservation(expected, r, kStepCommCounts),
+                      RankObservation(per_rank, r, kStepCommCounts));
+    for (int64_t k = 0; k < c.steps; ++k) {
+      const std::string at = who + " step " + std::to_string(k);
+      grad_err.Merge(CheckMapsClose(checks, at + " gradient shards",
+                                    MapFromObservations(expected, r, GradPrefix(k)),
+                                    MapFromObservations(per_rank, r, GradPrefix(k)), tol));
+      param_err.Merge(CheckMapsClose(checks, at + " parameter shards",
+                                     MapFromObservations(expected, r, StepPrefix(k)),
+                                     MapFromObservations(per_rank, r, StepPrefix(k)), tol));
+    }
+    param_err.Merge(CheckMapsClose(checks, who + " full parameters after the last step",
+                                   MapFromObservations(expected, r, "full/"),
+                                   MapFromObservations(per_rank, r, "full/"), tol));
+  }
+  const MeshShape m = MeshShapeOf(params, world);
+  checks.SetFigure("dp", m.dp);
+  checks.SetFigure("tp", m.tp);
+  checks.SetFigure("steps", c.steps);
+  checks.SetFigure("param_max_abs_err", param_err.max_abs);
+  checks.SetFigure("grad_max_abs_err", grad_err.max_abs);
+}
+
+Scenario MakeScenario(const ZooModelKind& kind) {
+  Scenario s;
+  s.info.name = std::string(kFamily) + "/" + kind.name;
+  s.info.description = kind.description +
+                       ": tensor parallel over mesh_2d[\"tp\"], then fully_shard per block and "
+                       "root over mesh_2d[\"dp\"], vs the oracle's data-parallel run over dp; "
+                       "every rank's shards, losses and per-step collectives";
+  s.info.seed_test = "test_fully_shard_training.py::TestFullyShard2DTraining::test_train_parity_2d_" +
+                     std::string(kind.name == "transformer" ? "transformer" : "mlp");
+  s.info.params = ParityParams(
+      kind, ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float32"));
+  s.info.params.push_back(
+      ParamSpec::SizeInt("tp", "tensor-parallel size (mesh dim \"tp\")", 2, /*minimum=*/2));
+  s.info.params.push_back(ParamSpec::SizeInt(
+      "dp", "data-parallel size (mesh dim \"dp\"); 0: world / tp", 0, /*minimum=*/0));
+  s.info.observations = TpParitySchema();
+  s.info.default_world = 4;
+  s.info.min_world = 2;
+  s.info.max_world = 8;
+  s.skip = SkipMeshNotWorld;
+  const std::string name = kind.name;
+  s.info.inputs = ZooInputsDoc(kind, "the case's dtype");
+  s.inputs = TpInputs(name);
+  s.expect = [name](const CaseParams& p, int world) { return ExpectTpParity(name, p, world); };
+  s.run_rank = [name](RankEnv& env) { return RunTpParityRank(name, env); };
+  s.judge = [name](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+                   CheckList& checks) { JudgeTpParity(name, p, world, per_rank, checks); };
+  return s;
+}
+
+}  // namespace
+
+void RegisterParityTpScenarios(ScenarioRegistry& registry) {
+  for (const char* kind : {"mlp_stack", "transformer"}) {
+    registry.Add(MakeScenario(ZooModel::Kind(kind)));
+  }
+}
+
+}  // namespace fsdp::conformance
