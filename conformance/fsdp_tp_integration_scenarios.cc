@@ -414,6 +414,7 @@ Scenario MakeIntegration() {
                           "dtype";
   s.info.inputs.rank_tensors = {{"step{k}/input", "the case's dtype", "[2, 3, 5]",
                                  "the rank's batch k (torch.rand), k = 0, 1"}};
+  s.info.deterministic = true;
   s.info.default_world = 4;
   s.info.min_world = 2;
   s.info.max_world = 8;

@@ -636,6 +636,7 @@ Scenario MakePlanScenario(const std::string& name, const std::string& descriptio
   s.info.params = std::move(extra_params);
   for (ParamSpec& p : PlanParams(kind, default_dtype)) s.info.params.push_back(std::move(p));
   s.info.observations = PlanSchema();
+  s.info.deterministic = true;
   s.info.inputs = PlanInputsDoc(kind);
   s.info.default_world = 2;
   s.info.min_world = 1;

@@ -275,6 +275,7 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.params.push_back(ParamSpec::SizeInt(
       "dp", "data-parallel size (mesh dim \"dp\"); 0: world / tp", 0, /*minimum=*/0));
   s.info.observations = TpParitySchema();
+  s.info.deterministic = true;
   s.info.default_world = 4;
   s.info.min_world = 2;
   s.info.max_world = 8;
