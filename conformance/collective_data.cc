@@ -96,7 +96,7 @@ bool ReductionIsRejected(distributed::ReduceOp op, DType dtype) {
          !IsFloatingPoint(dtype);
 }
 
-double PremulFactor(int rank) { return rank % 2 == 0 ? 2.0 : 1.0; }
+double PremulFactor(int rank, int world) { return rank % 2 == 0 || rank == world - 1 ? 2.0 : 1.0; }
 
 double Reduce(distributed::ReduceOp op, const std::vector<double>& values,
               const std::vector<double>& factors, int divisor) {
@@ -131,7 +131,7 @@ double ExpectedReduction(distributed::ReduceOp op, const ReduceLayout& layout, i
   std::vector<double> factors(static_cast<size_t>(layout.world));
   for (int r = 0; r < layout.world; ++r) {
     values[r] = ReduceInput(layout, r, index);
-    factors[r] = PremulFactor(r);
+    factors[r] = PremulFactor(r, layout.world);
   }
   return Reduce(op, values, factors, layout.world);
 }

@@ -15,7 +15,7 @@
 // tensor's input has `world` chunks, chunk q being rank q's output; all_reduce's tensor is one
 // chunk). Element j of chunk q on rank r is
 //
-//   ReduceInput = s * (a + d_r),   PremulFactor(r) = 2 for even r, 1 for odd r
+//   ReduceInput = s * (a + d_r),   PremulFactor(r) = 2 for even r and the last rank, else 1
 //
 //   * a = 2 for worlds up to 64, else 1 (the average's magnitude; a * world <= 128);
 //   * s = -1 when bit j of q is set, else +1, so that the chunks of every reduction differ
@@ -72,8 +72,10 @@ std::vector<double> ReduceInputs(const ReduceLayout& layout, int rank, int64_t b
 // chooses").
 bool ReductionIsRejected(distributed::ReduceOp op, DType dtype);
 
-// Rank `rank`'s PREMUL_SUM factor: 2 for even ranks, 1 for odd ranks.
-double PremulFactor(int rank);
+// Rank `rank`'s PREMUL_SUM factor in a world of `world` ranks: 2 for even ranks and for the last
+// rank, 1 for the others, so that the first and the last rank (where an off-by-one loop drops
+// a factor) both have a factor that shows.
+double PremulFactor(int rank, int world);
 
 // The reduction of per-rank contributions `values[r]` (with `factors[r]` for PREMUL_SUM) in
 // exact double arithmetic; AVG divides the sum by `divisor` (the group size).

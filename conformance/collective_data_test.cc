@@ -8,7 +8,7 @@
 //     whole reduce-scatter, where each rank is at least once the only extreme);
 //   * reduce-scatter chunks (what each rank receives) differ, so a chunk delivered to the
 //     wrong rank shows; gathered blocks differ per rank; PREMUL_SUM factors applied to the
-//     wrong ranks show.
+//     wrong ranks, or dropped for the first or the last rank, show.
 // Reductions are recomputed here from the per-rank contributions with Reduce (exact double
 // arithmetic), so each property is checked on the data, not assumed from the rule.
 #include "conformance/collective_data.h"
@@ -66,7 +66,7 @@ struct Data {
     numel = chunks * kCount;
     values.assign(static_cast<size_t>(numel), std::vector<double>(static_cast<size_t>(world)));
     for (int r = 0; r < world; ++r) {
-      factors.push_back(PremulFactor(r));
+      factors.push_back(PremulFactor(r, world));
       for (int64_t i = 0; i < numel; ++i) values[i][r] = ReduceInput(layout, r, i);
     }
   }
@@ -214,6 +214,14 @@ TEST_P(CollectiveDataTest, MisplacedContributionsChangeTheResult) {
                             }))
             << data.what << " world " << world() << ": ranks " << r << " and " << s;
       }
+    }
+  }
+  // PREMUL_SUM: the first or the last rank's factor dropped (as an off-by-one loop would).
+  for (const Data& data : {scatter, AllReduceData(world())}) {
+    for (int r : {0, world() - 1}) {
+      EXPECT_TRUE(Changes(data, ReduceOp::kPremulSum,
+                          [r](std::vector<double>&, std::vector<double>& f) { f[r] = 1.0; }))
+          << data.what << " world " << world() << ": rank " << r << "'s factor dropped";
     }
   }
   // Gathers: every rank's block differs from every other rank's.

@@ -61,16 +61,17 @@ distributed::ReduceOp ParseReduceOp(const std::string& name) {
              "'; ops: sum, avg, min, max, premul_sum");
 }
 
-distributed::ReduceOptions ReduceOptionsFor(distributed::ReduceOp op, int rank) {
-  return {op, op == distributed::ReduceOp::kPremulSum ? PremulFactor(rank) : 1.0};
+distributed::ReduceOptions ReduceOptionsFor(distributed::ReduceOp op, int rank, int world) {
+  return {op, op == distributed::ReduceOp::kPremulSum ? PremulFactor(rank, world) : 1.0};
 }
 
 // ---- Parameters -----------------------------------------------------------------------------
 
 ParamSpec DTypeAxis() { return ParamSpec::Axis("dtype", "tensor dtype", kDTypes); }
 ParamSpec ReduceOpAxis() {
-  return ParamSpec::Axis("op", "ReduceOp (premul_sum: per-rank factors 2, 1, 2, 1, ...)",
-                         kReduceOps);
+  return ParamSpec::Axis(
+      "op", "ReduceOp (premul_sum: per-rank factors 2, 1, 2, 1, ..., and 2 for the last rank)",
+      kReduceOps);
 }
 ParamSpec InPlaceAxis(const std::string& what) {
   return ParamSpec::Axis("in_place", what, {"False", "True"});
@@ -357,7 +358,8 @@ Scenario ReduceScatterTensor() {
       .AddTensors({"output", "the case's dtype", "[count]",
                    "the output after reduce_scatter_tensor(output, input, op): chunk rank of "
                    "the reduction of every rank's input (premul_sum: rank r's input times "
-                   "2 for even r, 1 for odd r); it starts as -200 (in place, it is the input's "
+                   "PremulFactor(r, world): 2 for even r and the last rank, else 1); it starts "
+                   "as -200 (in place, it is the input's "
                    "chunk rank); absent when the call raised",
                    /*required=*/false})
       .AddTensors(InputTensor("[world * count]",
@@ -379,7 +381,7 @@ Scenario ReduceScatterTensor() {
     obs["error"] = nullptr;
     try {
       auto work = env.group().reduce_scatter_tensor(
-          output, input, ReduceOptionsFor(op, env.rank), async_op);
+          output, input, ReduceOptionsFor(op, env.rank, env.world), async_op);
       obs["work"] = FinishWork(work, async_op);
     } catch (const Error& e) {
       if (!ReductionIsRejected(op, dtype)) throw;
@@ -431,8 +433,9 @@ Scenario AllReduce() {
       .AddTensors({"tensor", "the case's dtype", "[count]",
                    "the tensor after all_reduce(tensor, op): the reduction of every rank's "
                    "tensor, which starts as ReduceInput({world, count}, rank, i) of "
-                   "conformance/collective_data.h at element i (premul_sum: rank r's times 2 "
-                   "for even r, 1 for odd r); absent when the call raised",
+                   "conformance/collective_data.h at element i (premul_sum: rank r's times "
+                   "PremulFactor(r, world): 2 for even r and the last rank, else 1); absent "
+                   "when the call raised",
                    /*required=*/false})
       .AddTensors(AfterRejectionTensor("[count]"));
   s.run_rank = [](RankEnv& env) {
@@ -446,7 +449,7 @@ Scenario AllReduce() {
     obs["error"] = nullptr;
     try {
       auto work =
-          env.group().all_reduce(tensor, ReduceOptionsFor(op, env.rank), async_op);
+          env.group().all_reduce(tensor, ReduceOptionsFor(op, env.rank, env.world), async_op);
       obs["work"] = FinishWork(work, async_op);
     } catch (const Error& e) {
       if (!ReductionIsRejected(op, dtype)) throw;
