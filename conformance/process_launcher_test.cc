@@ -300,6 +300,33 @@ TEST(ProcessLauncher, StragglersAreKilledAtTheDeadline) {
   EXPECT_THAT(results[0].errors[0], HasSubstr("did not finish within 0.3 s; killed"));
 }
 
+// A rank stopped at the deadline writes its flight recorder into the kept run directory on
+// its way out (SIGTERM), and the report names the file.
+TEST(ProcessLauncher, StoppedRanksLeaveTheirFlightRecorderNamedInTheReport) {
+  RunOptions o = ProcOptions({"toy/flaws"});
+  o.world = 2;
+  o.params = {{"flaw", "sleep"}, {"sleep_ms", "10000"}};
+  o.timeout = std::chrono::milliseconds(300);
+  const auto results = RunCases(o);
+  ASSERT_EQ(results.size(), 1u);
+  ASSERT_EQ(results[0].errors.size(), 2u) << Dump(results[0]);
+  for (int r = 0; r < 2; ++r) {
+    const std::string& error = results[0].errors[r];
+    const std::string name = "rank" + std::to_string(r) + ".flight_recorder.txt";
+    const size_t at = error.find("(its last collectives: ");
+    ASSERT_NE(at, std::string::npos) << error;
+    const size_t begin = at + std::string("(its last collectives: ").size();
+    const std::string path = error.substr(begin, error.find(')', begin) - begin);
+    EXPECT_THAT(path, ::testing::EndsWith(name));
+    std::ifstream in(path);
+    ASSERT_TRUE(in.good()) << path;
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_THAT(text, HasSubstr("rank " + std::to_string(r) + " flight recorder (stopped by "
+                                "SIGTERM)"));
+  }
+  for (const auto& r : results) RemoveKeptFiles(r);
+}
+
 TEST(ExternalDriver, ShellDriverPassesOnOneAndFourRanks) {
   DriverDir dir;
   const std::string driver = dir.Script("toy_driver.sh", kToySumDriver);
