@@ -300,6 +300,23 @@ TEST(ProcessLauncher, StragglersAreKilledAtTheDeadline) {
   EXPECT_THAT(results[0].errors[0], HasSubstr("did not finish within 0.3 s; killed"));
 }
 
+// The runner's straggler timeout: 1% of the case's timeout within [2 s, 10 s], never more than
+// half the timeout, so that a missing rank is named well before the deadline.
+TEST(ProcessLauncher, StragglerTimeoutIsDerivedFromTheCaseTimeout) {
+  using std::chrono::milliseconds;
+  for (int64_t timeout_ms : {1, 300, 1000, 4000, 60000, 300000, 1000000, 100000000}) {
+    const milliseconds timeout(timeout_ms);
+    const milliseconds s = StragglerTimeoutOf(timeout);
+    EXPECT_GT(s.count(), 0) << timeout_ms;
+    EXPECT_LE(s, std::max(timeout / 2, milliseconds(1))) << timeout_ms;
+    EXPECT_LE(s, milliseconds(10000)) << timeout_ms;
+    if (timeout >= milliseconds(4000)) {
+      EXPECT_EQ(s, std::clamp(timeout / 100, milliseconds(2000), milliseconds(10000)))
+          << timeout_ms;
+    }
+  }
+}
+
 // A rank stopped at the deadline writes its flight recorder into the kept run directory on
 // its way out (SIGTERM), and the report names the file.
 TEST(ProcessLauncher, StoppedRanksLeaveTheirFlightRecorderNamedInTheReport) {

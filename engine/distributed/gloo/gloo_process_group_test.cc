@@ -544,6 +544,9 @@ TEST(LaunchTest, ReadsTorchrunMpiAndSlurmVariables) {
   EXPECT_EQ(*mpi.timeout, milliseconds(5000));
   EXPECT_FALSE(mpi.check_collectives);
   EXPECT_TRUE(ReadLaunchEnvironment(MapEnv({{"FSDP_CHECK_COLLECTIVES", "1"}})).check_collectives);
+  EXPECT_EQ(mpi.straggler_timeout, milliseconds(0));  // off unless asked for
+  EXPECT_EQ(ReadLaunchEnvironment(MapEnv({{"FSDP_STRAGGLER_TIMEOUT_MS", "2500"}})).straggler_timeout,
+            milliseconds(2500));
 
   auto slurm = ReadLaunchEnvironment(MapEnv({{"SLURM_PROCID", "5"},
                                              {"SLURM_NTASKS", "6"},
@@ -573,6 +576,8 @@ TEST(LaunchTest, RejectsInconsistentVariables) {
                 ->find("not below the world size"),
             std::string::npos);
   EXPECT_NE(code_of({{"RANK", "x"}, {"WORLD_SIZE", "4"}})->find("RANK='x'"), std::string::npos);
+  EXPECT_NE(code_of({{"FSDP_STRAGGLER_TIMEOUT_MS", "-1"}})->find("FSDP_STRAGGLER_TIMEOUT_MS='-1'"),
+            std::string::npos);
   EXPECT_NE(code_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}})->find("needs a rendezvous"),
             std::string::npos);
   EXPECT_NE(
