@@ -10,11 +10,13 @@
 #include <ostream>
 #include <set>
 
+#include "conformance/flight_recorder_file.h"
 #include "conformance/observations.h"
 #include "conformance/schema_doc.h"
 #include "conformance/threaded_launcher.h"
 #include "engine/core/error.h"
 #include "engine/core/rank_context.h"
+#include "engine/distributed/launch.h"
 #include "engine/distributed/store/file_store.h"
 #include "engine/serialization/atomic_file.h"
 #include "engine/serialization/safetensors.h"
@@ -324,6 +326,11 @@ int RunWorker(const std::vector<std::string>& args, const Catalog& catalog, std:
     const Device device = backend.DeviceOf(request.rank);
     RankContext context(request.rank, request.world, device);
     RankContextGuard guard(context);
+    // Before the group exists, so that its threads leave SIGTERM/SIGINT to the recorder's.
+    FlightRecorderFile recorder_file(
+        distributed::FlightRecorderOf(context), request.rank,
+        FlightRecorderFile::PathFor(
+            std::filesystem::path(request.output).parent_path().string(), request.rank));
     RankEnv env;  // destroyed (group included) before the context is uninstalled
     env.scenario = scenario.info.name;
     env.rank = request.rank;
@@ -355,6 +362,9 @@ int RunWorker(const std::vector<std::string>& args, const Catalog& catalog, std:
       // --no-check-collectives).
       const char* check = std::getenv("FSDP_CHECK_COLLECTIVES");
       spec.check_collectives = check == nullptr || std::string(check) != "0";
+      // And FSDP_STRAGGLER_TIMEOUT_MS (StragglerTimeoutOf the case's timeout).
+      spec.straggler_timeout = distributed::ReadStragglerTimeout();
+      if (backend.capabilities.straggler_check) env.straggler_timeout = spec.straggler_timeout;
       env.pg = backend.process_group(spec);
       FSDP_CHECK_CODE(ErrorCode::kInternal,
                       env.pg && env.pg->rank() == request.rank && env.pg->size() == request.world,

@@ -6,9 +6,9 @@
 //   fails, at once mismatched_size  one rank passes another element count   ->
 //   every rank fails, at once missing_rank     one rank never joins: mode=sleep
 //   (issues it after the deadline)
-//                    -> every rank fails after deadline_ms, not before;
-//                    mode=return (its function returns without it) -> the
-//                    others fail at once
+//                    -> every rank fails after the deadline, not before, naming
+//                    it; mode=return (its function returns without it) -> the
+//                    others fail at once, naming it
 //   mismatched_root  one rank broadcasts from another root (same bytes) -> every rank
 //                    fails, at once, naming both roots
 //   throwing_rank    one rank throws before the collective   -> it reports its
@@ -33,9 +33,14 @@
 // the fault to it. On process backends (gloo), the mismatch scenarios run on
 // the rank's own world group, whose collective checker the runner turns on
 // (FSDP_CHECK_COLLECTIVES=1: a fingerprint all-gather before every collective);
-// their deadline_ms does not apply there. The scenarios that need a deadline of
-// their own (missing_rank, throwing_rank) stay on the threaded fault world.
+// their deadline_ms does not apply there: a missing peer is named by the group's
+// straggler check after the runner's straggler timeout (StragglerTimeoutOf the
+// case's --timeout; RankEnv::straggler_timeout), which every rank reports as
+// "deadline_ms" so that the judge reads the deadline that applied. throwing_rank
+// (whose faulty rank ends its process on process backends) stays on the
+// threaded fault world.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -136,6 +141,9 @@ enum class FaultWorldKind {
 nlohmann::json RunOnWorldGroup(RankEnv& env, const FaultBody& body) {
   Timeline timeline;
   nlohmann::json obs;
+  obs["deadline_ms"] = env.straggler_timeout.count() > 0
+                           ? nlohmann::json(env.straggler_timeout.count())
+                           : nlohmann::json(nullptr);
   obs["error"] = nullptr;
   obs["error_ns"] = nullptr;
   try {
@@ -171,6 +179,7 @@ nlohmann::json RunFaultRank(RankEnv& env, const FaultBody& body,
 
   Timeline timeline;
   nlohmann::json obs;
+  obs["deadline_ms"] = deadline.count();
   obs["error"] = nullptr;
   obs["error_ns"] = nullptr;
   try {
@@ -228,6 +237,12 @@ ObservationSchema FaultSchema() {
           "null when the rank's function returned; otherwise what the collective (or, on "
           "throwing_rank's faulty rank, the rank itself) raised: {\"code\": the error's kind (an "
           "ErrorCode name, or the Python exception type), \"message\": its text}"))
+      .Add(ObservationKey::Custom(
+          "deadline_ms", {{"type", {"integer", "null"}}, {"minimum", 1}},
+          "how long the rank's group waits for a peer that does not reach a collective before "
+          "failing: deadline_ms on the threaded fault world, the group's straggler timeout on a "
+          "process backend (the runner's: 1% of the case's --timeout, 2 s to 10 s); null when "
+          "the group has none"))
       .Add(ObservationKey::Custom(
           "error_ns", ns_or_null,
           "steady clock (CLOCK_MONOTONIC, ns) when the rank caught the error; null without one"))
@@ -515,30 +530,60 @@ Scenario MismatchedRoot() {
   return s;
 }
 
+// How long the rank's group waits for a missing peer: deadline_ms on the threaded fault world,
+// the group's straggler timeout on a process backend (the case is skipped without one).
+std::chrono::milliseconds MissingPeerDeadline(const RankEnv& env) {
+  if (dynamic_cast<fakes::ThreadedProcessGroup*>(env.pg.get()) != nullptr) {
+    return std::chrono::milliseconds(env.params.GetInt("deadline_ms"));
+  }
+  if (env.straggler_timeout.count() <= 0) {
+    SkipCase(
+        "the rank's group has no straggler timeout (FSDP_STRAGGLER_TIMEOUT_MS), so a missing "
+        "rank would be found only at the collective's own deadline");
+  }
+  return env.straggler_timeout;
+}
+
+// True when `message` names rank `rank` ("rank 3" not followed by another digit).
+bool NamesRank(const std::string& message, int rank) {
+  const std::string name = "rank " + std::to_string(rank);
+  for (size_t at = message.find(name); at != std::string::npos; at = message.find(name, at + 1)) {
+    const size_t end = at + name.size();
+    if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) {
+      return true;
+    }
+  }
+  return false;
+}
+
 Scenario MissingRank() {
   Scenario s;
   s.info = FaultInfo(
       "missing_rank",
       "after a barrier every rank issues all_reduce but the faulty rank does not: mode=sleep "
-      "(it issues it only after deadline_ms + late_by_ms): every rank fails after the "
-      "deadline, not before (the late rank at once when it issues it); mode=return (its "
-      "function returns): the others fail at once",
+      "(it issues it only after the deadline + late_by_ms): every rank fails after the "
+      "deadline, not before, naming the faulty rank (the late rank at once when it issues it); "
+      "mode=return (its function returns): the others fail at once, naming it. The deadline "
+      "is deadline_ms on threaded and the group's straggler timeout on process backends",
       "test_pg_wrapper.py::ProcessGroupGlooWrapperTest::test_collective_hang",
       {ParamSpec::Axis("mode", "sleep past the deadline, or return without the collective",
                        {"sleep", "return"}),
        FaultyRankSize(), DeadlineSize(2000), MaxTimeToErrorSize(), CountSize(),
        ParamSpec::SizeInt("late_by_ms", "mode=sleep: how long after the deadline it issues it",
                           1000),
-       FaultDelaySize()});
+       FaultDelaySize()},
+      FaultWorldKind::kAnyWorldGroup);
   for (TestRun& run : s.info.test_runs) run.params["mode"] = "return";
   s.run_rank = [](RankEnv& env) {
     const int faulty = FaultyRank(env.params, env.world);
     const bool sleep = env.params.GetString("mode") == "sleep";
     const int64_t count = env.params.GetInt("count");
-    const auto deadline = std::chrono::milliseconds(env.params.GetInt("deadline_ms"));
+    const auto deadline = MissingPeerDeadline(env);
     const auto late_by = std::chrono::milliseconds(env.params.GetInt("late_by_ms"));
     const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
-    return RunFaultRank(env, [&](distributed::ProcessGroup& pg, Timeline& timeline) {
+    return RunFaultRank(
+        env,
+        [&](distributed::ProcessGroup& pg, Timeline& timeline) {
       pg.barrier();
       if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
       if (sleep) {
@@ -549,14 +594,26 @@ Scenario MissingRank() {
         std::this_thread::sleep_for(delay);
         timeline.fault_ns = NowNs();  // returns: RunFaultRank marks it returned
       }
-    });
+        },
+        FaultWorldKind::kAnyWorldGroup);
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
     const int faulty = FaultyRank(p, world);
     const bool sleep = p.GetString("mode") == "sleep";
+    for (int r = 0; r < world; ++r) {
+      const nlohmann::json& error = RankObservation(per_rank, r, "error");
+      if (r == faulty || !error.is_object()) continue;
+      const std::string message = error.value("message", "");
+      checks.CheckTrue(RankName(r) + " error names the missing rank " + std::to_string(faulty),
+                       NamesRank(message, faulty), message);
+    }
     if (sleep) {
-      const int64_t deadline = p.GetInt("deadline_ms");
+      // The deadline that applied (every rank reports its group's; they agree).
+      const nlohmann::json& reported = RankObservation(per_rank, 0, "deadline_ms");
+      FSDP_CHECK_CODE(ErrorCode::kDataLoss, reported.is_number_integer(), RankName(0),
+                      ": deadline_ms must be an integer in mode=sleep, got ", reported.dump());
+      const int64_t deadline = reported.get<int64_t>();
       // The checker fails the whole collective when the first waiter's deadline passes, so
       // the deadline counts from the first healthy rank's call.
       std::optional<int64_t> first_issue;

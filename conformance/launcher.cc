@@ -1,5 +1,7 @@
 #include "conformance/launcher.h"
 
+#include <algorithm>
+
 namespace fsdp::conformance {
 
 RankOutcome RankOutcome::Ok(nlohmann::json observations, double seconds) {
@@ -38,6 +40,17 @@ std::string RankOutcome::Describe(int rank) const {
       return who + ErrorCodeName(code) + ": " + message;
   }
   return who;
+}
+
+}  // namespace fsdp::conformance
+
+namespace fsdp::conformance {
+
+std::chrono::milliseconds StragglerTimeoutOf(std::chrono::milliseconds case_timeout) {
+  const std::chrono::milliseconds derived =
+      std::clamp(case_timeout / 100, std::chrono::milliseconds(2000),
+                 std::chrono::milliseconds(10000));
+  return std::max(std::min(derived, case_timeout / 2), std::chrono::milliseconds(1));
 }
 
 }  // namespace fsdp::conformance

@@ -56,6 +56,11 @@ struct LaunchRequest {
   bool check_collectives = true;
 };
 
+// The straggler timeout the runner gives a case's process ranks (FSDP_STRAGGLER_TIMEOUT_MS):
+// 1% of the case's timeout, at least 2 s and at most 10 s, and never more than half the
+// timeout, so that a missing or hung rank is named long before the case's deadline.
+std::chrono::milliseconds StragglerTimeoutOf(std::chrono::milliseconds case_timeout);
+
 class RankLauncher {
  public:
   virtual ~RankLauncher() = default;

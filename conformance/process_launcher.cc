@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "conformance/driver_protocol.h"
+#include "conformance/flight_recorder_file.h"
 #include "conformance/interrupt.h"
 #include "conformance/observations.h"
 #include "engine/core/error.h"
@@ -105,6 +106,8 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
     command.search_path = false;  // the program is a path
     for (auto& a : dr.ToArgs()) command.argv.push_back(std::move(a));
     command.env.emplace_back("FSDP_CHECK_COLLECTIVES", request.check_collectives ? "1" : "0");
+    command.env.emplace_back("FSDP_STRAGGLER_TIMEOUT_MS",
+                             std::to_string(StragglerTimeoutOf(request.timeout).count()));
     command.out = distributed::OutputSink::File(log_paths[r]);
     command.err = distributed::OutputSink::SameAsStdout();
   }
@@ -173,9 +176,14 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
     std::error_code ec;
     std::filesystem::remove_all(run_dir, ec);
   } else {
-    for (auto& o : outcomes) {
-      if (o.status == RankOutcome::Status::kError)
-        o.message += "\n    (files kept in " + run_dir + ")";
+    for (int r = 0; r < world; ++r) {
+      RankOutcome& o = outcomes[r];
+      if (o.status != RankOutcome::Status::kError) continue;
+      const std::string recorder = FlightRecorderFile::PathFor(run_dir, r);
+      if (std::filesystem::exists(recorder)) {
+        o.message += "\n    (its last collectives: " + recorder + ")";
+      }
+      o.message += "\n    (files kept in " + run_dir + ")";
     }
   }
   // The runner was interrupted: the ranks were stopped; the run ends after this case.

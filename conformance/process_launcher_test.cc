@@ -300,6 +300,50 @@ TEST(ProcessLauncher, StragglersAreKilledAtTheDeadline) {
   EXPECT_THAT(results[0].errors[0], HasSubstr("did not finish within 0.3 s; killed"));
 }
 
+// The runner's straggler timeout: 1% of the case's timeout within [2 s, 10 s], never more than
+// half the timeout, so that a missing rank is named well before the deadline.
+TEST(ProcessLauncher, StragglerTimeoutIsDerivedFromTheCaseTimeout) {
+  using std::chrono::milliseconds;
+  for (int64_t timeout_ms : {1, 300, 1000, 4000, 60000, 300000, 1000000, 100000000}) {
+    const milliseconds timeout(timeout_ms);
+    const milliseconds s = StragglerTimeoutOf(timeout);
+    EXPECT_GT(s.count(), 0) << timeout_ms;
+    EXPECT_LE(s, std::max(timeout / 2, milliseconds(1))) << timeout_ms;
+    EXPECT_LE(s, milliseconds(10000)) << timeout_ms;
+    if (timeout >= milliseconds(4000)) {
+      EXPECT_EQ(s, std::clamp(timeout / 100, milliseconds(2000), milliseconds(10000)))
+          << timeout_ms;
+    }
+  }
+}
+
+// A rank stopped at the deadline writes its flight recorder into the kept run directory on
+// its way out (SIGTERM), and the report names the file.
+TEST(ProcessLauncher, StoppedRanksLeaveTheirFlightRecorderNamedInTheReport) {
+  RunOptions o = ProcOptions({"toy/flaws"});
+  o.world = 2;
+  o.params = {{"flaw", "sleep"}, {"sleep_ms", "10000"}};
+  o.timeout = std::chrono::milliseconds(300);
+  const auto results = RunCases(o);
+  ASSERT_EQ(results.size(), 1u);
+  ASSERT_EQ(results[0].errors.size(), 2u) << Dump(results[0]);
+  for (int r = 0; r < 2; ++r) {
+    const std::string& error = results[0].errors[r];
+    const std::string name = "rank" + std::to_string(r) + ".flight_recorder.txt";
+    const size_t at = error.find("(its last collectives: ");
+    ASSERT_NE(at, std::string::npos) << error;
+    const size_t begin = at + std::string("(its last collectives: ").size();
+    const std::string path = error.substr(begin, error.find(')', begin) - begin);
+    EXPECT_THAT(path, ::testing::EndsWith(name));
+    std::ifstream in(path);
+    ASSERT_TRUE(in.good()) << path;
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_THAT(text, HasSubstr("rank " + std::to_string(r) + " flight recorder (stopped by "
+                                "SIGTERM)"));
+  }
+  for (const auto& r : results) RemoveKeptFiles(r);
+}
+
 TEST(ExternalDriver, ShellDriverPassesOnOneAndFourRanks) {
   DriverDir dir;
   const std::string driver = dir.Script("toy_driver.sh", kToySumDriver);

@@ -17,6 +17,7 @@
 // ranks of a case and must not share mutable state between calls; judge is called once.
 #pragma once
 
+#include <chrono>
 #include <exception>
 #include <functional>
 #include <map>
@@ -47,6 +48,10 @@ struct RankEnv {
   // The world group (rank() == rank, size() == world). Null only when world == 1 and the
   // backend provides no group (a single rank that does not communicate).
   std::shared_ptr<distributed::ProcessGroup> pg;
+  // How long pg waits for every rank to reach a collective before failing with an error naming
+  // the ranks that did not (process backends: the runner's StragglerTimeoutOf the case
+  // timeout); 0 when its group has no such check (the threaded fake).
+  std::chrono::milliseconds straggler_timeout{0};
 
   // The case's runner-owned inputs for this rank (case_inputs.h); null when the scenario
   // declares none.

@@ -47,6 +47,8 @@ struct BackendCapabilities {
   DeviceType device = DeviceType::kCPU;
   // The collectives the backend implements. Default: every ProcessGroup collective.
   std::vector<CollectiveOp> collectives = AllCollectiveOps();
+  // Its process groups honour ProcessGroupSpec::straggler_timeout. Default: false.
+  bool straggler_check = false;
 
   bool Supports(CollectiveOp op) const;
   // "processes, cpu" for listings; ", collectives allreduce_ barrier" appended when the
@@ -71,6 +73,10 @@ struct ProcessGroupSpec {
   // or computing garbage (gloo: GlooOptions::check_collectives). Default:
   // false.
   bool check_collectives = false;
+  // How long a rank waits for every member to reach a collective before failing with an
+  // error naming the ranks that did not (gloo: GlooOptions::straggler_timeout); 0: off.
+  // Default: 0.
+  std::chrono::milliseconds straggler_timeout{0};
 };
 
 // Builds the groups of a world whose ranks are threads: element r is rank r's group.

@@ -63,6 +63,11 @@ std::optional<std::pair<std::string, std::string>> First(const EnvLookup& env,
 
 }  // namespace
 
+std::chrono::milliseconds ReadStragglerTimeout(const EnvLookup& env) {
+  const auto v = env("FSDP_STRAGGLER_TIMEOUT_MS");
+  return std::chrono::milliseconds(v ? ParseInt("FSDP_STRAGGLER_TIMEOUT_MS", *v, 0) : 0);
+}
+
 LaunchEnvironment ReadLaunchEnvironment(const EnvLookup& env) {
   LaunchEnvironment launch;
   struct Layout {
@@ -112,6 +117,7 @@ LaunchEnvironment ReadLaunchEnvironment(const EnvLookup& env) {
   if (auto v = env("FSDP_PG_TIMEOUT_MS")) {
     launch.timeout = std::chrono::milliseconds(ParseInt("FSDP_PG_TIMEOUT_MS", *v, 1));
   }
+  launch.straggler_timeout = ReadStragglerTimeout(env);
   if (auto v = env("FSDP_CHECK_COLLECTIVES")) {
     FSDP_CHECK(*v == "0" || *v == "1", "FSDP_CHECK_COLLECTIVES must be 0 or 1, got '", *v, "'");
     launch.check_collectives = *v == "1";
@@ -173,6 +179,7 @@ std::shared_ptr<ProcessGroup> InitProcessGroup(const LaunchEnvironment& launch,
   spec.network_interface = launch.iface;
   spec.single_host = launch.local_world_size == launch.world_size;
   spec.check_collectives = launch.check_collectives;
+  spec.straggler_timeout = launch.straggler_timeout;
   auto world = backends.Get(launch.backend).process_group(spec);
   SetDefaultProcessGroup(world);
   return world;

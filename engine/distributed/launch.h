@@ -6,7 +6,8 @@
 // run, shared by all ranks), otherwise through a TCP store hosted by rank 0 at
 // MASTER_ADDR:MASTER_PORT. GLOO_SOCKET_IFNAME (or FSDP_GLOO_IFACE) picks the network
 // interface; otherwise ranks bind 127.0.0.1 when all ranks are on one host and the host name
-// when not. FSDP_PG_TIMEOUT_MS overrides the collective deadline. FSDP_BACKEND picks the
+// when not. FSDP_PG_TIMEOUT_MS overrides the collective deadline;
+// FSDP_STRAGGLER_TIMEOUT_MS names ranks that do not reach a collective within that time. FSDP_BACKEND picks the
 // world's backend by name from BuiltinBackends() (builtin_backends.h): "gloo" (the default) or
 // "nccl" (NcclProcessGroup on cuda:LOCAL_RANK, the unique id exchanged through the same store;
 // needs a build with NCCL and one GPU per local rank); the session's RankContext device is the
@@ -48,6 +49,10 @@ struct LaunchEnvironment {
   // (a mismatch is a DataLoss error naming both sides on every rank). Default:
   // false (FSDP_CHECK_COLLECTIVES = 1 or 0).
   bool check_collectives = false;
+  // How long a rank waits for every member to reach a collective before failing with an error
+  // naming the ranks that did not (ProcessGroupSpec::straggler_timeout). Default: 0, off
+  // (FSDP_STRAGGLER_TIMEOUT_MS, milliseconds; 0 is off).
+  std::chrono::milliseconds straggler_timeout{0};
   std::string backend = "gloo";  // Default: "gloo" (FSDP_BACKEND: a process backend's name)
   // Which variables supplied the layout: "torchrun", "openmpi", "pmi", "slurm" or "default".
   std::string source = "default";
@@ -64,6 +69,10 @@ struct LaunchEnvironment {
 using EnvLookup = std::function<std::optional<std::string>(const std::string& name)>;
 // The process environment (getenv).
 EnvLookup ProcessEnvironment();
+
+// FSDP_STRAGGLER_TIMEOUT_MS (milliseconds, 0: off); 0 when unset. Throws InvalidArgument
+// naming the variable when it is not a non-negative integer.
+std::chrono::milliseconds ReadStragglerTimeout(const EnvLookup& env = ProcessEnvironment());
 
 // Parses the launch variables; throws InvalidArgument naming the variable when one is
 // malformed or inconsistent.

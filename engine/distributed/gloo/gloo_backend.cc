@@ -12,10 +12,12 @@ BackendSpec GlooBackend() {
   spec.description = "one process per rank, Gloo over TCP (loopback on one host)";
   spec.capabilities.ranks = RankPlacement::kProcesses;
   spec.capabilities.device = DeviceType::kCPU;
+  spec.capabilities.straggler_check = true;
   spec.process_group = [](const ProcessGroupSpec& s) -> std::shared_ptr<ProcessGroup> {
     GlooOptions options;
     options.timeout = s.timeout;
     options.check_collectives = s.check_collectives;
+    options.straggler_timeout = s.straggler_timeout;
     if (!s.network_interface.empty()) {
       options.iface = s.network_interface;
     } else if (!s.single_host) {

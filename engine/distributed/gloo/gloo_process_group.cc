@@ -21,6 +21,7 @@
 #include "engine/core/rank_context.h"
 #include "engine/distributed/flight_recorder.h"
 #include "engine/distributed/store/prefix_store.h"
+#include "engine/distributed/straggler_monitor.h"
 #include "engine/distributed/host_staging.h"
 
 namespace fsdp::distributed {
@@ -97,6 +98,7 @@ struct GlooProcessGroup::State {
   std::string name;
   int subgroups_created = 0;
   std::string broken;  // why the group is unusable; empty while healthy
+  std::unique_ptr<StragglerMonitor> stragglers;  // set when options.straggler_timeout > 0
 
   std::string Describe() const {
     std::ostringstream os;
@@ -130,6 +132,23 @@ struct GlooProcessGroup::State {
       ::gloo::barrier(o);
     });
     context = std::move(ctx);
+    if (options.straggler_timeout.count() > 0) {
+      stragglers = std::make_unique<StragglerMonitor>(
+          std::make_shared<PrefixStore>(options.prefix + "/pg" + name + "/stragglers", store),
+          rank, global_ranks, options.straggler_timeout);
+    }
+  }
+
+  // Waits for every member to reach `info` (when the straggler check is on); a rank that does
+  // not makes the group unusable, as a timeout inside the collective would.
+  void AwaitMembers(const CollectiveInfo& info) {
+    if (!stragglers) return;
+    try {
+      stragglers->Arrive(info);
+    } catch (const Error& e) {
+      broken = "straggler check failed: " + e.message().substr(0, e.message().find('\n'));
+      throw;
+    }
   }
 };
 
@@ -163,7 +182,9 @@ std::shared_ptr<GlooProcessGroup> GlooProcessGroup::Create(std::shared_ptr<Store
 }
 
 GlooProcessGroup::GlooProcessGroup(std::unique_ptr<State> state) : state_(std::move(state)) {}
-GlooProcessGroup::~GlooProcessGroup() = default;
+GlooProcessGroup::~GlooProcessGroup() {
+  if (state_->stragglers) state_->stragglers->Leave();
+}
 
 int GlooProcessGroup::rank() const { return state_->rank; }
 int GlooProcessGroup::size() const { return state_->size; }
@@ -193,6 +214,12 @@ void GlooProcessGroup::Guarded(const CollectiveInfo& info, Fn&& fn) {
   State& s = *state_;
   FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, s.broken.empty(), "[", info.str(), "] ",
                   s.Describe(), " is unusable after an earlier failure: ", s.broken);
+  try {
+    s.AwaitMembers(info);
+  } catch (const Error& e) {
+    FSDP_THROW(e.code(), e.message(), "\n  this rank's last collectives:\n",
+               CurrentFlightRecorder().Dump(4, "    "));
+  }
   if (s.options.check_collectives) CheckFingerprint(info);
   try {
     TranslateGlooErrors(
@@ -497,6 +524,7 @@ std::shared_ptr<ProcessGroup> GlooProcessGroup::new_group_impl(const std::vector
   State& s = *state_;
   FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, s.broken.empty(), "[", info.str(), "] ",
                   s.Describe(), " is unusable after an earlier failure: ", s.broken);
+  s.AwaitMembers(info);
   if (s.options.check_collectives) CheckFingerprint(info);
   const std::string index = std::to_string(++s.subgroups_created);
   const std::string name = s.name == "0" ? index : s.name + "." + index;

@@ -20,7 +20,10 @@
 // Gloo context cannot recover from a half-finished collective. With
 // GlooOptions::check_collectives every collective first all-gathers a fingerprint of the call
 // (like TORCH_DISTRIBUTED_DEBUG=DETAIL) and a mismatch fails every rank with kDataLoss
-// showing both sides.
+// showing both sides. With GlooOptions::straggler_timeout every collective first waits, through
+// the store, for every member to arrive, and names the ranks that did not within that time
+// (rank, collective, sequence number, their last collective) on every waiting rank, instead of
+// an anonymous timeout at the collective's deadline.
 //
 // Subgroups: new_group(ranks) connects a new context among the members through the store
 // under the key prefix "<prefix>/pg<name>"; non-members return nullptr without communicating.
@@ -50,6 +53,10 @@ struct GlooOptions {
   std::string iface;
   // All-gather and compare a fingerprint before every collective. Default: false.
   bool check_collectives = false;
+  // How long a rank waits for every member to reach a collective before failing with
+  // kDeadlineExceeded naming the ranks that did not (StragglerMonitor, through the store);
+  // 0 turns the check off. Default: 0 (off).
+  std::chrono::milliseconds straggler_timeout{0};
   // Store key prefix, to host several worlds in one store. Default: "".
   std::string prefix;
 };

@@ -377,6 +377,88 @@ TEST(GlooProcessGroupTest, MissingPeerTimesOutWithDeadlineExceededThenGroupIsUnu
   ASSERT_TRUE(AllOk(outcomes)) << Summary(outcomes);
 }
 
+// The straggler check names a rank that never reaches a collective on every waiting rank long
+// before the collective's own deadline (20 s here), with its last completed collective; the
+// missing rank, arriving late, fails at once with the report of the ranks that gave up.
+TEST(GlooProcessGroupTest, StragglerTimeoutNamesTheMissingRankOnEveryWaitingRank) {
+  GlooOptions options;
+  options.timeout = milliseconds(20000);
+  options.straggler_timeout = milliseconds(300);
+  constexpr int kWorld = 3;
+  constexpr int kMissing = 2;
+  std::latch others_failed(kWorld - 1);
+  std::vector<double> waited_ms(kWorld, 0);
+  auto outcomes = RunGlooThreads(
+      kWorld,
+      [&](int r, ProcessGroup& pg) {
+        Tensor t = Tensor::ones({4});
+        pg.all_reduce(t);  // #1 on every rank
+        if (r == kMissing) others_failed.wait();
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          pg.all_reduce(t);  // #2: rank kMissing issues it only after the others gave up
+        } catch (...) {
+          waited_ms[r] = std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+          if (r != kMissing) others_failed.count_down();
+          throw;
+        }
+      },
+      options);
+  for (int r = 0; r < kWorld; ++r) {
+    const ThreadOutcome& o = outcomes[r];
+    ASSERT_FALSE(o.ok) << "rank " << r;
+    EXPECT_EQ(o.code, ErrorCode::kDeadlineExceeded) << o.message;
+    EXPECT_NE(o.message.find("allreduce_ #2 on group 0"), std::string::npos) << o.message;
+    EXPECT_NE(o.message.find("rank 2 (global rank 2): last completed collective allreduce_ #1"),
+              std::string::npos)
+        << o.message;
+    if (r == kMissing) {
+      EXPECT_NE(o.message.find("a peer gave up waiting"), std::string::npos) << o.message;
+      EXPECT_LT(waited_ms[r], 1000.0) << "the late rank fails at once";
+    } else {
+      EXPECT_NE(o.message.find("straggler timeout 300 ms"), std::string::npos) << o.message;
+      EXPECT_GE(waited_ms[r], 300.0);
+      EXPECT_LT(waited_ms[r], 5000.0) << "named long before the 20 s collective deadline";
+    }
+  }
+}
+
+// A rank whose group is destroyed (its function returned) is named at once by the ranks waiting
+// for it, not after the straggler timeout.
+TEST(GlooProcessGroupTest, StragglerCheckNamesARankThatLeftAtOnce) {
+  GlooOptions options;
+  options.timeout = milliseconds(20000);
+  options.straggler_timeout = milliseconds(10000);
+  std::vector<double> waited_ms(2, 0);
+  auto outcomes = RunGlooThreads(
+      2,
+      [&](int r, ProcessGroup& pg) {
+        Tensor t = Tensor::ones({4});
+        pg.barrier();  // #1 on both
+        if (r == 1) return;  // its group is destroyed without #2
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          pg.all_reduce(t);
+        } catch (...) {
+          waited_ms[r] = std::chrono::duration<double, std::milli>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+          throw;
+        }
+      },
+      options);
+  EXPECT_TRUE(outcomes[1].ok) << outcomes[1].message;
+  ASSERT_FALSE(outcomes[0].ok);
+  EXPECT_EQ(outcomes[0].code, ErrorCode::kDeadlineExceeded) << outcomes[0].message;
+  EXPECT_NE(outcomes[0].message.find("rank 1 (global rank 1): left the group without reaching "
+                                     "it (its group was destroyed) after barrier #1"),
+            std::string::npos)
+      << outcomes[0].message;
+  EXPECT_LT(waited_ms[0], 2000.0) << "a rank that left is named at once";
+}
+
 TEST(GlooProcessGroupTest, RendezvousTimesOutWhenAPeerNeverComes) {
   GlooOptions options;
   options.timeout = milliseconds(300);
@@ -462,6 +544,9 @@ TEST(LaunchTest, ReadsTorchrunMpiAndSlurmVariables) {
   EXPECT_EQ(*mpi.timeout, milliseconds(5000));
   EXPECT_FALSE(mpi.check_collectives);
   EXPECT_TRUE(ReadLaunchEnvironment(MapEnv({{"FSDP_CHECK_COLLECTIVES", "1"}})).check_collectives);
+  EXPECT_EQ(mpi.straggler_timeout, milliseconds(0));  // off unless asked for
+  EXPECT_EQ(ReadLaunchEnvironment(MapEnv({{"FSDP_STRAGGLER_TIMEOUT_MS", "2500"}})).straggler_timeout,
+            milliseconds(2500));
 
   auto slurm = ReadLaunchEnvironment(MapEnv({{"SLURM_PROCID", "5"},
                                              {"SLURM_NTASKS", "6"},
@@ -491,6 +576,8 @@ TEST(LaunchTest, RejectsInconsistentVariables) {
                 ->find("not below the world size"),
             std::string::npos);
   EXPECT_NE(code_of({{"RANK", "x"}, {"WORLD_SIZE", "4"}})->find("RANK='x'"), std::string::npos);
+  EXPECT_NE(code_of({{"FSDP_STRAGGLER_TIMEOUT_MS", "-1"}})->find("FSDP_STRAGGLER_TIMEOUT_MS='-1'"),
+            std::string::npos);
   EXPECT_NE(code_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}})->find("needs a rendezvous"),
             std::string::npos);
   EXPECT_NE(
