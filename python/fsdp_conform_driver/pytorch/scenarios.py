@@ -1,20 +1,16 @@
 """The scenarios the PyTorch FSDP2 driver implements, each as its seed test runs it, reporting
 the observations docs/observations.md lists for it. Every function takes the Request and
 returns (observations, tensors); the process group is initialised by the driver's setup.
+This module imports torch only when a scenario runs, so that the cases the driver does not
+implement are answered `skipped` without loading torch.
 
 Thread-safety: one case per process, on the main thread.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional
-
-import torch
-import torch.distributed as dist
-
 from fsdp_conform_driver import ScenarioSkipped, inputs
-from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
-from fsdp_conform_driver.pytorch.models import MLP, ModelArgs, Transformer
+from fsdp_conform_driver.pytorch import parity
 from fsdp_conform_driver.recorders import CommCounts
 
 
@@ -28,9 +24,12 @@ def _reshard_after_forward(request):
     return int(value)
 
 
-def _sharded_transformer(request, reshard_after_forward) -> Transformer:
+def _sharded_transformer(request, reshard_after_forward):
     """Transformer(n_layers, dropout 0) with the case's weights, every block and the root
     fully_shard-ed (as the seed's test_fully_shard_communication_count)."""
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+    from fsdp_conform_driver.pytorch.models import ModelArgs, Transformer
+
     model = Transformer(ModelArgs(n_layers=request.int_param("n_layers"), dropout_p=0.0))
     model.load_state_dict(inputs.weights(request), strict=True)
     kwargs = {} if reshard_after_forward is None else {
@@ -72,6 +71,10 @@ def manual_reshard_with_reshard_after_forward_false(request):
 
 
 def unshard_no_param_group(request):
+    import torch
+
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
     for lin in model:
         fully_shard(lin)
@@ -83,10 +86,15 @@ def unshard_no_param_group(request):
 
 
 def unshard_without_lazy_init(request):
+    import torch.distributed as dist
+
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+    from fsdp_conform_driver.pytorch.models import MLP
+
     model = MLP(request.int_param("dim"))
     for param in model.parameters():
         dist.broadcast(param.data, src=0)
-    tensors: Dict[str, torch.Tensor] = {
+    tensors = {
         f"reference/{name}": param.detach().clone() for name, param in model.named_parameters()}
     fully_shard(model)
     model.unshard()
@@ -96,6 +104,9 @@ def unshard_without_lazy_init(request):
 
 
 def post_acc_grad_hook_runs(request):
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+    from fsdp_conform_driver.pytorch.models import MLP
+
     model = MLP(request.int_param("dim"))
     model.load_state_dict(inputs.weights(request), strict=True)
     for module in (model.in_proj, model.out_proj, model):
@@ -114,4 +125,6 @@ SCENARIOS = {
     "fully_shard_comm/unshard_no_param_group": unshard_no_param_group,
     "fully_shard_comm/unshard_without_lazy_init": unshard_without_lazy_init,
     "fully_shard_autograd/post_acc_grad_hook_runs": post_acc_grad_hook_runs,
+    "parity/single/mlp": parity.single("mlp"),
+    "parity/fsdp/mlp": parity.fsdp("mlp"),
 }
