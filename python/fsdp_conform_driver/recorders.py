@@ -3,8 +3,9 @@
   CommCounts     collectives by phase, {"forward": {op key: n}, "backward": {...}}, from
                  torch's CommDebugMode (its keys, str(op packet), are the suite's op keys:
                  "c10d._allgather_base_", "c10d._reduce_scatter_base_", ...)
-  FsdpEvents     FSDP2's unshard / reshard / post_backward calls as the suite's events
-                 [kind, module FQN (root ""), training state], by wrapping FSDPParamGroup's
+  FsdpEvents     every call of FSDP2's unshard / reshard / post_backward as the suite's events
+                 [kind, module FQN (root ""), the group's training state as the call begins]
+                 (calls that find the group already unsharded included), by wrapping FSDPParamGroup's
                  methods of those names for the recorder's lifetime
 
 Ownership: a recorder owns the lists it fills; FsdpEvents restores FSDPParamGroup's methods

@@ -6,13 +6,16 @@ with torch.ops.fsdp.split_with_sizes_copy(..., out=[views of the all-gather outp
 CPU that write bumps the version counter of the unsharded parameters, so a parameter that
 autograd saved in forward and that FSDP all-gathers again in backward (reshard after forward)
 fails the backward with "one of the variables needed for gradient computation has been
-modified by an inplace operation". install() wraps exactly that op: after the copy, each out
-tensor's version counter is restored to its value before the copy
+modified by an inplace operation". install() wraps exactly that function (as
+FSDPParamGroup calls it, _fsdp_param_group.foreach_all_gather_copy_out): the version counter
+of every all-gather output that exists before the copy (fsdp_param.all_gather_outputs, the
+storage of the unsharded parameters) is restored to its value before the copy
 (torch.autograd._unsafe_preserve_version_counter); the copied values are untouched. It is a
-no-op when the release's copy-out does not call torch.ops.fsdp.split_with_sizes_copy.
+no-op for releases without that function.
 
-Ownership: replaces the attribute torch.ops.fsdp.split_with_sizes_copy for the life of the
-process. Thread-safety: call install() once, before fully_shard, on the main thread.
+Ownership: replaces the attribute foreach_all_gather_copy_out of FSDP2's _fsdp_param_group
+module for the life of the process. Thread-safety: call install() once, before fully_shard,
+on the main thread.
 """
 
 from __future__ import annotations
@@ -24,13 +27,17 @@ import torch
 _installed = False
 
 
-def needed() -> bool:
+def _param_group_module():
     try:
-        from torch.distributed._composable.fsdp import _fsdp_collectives
+        from torch.distributed._composable.fsdp import _fsdp_param_group
     except ImportError:
-        return False
-    return hasattr(torch.ops.fsdp, "split_with_sizes_copy") and hasattr(
-        _fsdp_collectives, "foreach_all_gather_copy_out")
+        return None
+    return _fsdp_param_group
+
+
+def needed() -> bool:
+    module = _param_group_module()
+    return module is not None and hasattr(module, "foreach_all_gather_copy_out")
 
 
 def install() -> bool:
@@ -40,14 +47,16 @@ def install() -> bool:
         return True
     if not needed():
         return False
-    original = torch.ops.fsdp.split_with_sizes_copy
+    module = _param_group_module()
+    original = module.foreach_all_gather_copy_out
 
-    def split_with_sizes_copy(all_gather_output, all_gather_input_split_sizes, dim=0, *, out):
+    def foreach_all_gather_copy_out(all_gather_result, fsdp_params, group):
         with contextlib.ExitStack() as stack:
-            for t in out:
-                stack.enter_context(torch.autograd._unsafe_preserve_version_counter(t))
-            original(all_gather_output, all_gather_input_split_sizes, dim=dim, out=out)
+            for fsdp_param in fsdp_params:
+                for t in getattr(fsdp_param, "all_gather_outputs", None) or ():
+                    stack.enter_context(torch.autograd._unsafe_preserve_version_counter(t))
+            return original(all_gather_result, fsdp_params, group)
 
-    setattr(torch.ops.fsdp, "split_with_sizes_copy", split_with_sizes_copy)
+    module.foreach_all_gather_copy_out = foreach_all_gather_copy_out
     _installed = True
     return True
