@@ -44,6 +44,6 @@ if [ "$status" -gt 1 ]; then
 fi
 printf -v shown '%q ' "${command[@]}"
 "$python" "$root/python/validate_pytorch/render_report.py" --run "$out/run.json" \
-  --torch-version "$torch_version" --markdown "$root/docs/pytorch-$version.md" \
+  --version "$version" --torch-version "$torch_version" --markdown "$root/docs/pytorch-$version.md" \
   --json "$root/docs/pytorch-$version.json" --command "FSDP_CONFORM_PYTHON=.venv-torch-$version/bin/python ${shown% }"
 echo "validate-pytorch: docs/pytorch-$version.md, docs/pytorch-$version.json"

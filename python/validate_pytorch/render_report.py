@@ -3,8 +3,9 @@ Markdown (docs/pytorch-<version>.md) and JSON (per case: scenario, params, world
 why). Failures are explained by the first failing checks and rank errors, and attributed to a
 known PyTorch defect when KNOWN_DEFECTS lists one for the scenario and the release.
 
-usage: render_report.py --run RUN.json --torch-version V --markdown OUT.md --json OUT.json
-                        [--command "the fsdp-conform command line"]
+usage: render_report.py --run RUN.json --version V --torch-version T --markdown OUT.md
+                        --json OUT.json [--command "the fsdp-conform command line"]
+(V: the VERSION asked of `make validate-pytorch`; T: the installed torch.__version__)
 
 Ownership: reads RUN.json, writes the two outputs. Thread-safety: a script.
 """
@@ -33,28 +34,43 @@ def _defect(name: str, version: str):
     return None
 
 
+def _short(value, limit: int = 60) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _why(case: dict, version: str) -> str:
     if case["status"] == "skipped":
         return case.get("skip_reason", "")
     if case["status"] == "passed":
         return ""
     parts = [e.splitlines()[0] for e in case.get("errors", [])[:2]]
-    parts += [f"{c['name']}: expected {json.dumps(c.get('expected'))}, "
-              f"actual {json.dumps(c.get('actual'))}"
-              for c in case.get("checks", []) if not c.get("passed")][:3]
+    failed = [c for c in case.get("checks", []) if not c.get("passed")]
+    parts += [f"{c['name']}: expected {_short(c.get('expected'))}, actual "
+              f"{_short(c.get('actual'))}" + (f" ({c['detail']})" if c.get("detail") else "")
+              for c in failed[:2]]
+    if len(failed) > 2:
+        parts.append(f"{len(failed) - 2} more failed check(s)")
     defect = _defect(case["name"], version)
     if defect:
         parts.insert(0, f"PyTorch defect: {defect}")
     return "; ".join(parts)
 
 
-def _label(case: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(case.get("params", {}).items())) or "-"
+def _labels(cases) -> list:
+    """Per case, the parameters that tell it apart from the other cases of its scenario."""
+    values = collections.defaultdict(lambda: collections.defaultdict(set))
+    for c in cases:
+        for k, v in c.get("params", {}).items():
+            values[c["name"]][k].add(v)
+    return [",".join(f"{k}={v}" for k, v in sorted(c.get("params", {}).items())
+                     if len(values[c["name"]][k]) > 1) or "-" for c in cases]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--run", required=True)
+    ap.add_argument("--version", required=True)
     ap.add_argument("--torch-version", required=True)
     ap.add_argument("--markdown", required=True)
     ap.add_argument("--json", required=True)
@@ -79,10 +95,11 @@ def main() -> int:
                                   {"passed": 0, "failed": 0, "skipped": 0})
         fam[c["status"]] += 1
     seconds = sum(c["seconds"] or 0 for c in cases)
-    lines = [f"# PyTorch {version} judged by the suite",
+    lines = [f"# PyTorch {args.version} judged by the suite",
              "",
-             f"Produced by `make validate-pytorch VERSION={version}` (docs/pytorch.md): "
-             f"PyTorch {version} from PyPI on a CPU machine, FSDP2 run by the driver "
+             f"Produced by `make validate-pytorch VERSION={args.version}` (docs/pytorch.md): "
+             f"PyTorch {version} (`torch.__version__`) from PyPI on a CPU machine, FSDP2 run "
+             f"by the driver "
              f"`python/fsdp-conform-pytorch` over Gloo, judged under semantics "
              f"`{run.get('semantics')}`.",
              ""]
@@ -93,6 +110,7 @@ def main() -> int:
               "| family | passed | failed | skipped |", "|---|---|---|---|"]
     for fam, n in families.items():
         lines.append(f"| `{fam}/*` | {n['passed']} | {n['failed']} | {n['skipped']} |")
+    labels = dict(zip(map(id, cases), _labels(cases)))
     for status, title in (("failed", "Failures"), ("passed", "Passes")):
         rows = [c for c in cases if c["status"] == status]
         if not rows:
@@ -100,7 +118,7 @@ def main() -> int:
         lines += ["", f"## {title}", "", "| scenario | case | world | why |", "|---|---|---|---|"]
         for c in rows:
             why = c["why"].replace("|", "\\|") if c["why"] else ""
-            lines.append(f"| `{c['name']}` | {_label(c)} | {c['world']} | {why} |")
+            lines.append(f"| `{c['name']}` | {labels[id(c)]} | {c['world']} | {why} |")
     skipped = collections.Counter(c["name"].rsplit("/", 1)[0] for c in cases
                                   if c["status"] == "skipped")
     if skipped:
