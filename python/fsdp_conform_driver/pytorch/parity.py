@@ -78,11 +78,10 @@ def single(kind: str):
 
 def fsdp(kind: str):
     def run(request):
-        from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+        from fsdp_conform_driver.pytorch.fsdp_api import fully_shard, reshard_after_forward_of
 
         model, _ = _build(kind, request)
-        value = request.param("reshard_after_forward")
-        raf = value == "True" if value in ("True", "False") else int(value)
+        raf = reshard_after_forward_of(request)
         for child in model.children():
             fully_shard(child, reshard_after_forward=raf)
         fully_shard(model, reshard_after_forward=raf)

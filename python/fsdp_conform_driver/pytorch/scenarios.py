@@ -9,19 +9,9 @@ Thread-safety: one case per process, on the main thread.
 
 from __future__ import annotations
 
-from fsdp_conform_driver import ScenarioSkipped, inputs
+from fsdp_conform_driver import inputs
 from fsdp_conform_driver.pytorch import parity
 from fsdp_conform_driver.recorders import CommCounts
-
-
-def _reshard_after_forward(request):
-    """The case's reshard_after_forward: True, False, an int, or None (torch-2.8 profile)."""
-    value = request.param("reshard_after_forward")
-    if value in ("True", "False"):
-        return value == "True"
-    if value == "None":
-        return None
-    return int(value)
 
 
 def _sharded_transformer(request, reshard_after_forward):
@@ -32,14 +22,9 @@ def _sharded_transformer(request, reshard_after_forward):
 
     model = Transformer(ModelArgs(n_layers=request.int_param("n_layers"), dropout_p=0.0))
     model.load_state_dict(inputs.weights(request), strict=True)
-    kwargs = {} if reshard_after_forward is None else {
-        "reshard_after_forward": reshard_after_forward}
-    if reshard_after_forward is None and "reshard_after_forward" not in \
-            fully_shard.__code__.co_varnames:
-        raise ScenarioSkipped("this torch's fully_shard has no reshard_after_forward")
     for layer in model.layers:
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+        fully_shard(layer, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, reshard_after_forward=reshard_after_forward)
     return model
 
 
@@ -55,7 +40,9 @@ def _forward_backward_counts(model, tokens, after_forward=lambda: None) -> dict:
 
 
 def communication_count(request):
-    model = _sharded_transformer(request, _reshard_after_forward(request))
+    from fsdp_conform_driver.pytorch.fsdp_api import reshard_after_forward_of
+
+    model = _sharded_transformer(request, reshard_after_forward_of(request))
     return _forward_backward_counts(model, inputs.step_input(request, 0)), None
 
 
