@@ -16,18 +16,42 @@ _DTYPES = {"float32": "float32", "float64": "float64"}
 def _build(kind: str, request):
     import torch
 
-    from fsdp_conform_driver.pytorch.models import MLP
+    from fsdp_conform_driver.pytorch.models import MLP, ModelArgs, Transformer
 
     dtype = getattr(torch, _DTYPES[request.param("dtype")])
     if kind == "mlp":
         model = MLP(request.int_param("dim"),
                     with_buffer=request.param("with_buffer").lower() == "true",
                     dim_multiplier=request.int_param("dim_multiplier"))
+    elif kind == "transformer":
+        model = Transformer(ModelArgs(
+            n_layers=request.int_param("n_layers"), vocab_size=request.int_param("vocab_size"),
+            max_seq_len=request.int_param("max_seq_len"), dim=request.int_param("dim"),
+            n_heads=request.int_param("n_heads"), dropout_p=0.0,
+            weight_tying=request.param("weight_tying").lower() == "true"))
     else:
         raise ScenarioSkipped(f"no PyTorch model for zoo kind '{kind}' in this driver")
     model.to(dtype)
     model.load_state_dict(inputs.weights(request), strict=True)
     return model, dtype
+
+
+def _children_to_shard(root):
+    """The modules the suite's sharded parity runs fully_shard before the root
+    (conformance/sharded_parity.cc, ChildrenToShard): every element of a ModuleList child, and
+    every other child that has parameters and shares none with another child (a tied
+    embedding and output stay with the root)."""
+    import torch
+
+    children = list(root.children())
+    ids = [{id(p) for p in c.parameters()} for c in children]
+    out = []
+    for i, child in enumerate(children):
+        if isinstance(child, torch.nn.ModuleList):
+            out.extend(child)
+        elif ids[i] and not any(ids[i] & ids[j] for j in range(len(children)) if j != i):
+            out.append(child)
+    return out
 
 
 def _optimizer(request, params):
@@ -82,7 +106,7 @@ def fsdp(kind: str):
 
         model, _ = _build(kind, request)
         raf = reshard_after_forward_of(request)
-        for child in model.children():
+        for child in _children_to_shard(model):
             fully_shard(child, reshard_after_forward=raf)
         fully_shard(model, reshard_after_forward=raf)
         obs, tensors = _train(request, model, sharded=True)

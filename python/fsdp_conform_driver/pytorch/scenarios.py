@@ -113,5 +113,7 @@ SCENARIOS = {
     "fully_shard_comm/unshard_without_lazy_init": unshard_without_lazy_init,
     "fully_shard_autograd/post_acc_grad_hook_runs": post_acc_grad_hook_runs,
     "parity/single/mlp": parity.single("mlp"),
+    "parity/single/transformer": parity.single("transformer"),
     "parity/fsdp/mlp": parity.fsdp("mlp"),
+    "parity/fsdp/transformer": parity.fsdp("transformer"),
 }
