@@ -8,7 +8,7 @@ SCENARIOS ?= *
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: setup configure build test conform tsan asan fuzz lint clean
+.PHONY: setup configure build test conform tsan asan fuzz lint clean validate-pytorch
 
 setup:
 	bash scripts/setup.sh
@@ -60,3 +60,11 @@ lint: build
 
 clean:
 	rm -rf build
+
+# PyTorch judged by the suite (docs/pytorch.md): a venv .venv-torch-$(VERSION)/ with that torch
+# from PyPI (several GB; never part of `make test`), the FSDP2 driver of python/ run over Gloo,
+# and the report docs/pytorch-$(VERSION).md + .json. FAMILIES overrides the scenario patterns.
+VERSION ?= 2.5.1
+FAMILIES ?=
+validate-pytorch: build
+	bash scripts/validate_pytorch.sh $(VERSION) $(BUILD_DIR) $(FAMILIES)

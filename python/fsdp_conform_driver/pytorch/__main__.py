@@ -1,0 +1,39 @@
+"""python -m fsdp_conform_driver.pytorch <protocol flags>: one rank of one case of the suite,
+run by PyTorch FSDP2 (the driver of `make validate-pytorch`, docs/pytorch.md).
+
+Setup per case, when no GPU is visible: the CPU stream shim when this torch's FSDP2 needs CUDA
+streams (cpu_streams.py) and the copy-out's version counters (cpu_copy_out.py), each saying
+exactly what it changes; then torch.distributed over the
+request's backend from its store directory. Scenarios absent from scenarios.SCENARIOS report
+`skipped`.
+"""
+
+import sys
+
+from fsdp_conform_driver import Driver, ScenarioSkipped, rendezvous
+
+
+def _setup(request) -> None:
+    import torch
+
+    if request.backend not in ("gloo", "nccl"):
+        raise ScenarioSkipped(f"torch.distributed has no backend '{request.backend}'")
+    if request.backend == "nccl" and not torch.cuda.is_available():
+        raise ScenarioSkipped("backend nccl needs CUDA and none is visible")
+    if not torch.cuda.is_available():
+        from fsdp_conform_driver.pytorch import cpu_copy_out, cpu_streams
+
+        cpu_streams.install()
+        cpu_copy_out.install()
+    torch.manual_seed(0)
+    rendezvous.init(request)
+
+
+def main() -> int:
+    from fsdp_conform_driver.pytorch.scenarios import SCENARIOS
+
+    return Driver("PyTorch FSDP2 driver", SCENARIOS, setup=_setup).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The scenarios the PyTorch FSDP2 driver implements, each as its seed test runs it, reporting
+the observations docs/observations.md lists for it. Every function takes the Request and
+returns (observations, tensors); the process group is initialised by the driver's setup.
+This module imports torch only when a scenario runs, so that the cases the driver does not
+implement are answered `skipped` without loading torch.
+
+Thread-safety: one case per process, on the main thread.
+"""
+
+from __future__ import annotations
+
+from fsdp_conform_driver import inputs
+from fsdp_conform_driver.pytorch import parity
+from fsdp_conform_driver.recorders import CommCounts
+
+
+def _sharded_transformer(request, reshard_after_forward):
+    """Transformer(n_layers, dropout 0) with the case's weights, every block and the root
+    fully_shard-ed (as the seed's test_fully_shard_communication_count)."""
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+    from fsdp_conform_driver.pytorch.models import ModelArgs, Transformer
+
+    model = Transformer(ModelArgs(n_layers=request.int_param("n_layers"), dropout_p=0.0))
+    model.load_state_dict(inputs.weights(request), strict=True)
+    for layer in model.layers:
+        fully_shard(layer, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def _forward_backward_counts(model, tokens, after_forward=lambda: None) -> dict:
+    counts = CommCounts()
+    with counts.phase("forward"):
+        loss = model(tokens)
+    after_forward()
+    with counts.phase("backward"):
+        loss.sum().backward()
+    return {"comm_counts": {"forward": counts.counts.get("forward", {}),
+                            "backward": counts.counts.get("backward", {})}}
+
+
+def communication_count(request):
+    from fsdp_conform_driver.pytorch.fsdp_api import reshard_after_forward_of
+
+    model = _sharded_transformer(request, reshard_after_forward_of(request))
+    return _forward_backward_counts(model, inputs.step_input(request, 0)), None
+
+
+def manual_reshard_with_reshard_after_forward_false(request):
+    model = _sharded_transformer(request, False)
+
+    def reshard_all():
+        for module in model.modules():
+            if hasattr(module, "reshard") and hasattr(module, "_get_fsdp_state"):
+                module.reshard()
+
+    return _forward_backward_counts(model, inputs.step_input(request, 0), reshard_all), None
+
+
+def unshard_no_param_group(request):
+    import torch
+
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    for lin in model:
+        fully_shard(lin)
+    fully_shard(model)
+    model.unshard(async_op=True).wait()
+    state = model._get_fsdp_state()
+    return {"root_has_param_group": state._fsdp_param_group is not None,
+            "unshard_completed": True}, None
+
+
+def unshard_without_lazy_init(request):
+    import torch.distributed as dist
+
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+    from fsdp_conform_driver.pytorch.models import MLP
+
+    model = MLP(request.int_param("dim"))
+    for param in model.parameters():
+        dist.broadcast(param.data, src=0)
+    tensors = {
+        f"reference/{name}": param.detach().clone() for name, param in model.named_parameters()}
+    fully_shard(model)
+    model.unshard()
+    for name, param in model.named_parameters():
+        tensors[f"unsharded/{name}"] = param.detach().clone()
+    return {}, tensors
+
+
+def post_acc_grad_hook_runs(request):
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+    from fsdp_conform_driver.pytorch.models import MLP
+
+    model = MLP(request.int_param("dim"))
+    model.load_state_dict(inputs.weights(request), strict=True)
+    for module in (model.in_proj, model.out_proj, model):
+        fully_shard(module)
+    calls = []
+    for name, param in model.named_parameters():
+        param.register_post_accumulate_grad_hook(lambda _p, name=name: calls.append(name))
+    model(inputs.step_input(request, 0)).sum().backward()
+    return {"hook_calls": calls}, None
+
+
+SCENARIOS = {
+    "fully_shard_comm/communication_count": communication_count,
+    "fully_shard_comm/manual_reshard_with_reshard_after_forward_false":
+        manual_reshard_with_reshard_after_forward_false,
+    "fully_shard_comm/unshard_no_param_group": unshard_no_param_group,
+    "fully_shard_comm/unshard_without_lazy_init": unshard_without_lazy_init,
+    "fully_shard_autograd/post_acc_grad_hook_runs": post_acc_grad_hook_runs,
+    "parity/single/mlp": parity.single("mlp"),
+    "parity/single/transformer": parity.single("transformer"),
+    "parity/fsdp/mlp": parity.fsdp("mlp"),
+    "parity/fsdp/transformer": parity.fsdp("transformer"),
+}

@@ -1,0 +1,82 @@
+"""Recorders that turn what PyTorch does into the suite's observations:
+
+  CommCounts     collectives by phase, {"forward": {op key: n}, "backward": {...}}, from
+                 torch's CommDebugMode (its keys, str(op packet), are the suite's op keys:
+                 "c10d._allgather_base_", "c10d._reduce_scatter_base_", ...)
+  FsdpEvents     every call of FSDP2's unshard / reshard / post_backward as the suite's events
+                 [kind, module FQN (root ""), the group's training state as the call begins]
+                 (calls that find the group already unsharded included), by wrapping FSDPParamGroup's
+                 methods of those names for the recorder's lifetime
+
+Ownership: a recorder owns the lists it fills; FsdpEvents restores FSDPParamGroup's methods
+on exit. Thread-safety: one recorder per rank process, used from the main (autograd) thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, List
+
+
+class CommCounts:
+    """Counts the collectives of named phases: `with counts.phase("forward"): ...`."""
+
+    def __init__(self) -> None:
+        self.counts: Dict[str, Dict[str, int]] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        try:  # torch >= 2.5
+            from torch.distributed.tensor.debug import CommDebugMode
+        except ImportError:  # torch 2.4
+            from torch.distributed._tensor.debug import CommDebugMode
+
+        mode = CommDebugMode()
+        with mode:
+            yield
+        phase = self.counts.setdefault(name, {})
+        for op, n in mode.get_comm_counts().items():
+            key = str(op)
+            phase[key] = phase.get(key, 0) + int(n)
+
+
+def _fsdp_param_group_class():
+    try:  # torch >= 2.6
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    except ImportError:  # torch 2.4 / 2.5
+        from torch.distributed._composable.fsdp._fsdp_param_group import FSDPParamGroup
+    return FSDPParamGroup
+
+
+class FsdpEvents:
+    """Records FSDP2's group events while active (`with FsdpEvents(kinds) as events:`)."""
+
+    def __init__(self, kinds=("unshard", "reshard", "post_backward")) -> None:
+        self.kinds = tuple(kinds)
+        self.events: List[List[str]] = []
+        self._saved = {}
+
+    def __enter__(self):
+        cls = _fsdp_param_group_class()
+        for kind in self.kinds:
+            original = getattr(cls, kind)
+            self._saved[kind] = original
+
+            def wrapper(group, *args, __kind=kind, __original=original, **kwargs):
+                self.events.append([__kind, group._module_fqn or "",
+                                    group._training_state.name])
+                return __original(group, *args, **kwargs)
+
+            setattr(cls, kind, wrapper)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        cls = _fsdp_param_group_class()
+        for kind, original in self._saved.items():
+            setattr(cls, kind, original)
+        self._saved.clear()
+
+    def take(self) -> List[List[str]]:
+        """The events so far, clearing the list."""
+        out, self.events = self.events, []
+        return out

@@ -1,0 +1,135 @@
+"""Renders `fsdp-conform run --json` of the PyTorch driver as the validation report:
+Markdown (docs/pytorch-<version>.md) and JSON (per case: scenario, params, world, status,
+why). Failures are explained by the first failing checks and rank errors, and attributed to a
+known PyTorch defect when KNOWN_DEFECTS lists one for the scenario and the release.
+
+usage: render_report.py --run RUN.json --version V --torch-version T --markdown OUT.md
+                        --json OUT.json [--command "the fsdp-conform command line"]
+(V: the VERSION asked of `make validate-pytorch`; T: the installed torch.__version__)
+
+Ownership: reads RUN.json, writes the two outputs. Thread-safety: a script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import fnmatch
+import json
+
+# PyTorch defects a case can fail by: (scenario glob, releases it affects (prefix of
+# torch.__version__), what is wrong, where it is tracked).
+KNOWN_DEFECTS = [
+    ("parity/fsdp/*", ("2.4", "2.5"),
+     "Gloo's reduce_scatter_tensor ignores the reduce op (it always sums), so FSDP2's "
+     "ReduceOp.AVG gradient reduce-scatter on CPU returns the sum: gradients come out `world` "
+     "times too large", "pytorch/pytorch Gloo ProcessGroupGloo::_reduce_scatter_base"),
+]
+
+
+def _defect(name: str, version: str):
+    for pattern, releases, what, where in KNOWN_DEFECTS:
+        if fnmatch.fnmatchcase(name, pattern) and version.startswith(releases):
+            return f"{what} ({where})"
+    return None
+
+
+def _short(value, limit: int = 60) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _why(case: dict, version: str) -> str:
+    if case["status"] == "skipped":
+        return case.get("skip_reason", "")
+    if case["status"] == "passed":
+        return ""
+    parts = [e.splitlines()[0] for e in case.get("errors", [])[:2]]
+    failed = [c for c in case.get("checks", []) if not c.get("passed")]
+    parts += [f"{c['name']}: expected {_short(c.get('expected'))}, actual "
+              f"{_short(c.get('actual'))}" + (f" ({c['detail']})" if c.get("detail") else "")
+              for c in failed[:2]]
+    if len(failed) > 2:
+        parts.append(f"{len(failed) - 2} more failed check(s)")
+    defect = _defect(case["name"], version)
+    if defect:
+        parts.insert(0, f"PyTorch defect: {defect}")
+    return "; ".join(parts)
+
+
+def _labels(cases) -> list:
+    """Per case, the parameters that tell it apart from the other cases of its scenario."""
+    values = collections.defaultdict(lambda: collections.defaultdict(set))
+    for c in cases:
+        for k, v in c.get("params", {}).items():
+            values[c["name"]][k].add(v)
+    return [",".join(f"{k}={v}" for k, v in sorted(c.get("params", {}).items())
+                     if len(values[c["name"]][k]) > 1) or "-" for c in cases]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run", required=True)
+    ap.add_argument("--version", required=True)
+    ap.add_argument("--torch-version", required=True)
+    ap.add_argument("--markdown", required=True)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--command", default="")
+    args = ap.parse_args()
+    with open(args.run, encoding="utf-8") as f:
+        run = json.load(f)
+    version = args.torch_version
+    cases = [{"name": c["name"], "params": c.get("params", {}), "world": c.get("world"),
+              "backend": c.get("backend"), "status": c["status"],
+              "seconds": c.get("seconds"), "why": _why(c, version)}
+             for c in run.get("cases", [])]
+    summary = run.get("summary", {})
+    with open(args.json, "w", encoding="utf-8") as f:
+        json.dump({"torch": version, "semantics": run.get("semantics"), "summary": summary,
+                   "command": args.command, "cases": cases}, f, indent=1)
+        f.write("\n")
+
+    families = collections.OrderedDict()
+    for c in cases:
+        fam = families.setdefault(c["name"].rsplit("/", 1)[0],
+                                  {"passed": 0, "failed": 0, "skipped": 0})
+        fam[c["status"]] += 1
+    seconds = sum(c["seconds"] or 0 for c in cases)
+    lines = [f"# PyTorch {args.version} judged by the suite",
+             "",
+             f"Produced by `make validate-pytorch VERSION={args.version}` (docs/pytorch.md): "
+             f"PyTorch {version} (`torch.__version__`) from PyPI on a CPU machine, FSDP2 run "
+             f"by the driver "
+             f"`python/fsdp-conform-pytorch` over Gloo, judged under semantics "
+             f"`{run.get('semantics')}`.",
+             ""]
+    if args.command:
+        lines += ["```", args.command, "```", ""]
+    lines += [f"**{summary.get('passed', 0)} passed, {summary.get('failed', 0)} failed, "
+              f"{summary.get('skipped', 0)} skipped** ({seconds:.0f} s of cases).", "",
+              "| family | passed | failed | skipped |", "|---|---|---|---|"]
+    for fam, n in families.items():
+        lines.append(f"| `{fam}/*` | {n['passed']} | {n['failed']} | {n['skipped']} |")
+    labels = dict(zip(map(id, cases), _labels(cases)))
+    for status, title in (("failed", "Failures"), ("passed", "Passes")):
+        rows = [c for c in cases if c["status"] == status]
+        if not rows:
+            continue
+        lines += ["", f"## {title}", "", "| scenario | case | world | why |", "|---|---|---|---|"]
+        for c in rows:
+            why = c["why"].replace("|", "\\|") if c["why"] else ""
+            lines.append(f"| `{c['name']}` | {labels[id(c)]} | {c['world']} | {why} |")
+    skipped = collections.Counter(c["name"].rsplit("/", 1)[0] for c in cases
+                                  if c["status"] == "skipped")
+    if skipped:
+        lines += ["", "## Skipped", "",
+                  "Scenarios the driver does not implement yet report `skipped` through the "
+                  "protocol:", ""]
+        lines += [f"* `{fam}/*`: {n} case(s)" for fam, n in sorted(skipped.items())]
+    with open(args.markdown, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
