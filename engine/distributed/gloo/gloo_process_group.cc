@@ -341,15 +341,17 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter_tensor_impl(const Tensor&
   HostStaging stage;
   const char* in = stage.Input(input);
   const size_t chunk = static_cast<size_t>(output.numel());
-  std::vector<char> result(output.nbytes());
+  // The ring writes this rank's chunk straight into the output, even when the output is the
+  // input's chunk rank(): that chunk is only read, segment by segment, right before the same
+  // segment of the result is written ([Note: pipelined ring reduce-scatter]).
+  char* out = chunk > 0 ? stage.Output(output, false) : nullptr;
   Guarded(info, [&] {
     if (chunk == 0) return;
     DispatchCompute(input.dtype(), [&](auto tag) {
       using C = decltype(tag);
-      // [Note: pipelined ring reduce-scatter] in gloo_reduce_scatter.h.
       // The result is reduced in place when the output is in the compute type.
       std::unique_ptr<C[]> converted;
-      C* mine = reinterpret_cast<C*>(result.data());
+      C* mine = reinterpret_cast<C*>(out);
       if (output.dtype() != DTypeOf<C>::value) {
         converted.reset(new C[chunk]);
         mine = converted.get();
@@ -358,19 +360,15 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter_tensor_impl(const Tensor&
       if (workspace == nullptr) {
         workspace = std::make_unique<RingReduceScatterWorkspace>(state_->context);
       }
-      RingReduceScatter<C>(*workspace, in, input.dtype(), chunk, options, mine,
-                           OpTag(info), timeout(), "[" + info.str() + "]");
+      RingReduceScatter<C>(*workspace, in, input.dtype(), chunk, options, mine, OpTag(info),
+                           timeout(), "[" + info.str() + "]");
       FinishAvg<C>(options, mine, chunk, size());
       if (converted != nullptr) {
-        ConvertElements(mine, DTypeOf<C>::value, result.data(), output.dtype(), chunk);
+        ConvertElements(mine, DTypeOf<C>::value, out, output.dtype(), chunk);
       }
     });
   });
-  if (chunk > 0) {
-    char* out = stage.Output(output, false);
-    std::memcpy(out, result.data(), result.size());
-    stage.WriteBack();
-  }
+  if (chunk > 0) stage.WriteBack();
   return Done(info);
 }
 

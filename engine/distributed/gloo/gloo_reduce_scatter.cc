@@ -76,9 +76,10 @@ void RingReduceScatter(RingReduceScatterWorkspace& workspace, const char* input,
     return scratch;
   };
 
+  std::vector<C> scratch(direct ? 0 : segment);
   if (n == 1) {
     for (size_t k = 0; k < segments; ++k) {
-      const C* src = local(0, k, result + seg_begin(k));
+      const C* src = local(0, k, scratch.data());
       if (src != result + seg_begin(k)) std::memcpy(result + seg_begin(k), src, seg_len(k) * sizeof(C));
     }
     return;
@@ -105,7 +106,6 @@ void RingReduceScatter(RingReduceScatterWorkspace& workspace, const char* input,
                            RingBuffer<C>(workspace, Role::kRecvOdd, forwards ? chunk : 0)};
   RingBuffer<C> acc[2] = {RingBuffer<C>(workspace, Role::kAccEven, forwards ? chunk : 0),
                           RingBuffer<C>(workspace, Role::kAccOdd, forwards ? chunk : 0)};
-  std::vector<C> scratch(direct ? 0 : segment);
   // Step 0 sends chunk r-1 of the input: in place, or converted into its own buffer.
   std::unique_ptr<RingBuffer<C>> first_send;  // holds the converted chunk when not direct
   std::unique_ptr<::gloo::transport::UnboundBuffer> input_wire;

@@ -56,7 +56,7 @@ void CombineElements(ReduceOp op, C* out, const C* a, const C* b, size_t n) {
 }
 
 // Segment size of the pipelined ring ([Note: pipelined ring reduce-scatter]).
-constexpr size_t kRingSegmentBytes = size_t{256} << 10;
+constexpr size_t kRingSegmentBytes = size_t{1024} << 10;
 
 // Host buffers of the ring, registered with one Gloo context, grown on demand and reused.
 class RingReduceScatterWorkspace {
@@ -80,7 +80,8 @@ class RingReduceScatterWorkspace {
 
 // Ring reduce-scatter of `input` (host, size * chunk elements of `dtype`, rank-major chunks)
 // over the workspace's context. Writes chunk ctx.rank reduced over the ranks, in the compute type C (float for
-// float32/float16/bfloat16, double, int64), into `result` (chunk elements); PREMUL_SUM inputs
+// float32/float16/bfloat16, double, int64), into `result` (chunk elements; it may be the
+// input's own chunk ctx.rank when the input is in the compute type); PREMUL_SUM inputs
 // are scaled by options.premul_factor first. AVG's division is left to the caller (it is the
 // sum here). `tag` names the collective (Gloo slot); `what` prefixes timeout errors.
 // Throws Error(kDeadlineExceeded) when a peer does not answer within `timeout`.
