@@ -127,7 +127,9 @@ std::string PgBenchText(const PgBenchFacts& facts, const PgBenchOptions& options
   os << "\n";
   for (const CollectiveDescriptor* op : options.collectives) {
     os << "#\n# " << op->name << "\n";
-    os << PgBenchTable(sweep.rows, *op, facts.memcpy.gbps, facts.memcpy_all_cores.gbps, RanksPerProcess(facts)).ToText();
+    os << PgBenchTable(sweep.rows, *op, facts.memcpy.gbps, facts.memcpy_all_cores.gbps,
+                       RanksPerProcess(facts))
+              .ToText();
     os << "# Avg bus bandwidth    : " << Fixed(AverageBusBandwidth(sweep.rows, *op), 3)
        << " GB/s\n";
   }
@@ -175,7 +177,9 @@ nlohmann::json PgBenchJson(const PgBenchFacts& facts, const PgBenchOptions& opti
   for (const CollectiveDescriptor* op : options.collectives) {
     results.push_back({{"collective", op->name},
                        {"avg_busbw_gbps", AverageBusBandwidth(sweep.rows, *op)},
-                       {"rows", PgBenchTable(sweep.rows, *op, facts.memcpy.gbps, facts.memcpy_all_cores.gbps, RanksPerProcess(facts)).ToJson()}});
+                       {"rows", PgBenchTable(sweep.rows, *op, facts.memcpy.gbps,
+                                             facts.memcpy_all_cores.gbps, RanksPerProcess(facts))
+                                    .ToJson()}});
   }
   j["results"] = results;
   j["skipped"] = sweep.skipped;

@@ -96,7 +96,8 @@ TEST(PgBenchReportTest, TextAndJsonCarryRowsFactsAndMemcpyRatio) {
 
   const std::string text = PgBenchText(facts, o, sweep);
   for (const char* s :
-       {"# memcpy bandwidth: 10.00 GB/s", "16.00 GB/s with 2 threads", "# all_reduce", "# all_gather", "busbw/memcpy", "#wrong",
+       {"# memcpy bandwidth: 10.00 GB/s", "16.00 GB/s with 2 threads", "# all_reduce",
+        "# all_gather", "busbw/memcpy", "proc-busbw/memcpyN", "#wrong",
         "Avg bus bandwidth", "Out of bounds values : 0 OK"}) {
     EXPECT_NE(text.find(s), std::string::npos) << s << "\n" << text;
   }

@@ -47,8 +47,8 @@ char* RingReduceScatterWorkspace::Data(Role role, size_t bytes) {
 }
 
 template <typename C>
-void RingReduceScatter(RingReduceScatterWorkspace& workspace, const char* input, DType dtype, size_t chunk,
-                       const ReduceOptions& options, C* result, uint32_t tag,
+void RingReduceScatter(RingReduceScatterWorkspace& workspace, const char* input, DType dtype,
+                       size_t chunk, const ReduceOptions& options, C* result, uint32_t tag,
                        std::chrono::milliseconds timeout, const std::string& what) {
   ::gloo::Context& ctx = workspace.context();
   const int r = ctx.rank;
@@ -80,7 +80,8 @@ void RingReduceScatter(RingReduceScatterWorkspace& workspace, const char* input,
   if (n == 1) {
     for (size_t k = 0; k < segments; ++k) {
       const C* src = local(0, k, scratch.data());
-      if (src != result + seg_begin(k)) std::memcpy(result + seg_begin(k), src, seg_len(k) * sizeof(C));
+      C* dst = result + seg_begin(k);
+      if (src != dst) std::memcpy(dst, src, seg_len(k) * sizeof(C));
     }
     return;
   }

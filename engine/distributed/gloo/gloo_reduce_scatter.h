@@ -12,8 +12,9 @@
 // a segment can never match a receive of another step. The only working memory is a few chunk
 // sized buffers (never a copy of the whole input), kept by the process group across calls in a
 // RingReduceScatterWorkspace so that their pages are faulted in and registered once; the first
-// send reads the caller's input in place when no conversion is needed. Partial results are combined as `local op received`
-// exactly as the non-pipelined ring did, so results are unchanged.
+// send reads the caller's input in place when no conversion is needed. Partial results are
+// combined as `local op received` exactly as the non-pipelined ring did, so results are
+// unchanged.
 //
 // This is not Gloo's ReduceScatterHalvingDoubling, which pins the pair's TCP send buffer to the
 // kernel minimum (docs/process_groups.md).
@@ -79,15 +80,15 @@ class RingReduceScatterWorkspace {
 };
 
 // Ring reduce-scatter of `input` (host, size * chunk elements of `dtype`, rank-major chunks)
-// over the workspace's context. Writes chunk ctx.rank reduced over the ranks, in the compute type C (float for
-// float32/float16/bfloat16, double, int64), into `result` (chunk elements; it may be the
+// over the workspace's context. Writes chunk ctx.rank reduced over the ranks, in the compute
+// type C (float for float32/float16/bfloat16, double, int64), into `result` (chunk elements; it may be the
 // input's own chunk ctx.rank when the input is in the compute type); PREMUL_SUM inputs
 // are scaled by options.premul_factor first. AVG's division is left to the caller (it is the
 // sum here). `tag` names the collective (Gloo slot); `what` prefixes timeout errors.
 // Throws Error(kDeadlineExceeded) when a peer does not answer within `timeout`.
 template <typename C>
-void RingReduceScatter(RingReduceScatterWorkspace& workspace, const char* input, DType dtype, size_t chunk,
-                       const ReduceOptions& options, C* result, uint32_t tag,
+void RingReduceScatter(RingReduceScatterWorkspace& workspace, const char* input, DType dtype,
+                       size_t chunk, const ReduceOptions& options, C* result, uint32_t tag,
                        std::chrono::milliseconds timeout, const std::string& what);
 
 }  // namespace fsdp::distributed
