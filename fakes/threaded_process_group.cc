@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include "engine/distributed/flight_recorder.h"
 #include "engine/distributed/host_staging.h"
@@ -30,6 +31,8 @@ struct Rendezvous {
   std::vector<Participant*> slots;
   int arrived = 0;
   int departed = 0;
+  std::vector<int> phase_finished;  // kExecuting: ranks done with each phase of their share
+  std::string share_error;          // the first error a rank met while doing its share
   State state = State::kGathering;
   ErrorCode code = ErrorCode::kInternal;
   std::string error;
@@ -258,56 +261,75 @@ void CopyBytes(char* dst, const char* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
-// Performs the collective between the participants' buffers (all have arrived and match).
-void Execute(Rendezvous& rv) {
+// [Note: every rank does its own share] Once all participants arrived and match, each rank's
+// thread performs its own share of the collective, so that a collective runs on as many cores
+// as there are ranks: all-gathers and broadcast copy into the rank's own outputs, reduce-scatter
+// reduces the rank's own chunk over all inputs, all-reduce runs in two phases (each rank reduces
+// its 1/size slice into its own buffer, then copies every peer's reduced slice). A rank only
+// writes its own buffers and only reads peers' regions that no rank writes in the same phase,
+// so in-place calls stay correct. Reductions are elementwise in rank order
+// (ReduceInRankOrder), so any slicing gives results bit-identical to reducing whole buffers.
+int PhaseCount(distributed::CollectiveOp op) {
+  return op == distributed::CollectiveOp::kAllreduce ? 2 : 1;
+}
+
+// [begin, end) of the elements rank `me` of `n` reduces in an all-reduce of `numel` elements.
+std::pair<size_t, size_t> SliceOf(size_t numel, size_t me, size_t n) {
+  const size_t base = numel / n;
+  const size_t extra = numel % n;
+  const size_t begin = me * base + std::min(me, extra);
+  return {begin, begin + base + (me < extra ? 1 : 0)};
+}
+
+// Rank `me`'s share of phase `phase` of the collective (see the Note above).
+void ExecuteShare(Rendezvous& rv, size_t me, int phase) {
   const Participant& p0 = *rv.slots[0];
   const auto& info = p0.info;
   const size_t n = rv.slots.size();
+  Participant& mine = *rv.slots[me];
+  std::vector<double> factors(n);
+  for (size_t r = 0; r < n; ++r) factors[r] = rv.slots[r]->premul_factor;
+  std::vector<const void*> inputs(n);
   switch (info.op) {
     case distributed::CollectiveOp::kAllgatherBase: {
       const size_t chunk = p0.input_bytes;
-      for (size_t q = 0; q < n; ++q) {
-        for (size_t r = 0; r < n; ++r) {
-          CopyBytes(rv.slots[q]->output + r * chunk, rv.slots[r]->input, chunk);
-        }
-      }
+      for (size_t r = 0; r < n; ++r) CopyBytes(mine.output + r * chunk, rv.slots[r]->input, chunk);
       break;
     }
     case distributed::CollectiveOp::kReduceScatterBase: {
       const size_t numel = static_cast<size_t>(info.output_numel());
       const size_t chunk = numel * ElementSize(info.dtype);
-      std::vector<const void*> inputs(n);
-      std::vector<double> factors(n);
-      for (size_t r = 0; r < n; ++r) factors[r] = rv.slots[r]->premul_factor;
-      for (size_t q = 0; q < n; ++q) {
-        for (size_t r = 0; r < n; ++r) inputs[r] = rv.slots[r]->input + q * chunk;
-        distributed::ReduceInRankOrder(info.dtype, info.reduce_op, inputs, factors, rv.slots[q]->output,
-                                numel);
-      }
+      for (size_t r = 0; r < n; ++r) inputs[r] = rv.slots[r]->input + me * chunk;
+      distributed::ReduceInRankOrder(info.dtype, info.reduce_op, inputs, factors, mine.output,
+                                     numel);
       break;
     }
     case distributed::CollectiveOp::kAllreduce: {
       const size_t numel = static_cast<size_t>(info.input_numel());
-      std::vector<const void*> inputs(n);
-      std::vector<double> factors(n);
-      for (size_t r = 0; r < n; ++r) {
-        inputs[r] = rv.slots[r]->input;
-        factors[r] = rv.slots[r]->premul_factor;
+      const size_t element = ElementSize(info.dtype);
+      if (phase == 0) {
+        const auto [begin, end] = SliceOf(numel, me, n);
+        for (size_t r = 0; r < n; ++r) inputs[r] = rv.slots[r]->input + begin * element;
+        distributed::ReduceInRankOrder(info.dtype, info.reduce_op, inputs, factors,
+                                       mine.output + begin * element, end - begin);
+      } else {
+        for (size_t r = 0; r < n; ++r) {
+          if (r == me) continue;
+          const auto [begin, end] = SliceOf(numel, r, n);
+          CopyBytes(mine.output + begin * element, rv.slots[r]->output + begin * element,
+                    (end - begin) * element);
+        }
       }
-      distributed::ReduceInRankOrder(info.dtype, info.reduce_op, inputs, factors, p0.output, numel);
-      for (size_t q = 1; q < n; ++q) CopyBytes(rv.slots[q]->output, p0.output, p0.input_bytes);
       break;
     }
     case distributed::CollectiveOp::kBroadcast: {
       const Participant& root = *rv.slots[static_cast<size_t>(info.root)];
-      for (size_t q = 0; q < n; ++q) CopyBytes(rv.slots[q]->output, root.input, root.input_bytes);
+      CopyBytes(mine.output, root.input, root.input_bytes);
       break;
     }
     case distributed::CollectiveOp::kAllgather: {
-      for (size_t q = 0; q < n; ++q) {
-        for (size_t r = 0; r < n; ++r) {
-          CopyBytes(rv.slots[q]->outputs[r], rv.slots[r]->input, rv.slots[r]->input_bytes);
-        }
+      for (size_t r = 0; r < n; ++r) {
+        CopyBytes(mine.outputs[r], rv.slots[r]->input, rv.slots[r]->input_bytes);
       }
       break;
     }
@@ -376,21 +398,8 @@ void ThreadedWorld::Join(GroupState& group, int group_rank, uint64_t index, Part
       rv->cv.notify_all();
     } else {
       rv->state = State::kExecuting;
-      lock.unlock();
-      std::string error;
-      try {
-        Execute(*rv);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
-      lock.lock();
-      if (error.empty()) {
-        rv->state = State::kDone;
-        rv->cv.notify_all();
-      } else {
-        fail(ErrorCode::kInternal,
-             "failed on " + group_desc + " while copying between ranks: " + error);
-      }
+      rv->phase_finished.assign(static_cast<size_t>(PhaseCount(p.info.op)), 0);
+      rv->cv.notify_all();
     }
   } else {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
@@ -424,7 +433,37 @@ void ThreadedWorld::Join(GroupState& group, int group_rank, uint64_t index, Part
         break;
       }
     }
-    while (rv->state == State::kExecuting) rv->cv.wait(lock);
+  }
+  if (rv->state == State::kExecuting) {
+    // Every participant does its own share, phase by phase ([Note: every rank does its own
+    // share]); the last to finish the last phase completes the collective.
+    const int phases = static_cast<int>(rv->phase_finished.size());
+    for (int phase = 0; phase < phases; ++phase) {
+      lock.unlock();
+      std::string error;
+      try {
+        ExecuteShare(*rv, static_cast<size_t>(group_rank), phase);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      lock.lock();
+      if (!error.empty() && rv->share_error.empty()) rv->share_error = std::move(error);
+      if (++rv->phase_finished[phase] == static_cast<int>(size)) {
+        if (phase + 1 == phases) {
+          if (rv->share_error.empty()) {
+            rv->state = State::kDone;
+          } else {
+            rv->state = State::kFailed;
+            rv->code = ErrorCode::kInternal;
+            rv->error = "failed on " + group_desc + " while copying between ranks: " +
+                        rv->share_error;
+          }
+        }
+        rv->cv.notify_all();
+      } else {
+        while (rv->phase_finished[phase] < static_cast<int>(size)) rv->cv.wait(lock);
+      }
+    }
   }
 
   last_progress_ = std::chrono::steady_clock::now();

@@ -10,9 +10,11 @@
 // meets the k-th of every other member. The last rank to arrive first compares the
 // fingerprints of all participants ([Note: collective fingerprint] in
 // engine/distributed/collective_info.h); on a mismatch every participant throws Error(kDataLoss)
-// showing rank 0's call and each differing rank's call. Otherwise it performs the whole
-// collective, copying between the ranks' buffers while the others wait, with reductions in
-// rank order (engine/distributed/reduce_op.h), so results are bit-identical on every rank.
+// showing rank 0's call and each differing rank's call. Otherwise every participant's thread
+// performs its own share of the collective (copies into its own outputs, reduces its own chunk
+// or slice), so a collective uses as many cores as there are ranks; reductions are in rank
+// order (engine/distributed/reduce_op.h), so results are bit-identical on every rank and to a
+// single-threaded reduction of the whole buffers.
 //
 // Failures (see docs/process_groups.md, [Note: threaded abort semantics]):
 //  * a participant waiting longer than the world's timeout fails the collective for every

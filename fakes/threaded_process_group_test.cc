@@ -262,6 +262,84 @@ TEST(ThreadedProcessGroupTest, RankOrderReductionIsBitIdenticalOnEveryRank) {
   }
 }
 
+// Each rank performs its own share of a collective ([Note: every rank does its own share]);
+// the results must be byte-for-byte those of reducing the whole buffers in rank order on one
+// thread (ReduceInRankOrder), for every reduce op and dtype, including float16/bfloat16
+// rounding, at a numel that does not divide evenly into the all-reduce's per-rank slices.
+TEST(ThreadedProcessGroupTest, ShareByShareResultsAreBitIdenticalToWholeBufferReduction) {
+  const std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
+                                     ReduceOp::kMax, ReduceOp::kPremulSum};
+  for (int world : {3, 8}) {
+    const int64_t chunk = 37;
+    const int64_t n = chunk * world;  // the all-reduce slices of n / world are uneven below
+    for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
+                        DType::kInt64}) {
+      for (ReduceOp op : ops) {
+        if (!distributed::ReduceOpSupports(op, dtype)) continue;
+        auto input_of = [&](int rank, int64_t numel) {
+          Generator gen(77 + static_cast<uint64_t>(rank));
+          Tensor t = Tensor::randn({numel}, DType::kFloat64, &gen);
+          auto v = t.to_doubles();
+          if (dtype == DType::kInt64) {
+            for (auto& x : v) x = std::round(x * 1000);
+          }
+          return Tensor::from_doubles(v, {numel}, dtype);
+        };
+        auto factor_of = [](int rank) { return 0.5 + 0.25 * rank; };
+        auto options_of = [&](int rank) {
+          ReduceOptions o;
+          o.op = op;
+          if (op == ReduceOp::kPremulSum) o.premul_factor = factor_of(rank);
+          return o;
+        };
+        auto raw = [](const Tensor& t) {
+          std::vector<uint8_t> b(t.nbytes());
+          if (!b.empty()) std::memcpy(b.data(), t.data_ptr(), b.size());
+          return b;
+        };
+        const int64_t odd = n + 1;  // all-reduce numel: slices of different lengths
+        auto results = RunRanks(world, [&](RankEnv& env) {
+          Tensor ar = input_of(env.rank, odd);
+          env.pg->all_reduce(ar, options_of(env.rank));
+          Tensor rs = Tensor::empty({chunk}, dtype);
+          env.pg->reduce_scatter_tensor(rs, input_of(env.rank, n), options_of(env.rank));
+          return std::make_pair(raw(ar), raw(rs));
+        });
+        ASSERT_TRUE(results.all_ok()) << results.summary();
+        std::vector<Tensor> ar_inputs, rs_inputs;
+        std::vector<const void*> ar_ptrs;
+        std::vector<double> factors;
+        for (int r = 0; r < world; ++r) {
+          ar_inputs.push_back(input_of(r, odd));
+          rs_inputs.push_back(input_of(r, n));
+          ar_ptrs.push_back(ar_inputs.back().data_ptr());
+          factors.push_back(factor_of(r));
+        }
+        Tensor ar_expected = Tensor::empty({odd}, dtype);
+        distributed::ReduceInRankOrder(dtype, op, ar_ptrs, factors, ar_expected.data_ptr(),
+                                       static_cast<size_t>(odd));
+        Tensor rs_whole = Tensor::empty({n}, dtype);
+        std::vector<const void*> rs_ptrs;
+        for (auto& t : rs_inputs) rs_ptrs.push_back(t.data_ptr());
+        distributed::ReduceInRankOrder(dtype, op, rs_ptrs, factors, rs_whole.data_ptr(),
+                                       static_cast<size_t>(n));
+        const auto whole = raw(rs_whole);
+        const size_t chunk_bytes = static_cast<size_t>(chunk) * ElementSize(dtype);
+        for (int r = 0; r < world; ++r) {
+          const std::string where = std::string(DTypeName(dtype)) + " " +
+                                    distributed::ReduceOpName(op) + " world " +
+                                    std::to_string(world) + " rank " + std::to_string(r);
+          EXPECT_EQ(results[r].value->first, raw(ar_expected)) << "all_reduce " << where;
+          EXPECT_EQ(results[r].value->second,
+                    std::vector<uint8_t>(whole.begin() + r * chunk_bytes,
+                                         whole.begin() + (r + 1) * chunk_bytes))
+              << "reduce_scatter_tensor " << where;
+        }
+      }
+    }
+  }
+}
+
 TEST(ThreadedProcessGroupTest, SubgroupsFromEveryRankThread) {
   auto results = RunRanks(6, [](RankEnv& env) {
     // Every rank calls new_group for both subgroups, in the same order (torch semantics).

@@ -82,6 +82,7 @@ int RunThreaded(const distributed::BackendSpec& spec, const PgBenchOptions& opti
   facts.hostname = HostName();
   facts.load_average = ReadLoadAverage();
   facts.memcpy = MeasureMemcpyBandwidth();
+  facts.memcpy_all_cores = MeasureMemcpyBandwidth(size_t{64} << 20, 5, facts.nproc);
   std::chrono::milliseconds timeout = std::chrono::seconds(30);
   if (const char* v = std::getenv("FSDP_PG_TIMEOUT_MS")) {
     timeout = std::chrono::milliseconds(std::atoll(v));
@@ -164,7 +165,10 @@ int RunLaunchedRank(const distributed::BackendSpec& spec, const PgBenchOptions& 
   facts.load_average = ReadLoadAverage();
   // The memcpy yardstick, measured by rank 0 while the other ranks wait in a barrier.
   pg.barrier();
-  if (pg.rank() == 0) facts.memcpy = MeasureMemcpyBandwidth();
+  if (pg.rank() == 0) {
+    facts.memcpy = MeasureMemcpyBandwidth();
+    facts.memcpy_all_cores = MeasureMemcpyBandwidth(size_t{64} << 20, 5, facts.nproc);
+  }
   pg.barrier();
   const PgBenchSweep sweep = RunPgBenchSweep(pg, options, rank.device);
   if (pg.rank() != 0) return ExitStatus(options, sweep) != 0 ? 1 : 0;

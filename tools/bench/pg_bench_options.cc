@@ -89,7 +89,9 @@ Collective bandwidth benchmark in the style of nccl-tests, over any process-grou
 
 Columns: size (B, the whole gathered/input array), count (elements), type, redop, root,
 time (us per iteration, mean over iterations, max over ranks), algbw = size/time, busbw
-(nccl-tests' bus bandwidth), #wrong, busbw/memcpy (busbw over this host's memcpy bandwidth).
+(nccl-tests' bus bandwidth), #wrong, busbw/memcpy (busbw over this host's one-thread memcpy
+bandwidth), proc-busbw/memcpyN (busbw times the ranks per process, over the memcpy bandwidth
+of one thread per hardware thread: the share of the host's copy bandwidth a process reaches).
 )";
 }
 

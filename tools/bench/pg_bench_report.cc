@@ -1,5 +1,6 @@
 #include "tools/bench/pg_bench_report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -44,8 +45,15 @@ double ReadLoadAverage() {
   return load;
 }
 
+namespace {
+int RanksPerProcess(const PgBenchFacts& facts) {
+  return facts.processes > 0 ? std::max(1, facts.world / facts.processes) : 1;
+}
+}  // namespace
+
 Table PgBenchTable(const std::vector<PgBenchRow>& rows, const CollectiveDescriptor& collective,
-                   double memcpy_gbps) {
+                   double memcpy_gbps, double memcpy_all_cores_gbps,
+                   int ranks_per_process) {
   Table table({
       {"size", "size", "(B)", 0},
       {"count", "count", "(elements)", 0},
@@ -57,6 +65,7 @@ Table PgBenchTable(const std::vector<PgBenchRow>& rows, const CollectiveDescript
       {"busbw_gbps", "busbw", "(GB/s)", 4},
       {"wrong", "#wrong", "", 0},
       {"busbw_per_memcpy", "busbw/memcpy", "", 4},
+      {"process_busbw_per_memcpy_all_cores", "proc-busbw/memcpyN", "", 4},
   });
   for (const PgBenchRow& r : rows) {
     if (r.collective != &collective) continue;
@@ -71,6 +80,9 @@ Table PgBenchTable(const std::vector<PgBenchRow>& rows, const CollectiveDescript
         r.busbw_gbps,
         r.wrong ? TableCell(*r.wrong) : TableCell(),
         memcpy_gbps > 0 ? TableCell(r.busbw_gbps / memcpy_gbps) : TableCell(),
+        memcpy_all_cores_gbps > 0
+            ? TableCell(r.busbw_gbps * ranks_per_process / memcpy_all_cores_gbps)
+            : TableCell(),
     });
   }
   return table;
@@ -107,10 +119,17 @@ std::string PgBenchText(const PgBenchFacts& facts, const PgBenchOptions& options
      << ", iters " << options.iters << ", warm-up " << options.warmup_iters << ", check "
      << (options.check ? 1 : 0) << "\n";
   os << "# memcpy bandwidth: " << Fixed(facts.memcpy.gbps, 2) << " GB/s (std::memcpy of "
-     << BytesText(facts.memcpy.bytes) << ", best of " << facts.memcpy.repeats << ", one thread)\n";
+     << BytesText(facts.memcpy.bytes) << ", best of " << facts.memcpy.repeats << ", one thread)";
+  if (facts.memcpy_all_cores.threads > 0 && facts.memcpy_all_cores.gbps > 0) {
+    os << "; " << Fixed(facts.memcpy_all_cores.gbps, 2) << " GB/s with "
+       << facts.memcpy_all_cores.threads << " threads (memcpyN)";
+  }
+  os << "\n";
   for (const CollectiveDescriptor* op : options.collectives) {
     os << "#\n# " << op->name << "\n";
-    os << PgBenchTable(sweep.rows, *op, facts.memcpy.gbps).ToText();
+    os << PgBenchTable(sweep.rows, *op, facts.memcpy.gbps, facts.memcpy_all_cores.gbps,
+                       RanksPerProcess(facts))
+              .ToText();
     os << "# Avg bus bandwidth    : " << Fixed(AverageBusBandwidth(sweep.rows, *op), 3)
        << " GB/s\n";
   }
@@ -137,6 +156,11 @@ nlohmann::json PgBenchJson(const PgBenchFacts& facts, const PgBenchOptions& opti
                  {"bytes", facts.memcpy.bytes},
                  {"repeats", facts.memcpy.repeats},
                  {"best_seconds", facts.memcpy.best_seconds}};
+  j["memcpy_all_cores"] = {{"gbps", facts.memcpy_all_cores.gbps},
+                           {"bytes", facts.memcpy_all_cores.bytes},
+                           {"repeats", facts.memcpy_all_cores.repeats},
+                           {"threads", facts.memcpy_all_cores.threads},
+                           {"best_seconds", facts.memcpy_all_cores.best_seconds}};
   nlohmann::json collectives = nlohmann::json::array();
   for (const CollectiveDescriptor* op : options.collectives) collectives.push_back(op->name);
   j["options"] = {{"min_bytes", options.min_bytes},
@@ -153,7 +177,9 @@ nlohmann::json PgBenchJson(const PgBenchFacts& facts, const PgBenchOptions& opti
   for (const CollectiveDescriptor* op : options.collectives) {
     results.push_back({{"collective", op->name},
                        {"avg_busbw_gbps", AverageBusBandwidth(sweep.rows, *op)},
-                       {"rows", PgBenchTable(sweep.rows, *op, facts.memcpy.gbps).ToJson()}});
+                       {"rows", PgBenchTable(sweep.rows, *op, facts.memcpy.gbps,
+                                             facts.memcpy_all_cores.gbps, RanksPerProcess(facts))
+                                    .ToJson()}});
   }
   j["results"] = results;
   j["skipped"] = sweep.skipped;

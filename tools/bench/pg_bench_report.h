@@ -25,16 +25,23 @@ struct PgBenchFacts {
   // 1-minute load average of the host when the run started (/proc/loadavg); negative when
   // unknown. Other work on the host skews every figure; the report says how busy it was.
   double load_average = -1;
-  MemcpyBandwidth memcpy;  // measured on rank 0's host
+  MemcpyBandwidth memcpy;  // measured on rank 0's host, one thread
+  // Measured on rank 0's host with one thread per hardware thread: the limit of a process
+  // whose ranks are threads (the threaded backend).
+  MemcpyBandwidth memcpy_all_cores;
 };
 
 // The host's 1-minute load average from /proc/loadavg; -1 when it cannot be read.
 double ReadLoadAverage();
 
 // The rows of `collective` from `rows` as a table (columns: size, count, type, redop, root,
-// time, algbw, busbw, #wrong, busbw/memcpy).
+// time, algbw, busbw, #wrong, busbw/memcpy, proc-busbw/memcpyN). busbw/memcpy divides by the
+// one-thread memcpy figure; proc-busbw/memcpyN divides the process's bus bytes per second
+// (busbw × the ranks each process holds, `ranks_per_process`) by the all-core memcpy figure:
+// the fraction of the host's copy bandwidth a process of thread ranks reaches.
 Table PgBenchTable(const std::vector<PgBenchRow>& rows, const CollectiveDescriptor& collective,
-                   double memcpy_gbps);
+                   double memcpy_gbps, double memcpy_all_cores_gbps = 0,
+                   int ranks_per_process = 1);
 // Mean busbw of the rows of `collective` (nccl-tests' "Avg bus bandwidth"); 0 when none.
 double AverageBusBandwidth(const std::vector<PgBenchRow>& rows,
                            const CollectiveDescriptor& collective);

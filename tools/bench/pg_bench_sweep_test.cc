@@ -91,11 +91,13 @@ TEST(PgBenchReportTest, TextAndJsonCarryRowsFactsAndMemcpyRatio) {
   facts.world = 2;
   facts.nproc = 2;
   facts.hostname = "host";
-  facts.memcpy = {10.0, 0.001, size_t{64} << 20, 5};
+  facts.memcpy = {10.0, 0.001, size_t{64} << 20, 5, 1};
+  facts.memcpy_all_cores = {16.0, 0.001, size_t{64} << 20, 5, 2};
 
   const std::string text = PgBenchText(facts, o, sweep);
   for (const char* s :
-       {"# memcpy bandwidth: 10.00 GB/s", "# all_reduce", "# all_gather", "busbw/memcpy", "#wrong",
+       {"# memcpy bandwidth: 10.00 GB/s", "16.00 GB/s with 2 threads", "# all_reduce",
+        "# all_gather", "busbw/memcpy", "proc-busbw/memcpyN", "#wrong",
         "Avg bus bandwidth", "Out of bounds values : 0 OK"}) {
     EXPECT_NE(text.find(s), std::string::npos) << s << "\n" << text;
   }
@@ -105,6 +107,7 @@ TEST(PgBenchReportTest, TextAndJsonCarryRowsFactsAndMemcpyRatio) {
   EXPECT_EQ(j["world"], 2);
   EXPECT_EQ(j["nproc"], 2);
   EXPECT_DOUBLE_EQ(j["memcpy"]["gbps"].get<double>(), 10.0);
+  EXPECT_EQ(j["memcpy_all_cores"]["threads"], 2);
   EXPECT_EQ(j["wrong"], 0);
   ASSERT_EQ(j["results"].size(), 2u);
   EXPECT_EQ(j["results"][0]["collective"], "all_reduce");
@@ -112,6 +115,9 @@ TEST(PgBenchReportTest, TextAndJsonCarryRowsFactsAndMemcpyRatio) {
   ASSERT_EQ(rows.size(), 3u);  // 64 B, 512 B, 4 KiB
   for (const auto& row : rows) {
     EXPECT_DOUBLE_EQ(row["busbw_per_memcpy"].get<double>(), row["busbw_gbps"].get<double>() / 10.0);
+    // Both ranks are threads of one process: the process moves 2 × busbw.
+    EXPECT_DOUBLE_EQ(row["process_busbw_per_memcpy_all_cores"].get<double>(),
+                     row["busbw_gbps"].get<double>() * 2 / 16.0);
     EXPECT_EQ(row["type"], "float");
     EXPECT_EQ(row["redop"], "sum");
   }

@@ -14,12 +14,14 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <type_traits>
 
 #include "engine/core/rank_context.h"
 #include "engine/distributed/flight_recorder.h"
+#include "engine/distributed/gloo/gloo_reduce_scatter.h"
 #include "engine/distributed/store/prefix_store.h"
 #include "engine/distributed/straggler_monitor.h"
 #include "engine/distributed/host_staging.h"
@@ -99,6 +101,8 @@ struct GlooProcessGroup::State {
   int subgroups_created = 0;
   std::string broken;  // why the group is unusable; empty while healthy
   std::unique_ptr<StragglerMonitor> stragglers;  // set when options.straggler_timeout > 0
+  // Reduce-scatter's ring buffers, kept across calls (gloo_reduce_scatter.h); made on first use.
+  std::unique_ptr<RingReduceScatterWorkspace> reduce_scatter_workspace;
 
   std::string Describe() const {
     std::ostringstream os;
@@ -205,7 +209,6 @@ uint32_t OpTag(const CollectiveInfo& info) {
 uint32_t CheckTag(const CollectiveInfo& info) {
   return static_cast<uint32_t>(info.sequence_number * 2);
 }
-constexpr uint8_t kRingReduceScatterSlotPrefix = 0x50;  // beyond Gloo's own prefixes (1..8)
 
 }  // namespace
 
@@ -285,28 +288,12 @@ void DispatchCompute(DType dtype, Fn&& fn) {
 bool Is16Bit(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
 
 template <typename C>
-void Combine(ReduceOp op, C* dst, const C* src, size_t n) {
-  switch (op) {
-    case ReduceOp::kMin:
-      for (size_t i = 0; i < n; ++i) dst[i] = std::min(dst[i], src[i]);
-      break;
-    case ReduceOp::kMax:
-      for (size_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
-      break;
-    default:
-      for (size_t i = 0; i < n; ++i) dst[i] += src[i];
-      break;
-  }
-}
-
-template <typename C>
 ::gloo::AllreduceOptions::Func ReduceFunction(ReduceOp op) {
   return [op](void* c, const void* a, const void* b, size_t n) {
     C* out = static_cast<C*>(c);
     const C* x = static_cast<const C*>(a);
     const C* y = static_cast<const C*>(b);
-    if (out != x) std::memcpy(out, x, n * sizeof(C));
-    Combine<C>(op, out, y, n);
+    CombineElements<C>(op, out, x, y, n);
   };
 }
 
@@ -345,34 +332,6 @@ void FinishAvg(const ReduceOptions& options, C* data, size_t n, int size) {
   for (size_t i = 0; i < n; ++i) data[i] /= divisor;
 }
 
-// Ring reduce-scatter on UnboundBuffer send/recv: afterwards chunk r of `data` on rank r
-// holds the reduction over ranks.
-template <typename C>
-void RingReduceScatter(::gloo::Context& ctx, C* data, size_t chunk, ReduceOp op, uint32_t tag,
-                       std::chrono::milliseconds timeout, const std::string& what) {
-  const int r = ctx.rank;
-  const int n = ctx.size;
-  if (n == 1 || chunk == 0) return;
-  std::vector<C> tmp(chunk);
-  auto data_buf = ctx.createUnboundBuffer(data, static_cast<size_t>(n) * chunk * sizeof(C));
-  auto tmp_buf = ctx.createUnboundBuffer(tmp.data(), chunk * sizeof(C));
-  const uint64_t slot = ::gloo::Slot::build(kRingReduceScatterSlotPrefix, tag);
-  const int right = (r + 1) % n;
-  const int left = (r - 1 + n) % n;
-  for (int step = 0; step < n - 1; ++step) {
-    const int send_index = (r - step - 1 + 2 * n) % n;
-    const int recv_index = (r - step - 2 + 2 * n) % n;
-    tmp_buf->recv(left, slot);
-    data_buf->send(right, slot, static_cast<size_t>(send_index) * chunk * sizeof(C),
-                   chunk * sizeof(C));
-    FSDP_CHECK_CODE(ErrorCode::kDeadlineExceeded, tmp_buf->waitRecv(timeout), what,
-                    ": ring reduce-scatter step ", step, " timed out receiving from rank ", left);
-    FSDP_CHECK_CODE(ErrorCode::kDeadlineExceeded, data_buf->waitSend(timeout), what,
-                    ": ring reduce-scatter step ", step, " timed out sending to rank ", right);
-    Combine<C>(op, data + static_cast<size_t>(recv_index) * chunk, tmp.data(), chunk);
-  }
-}
-
 }  // namespace
 
 std::shared_ptr<Work> GlooProcessGroup::all_gather_into_tensor_impl(const Tensor& output,
@@ -409,26 +368,34 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter_tensor_impl(const Tensor&
   HostStaging stage;
   const char* in = stage.Input(input);
   const size_t chunk = static_cast<size_t>(output.numel());
-  const size_t total = static_cast<size_t>(input.numel());
-  std::vector<char> result(output.nbytes());
+  // The ring writes this rank's chunk straight into the output, even when the output is the
+  // input's chunk rank(): that chunk is only read, segment by segment, right before the same
+  // segment of the result is written ([Note: pipelined ring reduce-scatter]).
+  char* out = chunk > 0 ? stage.Output(output, false) : nullptr;
   Guarded(info, [&] {
     if (chunk == 0) return;
     DispatchCompute(input.dtype(), [&](auto tag) {
       using C = decltype(tag);
-      // Always a private working copy: the ring overwrites chunks of its buffer.
-      auto work = MakeComputeBuffer<C>(in, input.dtype(), total, nullptr, options);
-      RingReduceScatter<C>(*state_->context, work.data, chunk, options.op, OpTag(info), timeout(),
-                           "[" + info.str() + "]");
-      C* mine = work.data + static_cast<size_t>(rank()) * chunk;
+      // The result is reduced in place when the output is in the compute type.
+      std::unique_ptr<C[]> converted;
+      C* mine = reinterpret_cast<C*>(out);
+      if (output.dtype() != DTypeOf<C>::value) {
+        converted.reset(new C[chunk]);
+        mine = converted.get();
+      }
+      auto& workspace = state_->reduce_scatter_workspace;
+      if (workspace == nullptr) {
+        workspace = std::make_unique<RingReduceScatterWorkspace>(state_->context);
+      }
+      RingReduceScatter<C>(*workspace, in, input.dtype(), chunk, options, mine, OpTag(info),
+                           timeout(), "[" + info.str() + "]");
       FinishAvg<C>(options, mine, chunk, size());
-      ConvertElements(mine, DTypeOf<C>::value, result.data(), output.dtype(), chunk);
+      if (converted != nullptr) {
+        ConvertElements(mine, DTypeOf<C>::value, out, output.dtype(), chunk);
+      }
     });
   });
-  if (chunk > 0) {
-    char* out = stage.Output(output, false);
-    std::memcpy(out, result.data(), result.size());
-    stage.WriteBack();
-  }
+  if (chunk > 0) stage.WriteBack();
   return Done(info);
 }
 

@@ -7,9 +7,10 @@
 //   pg->all_reduce(t);
 //
 // Algorithms: allreduce, allgather, allgatherv (allgather_ with per-rank sizes), broadcast and
-// barrier are Gloo's options-API collectives; reduce-scatter is a ring on UnboundBuffer
-// send/recv (this Gloo's only reduce-scatter, ReduceScatterHalvingDoubling, pins the TCP send
-// buffer to the kernel minimum and ruins later bandwidth; see docs/process_groups.md).
+// barrier are Gloo's options-API collectives; reduce-scatter is a pipelined ring on
+// UnboundBuffer send/recv (gloo_reduce_scatter.h; this Gloo's only reduce-scatter,
+// ReduceScatterHalvingDoubling, pins the TCP send buffer to the kernel minimum and ruins later
+// bandwidth; see docs/process_groups.md).
 // float16/bfloat16 reductions accumulate in float32 and round once; AVG divides the sum by the
 // group size; PREMUL_SUM scales each rank's input before the sum. Results are identical on
 // every rank but, unlike the threaded fake, not accumulated in rank order.
