@@ -10,6 +10,7 @@ packages=(
   libgloo-dev libeigen3-dev nlohmann-json3-dev
   clang-tidy cppcheck
   clang libclang-rt-14-dev
+  python3 python3-venv
 )
 
 missing=()
