@@ -228,28 +228,14 @@ std::vector<nlohmann::json> ExpectTpParity(const std::string& kind, const CasePa
 void JudgeTpParity(const std::string& kind, const CaseParams& params, int world,
                    const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
   const ParityCase c = DecodeParityCase(kind, params);
-  const Tolerance tol = c.ToleranceFor(c.dtype);
   const std::vector<nlohmann::json> expected = ExpectTpParity(kind, params, world);
   ErrorStats param_err;
   ErrorStats grad_err;
   for (int r = 0; r < world; ++r) {
-    const std::string who = RankName(r);
-    CheckRankLosses(checks, c, expected, per_rank, r);
-    checks.CheckEqual(who + " collectives of every step's forward and backward",
+    CheckRankShardedParity(checks, c, expected, per_rank, r, param_err, grad_err);
+    checks.CheckEqual(RankName(r) + " collectives of every step's forward and backward",
                       RankObservation(expected, r, kStepCommCounts),
                       RankObservation(per_rank, r, kStepCommCounts));
-    for (int64_t k = 0; k < c.steps; ++k) {
-      const std::string at = who + " step " + std::to_string(k);
-      grad_err.Merge(CheckMapsClose(checks, at + " gradient shards",
-                                    MapFromObservations(expected, r, GradPrefix(k)),
-                                    MapFromObservations(per_rank, r, GradPrefix(k)), tol));
-      param_err.Merge(CheckMapsClose(checks, at + " parameter shards",
-                                     MapFromObservations(expected, r, StepPrefix(k)),
-                                     MapFromObservations(per_rank, r, StepPrefix(k)), tol));
-    }
-    param_err.Merge(CheckMapsClose(checks, who + " full parameters after the last step",
-                                   MapFromObservations(expected, r, "full/"),
-                                   MapFromObservations(per_rank, r, "full/"), tol));
   }
   const MeshShape m = MeshShapeOf(params, world);
   checks.SetFigure("dp", m.dp);

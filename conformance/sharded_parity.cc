@@ -159,28 +159,35 @@ std::vector<nlohmann::json> ExpectShardedParity(const std::string& kind, const C
   return expected;
 }
 
+void CheckRankShardedParity(CheckList& checks, const ParityCase& c,
+                            const std::vector<nlohmann::json>& expected,
+                            const std::vector<nlohmann::json>& per_rank, int rank,
+                            ErrorStats& param_err, ErrorStats& grad_err) {
+  const Tolerance tol = c.ToleranceFor(c.dtype);
+  const std::string who = RankName(rank);
+  CheckRankLosses(checks, c, expected, per_rank, rank);
+  for (int64_t k = 0; k < c.steps; ++k) {
+    const std::string at = who + " step " + std::to_string(k);
+    grad_err.Merge(CheckMapsClose(checks, at + " gradient shards",
+                                  MapFromObservations(expected, rank, GradPrefix(k)),
+                                  MapFromObservations(per_rank, rank, GradPrefix(k)), tol));
+    param_err.Merge(CheckMapsClose(checks, at + " parameter shards",
+                                   MapFromObservations(expected, rank, StepPrefix(k)),
+                                   MapFromObservations(per_rank, rank, StepPrefix(k)), tol));
+  }
+  param_err.Merge(CheckMapsClose(checks, who + " full parameters after the last step",
+                                 MapFromObservations(expected, rank, "full/"),
+                                 MapFromObservations(per_rank, rank, "full/"), tol));
+}
+
 void JudgeShardedParity(const std::string& kind, const CaseParams& params, int world,
                         const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
   const ParityCase c = DecodeParityCase(kind, params);
-  const Tolerance tol = c.ToleranceFor(c.dtype);
   const std::vector<nlohmann::json> expected = ExpectShardedParity(kind, params, world);
   ErrorStats param_err;
   ErrorStats grad_err;
   for (int r = 0; r < world; ++r) {
-    const std::string who = RankName(r);
-    CheckRankLosses(checks, c, expected, per_rank, r);
-    for (int64_t k = 0; k < c.steps; ++k) {
-      const std::string at = who + " step " + std::to_string(k);
-      grad_err.Merge(CheckMapsClose(checks, at + " gradient shards",
-                                    MapFromObservations(expected, r, GradPrefix(k)),
-                                    MapFromObservations(per_rank, r, GradPrefix(k)), tol));
-      param_err.Merge(CheckMapsClose(checks, at + " parameter shards",
-                                     MapFromObservations(expected, r, StepPrefix(k)),
-                                     MapFromObservations(per_rank, r, StepPrefix(k)), tol));
-    }
-    param_err.Merge(CheckMapsClose(checks, who + " full parameters after the last step",
-                                   MapFromObservations(expected, r, "full/"),
-                                   MapFromObservations(per_rank, r, "full/"), tol));
+    CheckRankShardedParity(checks, c, expected, per_rank, r, param_err, grad_err);
   }
   checks.SetFigure("steps", c.steps);
   checks.SetFigure("param_max_abs_err", param_err.max_abs);

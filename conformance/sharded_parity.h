@@ -23,6 +23,7 @@
 #include "conformance/checks.h"
 #include "conformance/model_zoo.h"
 #include "conformance/params.h"
+#include "conformance/parity_common.h"
 #include "conformance/scenario.h"
 #include "engine/fsdp/fully_shard.h"
 #include "engine/nn/module.h"
@@ -75,6 +76,13 @@ nlohmann::json RunShardedParityRank(const std::string& kind, const ShardPlan& pl
 // "grad{k}/{fqn}" shards (the rank's torch.chunk rows), "full/{fqn}" after the last step.
 std::vector<nlohmann::json> ExpectShardedParity(const std::string& kind, const CaseParams& params,
                                                 int world);
+// Rank `rank`'s losses, gradient and parameter shards at every step and full parameters after
+// the last step against `expected` (ExpectShardedParity's layout: "grad{k}/", "step{k}/",
+// "full/"), at the case's tolerance; the errors are merged into `param_err` / `grad_err`.
+void CheckRankShardedParity(CheckList& checks, const ParityCase& c,
+                            const std::vector<nlohmann::json>& expected,
+                            const std::vector<nlohmann::json>& per_rank, int rank,
+                            ErrorStats& param_err, ErrorStats& grad_err);
 // Judges every rank's observations against ExpectShardedParity; figures: steps, param/grad max errors.
 void JudgeShardedParity(const std::string& kind, const CaseParams& params, int world,
                         const std::vector<nlohmann::json>& per_rank, CheckList& checks);
