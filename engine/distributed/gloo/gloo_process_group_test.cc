@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -410,7 +411,9 @@ TEST(GlooProcessGroupTest, MissingPeerTimesOutWithDeadlineExceededThenGroupIsUnu
 
 // The straggler check names a rank that never reaches a collective on every waiting rank long
 // before the collective's own deadline (20 s here), with its last completed collective; the
-// missing rank, arriving late, fails at once with the report of the ranks that gave up.
+// missing rank, arriving late, fails at once with the report of the ranks that gave up. The
+// first waiting rank to give up waited the straggler timeout; another one, which may have started
+// waiting later, fails as soon as it reads that report, so only the longest wait is bounded below.
 TEST(GlooProcessGroupTest, StragglerTimeoutNamesTheMissingRankOnEveryWaitingRank) {
   GlooOptions options;
   options.timeout = milliseconds(20000);
@@ -450,10 +453,10 @@ TEST(GlooProcessGroupTest, StragglerTimeoutNamesTheMissingRankOnEveryWaitingRank
       EXPECT_LT(waited_ms[r], 1000.0) << "the late rank fails at once";
     } else {
       EXPECT_NE(o.message.find("straggler timeout 300 ms"), std::string::npos) << o.message;
-      EXPECT_GE(waited_ms[r], 300.0);
       EXPECT_LT(waited_ms[r], 5000.0) << "named long before the 20 s collective deadline";
     }
   }
+  EXPECT_GE(std::max(waited_ms[0], waited_ms[1]), 300.0) << "the first to give up waited it out";
 }
 
 // A rank whose group is destroyed (its function returned) is named at once by the ranks waiting
