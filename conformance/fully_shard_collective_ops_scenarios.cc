@@ -127,7 +127,7 @@ SeedGroup MakeSeedGroup(const RankEnv& env, fsdp2::ReshardAfterForward reshard_a
     to_shard.push_back({clones[i], {g.module.get(), ParamName(i), {}, {}}});
   }
   g.group = std::make_shared<fsdp2::FsdpParamGroup>(
-      std::move(to_shard), g.module.get(), mesh_info,
+      std::move(to_shard), std::vector<nn::Module*>{g.module.get()}, mesh_info,
       fsdp2::GetPostForwardMeshInfo(reshard_after_forward, mesh_info), env.device,
       fsdp2::MixedPrecisionPolicy{}, fsdp2::OffloadPolicy{});
   g.group->lazy_init();

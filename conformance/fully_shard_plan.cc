@@ -50,7 +50,7 @@ struct PlanGroup {
 };
 
 // The groups with parameters, in fully_shard order (the listed submodules, then the root): a
-// parameter belongs to the first listed submodule whose subtree holds it, else to the root.
+// parameter belongs to the first group with a module whose subtree holds it, else to the root.
 std::vector<PlanGroup> GroupsOf(const FullyShardPlan& plan, const ZooModel& model) {
   std::vector<PlanGroup> groups;
   for (const std::string& fqn : plan.groups) groups.push_back({fqn, {}});
@@ -59,10 +59,11 @@ std::vector<PlanGroup> GroupsOf(const FullyShardPlan& plan, const ZooModel& mode
     if (IsIgnored(plan, name)) continue;
     PlanGroup* owner = &groups.back();
     for (PlanGroup& g : groups) {
-      if (!g.is_root() && name.rfind(g.fqn + ".", 0) == 0) {
-        owner = &g;
-        break;
+      if (g.is_root()) continue;
+      for (const std::string& m : GroupModules(g.fqn)) {
+        if (name.rfind(m + ".", 0) == 0) owner = &g;
       }
+      if (owner != &groups.back()) break;
     }
     owner->params.push_back(name);
   }
@@ -97,9 +98,10 @@ DType ReduceDType(const FullyShardPlan& plan, const std::string& fqn) {
   return plan.PolicyOf(fqn).reduce_dtype.value_or(AllGatherDType(plan, fqn));
 }
 // The model's output: cast by the root's post-forward to output_dtype, else computed in the
-// root's param_dtype.
+// root's param_dtype (float32 for a model whose forward ends with `.float()`).
 DType OutputDType(const FullyShardPlan& plan) {
-  return plan.PolicyOf("").output_dtype.value_or(AllGatherDType(plan, ""));
+  return plan.PolicyOf("").output_dtype.value_or(
+      ZooModel::Kind(plan.kind).LossDType(AllGatherDType(plan, "")));
 }
 
 // Every group's module FQN ("" the root).
@@ -127,8 +129,9 @@ bool ReshardsAfterBackward(const FullyShardPlan& plan, const PlanGroup& g, int64
 // Collective counts and payload bytes of micro-batch i of step k (docs/fsdp-behaviour.md,
 // "Collective counts"): a group all-gathers in forward iff it is sharded when forward starts
 // (always before the first forward; later iff the previous backward resharded it), a non-root
-// group again for each further call in the same forward (it reshards after each), and, but
-// the root (kept unsharded after forward), once in backward; a synced backward
+// group resharding after forward again for each further call in the same forward (it reshards
+// after each) and once in backward (the root is kept unsharded after forward; a group of
+// several modules counts as one); a synced backward
 // reduce-scatters the group's gradients (in reduce dtype) and, under HSDP, all-reduces the
 // shard across the replicas; a shard group of one rank all-gathers nothing. Bytes are the
 // collective's full buffer: S * the padded shard.
@@ -144,13 +147,14 @@ std::pair<nlohmann::json, nlohmann::json> PlanCommCounts(const FullyShardPlan& p
     const bool sharded_at_forward = first || ReshardsAfterBackward(plan, g, previous);
     const int64_t ag_bytes = numel * static_cast<int64_t>(ElementSize(AllGatherDType(plan, g.fqn)));
     const auto calls = plan.forward_calls.count(g.fqn) ? plan.forward_calls.at(g.fqn) : 1;
+    const bool reshards_after_forward = plan.reshard_after_forward && !g.is_root();
     const int64_t forward_gathers =
-        (sharded_at_forward ? 1 : 0) + (g.is_root() ? 0 : calls - 1);
+        (sharded_at_forward ? 1 : 0) + (reshards_after_forward ? calls - 1 : 0);
     if (shard > 1 && forward_gathers > 0) {
       forward[kAllGather] += forward_gathers;
       forward_bytes[kAllGather] += forward_gathers * ag_bytes;
     }
-    if (shard > 1 && !g.is_root()) {
+    if (shard > 1 && reshards_after_forward) {
       backward[kAllGather] += 1;
       backward_bytes[kAllGather] += ag_bytes;
     }
@@ -195,6 +199,7 @@ fsdp2::FullyShardOptions PlanOptions(const FullyShardPlan& plan, const RankEnv& 
     options.process_group = env.pg;
   }
   options.offload_policy = plan.offload_policy;
+  if (!plan.reshard_after_forward) options.reshard_after_forward = false;  // else the default
   for (const std::string& fqn : plan.ignored_params) {
     bool found = false;
     for (const auto& [name, param] : module.named_parameters()) {
@@ -225,6 +230,17 @@ std::pair<std::string, std::string> GradPlacement(const nn::Module& module) {
 }
 
 }  // namespace
+
+std::vector<std::string> GroupModules(const std::string& group) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = group.find(", ", begin);
+    out.push_back(group.substr(begin, comma == std::string::npos ? comma : comma - begin));
+    if (comma == std::string::npos) return out;
+    begin = comma + 2;
+  }
+}
 
 int FullyShardPlan::ShardSize(int world) const {
   if (!hsdp) return world;
@@ -261,9 +277,12 @@ FullyShardPlan DecodePlanBase(const std::string& kind, const CaseParams& params)
   plan.dtype = ParseDType(params.GetString("dtype"));
   FSDP_CHECK(plan.dtype == DType::kFloat32 || plan.dtype == DType::kFloat64,
              "dtype must be float32 or float64, got ", params.GetString("dtype"));
-  plan.tolerance = plan.dtype == DType::kFloat64
-                       ? Tolerance{params.GetDouble("atol_float64"), params.GetDouble("rtol_float64")}
-                       : Tolerance{params.GetDouble("atol"), params.GetDouble("rtol")};
+  const Tolerance float32{params.GetDouble("atol"), params.GetDouble("rtol")};
+  plan.tolerance = plan.dtype == DType::kFloat64 ? Tolerance{params.GetDouble("atol_float64"),
+                                                             params.GetDouble("rtol_float64")}
+                                                 : float32;
+  plan.loss_tolerance =
+      ZooModel::Kind(kind).LossDType(plan.dtype) == plan.dtype ? plan.tolerance : float32;
   return plan;
 }
 
@@ -325,9 +344,13 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
   nn::ModulePtr module = model.BuildEngineFromInputs(env.Inputs(), plan.dtype);
   module->to(env.device);
   fsdp2::FullyShardOptions options = PlanOptions(plan, env, *module);
-  for (const std::string& fqn : plan.groups) {
-    options.mp_policy = plan.PolicyOf(fqn);
-    fsdp2::fully_shard(module->get_submodule(fqn), options);
+  for (const std::string& group : plan.groups) {
+    options.mp_policy = plan.PolicyOf(group);
+    std::vector<nn::ModulePtr> modules;
+    for (const std::string& fqn : GroupModules(group)) {
+      modules.push_back(module->get_submodule(fqn));
+    }
+    fsdp2::fully_shard(modules, options);
   }
   options.mp_policy = plan.PolicyOf("");
   fsdp2::FSDPModule root = fsdp2::fully_shard(module, options);
@@ -569,9 +592,10 @@ void JudgePlan(const FullyShardPlan& plan, const CaseParams& params, int world,
     checks.CheckEqual(who + " micro-batch losses reported", want.size(), got.size());
     for (size_t m = 0; m < want.size() && m < got.size(); ++m) {
       const double l1 = oracle.output_l1[static_cast<size_t>(r)][m];
-      checks.CheckClose(who + " micro-batch " + std::to_string(m) + " loss vs oracle",
-                        std::vector<double>{want[m]}, std::vector<double>{got[m]},
-                        Tolerance{plan.tolerance.atol + mp_rtol * l1, plan.tolerance.rtol});
+      checks.CheckClose(
+          who + " micro-batch " + std::to_string(m) + " loss vs oracle",
+          std::vector<double>{want[m]}, std::vector<double>{got[m]},
+          Tolerance{plan.loss_tolerance.atol + mp_rtol * l1, plan.loss_tolerance.rtol});
     }
     checks.CheckEqual(who + " output dtype", RankObservation(expected, r, "output_dtype"),
                       RankObservation(per_rank, r, "output_dtype"));

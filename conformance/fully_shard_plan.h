@@ -54,9 +54,14 @@ namespace fsdp::conformance {
 // What a plan does; decoded from a case by each family (PlanDecoder). A value type.
 struct FullyShardPlan {
   std::string kind = "mlp_stack";  // Default: the zoo's MLPStack (three MLP blocks)
-  // Submodule FQNs fully_shard is applied to, in order, before the root. Default: "0", "1" (the
-  // root manages the third block, so the root group has parameters too).
+  // The fully_shard calls before the root's, in order: each a submodule FQN, or several joined
+  // by ", " for one call over all of them, fully_shard([m1, m2]) (the group's module FQN as
+  // PyTorch names it). Default: "0", "1" (the root manages the third block, so the root group
+  // has parameters too).
   std::vector<std::string> groups = {"0", "1"};
+  // Every fully_shard call's reshard_after_forward (the root is kept unsharded after forward
+  // whatever the value, as lazy init does). Default: true.
+  bool reshard_after_forward = true;
   // Calls of a group's module in one forward, by FQN (a module used twice: 2). Default: one
   // call each. A non-root group reshards after each call, so each further call all-gathers.
   std::map<std::string, int64_t> forward_calls;
@@ -81,6 +86,9 @@ struct FullyShardPlan {
   fsdp2::OffloadPolicy offload_policy;
   std::vector<std::string> ignored_params;  // FQNs passed as ignored_params to every call
   Tolerance tolerance;                      // for values without mixed precision
+  // For the losses: `tolerance`, or the float32 one when the model's output is float32 whatever
+  // the parameters' dtype (ZooModelKind::float32_output, the Transformer).
+  Tolerance loss_tolerance;
 
   // The ranks one reduce-scatter spans: the shard dimension of the HSDP mesh, else the world.
   int ShardSize(int world) const;
@@ -91,6 +99,9 @@ struct FullyShardPlan {
   // Some group's param_dtype or reduce_dtype differs from / is below the parameters' dtype.
   bool UsesMixedPrecision() const;
 };
+
+// The module FQNs of one `groups` entry ("layers.1, layers.2" -> {"layers.1", "layers.2"}).
+std::vector<std::string> GroupModules(const std::string& group);
 
 // A family's decoding of a case at a world size into its plan.
 using PlanDecoder = std::function<FullyShardPlan(const CaseParams& params, int world)>;

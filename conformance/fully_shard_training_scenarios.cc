@@ -1,8 +1,8 @@
 // Family `fully_shard_training` (test_fully_shard_training.py, FSDP2's training tests) and
 // `fully_shard_comm/set_reduce_scatter_divide_factor`: FSDP2's policies and runtime switches
 // beyond the seeds, each a training plan (conformance/fully_shard_plan.h), most on the zoo's
-// MLPStack (fully_shard on blocks 0 and 1, then the root, which manages block 2), judged against the
-// oracle's per-rank gradients reduced by FSDP2's rules, and against collective counts and
+// MLPStack (fully_shard on blocks 0 and 1, then the root, which manages block 2), judged against
+// the oracle's per-rank gradients reduced by FSDP2's rules, and against collective counts and
 // payload bytes derived from the switches:
 //   gradient_accumulation        TestFullyShardGradientAccumulation.test_gradient_accumulation:
 //                                micro-batches with set_requires_gradient_sync(False, recurse),
@@ -20,6 +20,15 @@
 //                                zoo's state_dict_model, outer(inner(x) + inner(x)), fully_shard
 //                                on inner: a group that runs twice per forward (all-gathers per
 //                                call) and reduces the sum of both calls' gradients
+//   train_parity_multi_group     TestFullyShard1DTrainingCompose
+//                                .test_train_parity_with_activation_checkpointing's module
+//                                groupings on the Transformer: "block" (each block), "mem_eff"
+//                                (layers[0]; the other blocks, the embeddings and (norm,
+//                                output) each one fully_shard([...]) call; untied weights),
+//                                "mem_eff_weight_tied" (fully_shard([tok_embeddings, output]),
+//                                which share the tied weight; each block); reshard_after_forward
+//                                True or False: one all-gather and one reduce-scatter per group
+//                                whatever its number of modules
 //   set_reduce_scatter_divide_factor (family fully_shard_comm)
 //                                TestFullyShardCommunication.test_set_reduce_scatter_divide_factor:
 //                                set_gradient_divide_factor(multiple * world) on every module
@@ -152,6 +161,61 @@ Scenario MultiForwardModule() {
       });
 }
 
+// The fully_shard calls of `grouping` before the root's (GroupModules syntax).
+std::vector<std::string> ModuleGrouping(const std::string& grouping, int64_t n_layers) {
+  std::vector<std::string> groups;
+  auto layer = [](int64_t i) { return "layers." + std::to_string(i); };
+  if (grouping == "mem_eff") {
+    groups.push_back(layer(0));
+    std::string rest;
+    for (int64_t i = 1; i < n_layers; ++i) rest += (i > 1 ? ", " : "") + layer(i);
+    if (!rest.empty()) groups.push_back(rest);
+    groups.push_back("tok_embeddings, pos_embeddings");
+    groups.push_back("norm, output");
+    return groups;
+  }
+  if (grouping == "mem_eff_weight_tied") groups.push_back("tok_embeddings, output");
+  for (int64_t i = 0; i < n_layers; ++i) groups.push_back(layer(i));
+  return groups;
+}
+
+Scenario TrainParityMultiGroup() {
+  Scenario s = MakePlanScenario(
+      "fully_shard_training/train_parity_multi_group",
+      "Transformer sharded per block or in memory-efficient groups of several modules, "
+      "fully_shard([m1, m2]), with reshard_after_forward True or False: one all-gather and one "
+      "reduce-scatter per group, gradient and parameter shards vs the oracle",
+      std::string(kTraining) +
+          "TestFullyShard1DTrainingCompose::test_train_parity_with_activation_checkpointing",
+      "transformer", "float64",
+      {ParamSpec::Axis("module_grouping",
+                       "block: fully_shard on each block; mem_eff: layers[0], then "
+                       "fully_shard([the other blocks]), fully_shard([tok_embeddings, "
+                       "pos_embeddings]), fully_shard([norm, output]); mem_eff_weight_tied: "
+                       "fully_shard([tok_embeddings, output]), then each block",
+                       {"block", "mem_eff", "mem_eff_weight_tied"}),
+       ParamSpec::Axis("reshard_after_forward", "every fully_shard call's", {"True", "False"}),
+       MicroBatches(1)},
+      [](const CaseParams& p, int) {
+        FullyShardPlan plan = DecodePlanBase("transformer", p);
+        plan.micro_batches = p.GetInt("micro_batches");
+        plan.groups = ModuleGrouping(p.GetString("module_grouping"), p.GetInt("n_layers"));
+        plan.reshard_after_forward = p.GetBool("reshard_after_forward");
+        return plan;
+      });
+  s.excluded = [](const CaseParams& p, int) -> std::optional<std::string> {
+    if (p.GetString("module_grouping") == "mem_eff" && p.GetBool("weight_tying")) {
+      return "mem_eff puts the embeddings and the output projection in different groups, which "
+             "cannot share a weight (the test unties them: weight_tying=False)";
+    }
+    return std::nullopt;
+  };
+  // The default run ties the weights (mem_eff excluded); this one unties them, at an uneven
+  // world.
+  s.info.extra_default_runs = {{3, {{"weight_tying", "False"}}}};
+  return s;
+}
+
 Scenario SetReduceScatterDivideFactor() {
   return MakePlanScenario(
       "fully_shard_comm/set_reduce_scatter_divide_factor",
@@ -178,6 +242,7 @@ void RegisterFullyShardTrainingScenarios(ScenarioRegistry& registry) {
   registry.Add(TrainParityCpuOffload());
   registry.Add(IgnoredParams());
   registry.Add(MultiForwardModule());
+  registry.Add(TrainParityMultiGroup());
   registry.Add(SetReduceScatterDivideFactor());
 }
 

@@ -60,7 +60,7 @@ TestGroup MakeGroup(const std::vector<Tensor>& params, const std::shared_ptr<dis
     to_shard.push_back({clones[i], {t.module.get(), std::to_string(i), {}, {}}});
   }
   t.group = std::make_shared<FsdpParamGroup>(
-      std::move(to_shard), t.module.get(), mesh_info,
+      std::move(to_shard), std::vector<nn::Module*>{t.module.get()}, mesh_info,
       fsdp2::GetPostForwardMeshInfo(reshard_after_forward, mesh_info), Device::CPU(),
       fsdp2::MixedPrecisionPolicy{}, fsdp2::OffloadPolicy{});
   t.group->lazy_init();

@@ -37,11 +37,11 @@ std::string DTypesStr(const std::set<std::optional<DType>>& dtypes) {
 
 }  // namespace
 
-FsdpParamGroup::FsdpParamGroup(std::vector<ParamToShard> params, nn::Module* module,
+FsdpParamGroup::FsdpParamGroup(std::vector<ParamToShard> params, std::vector<nn::Module*> modules,
                                FsdpMeshInfo mesh_info,
                                std::optional<FsdpMeshInfo> post_forward_mesh_info, Device device,
                                MixedPrecisionPolicy mp_policy, OffloadPolicy offload_policy)
-    : module_(module),
+    : modules_(std::move(modules)),
       mesh_info_(std::move(mesh_info)),
       post_forward_mesh_info_(std::move(post_forward_mesh_info)),
       device_(device),

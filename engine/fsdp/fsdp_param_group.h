@@ -20,7 +20,7 @@
 // collectives to the module and phase for CommDebugMode.
 //
 // Ownership: owned by its FsdpState (std::shared_ptr; autograd nodes hold it weakly); owns
-// its FsdpParams; shares the CommContext. Holds a raw pointer to its module.
+// its FsdpParams; shares the CommContext. Holds raw pointers to its modules.
 // Thread-safety: used by its rank's thread only.
 #pragma once
 
@@ -53,9 +53,10 @@ struct ParamToShard {
 class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
  public:
   // Shards every parameter immediately (each FsdpParam registers its sharded parameter).
-  FsdpParamGroup(std::vector<ParamToShard> params, nn::Module* module, FsdpMeshInfo mesh_info,
-                 std::optional<FsdpMeshInfo> post_forward_mesh_info, Device device,
-                 MixedPrecisionPolicy mp_policy, OffloadPolicy offload_policy);
+  // `modules`: the modules fully_shard was given (one, or several for fully_shard([m1, m2])).
+  FsdpParamGroup(std::vector<ParamToShard> params, std::vector<nn::Module*> modules,
+                 FsdpMeshInfo mesh_info, std::optional<FsdpMeshInfo> post_forward_mesh_info,
+                 Device device, MixedPrecisionPolicy mp_policy, OffloadPolicy offload_policy);
   FsdpParamGroup(const FsdpParamGroup&) = delete;
   FsdpParamGroup& operator=(const FsdpParamGroup&) = delete;
 
@@ -102,7 +103,8 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
   // several paths). Empty before lazy init.
   std::string module_fqn() const { return module_fqn_.value_or(""); }
   void append_module_fqn(const std::string& fqn);
-  nn::Module* module() const { return module_; }
+  // The modules fully_shard was given (PyTorch's `modules`), in the order given.
+  const std::vector<nn::Module*>& modules() const { return modules_; }
   const std::vector<std::unique_ptr<FsdpParam>>& fsdp_params() const { return fsdp_params_; }
   std::vector<FsdpParam*> fsdp_param_ptrs() const;
   const FsdpMeshInfo& mesh_info() const { return mesh_info_; }
@@ -139,7 +141,7 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
                                                               const nn::Value& kwargs);
   std::string with_fqn(const std::string& label) const;
 
-  nn::Module* module_;
+  std::vector<nn::Module*> modules_;
   FsdpMeshInfo mesh_info_;
   std::optional<FsdpMeshInfo> post_forward_mesh_info_;
   Device device_;

@@ -1,7 +1,9 @@
 #include "engine/fsdp/fsdp_state.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
+#include <sstream>
 #include <unordered_map>
 
 #include "engine/autograd/engine.h"
@@ -34,9 +36,10 @@ FsdpState* GetFsdpState(const nn::Module& module) {
   return static_cast<FsdpState*>(module.attachment(kFsdpAttachment).get());
 }
 
-FsdpState::FsdpState(nn::Module* module, Device device, MixedPrecisionPolicy mp_policy,
-                     Semantics semantics, bool auto_reshard_after_forward)
-    : module_(module),
+FsdpState::FsdpState(std::vector<nn::Module*> modules, Device device,
+                     MixedPrecisionPolicy mp_policy, Semantics semantics,
+                     bool auto_reshard_after_forward)
+    : modules_(std::move(modules)),
       device_(device),
       mp_policy_(mp_policy),
       semantics_(semantics),
@@ -45,34 +48,63 @@ FsdpState::FsdpState(nn::Module* module, Device device, MixedPrecisionPolicy mp_
       comm_ctx_(std::make_shared<CommContext>()) {}
 
 FsdpState::~FsdpState() {
-  pre_forward_hook_handle_.remove();
-  post_forward_hook_handle_.remove();
+  for (autograd::RemovableHandle& handle : forward_hook_handles_) handle.remove();
 }
 
 void FsdpState::register_hooks() {
   std::weak_ptr<FsdpState> weak = weak_from_this();
-  pre_forward_hook_handle_ = module_->register_forward_pre_hook_with_kwargs(
-      [weak](nn::Module& module, const Value& args,
-             const Value& kwargs) -> std::optional<std::pair<Value, Value>> {
-        auto state = weak.lock();
-        if (!state) return std::nullopt;
-        return state->pre_forward(module, args, kwargs);
-      },
-      nn::ForwardPreHookOptions{/*prepend=*/true});
-  post_forward_hook_handle_ = module_->register_forward_hook(
-      [weak](nn::Module& module, const Value& /*args*/,
-             const Value& output) -> std::optional<Value> {
-        auto state = weak.lock();
-        if (!state) return std::nullopt;
-        return state->post_forward(module, output);
-      },
-      nn::ForwardHookOptions{/*prepend=*/false, /*always_call=*/false});
+  if (modules_.size() == 1) {
+    forward_hook_handles_.push_back(modules_.front()->register_forward_pre_hook_with_kwargs(
+        [weak](nn::Module& module, const Value& args,
+               const Value& kwargs) -> std::optional<std::pair<Value, Value>> {
+          auto state = weak.lock();
+          if (!state) return std::nullopt;
+          return state->pre_forward(module, args, kwargs);
+        },
+        nn::ForwardPreHookOptions{/*prepend=*/true}));
+    forward_hook_handles_.push_back(modules_.front()->register_forward_hook(
+        [weak](nn::Module& module, const Value& /*args*/,
+               const Value& output) -> std::optional<Value> {
+          auto state = weak.lock();
+          if (!state) return std::nullopt;
+          return state->post_forward(module, output);
+        },
+        nn::ForwardHookOptions{/*prepend=*/false, /*always_call=*/false}));
+    return;
+  }
+  // `_register_group_forward_hooks`: the pre-hook runs upon the first module's pre-forward, the
+  // post-hook upon the last module's post-forward; if one of the modules does not run forward,
+  // the post-hook does not run.
+  for (nn::Module* m : modules_) {
+    forward_hook_handles_.push_back(m->register_forward_pre_hook_with_kwargs(
+        [weak](nn::Module& module, const Value& args,
+               const Value& kwargs) -> std::optional<std::pair<Value, Value>> {
+          auto state = weak.lock();
+          if (!state || !state->modules_to_run_forward_.empty()) return std::nullopt;
+          state->modules_to_run_forward_.insert(state->modules_.begin(), state->modules_.end());
+          return state->pre_forward(module, args, kwargs);
+        },
+        nn::ForwardPreHookOptions{/*prepend=*/true}));
+  }
+  for (nn::Module* m : modules_) {
+    forward_hook_handles_.push_back(m->register_forward_hook(
+        [weak](nn::Module& module, const Value& /*args*/,
+               const Value& output) -> std::optional<Value> {
+          auto state = weak.lock();
+          if (!state) return std::nullopt;
+          state->modules_to_run_forward_.erase(&module);
+          if (!state->modules_to_run_forward_.empty()) return std::nullopt;
+          return state->post_forward(module, output);
+        },
+        nn::ForwardHookOptions{/*prepend=*/false, /*always_call=*/true}));
+  }
 }
 
 void FsdpState::check_module(const nn::Module& module) const {
   // Module::deep_copy copies hooks but not attachments: the copy's hooks would drive this
   // state. PyTorch refuses deepcopy of an FSDP module.
-  FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, &module == module_,
+  FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition,
+                  std::find(modules_.begin(), modules_.end(), &module) != modules_.end(),
                   "FSDP does not support deepcopy. Please use state dict for serialization.");
 }
 
@@ -148,13 +180,21 @@ void FsdpState::root_pre_forward() {
 void FsdpState::lazy_init() {
   if (is_root_.has_value()) return;  // already initialized
   is_root_ = true;
+  if (modules_.size() > 1) {
+    std::ostringstream names;
+    for (size_t i = 0; i < modules_.size(); ++i) {
+      names << (i ? ", " : "") << modules_[i]->type_name();
+    }
+    FSDP_THROW(ErrorCode::kFailedPrecondition, "FSDP requires a single root module but got [",
+               names.str(), "]");
+  }
+  nn::Module* const root = modules_.front();
   std::set<FsdpState*> visited;
-  for (const auto& [name, module] : module_->named_modules()) {
+  for (const auto& [name, module] : root->named_modules()) {
     FsdpState* state = GetFsdpState(*module);
-    if (state == nullptr) continue;
-    if (module.get() != module_) {
-      FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition,
-                      visited.count(state) || !state->is_root_.has_value(),
+    if (state == nullptr || visited.count(state)) continue;  // a state of several modules once
+    if (state != this) {
+      FSDP_CHECK_CODE(ErrorCode::kFailedPrecondition, !state->is_root_.has_value(),
                       "FSDP state has already been lazily initialized for ", name,
                       "\nFSDP requires running forward through the root module first");
       state->is_root_ = false;
@@ -184,13 +224,15 @@ void FsdpState::init_fqns() {
       param_to_fsdp_param[p->sharded_param().impl()] = p.get();
       if (p->has_unsharded_param()) param_to_fsdp_param[p->unsharded_param().impl()] = p.get();
     }
-    module_to_group[state->param_group_->module()] = state->param_group_.get();
+    for (nn::Module* m : state->param_group_->modules()) {
+      module_to_group[m] = state->param_group_.get();
+    }
   }
-  for (const auto& [name, param] : module_->named_parameters()) {
+  for (const auto& [name, param] : module()->named_parameters()) {
     auto it = param_to_fsdp_param.find(param.impl());
     if (it != param_to_fsdp_param.end()) it->second->set_fqn(name);
   }
-  for (const auto& [name, module] : module_->named_modules()) {
+  for (const auto& [name, module] : module()->named_modules()) {
     auto it = module_to_group.find(module.get());
     if (it != module_to_group.end()) it->second->append_module_fqn(name);
   }

@@ -1,16 +1,19 @@
 // FsdpState: the per-fully_shard-call hook owner (PyTorch's FSDPState; docs/fsdp-behaviour.md,
 // "fully_shard and lazy init" through "End-of-backward callback"):
 //
-//  * forward pre-hook (prepended, with kwargs) and forward hook on the module: AC-recompute
+//  * forward pre-hook (prepended, with kwargs) and forward hook on the module (for a state of
+//    several modules, fully_shard([m1, m2]), group hooks on each: the pre-hook runs upon the
+//    first of them to run forward, the post-hook upon the last; `_register_group_forward_hooks`):
+//    AC-recompute
 //    early return in PRE_BACKWARD, lazy init + iteration root, input cast, the group's
 //    pre_forward (unshard, wait, post-backward function on the inputs), explicit forward
 //    prefetch; the group's post_forward (reshard, post-forward order), a pre-backward tensor
 //    hook on every output tensor that requires grad, output cast.
 //  * lazy init at the first forward of any FSDP module: root detection (the first state to
-//    run forward), all_states in pre-order, the root's reshard-after-forward override (per the
-//    root's Semantics: torch-2.4 always keeps the root unsharded after forward, torch-2.8 only
-//    when its reshard_after_forward was left None; semantics.h), FQNs, shared CommContext and
-//    StateContext.
+//    run forward; a root must be a single module), all_states in pre-order, the root's
+//    reshard-after-forward override (per the root's Semantics: torch-2.4 always keeps the root
+//    unsharded after forward, torch-2.8 only when its reshard_after_forward was left None;
+//    semantics.h), FQNs, shared CommContext and StateContext.
 //  * pre-backward (from the output tensor hooks): PRE_BACKWARD, queue the root end-of-
 //    backward callback once per backward, the group's pre_backward (guarded), explicit
 //    backward prefetch.
@@ -19,15 +22,16 @@
 //    states and groups IDLE, and with is_last_backward the finalization (pending prefetches
 //    dropped, post-forward order cleared).
 //
-// Ownership: owned by its module through the module's "fully_shard" attachment
-// (std::shared_ptr); the module's hooks, tensor hooks and the queued callback hold it weakly.
-// It holds a raw pointer to its module and to the other states of its tree (all owned by the
+// Ownership: owned by its modules through each one's "fully_shard" attachment
+// (std::shared_ptr); the modules' hooks, tensor hooks and the queued callback hold it weakly.
+// It holds raw pointers to its modules and to the other states of its tree (all owned by the
 // same module tree). Owns its parameter group (shared with autograd nodes, weakly).
 // Thread-safety: used by its rank's thread only.
 #pragma once
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,17 +67,20 @@ class FsdpState : public std::enable_shared_from_this<FsdpState> {
  public:
   // `auto_reshard_after_forward`: PyTorch's `_auto_reshard_after_forward`, true when
   // fully_shard was given reshard_after_forward=None (semantics.h).
-  FsdpState(nn::Module* module, Device device, MixedPrecisionPolicy mp_policy,
+  // `modules`: the modules fully_shard was given (at least one; several share this state).
+  FsdpState(std::vector<nn::Module*> modules, Device device, MixedPrecisionPolicy mp_policy,
             Semantics semantics = kDefaultSemantics, bool auto_reshard_after_forward = false);
   ~FsdpState();
   FsdpState(const FsdpState&) = delete;
   FsdpState& operator=(const FsdpState&) = delete;
 
-  // Registers the forward hooks on the module (called once by fully_shard, after the state
+  // Registers the forward hooks on the modules (called once by fully_shard, after the state
   // is owned by a shared_ptr).
   void register_hooks();
 
-  nn::Module* module() const { return module_; }
+  // The first module fully_shard was given; modules() all of them, in the order given.
+  nn::Module* module() const { return modules_.front(); }
+  const std::vector<nn::Module*>& modules() const { return modules_; }
   Device device() const { return device_; }
   const MixedPrecisionPolicy& mp_policy() const { return mp_policy_; }
   Semantics semantics() const { return semantics_; }
@@ -111,7 +118,7 @@ class FsdpState : public std::enable_shared_from_this<FsdpState> {
   void finalize_backward();
   void check_module(const nn::Module& module) const;
 
-  nn::Module* module_;
+  std::vector<nn::Module*> modules_;
   Device device_;
   MixedPrecisionPolicy mp_policy_;
   Semantics semantics_;
@@ -121,8 +128,9 @@ class FsdpState : public std::enable_shared_from_this<FsdpState> {
   TrainingState training_state_ = TrainingState::kIdle;
   std::shared_ptr<StateContext> state_ctx_;
   std::shared_ptr<CommContext> comm_ctx_;
-  autograd::RemovableHandle pre_forward_hook_handle_;
-  autograd::RemovableHandle post_forward_hook_handle_;
+  // Group forward hooks: the modules whose forward has not run since the group pre-hook ran.
+  std::set<const nn::Module*> modules_to_run_forward_;
+  std::vector<autograd::RemovableHandle> forward_hook_handles_;
 };
 
 // The FSDP state of `module` (nullptr when fully_shard was not applied to it).

@@ -1,5 +1,6 @@
 #include "engine/fsdp/fully_shard.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -12,14 +13,15 @@ namespace {
 
 constexpr const char* kFsdpAttachment = "fully_shard";
 
-// `_get_managed_modules`: post-order DFS from `root`, not descending into modules that
-// already have an FSDP state (nested fully_shard), each module once.
-void CollectManagedModules(nn::Module* module, nn::Module* root, std::set<nn::Module*>* visited,
-                           std::vector<nn::Module*>* out) {
-  if (module != root && GetFsdpState(*module) != nullptr) return;
+// `_get_managed_modules`: post-order DFS from a given module, not descending into modules that
+// already have an FSDP state (nested fully_shard) unless given, each module once.
+void CollectManagedModules(nn::Module* module, const std::vector<nn::Module*>& roots,
+                           std::set<nn::Module*>* visited, std::vector<nn::Module*>* out) {
+  const bool is_root = std::find(roots.begin(), roots.end(), module) != roots.end();
+  if (!is_root && GetFsdpState(*module) != nullptr) return;
   visited->insert(module);
   for (const nn::ModulePtr& child : module->children()) {
-    if (!visited->count(child.get())) CollectManagedModules(child.get(), root, visited, out);
+    if (!visited->count(child.get())) CollectManagedModules(child.get(), roots, visited, out);
   }
   out->push_back(module);
 }
@@ -43,13 +45,36 @@ bool IsFsdpModule(const nn::Module& module) { return GetFsdpState(module) != nul
 
 FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& options) {
   FSDP_CHECK(module != nullptr, "fully_shard: null module");
-  FSDP_CHECK(module->type_name() != "ModuleList" && module->type_name() != "ModuleDict",
-             "fully_shard does not support containers that do not implement forward: ",
-             module->type_name());
-  FSDP_CHECK(!IsFsdpModule(*module),
-             "Each distinct composable distributed API can only be applied to a module once. "
-             "fully_shard has already been applied to the following module: ",
-             module->type_name());
+  return fully_shard(std::vector<nn::ModulePtr>{module}, options).front();
+}
+
+std::vector<FSDPModule> fully_shard(const std::vector<nn::ModulePtr>& modules,
+                                    const FullyShardOptions& options) {
+  FSDP_CHECK(!modules.empty(), "fully_shard: expects a module or a non-empty list of modules");
+  for (const nn::ModulePtr& module : modules) {
+    FSDP_CHECK(module != nullptr, "fully_shard: null module");
+    FSDP_CHECK(module->type_name() != "ModuleList" && module->type_name() != "ModuleDict",
+               "fully_shard does not support containers that do not implement forward: ",
+               module->type_name());
+    FSDP_CHECK(!IsFsdpModule(*module),
+               "Each distinct composable distributed API can only be applied to a module once. "
+               "fully_shard has already been applied to the following module: ",
+               module->type_name());
+  }
+  // `_get_root_modules`: a module whose ancestor is also given is managed through it.
+  std::vector<nn::Module*> roots;
+  for (const nn::ModulePtr& module : modules) {
+    bool under_another = false;
+    for (const nn::ModulePtr& other : modules) {
+      if (other == module) continue;
+      for (const nn::ModulePtr& m : other->modules()) {
+        if (m == module) under_another = true;
+      }
+    }
+    if (!under_another && std::find(roots.begin(), roots.end(), module.get()) == roots.end()) {
+      roots.push_back(module.get());
+    }
+  }
   FsdpMeshInfo mesh_info =
       options.mesh ? FsdpMeshInfo::FromMesh(options.mesh)
                    : FsdpMeshInfo::FromProcessGroup(options.process_group
@@ -64,14 +89,14 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
   std::optional<FsdpMeshInfo> post_forward_mesh_info =
       GetPostForwardMeshInfo(options.reshard_after_forward.value_or(true), mesh_info);
 
-  auto state = std::make_shared<FsdpState>(module.get(), device, options.mp_policy,
-                                           options.semantics, auto_reshard_after_forward);
+  auto state = std::make_shared<FsdpState>(roots, device, options.mp_policy, options.semantics,
+                                           auto_reshard_after_forward);
 
-  // Managed modules (post-order) and their parameters: direct parameters in registration
-  // order, tied parameters once, ignored ones skipped.
+  // Managed modules (post-order from each given module in turn) and their parameters: direct
+  // parameters in registration order, tied parameters once, ignored ones skipped.
   std::vector<nn::Module*> managed_modules;
   std::set<nn::Module*> visited;
-  CollectManagedModules(module.get(), module.get(), &visited, &managed_modules);
+  for (nn::Module* root : roots) CollectManagedModules(root, roots, &visited, &managed_modules);
   std::set<const TensorImpl*> ignored;
   for (const Tensor& t : options.ignored_params) {
     if (t.defined()) ignored.insert(t.impl());
@@ -92,36 +117,45 @@ FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& opt
 
   if (!params.empty()) {
     // `_get_param_module_infos`: the owning (module, name) is the first location in a
-    // pre-order walk with duplicates; every further location is a shared one.
+    // pre-order walk with duplicates of each given module in turn; every further location is a
+    // shared one. The FQN is relative to the given module that holds it.
     std::map<const TensorImpl*, ParamModuleInfo> infos;
-    for (const auto& [name, submodule] : module->named_modules("", /*remove_duplicate=*/false)) {
-      for (const auto& [param_name, param] : submodule->parameter_slots()) {
-        if (!param.defined() || !seen_params.count(param.impl()) || ignored.count(param.impl())) {
-          continue;
-        }
-        auto it = infos.find(param.impl());
-        if (it == infos.end()) {
-          infos[param.impl()] = ParamModuleInfo{submodule.get(), param_name, {}, {},
-                                                (name.empty() ? "" : name + ".") + param_name};
-        } else {
-          it->second.shared_modules.push_back(submodule.get());
-          it->second.shared_param_names.push_back(param_name);
+    for (nn::Module* root : roots) {
+      for (const auto& [name, submodule] : root->named_modules("", /*remove_duplicate=*/false)) {
+        for (const auto& [param_name, param] : submodule->parameter_slots()) {
+          if (!param.defined() || !seen_params.count(param.impl()) || ignored.count(param.impl())) {
+            continue;
+          }
+          auto it = infos.find(param.impl());
+          if (it == infos.end()) {
+            infos[param.impl()] = ParamModuleInfo{
+                submodule.get(), param_name, {}, {}, (name.empty() ? "" : name + ".") + param_name};
+          } else {
+            it->second.shared_modules.push_back(submodule.get());
+            it->second.shared_param_names.push_back(param_name);
+          }
         }
       }
     }
     FSDP_CHECK(infos.size() == params.size(), "Some parameters are not in the module tree of ",
-               module->type_name());
+               roots.front()->type_name());
     std::vector<ParamToShard> to_shard;
     for (const Tensor& p : params) to_shard.push_back({p, infos.at(p.impl())});
-    auto group = std::make_shared<FsdpParamGroup>(std::move(to_shard), module.get(), mesh_info,
-                                                  post_forward_mesh_info, device,
-                                                  options.mp_policy, options.offload_policy);
+    auto group = std::make_shared<FsdpParamGroup>(std::move(to_shard), roots, mesh_info,
+                                                  post_forward_mesh_info, device, options.mp_policy,
+                                                  options.offload_policy);
     RegisterStateDictHooks(group);
     state->set_param_group(std::move(group));
   }
-  module->set_attachment(kFsdpAttachment, state);
+  for (nn::Module* root : roots) root->set_attachment(kFsdpAttachment, state);
   state->register_hooks();
-  return FSDPModule(module);
+  // The handles in the order given (a module under another given one included: PyTorch
+  // returns the argument, whose every module then is an FSDPModule).
+  std::vector<FSDPModule> out;
+  for (const nn::ModulePtr& module : modules) {
+    if (IsFsdpModule(*module)) out.emplace_back(module);
+  }
+  return out;
 }
 
 // ---- UnshardHandle -----------------------------------------------------------------------
@@ -143,7 +177,9 @@ std::vector<FsdpState*> FSDPModule::states(bool recurse) const {
   if (!recurse) return {state_};
   std::vector<FsdpState*> out;
   for (const nn::ModulePtr& m : module_->modules()) {
-    if (FsdpState* s = GetFsdpState(*m)) out.push_back(s);
+    FsdpState* s = GetFsdpState(*m);
+    // A state of several modules (fully_shard([m1, m2])) once.
+    if (s != nullptr && std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
   }
   return out;
 }

@@ -123,6 +123,16 @@ class FSDPModule {
 // Applies FSDP to `module` (see the file comment) and returns its FSDPModule facet.
 FSDPModule fully_shard(const nn::ModulePtr& module, const FullyShardOptions& options = {});
 
+// fully_shard([m1, m2, ...]): one FSDP state and one parameter group for several modules (a
+// module under another given one is managed through it), so their parameters are all-gathered
+// and reduce-scattered together. The group unshards in the pre-forward of the first of them to
+// run forward and reshards in the post-forward of the last (if one of them does not run
+// forward, the group stays unsharded until backward); its module FQN is the modules' FQNs
+// joined by ", ". Such a state cannot be the root. Returns the FSDPModule of each given module
+// that is not under another given one (all sharing the state), in the order given.
+std::vector<FSDPModule> fully_shard(const std::vector<nn::ModulePtr>& modules,
+                                    const FullyShardOptions& options = {});
+
 // True when fully_shard was applied to `module`.
 bool IsFsdpModule(const nn::Module& module);
 
