@@ -5,6 +5,7 @@
 #include <sstream>
 #include <utility>
 
+#include "engine/core/allocator.h"
 #include "engine/core/error.h"
 #include "engine/fsdp/fsdp_param.h"
 #include "engine/ops/elementwise.h"
@@ -18,6 +19,20 @@ void DivIfNeeded(const Tensor& t, double factor) {
 }
 
 namespace {
+
+// dst[dst_offset, +numel) = src[src_offset, +numel) for two tensors of one dtype on one device,
+// copied as bytes without making views: the all-gather copy-out runs it once per parameter and
+// rank (torch.split_with_sizes_copy's job), where a view per copy costs more than the copy.
+void CopyElements(const Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
+                  int64_t numel) {
+  FSDP_INTERNAL_ASSERT(dst.dtype() == src.dtype() && dst.device() == src.device());
+  if (numel == 0) return;
+  const size_t element = dst.element_size();
+  GetDeviceBackend(dst.device().type)
+      .Copy(static_cast<char*>(dst.data_ptr()) + dst_offset * element, dst.device(),
+            static_cast<const char*>(src.data_ptr()) + src_offset * element, src.device(),
+            static_cast<size_t>(numel) * element, /*non_blocking=*/false);
+}
 
 distributed::ReduceOptions ToReduceOptions(const DivideFactors& factors) {
   switch (factors.op) {
@@ -134,10 +149,10 @@ void foreach_all_gather_copy_out(AllGatherResult& all_gather_result,
     const auto& numels = all_gather_result.param_all_gather_input_numels[i];
     for (size_t j = 0; j < numels.size(); ++j) {
       const int64_t n = numels[j];
-      Tensor param_output = fsdp_param->all_gather_outputs()[j];
+      const Tensor& param_output = fsdp_param->all_gather_outputs()[j];
       // Row k of the [W, L] view, columns [column, column + n) → rows [k*n, (k+1)*n).
       for (int k = 0; k < world_size && n > 0; ++k) {
-        param_output.narrow(0, k * n, n).copy_(output.narrow(0, k * per_rank_numel + column, n));
+        CopyElements(param_output, k * n, output, k * per_rank_numel + column, n);
       }
       column += n;
     }
