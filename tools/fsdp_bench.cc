@@ -252,6 +252,8 @@ BenchConfig ParseArgs(int argc, char** argv) {
   }
   const distributed::BackendRegistry backends = fakes::DefaultBackends();
   const distributed::BackendSpec& spec = backends.Get(c.backend);  // throws naming the backend
+  FSDP_CHECK(spec.capabilities.device == DeviceType::kCPU, "--backend ", c.backend,
+             ": fsdp-bench trains on the CPU; choose threaded or gloo");
   if (spec.capabilities.ranks == distributed::RankPlacement::kProcesses) {
     if (!c.tables_given) c.memory_table = c.fsdp1_table = false;
     FSDP_CHECK(!c.memory_table && !c.fsdp1_table, "--backend ", c.backend,
