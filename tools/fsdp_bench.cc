@@ -11,7 +11,9 @@
 //     printed as WARN and makes the exit status 1.
 //   Table 2 (step time): the median wall time of the engine's step at world W (the same global
 //     batch split across ranks; the slowest rank's time per step) against the oracle's step
-//     (reference/, double precision, the data-parallel step on the whole global batch, one thread).
+//     (reference/, double precision, the data-parallel step on the whole global batch, one thread)
+//     and, at world 1, against the unsharded engine step: the same model and optimizer without
+//     FSDP, timed in alternation with the FSDP step.
 //   Table 4 (FSDP1 memory, per rank): the same model under FullyShardedDataParallel (the same
 //     instances: the blocks nested, the root; tools/fsdp_bench/flat_param_meter.h), one row per
 //     sharding strategy (HYBRID_SHARD where the world has a (replicate, shard) mesh) and one
@@ -21,10 +23,15 @@
 //     (unshard: copy-in, all-gather, copy-out; then reshard) against the process group's bare
 //     all_gather_into_tensor of the same bytes, timed in alternation in the same run.
 //
+// Ranks: --backend threaded (default) runs each world's ranks as threads of this process on the
+// threaded fake; a process backend (--backend gloo) runs Tables 2 and 3 with each world's ranks
+// as processes: fsdp-bench starts W copies of itself per world (tools/launch/local_launcher.h),
+// every rank gathers the others' timings (tools/fsdp_bench/gather_doubles.h) and rank 0 prints.
+//
 // Usage: fsdp-bench [--model transformer|mlp_stack[,..]] [--worlds 1,2,4,8 | 1-8] [--n-layers N]
 //        [--dim N] [--n-heads N] [--vocab-size N] [--seq-len N] [--mlp-dim N] [--batch N]
 //        [--iters N] [--warmup N] [--lr X] [--dtype float32|float64] [--seed N]
-//        [--tables memory,time,comm,fsdp1] [--json PATH]
+//        [--tables memory,time,comm,fsdp1] [--backend threaded|gloo] [--json PATH]
 // Output: aligned text tables and --json, both through tools/bench/table.h (bench::Table).
 // Exit status: 0 ok; 1 when a row exceeds the bound or a rank failed; 2 on bad arguments.
 #include <sched.h>
@@ -34,8 +41,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -50,6 +60,8 @@
 #include "conformance/sharded_parity.h"
 #include "engine/core/error.h"
 #include "engine/core/rank_context.h"
+#include "engine/distributed/backend_registry.h"
+#include "engine/distributed/launch.h"
 #include "engine/fsdp/fully_shard.h"
 #include "engine/distributed/device_mesh.h"
 #include "engine/fsdp/observer.h"
@@ -57,9 +69,12 @@
 #include "engine/fsdp1/wrap_policy.h"
 #include "engine/nn/layers.h"
 #include "fakes/run_ranks.h"
+#include "fakes/threaded_backend.h"
 #include "reference/data_parallel.h"
 #include "tools/bench/table.h"
+#include "tools/launch/local_launcher.h"
 #include "tools/fsdp_bench/flat_param_meter.h"
+#include "tools/fsdp_bench/gather_doubles.h"
 #include "tools/fsdp_bench/param_grad_meter.h"
 
 namespace fsdp::bench {
@@ -90,6 +105,8 @@ struct BenchConfig {
   bool time_table = true;
   bool comm_table = true;
   bool fsdp1_table = true;
+  bool tables_given = false;  // --tables was passed
+  std::string backend = "threaded";
   std::string json_path;
 };
 
@@ -110,8 +127,11 @@ const char* kUsage =
     "                     summed logits of an [8, 32] token batch diverge within 20 steps)\n"
     "  --dtype D          engine parameter dtype float32|float64 (default float32)\n"
     "  --seed N           weights and inputs seed (default 0)\n"
-    "  --tables LIST      memory,time,comm,fsdp1 (default all four)\n"
-    "  --json PATH        also write the results as JSON to PATH\n";
+    "  --tables LIST      memory,time,comm,fsdp1 (default all four; time,comm with a process\n"
+    "                     backend)\n"
+    "  --backend NAME     threaded (default: ranks are threads of this process) or a process\n"
+    "                     backend (gloo): each world's ranks are processes, Tables 2 and 3 only\n"
+    "  --json PATH        also write the results as JSON to PATH (a process backend: one world)\n";
 
 std::vector<std::string> SplitCommas(const std::string& text) {
   std::vector<std::string> out;
@@ -206,6 +226,7 @@ BenchConfig ParseArgs(int argc, char** argv) {
       FSDP_CHECK(v.has_value() && *v >= 0, "--seed needs an integer >= 0, got '", value, "'");
       c.seed = static_cast<uint64_t>(*v);
     } else if (flag == "--tables") {
+      c.tables_given = true;
       c.memory_table = c.time_table = c.comm_table = c.fsdp1_table = false;
       for (const std::string& t : SplitCommas(value)) {
         FSDP_CHECK(t == "memory" || t == "time" || t == "comm" || t == "fsdp1",
@@ -215,6 +236,8 @@ BenchConfig ParseArgs(int argc, char** argv) {
          : t == "comm" ? c.comm_table
                        : c.fsdp1_table) = true;
       }
+    } else if (flag == "--backend") {
+      c.backend = value;
     } else if (flag == "--json") {
       c.json_path = value;
     } else {
@@ -227,8 +250,25 @@ BenchConfig ParseArgs(int argc, char** argv) {
     FSDP_CHECK(c.batch >= w, "--batch ", c.batch, " must be >= every world size (got world ", w,
                "): every rank needs at least one row");
   }
+  const distributed::BackendRegistry backends = fakes::DefaultBackends();
+  const distributed::BackendSpec& spec = backends.Get(c.backend);  // throws naming the backend
+  FSDP_CHECK(spec.capabilities.device == DeviceType::kCPU, "--backend ", c.backend,
+             ": fsdp-bench trains on the CPU; choose threaded or gloo");
+  if (spec.capabilities.ranks == distributed::RankPlacement::kProcesses) {
+    if (!c.tables_given) c.memory_table = c.fsdp1_table = false;
+    FSDP_CHECK(!c.memory_table && !c.fsdp1_table, "--backend ", c.backend,
+               ": Tables 1 and 4 (memory, fsdp1) run on the threaded backend only; choose "
+               "--tables time,comm");
+    FSDP_CHECK(c.json_path.empty() || c.worlds.size() == 1, "--backend ", c.backend,
+               ": --json needs a single world (each world's rank 0 writes it)");
+  } else {
+    FSDP_CHECK(c.backend == "threaded", "--backend ", c.backend,
+               ": fsdp-bench runs threaded ranks on the threaded backend only");
+  }
   return c;
 }
+
+bool IsProcessBackend(const BenchConfig& c) { return c.backend != "threaded"; }
 
 // CPUs this process may run on (what `nproc` prints).
 int Nproc() {
@@ -309,6 +349,7 @@ struct RankReport {
   int64_t allocator_peak = 0;   // allocator peak during the measured step (everything)
   int64_t allocator_start = 0;  // allocator current bytes when the measured step began
   std::vector<double> step_ms;  // timed steps
+  std::vector<double> unsharded_step_ms;  // world 1: the unsharded engine step, in alternation
   double last_loss = 0;
   std::vector<AllGatherTiming> all_gathers;
 };
@@ -353,43 +394,50 @@ std::vector<AllGatherTiming> TimeAllGathers(const BenchConfig& c, const nn::Modu
   return out;
 }
 
-// Rank `env.rank`'s run: build + shard, one priming step (lazy init, first unshard, optimizer
-// state), the memory step with the meter installed (step 1), then warmup + timed steps.
+// The rank's run on `pg` (its world group): build + shard, one priming step (lazy init, first
+// unshard, optimizer state), the memory step with the meter installed (step 1), then warmup +
+// timed steps; at world 1 each timed step alternates with the unsharded engine step.
 RankReport RunRank(const BenchConfig& c, const ZooModel& model, const OptimConfig& optim,
-                   fakes::RankEnv& env) {
+                   const std::shared_ptr<distributed::ProcessGroup>& pg) {
   RankReport report;
+  const int rank = pg->rank();
+  const int world_size = pg->size();
   nn::ModulePtr module = model.BuildEngineWithWeights(c.seed, c.dtype);
   fsdp2::FullyShardOptions options;
-  options.process_group = env.pg;
+  options.process_group = pg;
   conformance::ShardChildrenThenRoot(module, options);  // as parity/fsdp shards
   auto optimizer = conformance::MakeEngineOptimizer(optim, module->named_parameters());
-  const auto [row_begin, row_count] = RankRows(c.batch, env.rank, env.world_size);
+  const auto [row_begin, row_count] = RankRows(c.batch, rank, world_size);
   const int64_t num_steps = 2 + c.warmup + c.iters;
   std::vector<Tensor> inputs;
   for (int64_t k = 0; k < num_steps; ++k) {
     inputs.push_back(
         model.MakeInput(c.seed, k, c.dtype, c.batch).ToEngine().narrow(0, row_begin, row_count));
   }
-  auto step = [&](int64_t k, ParamGradMeter* meter) {
+  // One training step of `m` with `opt` on input k; returns the loss.
+  auto train_step = [&](nn::Module& m, optim::Optimizer& opt, int64_t k, ParamGradMeter* meter) {
     auto sample = [&](const char* where) {
       if (meter != nullptr) meter->Sample(where);
     };
-    Tensor loss = ZooModel::Loss(model.Forward(*module, inputs[k]), model.LossAt(k));
+    Tensor loss = ZooModel::Loss(model.Forward(m, inputs[k]), model.LossAt(k));
     sample("after forward");
     loss.backward();
     sample("after backward");
-    optimizer->step();
+    opt.step();
     sample("after optimizer step");
-    optimizer->zero_grad(/*set_to_none=*/true);
+    opt.zero_grad(/*set_to_none=*/true);
     sample("after zero_grad");
-    report.last_loss = loss.item();
+    return loss.item();
+  };
+  auto step = [&](int64_t k, ParamGradMeter* meter) {
+    report.last_loss = train_step(*module, *optimizer, k, meter);
   };
   step(0, nullptr);
 
   MemoryStats& stats = RankContext::Current().memory_stats(Device::CPU());
   {
     ParamGradMeter meter(module);
-    report.bound = ClosedFormBound(meter.groups(), env.world_size);
+    report.bound = ClosedFormBound(meter.groups(), world_size);
     meter.Install();
     fsdp2::ScopedObserver observe(meter);
     stats.ResetPeak();
@@ -403,16 +451,61 @@ RankReport RunRank(const BenchConfig& c, const ZooModel& model, const OptimConfi
   }
 
   if (c.time_table) {
+    // World 1: the same model (same weights) and optimizer without FSDP, primed like the FSDP
+    // one (optimizer state), then stepped on the same inputs right after each FSDP step.
+    nn::ModulePtr unsharded;
+    std::unique_ptr<optim::Optimizer> unsharded_optimizer;
+    if (world_size == 1) {
+      unsharded = model.BuildEngineWithWeights(c.seed, c.dtype);
+      unsharded_optimizer = conformance::MakeEngineOptimizer(optim, unsharded->named_parameters());
+      train_step(*unsharded, *unsharded_optimizer, 0, nullptr);
+      train_step(*unsharded, *unsharded_optimizer, 1, nullptr);
+    }
     for (int i = 0; i < c.warmup + c.iters; ++i) {
-      env.pg->barrier();
-      const auto t0 = std::chrono::steady_clock::now();
+      pg->barrier();
+      auto t0 = std::chrono::steady_clock::now();
       step(2 + i, nullptr);
       const double ms = MsSince(t0);
       if (i >= c.warmup) report.step_ms.push_back(ms);
+      if (unsharded == nullptr) continue;
+      t0 = std::chrono::steady_clock::now();
+      train_step(*unsharded, *unsharded_optimizer, 2 + i, nullptr);
+      const double unsharded_ms = MsSince(t0);
+      if (i >= c.warmup) report.unsharded_step_ms.push_back(unsharded_ms);
     }
   }
-  if (c.comm_table) report.all_gathers = TimeAllGathers(c, module, *env.pg);
+  if (c.comm_table) report.all_gathers = TimeAllGathers(c, module, *pg);
   return report;
+}
+
+// Every rank's timings (Tables 2 and 3) on every rank of a process backend: the ranks' reports
+// as far as the tables use them, gathered over `pg` (each rank's timings have the same length:
+// same --iters, same groups).
+std::vector<RankReport> GatherTimings(const RankReport& mine, distributed::ProcessGroup& pg) {
+  std::vector<double> flat = mine.step_ms;
+  flat.insert(flat.end(), mine.unsharded_step_ms.begin(), mine.unsharded_step_ms.end());
+  for (const AllGatherTiming& t : mine.all_gathers) {
+    flat.push_back(t.fsdp_ms);
+    flat.push_back(t.bare_ms);
+  }
+  flat.push_back(mine.last_loss);
+  const std::vector<std::vector<double>> all = AllGatherDoubles(pg, flat);
+  std::vector<RankReport> reports;
+  for (const std::vector<double>& theirs : all) {
+    RankReport r = mine;  // group names and byte counts are the same on every rank
+    auto at = theirs.begin();
+    r.step_ms.assign(at, at + static_cast<std::ptrdiff_t>(mine.step_ms.size()));
+    at += static_cast<std::ptrdiff_t>(mine.step_ms.size());
+    r.unsharded_step_ms.assign(at, at + static_cast<std::ptrdiff_t>(mine.unsharded_step_ms.size()));
+    at += static_cast<std::ptrdiff_t>(mine.unsharded_step_ms.size());
+    for (AllGatherTiming& t : r.all_gathers) {
+      t.fsdp_ms = *at++;
+      t.bare_ms = *at++;
+    }
+    r.last_loss = *at;
+    reports.push_back(std::move(r));
+  }
+  return reports;
 }
 
 // One Table 4 row: a sharding strategy, measured in a plain step or with the measured step's
@@ -555,7 +648,9 @@ Table TimeTable() {
                 {"engine_min_ms", "engine min", "(ms)", 3},
                 {"oracle_step_ms", "oracle step", "(ms)", 3},
                 {"engine_over_oracle", "engine/oracle", "", 3},
-                {"engine_over_world1", "vs world 1", "", 3}});
+                {"engine_over_world1", "vs world 1", "", 3},
+                {"unsharded_step_ms", "unsharded step", "(ms)", 3},
+                {"engine_over_unsharded", "engine/unsharded", "", 3}});
 }
 
 Table Fsdp1MemoryTable() {
@@ -603,9 +698,27 @@ std::string Describe(const BenchConfig& c, const std::string& model) {
   return os.str();
 }
 
-// Runs both tables for one model; returns its JSON and sets `exceeded` / `failed`.
-nlohmann::json RunModel(const BenchConfig& c, const std::string& name, bool& exceeded,
-                        bool& failed) {
+// Every rank's report of one world of FSDP2 ranks; nullopt when a rank failed (said on stdout).
+using WorldRunner = std::function<std::optional<std::vector<RankReport>>(
+    int world, const ZooModel& model, const OptimConfig& optim)>;
+
+// The threaded backend's world: W rank threads of this process.
+std::optional<std::vector<RankReport>> RunThreadedWorld(const BenchConfig& c, int world,
+                                                        const ZooModel& model,
+                                                        const OptimConfig& optim) {
+  auto results = fakes::RunRanks(world, [&](fakes::RankEnv& env) {
+    return RunRank(c, model, optim, env.pg);
+  });
+  if (!results.all_ok()) {
+    std::cout << "world " << world << " FAILED:\n" << results.summary();
+    return std::nullopt;
+  }
+  return results.values();
+}
+
+// Runs the tables for one model; returns its JSON and sets `exceeded` / `failed`.
+nlohmann::json RunModel(const BenchConfig& c, const std::string& name,
+                        const WorldRunner& run_world, bool& exceeded, bool& failed) {
   const ZooModel model = ZooModel::Make(name, ZooParams(c, name));
   const OptimConfig optim = BenchOptim(c);
   std::cout << "\n== " << Describe(c, name) << "\n   " << NumParameters(model) << " parameters, "
@@ -626,15 +739,12 @@ nlohmann::json RunModel(const BenchConfig& c, const std::string& name, bool& exc
     oracle_median = Median(oracle_ms);
   }
   for (int world : c.worlds) {
-    auto results = fakes::RunRanks(world, [&](fakes::RankEnv& env) {
-      return RunRank(c, model, optim, env);
-    });
-    if (!results.all_ok()) {
-      std::cout << "world " << world << " FAILED:\n" << results.summary();
+    const std::optional<std::vector<RankReport>> results = run_world(world, model, optim);
+    if (!results) {
       failed = true;
       continue;
     }
-    const std::vector<RankReport> reports = results.values();
+    const std::vector<RankReport>& reports = *results;
     groups_json.push_back({{"world", world},
                            {"group_unsharded_bytes", reports[0].bound.group_unsharded_bytes}});
     for (size_t r = 0; r < reports.size(); ++r) {
@@ -665,10 +775,13 @@ nlohmann::json RunModel(const BenchConfig& c, const std::string& name, bool& exc
       }
       const double engine_ms = Median(per_step);
       if (world == 1) world1_ms = engine_ms;
+      const double unsharded_ms = Median(reports[0].unsharded_step_ms);  // world 1 only
       time.AddRow({int64_t{world}, RowsPerRank(c.batch, world), engine_ms,
                    *std::min_element(per_step.begin(), per_step.end()), oracle_median,
                    engine_ms / oracle_median,
-                   std::isnan(world1_ms) ? TableCell{} : TableCell{engine_ms / world1_ms}});
+                   std::isnan(world1_ms) ? TableCell{} : TableCell{engine_ms / world1_ms},
+                   std::isnan(unsharded_ms) ? TableCell{} : TableCell{unsharded_ms},
+                   std::isnan(unsharded_ms) ? TableCell{} : TableCell{engine_ms / unsharded_ms}});
     }
     for (size_t g = 0; c.comm_table && g < reports[0].all_gathers.size(); ++g) {
       // The slowest rank's median, for each of the two.
@@ -730,7 +843,9 @@ nlohmann::json RunModel(const BenchConfig& c, const std::string& name, bool& exc
   if (c.time_table) {
     std::cout << "\nTable 2 - step time (forward + backward + optimizer), median of " << c.iters
               << " after " << c.warmup
-              << " warmup (engine min: the fastest step); engine = slowest rank per step\n\n"
+              << " warmup (engine min: the fastest step); engine = slowest rank per step;\n"
+              << "  unsharded = the same model and optimizer without FSDP (world 1), timed in "
+                 "alternation with the FSDP step\n\n"
               << time.ToText("  ");
     out["time"] = time.ToJson();
     out["oracle_step_ms_samples"] = oracle_ms;
@@ -755,17 +870,12 @@ nlohmann::json RunModel(const BenchConfig& c, const std::string& name, bool& exc
   return out;
 }
 
-int Main(int argc, char** argv) {
-  BenchConfig c;
-  try {
-    c = ParseArgs(argc, argv);
-  } catch (const Error& e) {
-    std::cerr << "fsdp-bench: " << e.what() << "\n";
-    return 2;
-  }
+// Prints the header and every model's tables for the worlds `run_world` runs; writes --json.
+// Returns the exit status.
+int Report(const BenchConfig& c, const std::string& ranks, const WorldRunner& run_world) {
   const int nproc = Nproc();
   const int max_world = *std::max_element(c.worlds.begin(), c.worlds.end());
-  std::cout << "fsdp-bench: threaded engine (one thread per rank, ThreadedProcessGroup), CPU\n"
+  std::cout << "fsdp-bench: " << ranks << ", CPU\n"
             << "nproc: " << nproc << "; global batch " << c.batch
             << " rows split across the ranks (torch.tensor_split)\n";
   if (max_world > nproc) {
@@ -776,6 +886,7 @@ int Main(int argc, char** argv) {
   bool failed = false;
   nlohmann::json json = {
       {"benchmark", "fsdp-bench"},
+      {"backend", c.backend},
       {"nproc", nproc},
       {"config",
        {{"worlds", c.worlds}, {"n_layers", c.n_layers}, {"dim", c.dim}, {"n_heads", c.n_heads},
@@ -783,13 +894,8 @@ int Main(int argc, char** argv) {
         {"global_batch", c.batch}, {"iters", c.iters}, {"warmup", c.warmup}, {"lr", c.lr},
         {"dtype", DTypeName(c.dtype)}, {"seed", c.seed}}},
       {"models", nlohmann::json::array()}};
-  try {
-    for (const std::string& model : c.models) {
-      json["models"].push_back(RunModel(c, model, exceeded, failed));
-    }
-  } catch (const Error& e) {
-    std::cerr << "fsdp-bench: " << e.what() << "\n";
-    return 2;
+  for (const std::string& model : c.models) {
+    json["models"].push_back(RunModel(c, model, run_world, exceeded, failed));
   }
   json["bound_exceeded"] = exceeded;
   json["failed"] = failed;
@@ -806,6 +912,79 @@ int Main(int argc, char** argv) {
                  "WARN)\n";
   }
   return exceeded || failed ? 1 : 0;
+}
+
+// A process backend, this process being one launched rank of a world of --worlds' one size:
+// every rank runs every model's FSDP steps; rank 0 prints the tables.
+int RunLaunchedRank(const BenchConfig& c, const distributed::LaunchEnvironment& launch) {
+  FSDP_CHECK(c.worlds == std::vector<int>{launch.world_size}, "--worlds must be the launched "
+             "world size ", launch.world_size, " (", launch.source, ")");
+  distributed::LaunchEnvironment env = launch;
+  env.backend = c.backend;
+  const std::unique_ptr<distributed::DistributedSession> session =
+      distributed::DistributedSession::Create(env);
+  const std::shared_ptr<distributed::ProcessGroup>& pg = session->world_ptr();
+  const WorldRunner run_world = [&](int /*world*/, const ZooModel& model,
+                                    const OptimConfig& optim) {
+    return std::optional<std::vector<RankReport>>(
+        GatherTimings(RunRank(c, model, optim, pg), *pg));
+  };
+  if (pg->rank() == 0) {
+    return Report(c, "engine ranks as processes (--backend " + c.backend + ", world " +
+                         std::to_string(pg->size()) + ")", run_world);
+  }
+  for (const std::string& name : c.models) {
+    run_world(pg->size(), ZooModel::Make(name, ZooParams(c, name)), BenchOptim(c));
+  }
+  return 0;
+}
+
+// A process backend without a launcher: for each world of --worlds, start W copies of this
+// program (the same arguments, then --worlds W) as the ranks. Returns the first failure's
+// status, else 0.
+int LaunchWorlds(const BenchConfig& c, int argc, char** argv) {
+  std::error_code ec;
+  const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  FSDP_CHECK_CODE(ErrorCode::kUnavailable, !ec, "cannot resolve /proc/self/exe: ", ec.message());
+  int status = 0;
+  for (int world : c.worlds) {
+    LocalLaunchOptions launch;
+    launch.nproc_per_node = world;
+    launch.prefix_output = false;  // rank 0 prints the tables; errors name their rank
+    launch.name = "fsdp-bench";
+    launch.command.push_back(self.string());
+    for (int i = 1; i < argc; ++i) launch.command.emplace_back(argv[i]);
+    launch.command.insert(launch.command.end(), {"--worlds", std::to_string(world)});
+    const int rc = RunLocalWorld(launch);
+    if (status == 0) status = rc;
+  }
+  return status;
+}
+
+int Main(int argc, char** argv) {
+  BenchConfig c;
+  try {
+    c = ParseArgs(argc, argv);
+  } catch (const Error& e) {
+    std::cerr << "fsdp-bench: " << e.what() << "\n";
+    return 2;
+  }
+  std::string who;  // "rank R: " once this process is known to be a launched rank
+  try {
+    if (!IsProcessBackend(c)) {
+      return Report(c, "threaded engine (one thread per rank, ThreadedProcessGroup)",
+                    [&](int world, const ZooModel& model, const OptimConfig& optim) {
+                      return RunThreadedWorld(c, world, model, optim);
+                    });
+    }
+    const distributed::LaunchEnvironment launch = distributed::ReadLaunchEnvironment();
+    if (launch.source == "default") return LaunchWorlds(c, argc, argv);
+    who = "rank " + std::to_string(launch.rank) + ": ";
+    return RunLaunchedRank(c, launch);
+  } catch (const Error& e) {
+    std::cerr << "fsdp-bench: " + who + e.what() + "\n";  // one write: peers may be killed
+    return 2;
+  }
 }
 
 }  // namespace

@@ -19,7 +19,7 @@ void MemoryStats::OnFree(int64_t bytes) { current_.fetch_sub(bytes); }
 
 namespace {
 
-// CPU memory: 64-byte aligned, zero-filled.
+// CPU memory: 64-byte aligned (the size rounded up to 64 bytes), uninitialised.
 class CpuDeviceBackend final : public DeviceBackend {
  public:
   void* Allocate(size_t nbytes, int /*index*/) override {
@@ -27,7 +27,6 @@ class CpuDeviceBackend final : public DeviceBackend {
     void* p = std::aligned_alloc(64, rounded);
     FSDP_CHECK_CODE(ErrorCode::kUnavailable, p != nullptr, "CPU allocation of ", nbytes,
                     " bytes failed");
-    std::memset(p, 0, rounded);
     return p;
   }
   void Free(void* ptr, size_t /*nbytes*/, int /*index*/) override { std::free(ptr); }
@@ -40,8 +39,8 @@ class CpuDeviceBackend final : public DeviceBackend {
     }
     if (nbytes > 0 && dst != src) std::memmove(dst, src, nbytes);
   }
-  void Zero(void* ptr, size_t nbytes, int /*index*/) override {
-    if (nbytes > 0) std::memset(ptr, 0, nbytes);
+  void Fill(void* ptr, unsigned char byte, size_t nbytes, int /*index*/) override {
+    if (nbytes > 0) std::memset(ptr, byte, nbytes);
   }
 };
 

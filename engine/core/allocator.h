@@ -36,7 +36,8 @@ class MemoryStats {
 class DeviceBackend {
  public:
   virtual ~DeviceBackend() = default;
-  // Returns zero-filled memory of `nbytes` (> 0) on device `index`.
+  // Returns uninitialised memory of `nbytes` (> 0) on device `index` (Storage zero-fills it
+  // unless asked not to, engine/core/storage.h AllocInit).
   virtual void* Allocate(size_t nbytes, int index) = 0;
   virtual void Free(void* ptr, size_t nbytes, int index) = 0;
   // Copies `nbytes` between any two devices of which at least one is of this backend's type.
@@ -45,10 +46,12 @@ class DeviceBackend {
   // memory is synchronous); the caller then orders later host use with an event.
   virtual void Copy(void* dst, Device dst_device, const void* src, Device src_device,
                     size_t nbytes, bool non_blocking) = 0;
-  virtual void Zero(void* ptr, size_t nbytes, int index) = 0;
+  // Sets `nbytes` bytes at `ptr` to `byte` (memset).
+  virtual void Fill(void* ptr, unsigned char byte, size_t nbytes, int index) = 0;
+  void Zero(void* ptr, size_t nbytes, int index) { Fill(ptr, 0, nbytes, index); }
 };
 
-// Page-locked host memory (cudaHostAlloc), zero-filled, for Tensor::pin_memory and FSDP's CPU
+// Page-locked host memory (cudaHostAlloc), uninitialised, for Tensor::pin_memory and FSDP's CPU
 // offload with pin_memory. Throws Unavailable when no CUDA device is visible (PyTorch: "Cannot
 // access accelerator device when none is available"). Freeing waits for the device
 // (cudaFreeHost), so an in-flight non-blocking copy never reads freed memory.

@@ -69,7 +69,7 @@ bool CachingDisabled() {
 // a block is reused by later allocations on the stream that was current when it was first
 // allocated, without synchronising; FSDP orders cross-stream use with events. With
 // PYTORCH_NO_CUDA_MEMORY_CACHING=1 the allocators cache nothing (every free is a cudaFree).
-// Zero-filling and copies are issued on the calling thread's current stream of the device
+// Fills (Zero) and copies are issued on the calling thread's current stream of the device
 // (engine/core/cuda_stream.h), so they are ordered with the kernels launched there; copies that
 // touch host memory wait for that stream before returning (the host buffer is pageable and the
 // caller reads it next) unless the caller asked for non_blocking on pinned memory. A
@@ -81,9 +81,7 @@ class CudaDeviceBackend final : public DeviceBackend {
  public:
   void* Allocate(size_t nbytes, int index) override {
     CudaCheck(cudaSetDevice(index), "cudaSetDevice");
-    void* p = Cache(index).Allocate(nbytes, Stream(index));
-    CudaCheck(cudaMemsetAsync(p, 0, nbytes, Stream(index)), "cudaMemsetAsync");
-    return p;
+    return Cache(index).Allocate(nbytes, Stream(index));
   }
   void Free(void* ptr, size_t /*nbytes*/, int index) override { Cache(index).Free(ptr); }
   void Copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes,
@@ -101,9 +99,9 @@ class CudaDeviceBackend final : public DeviceBackend {
       CudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     }
   }
-  void Zero(void* ptr, size_t nbytes, int index) override {
+  void Fill(void* ptr, unsigned char byte, size_t nbytes, int index) override {
     CudaCheck(cudaSetDevice(index), "cudaSetDevice");
-    CudaCheck(cudaMemsetAsync(ptr, 0, nbytes, Stream(index)), "cudaMemsetAsync");
+    CudaCheck(cudaMemsetAsync(ptr, byte, nbytes, Stream(index)), "cudaMemsetAsync");
   }
 
   // The allocator of device `index` (created on first use).
@@ -157,7 +155,6 @@ void* AllocatePinnedHost(size_t nbytes) {
   FSDP_CHECK_CODE(ErrorCode::kResourceExhausted, err != cudaErrorMemoryAllocation,
                   "pin_memory: out of page-locked host memory allocating ", nbytes, " bytes");
   CudaCheck(err, "cudaHostAlloc");
-  std::memset(p, 0, nbytes);
   return p;
 }
 

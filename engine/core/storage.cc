@@ -1,27 +1,44 @@
 #include "engine/core/storage.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "engine/core/error.h"
 #include "engine/core/rank_context.h"
 
 namespace fsdp {
 
-Storage::Storage(size_t nbytes, Device device, bool pinned) : device_(device), pinned_(pinned) {
+bool FillUninitializedMemory() {
+  static const bool fill = [] {
+    const char* v = std::getenv("FSDP_FILL_UNINITIALIZED_MEMORY");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return fill;
+}
+
+Storage::Storage(size_t nbytes, Device device, bool pinned, AllocInit init)
+    : device_(device), pinned_(pinned) {
   FSDP_CHECK(!pinned || device.is_cpu(), "only CPU memory can be pinned, not ", device.str());
-  Allocate(nbytes);
+  Allocate(nbytes, init);
 }
 
 Storage::~Storage() { Release(); }
 
-void Storage::Resize(size_t nbytes) {
+void Storage::Resize(size_t nbytes, AllocInit init) {
   if (nbytes == nbytes_) return;
   Release();
-  Allocate(nbytes);
+  Allocate(nbytes, init);
 }
 
-void Storage::Allocate(size_t nbytes) {
+void Storage::Allocate(size_t nbytes, AllocInit init) {
   if (nbytes == 0) return;
-  data_ = pinned_ ? AllocatePinnedHost(nbytes)
-                  : GetDeviceBackend(device_.type).Allocate(nbytes, device_.index);
+  DeviceBackend& backend = GetDeviceBackend(device_.type);  // the CPU's for pinned memory
+  data_ = pinned_ ? AllocatePinnedHost(nbytes) : backend.Allocate(nbytes, device_.index);
+  if (init == AllocInit::kZeros) {
+    backend.Zero(data_, nbytes, device_.index);
+  } else if (FillUninitializedMemory()) {
+    backend.Fill(data_, 0xFF, nbytes, device_.index);
+  }
   nbytes_ = nbytes;
   stats_ = RankContext::Current().memory_stats_ptr(device_);
   stats_->OnAllocate(static_cast<int64_t>(nbytes));

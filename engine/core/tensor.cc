@@ -27,11 +27,11 @@ int64_t Numel(const Shape& shape) {
 namespace {
 
 std::shared_ptr<TensorImpl> MakeImpl(const Shape& shape, DType dtype, Device device,
-                                     bool pinned = false) {
+                                     bool pinned = false, AllocInit init = AllocInit::kZeros) {
   for (int64_t s : shape) FSDP_CHECK(s >= 0, "negative dimension in shape ", ShapeStr(shape));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(
-      static_cast<size_t>(Numel(shape)) * ElementSize(dtype), device, pinned);
+      static_cast<size_t>(Numel(shape)) * ElementSize(dtype), device, pinned, init);
   impl->sizes = shape;
   impl->dtype = dtype;
   return impl;
@@ -80,6 +80,10 @@ std::vector<char> HostBytes(const Tensor& t) {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return Tensor(MakeImpl(shape, dtype, device));
+}
+
+Tensor Tensor::empty_uninitialized(const Shape& shape, DType dtype, Device device) {
+  return Tensor(MakeImpl(shape, dtype, device, /*pinned=*/false, AllocInit::kUninitialized));
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
@@ -272,15 +276,16 @@ Tensor Tensor::squeeze(int64_t dim) const {
   return MakeView(*this, 0, shape);
 }
 
+// The copies below allocate uninitialised storage: copy_ writes every element.
 Tensor Tensor::clone() const {
-  Tensor out = empty(sizes(), dtype(), device());
+  Tensor out = empty_uninitialized(sizes(), dtype(), device());
   out.copy_(*this);
   return out;
 }
 
 Tensor Tensor::to(DType target) const {
   if (target == dtype()) return *this;
-  Tensor out = empty(sizes(), target, device());
+  Tensor out = empty_uninitialized(sizes(), target, device());
   out.copy_(*this);
   return out;
 }
@@ -288,7 +293,7 @@ Tensor Tensor::to(DType target) const {
 Tensor Tensor::to(Device target, bool non_blocking) const {
   if (target == device()) return *this;
   const bool pin_output = non_blocking && device().is_cuda() && target.is_cpu();
-  Tensor out(MakeImpl(sizes(), dtype(), target, pin_output));
+  Tensor out(MakeImpl(sizes(), dtype(), target, pin_output, AllocInit::kUninitialized));
   out.copy_(*this, non_blocking);
   return out;
 }
@@ -296,7 +301,7 @@ Tensor Tensor::to(Device target, bool non_blocking) const {
 Tensor Tensor::pin_memory() const {
   FSDP_CHECK(device().is_cpu(), "pin_memory: only CPU tensors can be pinned, got ", str());
   if (is_pinned()) return *this;
-  Tensor out(MakeImpl(sizes(), dtype(), device(), /*pinned=*/true));
+  Tensor out(MakeImpl(sizes(), dtype(), device(), /*pinned=*/true, AllocInit::kUninitialized));
   out.copy_(*this);
   return out;
 }

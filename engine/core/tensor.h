@@ -51,8 +51,13 @@ class Tensor {
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
   // Factories. `device` defaults to the CPU; random factories draw from `generator`, or from
-  // the current rank's generator when it is null.
+  // the current rank's generator when it is null. `empty` is zero-filled, like every
+  // allocation ([Note: allocations are zero-filled] in docs/decisions.md);
+  // `empty_uninitialized` is torch.empty's own contract (the contents are whatever the
+  // allocator returns), for a caller that overwrites every element before anything reads it.
   static Tensor empty(const Shape& shape, DType dtype = DType::kFloat32, Device device = Device::CPU());
+  static Tensor empty_uninitialized(const Shape& shape, DType dtype = DType::kFloat32,
+                                    Device device = Device::CPU());
   static Tensor zeros(const Shape& shape, DType dtype = DType::kFloat32, Device device = Device::CPU());
   static Tensor ones(const Shape& shape, DType dtype = DType::kFloat32, Device device = Device::CPU());
   static Tensor full(const Shape& shape, double value, DType dtype = DType::kFloat32,

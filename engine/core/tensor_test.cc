@@ -1,5 +1,7 @@
 #include "engine/core/tensor.h"
 
+#include <cmath>
+
 #include <gtest/gtest.h>
 
 #include "engine/core/rank_context.h"
@@ -74,6 +76,38 @@ TEST(CoreTensor, StorageResizeKeepsViewsValid) {
   EXPECT_TRUE(view.has_storage());
   full.copy_(Tensor::from_doubles({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2}));
   EXPECT_EQ(view.to_doubles(), (std::vector<double>{5, 6, 7, 8}));
+}
+
+// `empty` and a default Resize zero-fill (every time, also over memory freed dirty); an
+// uninitialised allocation is filled with 0xFF bytes exactly when FSDP_FILL_UNINITIALIZED_MEMORY=1
+// (ctest runs this test both ways: engine/CMakeLists.txt).
+TEST(CoreTensor, ZeroedAndUninitializedAllocations) {
+  for (int round = 0; round < 3; ++round) {
+    Tensor dirty = Tensor::full({1024}, 7.0, DType::kFloat64);
+    dirty = Tensor();  // freed with non-zero contents
+    EXPECT_EQ(Tensor::empty({1024}, DType::kFloat64).to_doubles(), std::vector<double>(1024, 0.0));
+    Tensor resized = Tensor::full({16}, 3.0);
+    resized.storage()->Resize(0);
+    resized.storage()->Resize(16 * sizeof(float));
+    EXPECT_EQ(resized.to_doubles(), std::vector<double>(16, 0.0));
+  }
+  const Tensor u = Tensor::empty_uninitialized({5, 3}, DType::kInt64);
+  EXPECT_EQ(u.sizes(), (Shape{5, 3}));
+  EXPECT_EQ(u.dtype(), DType::kInt64);
+  Tensor r = Tensor::zeros({4});
+  r.storage()->Resize(0);
+  r.storage()->Resize(4 * sizeof(float), AllocInit::kUninitialized);
+  if (FillUninitializedMemory()) {
+    EXPECT_EQ(u.to_int64s(), std::vector<int64_t>(15, -1));
+    for (double v : r.to_doubles()) EXPECT_TRUE(std::isnan(v));
+    for (double v : Tensor::empty_uninitialized({3}, DType::kBFloat16).to_doubles()) {
+      EXPECT_TRUE(std::isnan(v));
+    }
+  }
+  // Copies overwrite their uninitialised outputs.
+  const Tensor src = Tensor::from_doubles({1, 2, 3}, {3});
+  EXPECT_EQ(src.clone().to_doubles(), (std::vector<double>{1, 2, 3}));
+  EXPECT_EQ(src.to(DType::kFloat64).to_doubles(), (std::vector<double>{1, 2, 3}));
 }
 
 TEST(CoreTensor, AllocatorCountsCurrentAndPeakPerRank) {

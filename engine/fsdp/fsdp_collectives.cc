@@ -5,6 +5,7 @@
 #include <sstream>
 #include <utility>
 
+#include "engine/core/allocator.h"
 #include "engine/core/error.h"
 #include "engine/fsdp/fsdp_param.h"
 #include "engine/ops/elementwise.h"
@@ -18,6 +19,20 @@ void DivIfNeeded(const Tensor& t, double factor) {
 }
 
 namespace {
+
+// dst[dst_offset, +numel) = src[src_offset, +numel) for two tensors of one dtype on one device,
+// copied as bytes without making views: the all-gather copy-out runs it once per parameter and
+// rank (torch.split_with_sizes_copy's job), where a view per copy costs more than the copy.
+void CopyElements(const Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t src_offset,
+                  int64_t numel) {
+  FSDP_INTERNAL_ASSERT(dst.dtype() == src.dtype() && dst.device() == src.device());
+  if (numel == 0) return;
+  const size_t element = dst.element_size();
+  GetDeviceBackend(dst.device().type)
+      .Copy(static_cast<char*>(dst.data_ptr()) + dst_offset * element, dst.device(),
+            static_cast<const char*>(src.data_ptr()) + src_offset * element, src.device(),
+            static_cast<size_t>(numel) * element, /*non_blocking=*/false);
+}
 
 distributed::ReduceOptions ToReduceOptions(const DivideFactors& factors) {
   switch (factors.op) {
@@ -81,7 +96,9 @@ std::shared_ptr<AllGatherResult> foreach_all_gather(
   int64_t per_rank_numel = 0;
   for (int64_t n : result->all_gather_input_split_sizes) per_rank_numel += n;
 
-  result->all_gather_output = Tensor::empty({per_rank_numel * world_size}, dtype, device);
+  // Uninitialised (torch.empty): the copy-in writes this rank's slice, the all-gather the rest.
+  result->all_gather_output =
+      Tensor::empty_uninitialized({per_rank_numel * world_size}, dtype, device);
   Tensor all_gather_input = result->all_gather_output.narrow(0, per_rank_numel * rank,
                                                             per_rank_numel);
   int64_t offset = 0;
@@ -132,10 +149,10 @@ void foreach_all_gather_copy_out(AllGatherResult& all_gather_result,
     const auto& numels = all_gather_result.param_all_gather_input_numels[i];
     for (size_t j = 0; j < numels.size(); ++j) {
       const int64_t n = numels[j];
-      Tensor param_output = fsdp_param->all_gather_outputs()[j];
+      const Tensor& param_output = fsdp_param->all_gather_outputs()[j];
       // Row k of the [W, L] view, columns [column, column + n) → rows [k*n, (k+1)*n).
       for (int k = 0; k < world_size && n > 0; ++k) {
-        param_output.narrow(0, k * n, n).copy_(output.narrow(0, k * per_rank_numel + column, n));
+        CopyElements(param_output, k * n, output, k * per_rank_numel + column, n);
       }
       column += n;
     }
@@ -151,6 +168,8 @@ void foreach_reduce_scatter_copy_in(const std::vector<Tensor>& grads, const Tens
   FSDP_CHECK(out.numel() == layout.total_numel(world_size), "reduce-scatter copy-in: output has ",
              out.numel(), " elements but the padded gradients need ",
              layout.total_numel(world_size));
+  // Every element of `out` is written (torch._chunk_cat): each rank's chunk of a gradient, then
+  // zeros for the rest of its padded shard, which the reduce-scatter reads.
   for (size_t i = 0; i < grads.size(); ++i) {
     const ShardInfo info = ComputeShardInfo(grads[i].sizes(), 0, world_size);
     const Tensor flat = grads[i].flatten();
@@ -159,9 +178,10 @@ void foreach_reduce_scatter_copy_in(const std::vector<Tensor>& grads, const Tens
       const int64_t begin = std::min<int64_t>(d0, info.chunk_rows * k);
       const int64_t end = std::min<int64_t>(d0, info.chunk_rows * (k + 1));
       const int64_t n = (end - begin) * info.row_numel;
-      if (n == 0) continue;
-      out.narrow(0, k * layout.per_rank_numel + layout.offsets[i], n)
-          .copy_(flat.narrow(0, begin * info.row_numel, n));
+      const Tensor padded_shard = out.narrow(0, k * layout.per_rank_numel + layout.offsets[i],
+                                             layout.padded_shard_numels[i]);
+      if (n > 0) padded_shard.narrow(0, 0, n).copy_(flat.narrow(0, begin * info.row_numel, n));
+      if (n < padded_shard.numel()) padded_shard.narrow(0, n, padded_shard.numel() - n).zero_();
     }
   }
 }
@@ -197,8 +217,9 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
   shapes.reserve(unsharded_grads.size());
   for (const Tensor& g : unsharded_grads) shapes.push_back(g.sizes());
   const GroupLayout layout = ComputeGroupLayout(shapes, world_size);
+  // Uninitialised (torch.empty): the copy-in writes every element, padding included.
   result.reduce_scatter_input =
-      Tensor::zeros({layout.total_numel(world_size)}, reduce_dtype, options.device);
+      Tensor::empty_uninitialized({layout.total_numel(world_size)}, reduce_dtype, options.device);
   foreach_reduce_scatter_copy_in(unsharded_grads, result.reduce_scatter_input, world_size);
   TraceWork("reduce_scatter_copy_in");
   unsharded_grads.clear();  // only after the copy-in may the unsharded grads be freed
@@ -210,7 +231,8 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
       options.reduce_scatter_stream ? *options.reduce_scatter_stream : current;
   reduce_scatter_stream.wait_stream(current);
   std::optional<CommStreamGuard> stream_guard(std::in_place, reduce_scatter_stream);
-  Tensor reduce_output = Tensor::empty({layout.per_rank_numel}, reduce_dtype, options.device);
+  Tensor reduce_output =
+      Tensor::empty_uninitialized({layout.per_rank_numel}, reduce_dtype, options.device);
   DivIfNeeded(result.reduce_scatter_input, factors.pre_divide);
   reduce_scatter_group->reduce_scatter_tensor(reduce_output, result.reduce_scatter_input,
                                               ToReduceOptions(factors));

@@ -187,14 +187,16 @@ void FsdpParam::init_all_gather_outputs(const std::vector<int64_t>& input_numels
   for (size_t i = 0; i < input_numels.size(); ++i) {
     all_gather_output_numels_.push_back(input_numels[i] * world_size);
     all_gather_outputs_.push_back(
-        Tensor::empty({input_numels[i] * world_size}, input_dtypes[i], device_));
+        Tensor::empty_uninitialized({input_numels[i] * world_size}, input_dtypes[i], device_));
   }
 }
 
 void FsdpParam::alloc_all_gather_outputs() {
+  // Uninitialised (PyTorch's alloc_storage, resize_): the copy-out writes every element.
   for (size_t i = 0; i < all_gather_outputs_.size(); ++i) {
     const Tensor& t = all_gather_outputs_[i];
-    t.storage()->Resize(static_cast<size_t>(all_gather_output_numels_[i]) * t.element_size());
+    t.storage()->Resize(static_cast<size_t>(all_gather_output_numels_[i]) * t.element_size(),
+                        AllocInit::kUninitialized);
   }
 }
 
@@ -336,7 +338,7 @@ Tensor FsdpParam::full_tensor() const {
   const auto& group = mesh_info_.shard_process_group;
   const int world = mesh_info_.shard_mesh_size;
   Tensor input = sharded_param_data_.to(device_);
-  Tensor output = Tensor::empty({input.numel() * world}, input.dtype(), device_);
+  Tensor output = Tensor::empty_uninitialized({input.numel() * world}, input.dtype(), device_);
   group->all_gather_into_tensor(output, input);
   const Tensor unsharded = output.narrow(0, 0, Numel(global_shape_)).view(global_shape_);
   return tp_sharding_ ? tp_sharding_->full_tensor(unsharded) : unsharded;
@@ -349,7 +351,7 @@ Tensor FsdpParam::full_grad() const {
   const int world = mesh_info_.shard_mesh_size;
   Tensor padded = Tensor::zeros(shard_info_.padded_shard_shape, grad.dtype(), device_);
   if (shard_info_.rows > 0) padded.narrow(0, 0, shard_info_.rows).copy_(grad);
-  Tensor output = Tensor::empty({padded.numel() * world}, grad.dtype(), device_);
+  Tensor output = Tensor::empty_uninitialized({padded.numel() * world}, grad.dtype(), device_);
   group->all_gather_into_tensor(output, padded.flatten());
   const Tensor unsharded = output.narrow(0, 0, Numel(global_shape_)).view(global_shape_);
   return tp_sharding_ ? tp_sharding_->full_tensor(unsharded) : unsharded;

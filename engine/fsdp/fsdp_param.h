@@ -143,7 +143,8 @@ class FsdpParam {
   void init_all_gather_outputs(const std::vector<int64_t>& input_numels,
                                const std::vector<DType>& input_dtypes, int world_size);
   const std::vector<Tensor>& all_gather_outputs() const { return all_gather_outputs_; }
-  // Re-allocates the (freed) storage of the all-gather outputs.
+  // Re-allocates the (freed) storage of the all-gather outputs, uninitialised: the all-gather
+  // copy-out overwrites every element next.
   void alloc_all_gather_outputs();
   // Frees the storage of the all-gather outputs (and so of the unsharded parameter).
   void free_unsharded_param();

@@ -29,13 +29,14 @@ bool StorageAllocatedWithNumel(const Tensor& t, int64_t numel) {
 
 void FreeStorage(const Tensor& t) { t.storage()->Resize(0); }
 
-void AllocStorage(const Tensor& t, int64_t numel) {
-  t.storage()->Resize(static_cast<size_t>(numel) * t.element_size());
+// `_alloc_storage`: `init` says whether the new storage is zeroed or left for an overwrite.
+void AllocStorage(const Tensor& t, int64_t numel, AllocInit init) {
+  t.storage()->Resize(static_cast<size_t>(numel) * t.element_size(), init);
 }
 
 // A persistent 1-D buffer whose storage starts freed (`torch.empty(...)` + `_free_storage`).
 Tensor FreedBuffer(int64_t numel, DType dtype, Device device) {
-  Tensor t = Tensor::empty({numel}, dtype, device);
+  Tensor t = Tensor::empty_uninitialized({numel}, dtype, device);
   FreeStorage(t);
   return t;
 }
@@ -260,7 +261,7 @@ bool FlatParamHandle::pre_unshard() {
 }
 
 void FlatParamHandle::use_low_precision_shard() {
-  AllocStorage(mp_shard_, local_shard_.numel());
+  AllocStorage(mp_shard_, local_shard_.numel(), AllocInit::kUninitialized);  // copied into next
   mp_shard_.copy_(local_shard_.to(device()).to(fwd_bwd_param_dtype_));
   SetData(flat_param_, mp_shard_);
 }
@@ -272,7 +273,7 @@ void FlatParamHandle::unshard() {
                                                      : flat_param_);
     return;
   }
-  Tensor unsharded = alloc_padded_unsharded_flat_param();
+  Tensor unsharded = alloc_padded_unsharded_flat_param(AllocInit::kUninitialized);
   use_unsharded_flat_param(all_gather_flat_param(unsharded));
 }
 
@@ -291,7 +292,7 @@ const Tensor& FlatParamHandle::padded_unsharded_flat_param() const {
   return full_param_padded_;
 }
 
-Tensor FlatParamHandle::alloc_padded_unsharded_flat_param() {
+Tensor FlatParamHandle::alloc_padded_unsharded_flat_param(AllocInit init) {
   Tensor unsharded = padded_unsharded_flat_param();
   if (force_full_precision() && uses_param_mixed_precision() &&
       full_param_padded_.storage()->nbytes() > 0) {
@@ -301,7 +302,7 @@ Tensor FlatParamHandle::alloc_padded_unsharded_flat_param() {
   }
   FSDP_INTERNAL_ASSERT(unsharded.storage()->nbytes() == 0,
                        "expects the unsharded flat parameter's storage to be freed");
-  AllocStorage(unsharded, padded_unsharded_numel());
+  AllocStorage(unsharded, padded_unsharded_numel(), init);
   return unsharded;
 }
 
@@ -434,7 +435,7 @@ void FlatParamHandle::unshard_grad() {
     sharded_grad = saved_grad_shard;
   }
   Tensor padded_unsharded_grad =
-      Tensor::empty({padded_unsharded_numel()}, sharded_grad.dtype(), device());
+      Tensor::empty_uninitialized({padded_unsharded_numel()}, sharded_grad.dtype(), device());
   options_.process_group->all_gather_into_tensor(padded_unsharded_grad, sharded_grad);
   SetGradUnchecked(flat_param_, padded_unsharded_grad.narrow(0, 0, unpadded_unsharded_numel()));
   use_unsharded_grad_views();
@@ -464,7 +465,7 @@ void FlatParamHandle::to_cpu() {
 
 void FlatParamHandle::from_cpu() {
   check_unsharded(flat_param_, "flat parameter");
-  Tensor padded = alloc_padded_unsharded_flat_param();
+  Tensor padded = alloc_padded_unsharded_flat_param(AllocInit::kZeros);
   padded.narrow(0, 0, unpadded_unsharded_numel()).copy_(flat_param_.detach());
   cpu_unsharded_flat_param_ = Tensor();
   use_unsharded_flat_param(padded);

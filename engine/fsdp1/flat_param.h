@@ -253,7 +253,10 @@ class FlatParamHandle : public std::enable_shared_from_this<FlatParamHandle> {
   std::vector<Tensor> get_unflat_views(const Tensor& tensor) const;
   void use_low_precision_shard();
   void free_low_precision_sharded_param();
-  Tensor alloc_padded_unsharded_flat_param();
+  // Re-allocates the freed padded unsharded flat parameter: uninitialised (PyTorch's
+  // `_alloc_storage`) before an all-gather that writes all of it, zeroed when only the unpadded
+  // part is written next (so the padding holds the zeros an all-gather would have brought).
+  Tensor alloc_padded_unsharded_flat_param(AllocInit init);
   Tensor all_gather_flat_param(const Tensor& padded_unsharded_flat_param);
   void use_unsharded_flat_param(const Tensor& padded_unsharded_flat_param);
   void use_sharded_flat_param();

@@ -223,12 +223,14 @@ void ReduceGrad(FsdpState& state, FlatParamHandle& handle) {
   const int64_t numel_to_pad = state.world_size * chunk_numel - unsharded_grad.numel();
   Tensor padded_unsharded_grad = unsharded_grad;
   if (numel_to_pad > 0) {
-    padded_unsharded_grad = Tensor::zeros({state.world_size * chunk_numel},
-                                          unsharded_grad.dtype(), unsharded_grad.device());
+    // F.pad: the gradient, then zeros (the reduce-scatter reads the padding).
+    padded_unsharded_grad = Tensor::empty_uninitialized(
+        {state.world_size * chunk_numel}, unsharded_grad.dtype(), unsharded_grad.device());
     padded_unsharded_grad.narrow(0, 0, unsharded_grad.numel()).copy_(unsharded_grad);
+    padded_unsharded_grad.narrow(0, unsharded_grad.numel(), numel_to_pad).zero_();
   }
-  Tensor new_sharded_grad = Tensor::empty({chunk_numel}, unsharded_grad.dtype(),
-                                          unsharded_grad.device());
+  Tensor new_sharded_grad = Tensor::empty_uninitialized({chunk_numel}, unsharded_grad.dtype(),
+                                                        unsharded_grad.device());
   fsdp2::DivIfNeeded(padded_unsharded_grad, state.gradient_predivide_factor);
   state.process_group->reduce_scatter_tensor(new_sharded_grad, padded_unsharded_grad,
                                              distributed::Sum());
