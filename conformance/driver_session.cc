@@ -45,15 +45,15 @@ bool HungUp(int fd) {
 
 }  // namespace
 
-DriverSession::DriverSession(std::vector<std::string> command, int world, std::string backend)
-    : command_(std::move(command)), world_(world), backend_(std::move(backend)) {
+DriverSession::DriverSession(std::vector<std::string> command, int size, std::string backend)
+    : command_(std::move(command)), size_(size), backend_(std::move(backend)) {
   FSDP_CHECK(!command_.empty() && !command_.front().empty(), "DriverSession needs a program");
-  FSDP_CHECK(world_ >= 1, "DriverSession: world must be >= 1, got ", world_);
+  FSDP_CHECK(size_ >= 1, "DriverSession: size must be >= 1, got ", size_);
   dir_ = MakeRunDir();
-  std::vector<distributed::RankCommand> commands(static_cast<size_t>(world_));
-  control_.assign(static_cast<size_t>(world_), -1);
-  rank_ends_.assign(static_cast<size_t>(world_), -1);
-  for (int r = 0; r < world_; ++r) {
+  std::vector<distributed::RankCommand> commands(static_cast<size_t>(size_));
+  control_.assign(static_cast<size_t>(size_), -1);
+  rank_ends_.assign(static_cast<size_t>(size_), -1);
+  for (int r = 0; r < size_; ++r) {
     int ends[2] = {-1, -1};
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) {
       const std::string why = std::strerror(errno);
@@ -130,24 +130,25 @@ void DriverSession::Close() {
 std::vector<RankOutcome> DriverSession::Serve(const LaunchRequest& request,
                                               const std::string& run_dir) {
   FSDP_CHECK(request.scenario != nullptr, "DriverSession: no scenario");
-  FSDP_CHECK(request.world == world_ && request.backend == backend_,
-             "DriverSession: a session of world ", world_, " on ", backend_,
+  FSDP_CHECK(request.world >= 1 && request.world <= size_ && request.backend == backend_,
+             "DriverSession: a session of ", size_, " ranks on ", backend_,
              " cannot serve a case of world ", request.world, " on ", request.backend);
+  const int world = request.world;  // served by the session's ranks 0..world-1
   const Scenario& scenario = *request.scenario;
   const auto start = Clock::now();
   const std::vector<DriverRequest> requests = WriteCaseRequests(
-      scenario, request.params, world_, backend_, run_dir,
+      scenario, request.params, world, backend_, run_dir,
       static_cast<double>(request.timeout.count()) / 1000.0, /*subject=*/"",
       request.inputs.get());
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
 
   // Hand the case out: one line per rank, the JSON array of its flags.
-  for (int r = 0; r < world_ && healthy(); ++r) {
+  for (int r = 0; r < world && healthy(); ++r) {
     const nlohmann::json args = requests[r].ToArgs();
     if (!SendAll(control_[r], args.dump() + "\n")) break;  // seen below as the rank's exit
   }
 
-  std::vector<std::optional<RankOutcome>> got(static_cast<size_t>(world_));
+  std::vector<std::optional<RankOutcome>> got(static_cast<size_t>(world));
   enum class Cause { kNone, kDeadline, kGrace, kRankExited };
   Cause cause = Cause::kNone;
   int first_failed = -1;  // the first rank whose result is an error
@@ -156,7 +157,7 @@ std::vector<RankOutcome> DriverSession::Serve(const LaunchRequest& request,
   const auto deadline = start + request.timeout;
   for (bool last_look = false;;) {
     int pending = 0;
-    for (int r = 0; r < world_; ++r) {
+    for (int r = 0; r < world; ++r) {
       if (got[r]) continue;
       if (std::filesystem::exists(requests[r].output)) {
         RankOutcome o = ReadRankResult(requests[r].output, requests[r].tensors_output,
@@ -172,7 +173,7 @@ std::vector<RankOutcome> DriverSession::Serve(const LaunchRequest& request,
       }
     }
     if (pending == 0 || last_look) break;
-    for (int r = 0; r < world_ && exited < 0; ++r) {
+    for (int r = 0; r < size_ && exited < 0; ++r) {
       if (ended_.load() || HungUp(control_[r])) exited = r;
     }
     const auto now = Clock::now();
@@ -201,8 +202,8 @@ std::vector<RankOutcome> DriverSession::Serve(const LaunchRequest& request,
     died = exit_.first_failed >= 0 ? exit_.first_failed : exited;
   }
   const std::string& name = scenario.info.name;
-  std::vector<RankOutcome> outcomes(static_cast<size_t>(world_));
-  for (int r = 0; r < world_; ++r) {
+  std::vector<RankOutcome> outcomes(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
     const std::string who = "rank " + std::to_string(r);
     const std::string log = LogTail(LogPath(r));
     const distributed::RankExit* rank_exit =

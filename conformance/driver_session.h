@@ -2,12 +2,12 @@
 // protocol's session mode; docs/scenarios.md, "Driver sessions"). Protocol 2 starts one
 // process per rank per case; a driver that declares sessions (`DRIVER --capabilities` prints
 // {"protocol": 2, "session": true}; session_launcher.h probes it) is instead started once per
-// (world, backend) as `DRIVER --serve`, W processes, and each case is handed to every rank as
-// one line on its stdin: the JSON array of the case's flags (DriverRequest::ToArgs(), exactly
-// the argv of a one-shot rank). The rank runs the case, writes its result (and tensors) file
-// as in protocol 2 — the result file last and whole (written elsewhere, then renamed), since
-// its appearance is what says the rank is done — and reads the next line. End of file on stdin
-// asks it to exit with status 0. The stdin is one end of a Unix socket pair; the runner holds
+// backend as `DRIVER --serve`, N processes (N at least the world of every case it serves), and
+// each case of world W is handed to ranks 0..W-1 as one line on their stdin: the JSON array of
+// the case's flags (DriverRequest::ToArgs(), exactly the argv of a one-shot rank). The rank
+// runs the case, writes its result (and tensors) file as in protocol 2 — the result file last
+// and whole (written elsewhere, then renamed), since its appearance is what says the rank is
+// done — and reads the next line. End of file on stdin asks it to exit with status 0. The stdin is one end of a Unix socket pair; the runner holds
 // the other, so a rank's exit (any status, at any time) is seen at once as a hang-up.
 //
 // Each case gets a fresh run directory (WriteCaseRequests: its own empty store/ for a fresh
@@ -46,14 +46,14 @@ inline constexpr const char* kServeFlag = "--serve";
 
 class DriverSession {
  public:
-  // Starts `world` processes `command... --serve` (the program is a path). A rank that cannot
+  // Starts `size` processes `command... --serve` (the program is a path). A rank that cannot
   // be started ends the session at once; the first Serve() reports it.
-  DriverSession(std::vector<std::string> command, int world, std::string backend);
+  DriverSession(std::vector<std::string> command, int size, std::string backend);
   ~DriverSession();  // Close()
   DriverSession(const DriverSession&) = delete;
   DriverSession& operator=(const DriverSession&) = delete;
 
-  int world() const { return world_; }
+  int size() const { return size_; }
   const std::string& backend() const { return backend_; }
   // Every rank is running and no case has failed in this session: it may serve the next case.
   bool healthy() const { return healthy_ && !ended_.load(); }
@@ -61,9 +61,9 @@ class DriverSession {
   // session ran; 0 when none.
   int received_signal() const { return received_signal_; }
 
-  // Hands the case `request` to every rank (its files written to `run_dir`, an existing
-  // directory) and waits for their results; exactly request.world outcomes, element r for rank
-  // r. Never throws for a rank's failure.
+  // Hands the case `request` (request.world <= size()) to ranks 0..world-1 (its files written
+  // to `run_dir`, an existing directory) and waits for their results; exactly request.world
+  // outcomes, element r for rank r. Never throws for a rank's failure. The other ranks idle.
   std::vector<RankOutcome> Serve(const LaunchRequest& request, const std::string& run_dir);
 
   // Ends the session: end of file on every rank's stdin, up to the kill grace for them to exit,
@@ -76,7 +76,7 @@ class DriverSession {
   std::string LogPath(int rank) const;
 
   std::vector<std::string> command_;
-  int world_;
+  int size_;                       // rank processes
   std::string backend_;
   std::string dir_;                // the session's directory (rankR.log)
   std::vector<int> control_;       // per rank: the runner's end of its stdin socket (-1: closed)

@@ -1,6 +1,6 @@
 // Driver sessions (driver_session.h, session_launcher.h) end to end with a torch-free kit
 // driver (conformance/testing/toy_session_driver.py) serving toy/sum: the capability probe,
-// many cases per process, a new session per world, a rank that dies or hangs mid-session (the
+// many cases per process, a new session for a larger world, a rank that dies or hangs mid-session (the
 // case fails naming it, no process outlives the run, the next case runs in a fresh session),
 // --driver-sessions off and --max-driver-ranks.
 #include <gmock/gmock.h>
@@ -136,12 +136,12 @@ TEST(DriverSession, SessionsOffStartsOneProcessPerRankPerCase) {
   EXPECT_EQ(std::set<int>(pids.begin(), pids.end()).size(), results.size());
 }
 
-TEST(DriverSession, ANewWorldGetsANewSession) {
+TEST(DriverSession, ALargerWorldGetsANewSessionAndSmallerOnesReuseIt) {
   if (!HavePython()) GTEST_SKIP() << "python3 is not available";
   SessionDriverDir dir;
   SessionLauncher launcher({dir.Driver()});
   const Scenario& sum = ToyCatalog().scenarios.Get("toy/sum");
-  for (int world : {2, 2, 1}) {
+  for (int world : {1, 2, 2, 1}) {  // sessions of 1, then 2 ranks
     LaunchRequest request;
     request.scenario = &sum;
     request.params = CaseParams({{"mode", "plain"}, {"scale", "3"}, {"bias", "0"}});

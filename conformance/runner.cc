@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <set>
@@ -178,6 +179,10 @@ std::vector<PlannedCase> Runner::Plan() {
       PlanWorld(s, cases, canonical_fixed, run.world, plan);
     }
   }
+  max_planned_world_ = 1;
+  for (const PlannedCase& pc : plan) {
+    if (!pc.skip_reason) max_planned_world_ = std::max(max_planned_world_, pc.world);
+  }
   planned_ = true;
   return plan;
 }
@@ -247,7 +252,8 @@ std::vector<RankOutcome> Runner::Launch(const LaunchRequest& request) const {
   if (!driver_launcher_) {
     driver_sessions_used_ = options_.driver_sessions && DriverServesSessions({options_.driver});
     if (driver_sessions_used_) {
-      driver_launcher_ = std::make_unique<SessionLauncher>(std::vector<std::string>{options_.driver});
+      driver_launcher_ = std::make_unique<SessionLauncher>(
+          std::vector<std::string>{options_.driver}, max_planned_world_);
     } else {
       driver_launcher_ = MakeLauncher();
     }

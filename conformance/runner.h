@@ -157,6 +157,7 @@ class Runner {
   // a ProcessLauncher; made at the first case.
   mutable std::unique_ptr<RankLauncher> driver_launcher_;
   mutable bool driver_sessions_used_ = false;
+  int max_planned_world_ = 1;  // the largest world of a planned case that runs (Plan())
 };
 
 }  // namespace fsdp::conformance

@@ -1,5 +1,6 @@
 #include "conformance/session_launcher.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -53,7 +54,8 @@ bool DriverServesSessions(const std::vector<std::string>& command,
   return true;
 }
 
-SessionLauncher::SessionLauncher(std::vector<std::string> command) : command_(std::move(command)) {
+SessionLauncher::SessionLauncher(std::vector<std::string> command, int ranks_hint)
+    : command_(std::move(command)), ranks_hint_(std::max(ranks_hint, 1)) {
   FSDP_CHECK(!command_.empty() && !command_.front().empty(), "SessionLauncher needs a program");
 }
 
@@ -66,7 +68,7 @@ void SessionLauncher::Close() {
 
 std::vector<RankOutcome> SessionLauncher::Launch(const LaunchRequest& request) {
   FSDP_CHECK(request.scenario != nullptr, "SessionLauncher: no scenario");
-  if (session_ && (!session_->healthy() || session_->world() != request.world ||
+  if (session_ && (!session_->healthy() || session_->size() < request.world ||
                    session_->backend() != request.backend)) {
     Close();
   }
@@ -80,7 +82,8 @@ std::vector<RankOutcome> SessionLauncher::Launch(const LaunchRequest& request) {
     return outcomes;
   }
   if (!session_) {
-    session_ = std::make_unique<DriverSession>(command_, request.world, request.backend);
+    session_ = std::make_unique<DriverSession>(command_, std::max(ranks_hint_, request.world),
+                                               request.backend);
     ++sessions_started_;
   }
   const std::string run_dir = MakeRunDir();

@@ -1,7 +1,10 @@
 // SessionLauncher: the RankLauncher of an external driver that serves sessions
-// (driver_session.h): the cases of a run go to one DriverSession at a time, kept while
-// consecutive cases share its world and backend and it is healthy, replaced otherwise (a new
-// world, a rank's death, a failed or timed-out case). DriverServesSessions() is the capability
+// (driver_session.h): the cases of a run go to one DriverSession at a time, of
+// max(`ranks_hint`, the case's world) processes, kept while it is healthy and the cases fit
+// (their world at most its size, the same backend), replaced otherwise (a larger world, a
+// rank's death, a failed or timed-out case). The runner's hint is the largest world of the
+// run's cases, so that one session serves them all and no case waits for interpreters to
+// start. DriverServesSessions() is the capability
 // probe that decides whether a driver gets this launcher or the one-shot ProcessLauncher
 // (process_launcher.h): `DRIVER --capabilities`, with stdin /dev/null, must print one JSON
 // object with "protocol": 2 and "session": true on stdout and exit 0 within the probe's time;
@@ -32,7 +35,8 @@ bool DriverServesSessions(const std::vector<std::string>& command,
 
 class SessionLauncher final : public RankLauncher {
  public:
-  explicit SessionLauncher(std::vector<std::string> command);
+  // `ranks_hint`: how many rank processes a session starts at least. Default: 1.
+  explicit SessionLauncher(std::vector<std::string> command, int ranks_hint = 1);
   ~SessionLauncher() override { Close(); }
 
   std::vector<RankOutcome> Launch(const LaunchRequest& request) override;
@@ -43,6 +47,7 @@ class SessionLauncher final : public RankLauncher {
 
  private:
   std::vector<std::string> command_;
+  int ranks_hint_;
   std::unique_ptr<DriverSession> session_;
   int sessions_started_ = 0;
 };
