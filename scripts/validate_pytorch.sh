@@ -16,7 +16,8 @@ build_dir=${2:?usage: validate_pytorch.sh VERSION BUILD_DIR [FAMILY_PATTERN...]}
 shift 2
 families=("$@")
 if [ ${#families[@]} -eq 0 ]; then
-  families=('fully_shard_comm/*' 'fully_shard_autograd/*' 'parity/single/*' 'parity/fsdp/*')
+  families=('fully_shard_comm/*' 'fully_shard_autograd/*' 'parity/single/*' 'parity/fsdp/*'
+            'parity/fsdp1/*')
 fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.venv-torch-$version"

@@ -4,7 +4,10 @@ sharding_strategy, backward_prefetch, use_orig_params, cpu_offload and mixed_pre
 
 On a CPU the driver passes device_id=torch.device("cpu"): without it FullyShardedDataParallel
 looks for an accelerator ("FSDP needs a non-CPU accelerator device, but no accelerator device
-is detected", 2.5) and cannot be built at all. With it FSDP1 runs on the CPU as released.
+is detected", 2.5) and cannot be built at all. With it FSDP1 runs on the CPU as released,
+except CPUOffload(offload_params=True): the lazy init pins the CPU shard (pin_memory), which
+needs an accelerator ("RuntimeError: CPU device type not an accelerator."), so without one
+those cases are skipped, saying so.
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -50,6 +53,11 @@ def wrap(request, model, should_nest):
                                         FullyShardedDataParallel, ShardingStrategy)
     from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
+    offload = request.param("cpu_offload") == "True"
+    if offload and not torch.cuda.is_available():
+        raise ScenarioSkipped("CPUOffload(offload_params=True) needs an accelerator: "
+                              "FullyShardedDataParallel pins the offloaded shard (pin_memory), "
+                              "which raises 'CPU device type not an accelerator' without one")
     strategy = request.param("sharding_strategy")
     kwargs = {}
     if strategy in _HYBRID:
@@ -67,7 +75,7 @@ def wrap(request, model, should_nest):
         sharding_strategy=ShardingStrategy[strategy],
         backward_prefetch=None if prefetch == "None" else BackwardPrefetch[prefetch],
         use_orig_params=request.param("use_orig_params") == "True",
-        cpu_offload=CPUOffload(offload_params=request.param("cpu_offload") == "True"),
+        cpu_offload=CPUOffload(offload_params=offload),
         mixed_precision=mixed_precision(request.param("mixed_precision")),
         auto_wrap_policy=functools.partial(lambda_auto_wrap_policy, lambda_fn=should_nest),
         device_id=torch.device("cpu"),
