@@ -2,8 +2,9 @@
 fresh, empty directory the runner shares between the case's ranks) and the process group of
 the backend the request names (gloo; nccl on GPU machines).
 
-Ownership: init() creates the default process group; shutdown() destroys it. Thread-safety:
-call from the main thread, once per process.
+Ownership: init() creates the default process group; shutdown() destroys it (in a driver
+session, after every case: the next case rendezvouses in its own store directory).
+Thread-safety: call from the main thread, one init()/shutdown() pair per case.
 """
 
 from __future__ import annotations
