@@ -59,6 +59,8 @@ DriverSession::DriverSession(std::vector<std::string> command, int size, std::st
       const std::string why = std::strerror(errno);
       for (int fd : control_) if (fd >= 0) ::close(fd);
       for (int fd : rank_ends_) if (fd >= 0) ::close(fd);
+      std::error_code ec;
+      std::filesystem::remove_all(dir_, ec);
       FSDP_THROW(ErrorCode::kUnavailable, "driver session: socketpair for rank ", r, ": ", why);
     }
     control_[r] = ends[0];

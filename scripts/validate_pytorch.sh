@@ -6,7 +6,8 @@
 #      --backend gloo --semantics S --max-driver-ranks M --json build/validate-pytorch/V/run.json`,
 #      S being the profile of V's release (torch-2.8 from 2.8 on, torch-2.4 before), M the most
 #      Python ranks at once (MAX_DRIVER_RANKS, default 8: each is an interpreter with torch,
-#      a few hundred MB); the driver serves sessions (one process per rank per world);
+#      a few hundred MB), CASE_TIMEOUT (default 120 s) the deadline of each case; the driver
+#      serves sessions (one process per rank for the whole run);
 #   3. the report: docs/pytorch-V.md and docs/pytorch-V.json (python/validate_pytorch/
 #      render_report.py), what passes, what fails and why, naming known PyTorch defects.
 # Usage: scripts/validate_pytorch.sh VERSION BUILD_DIR [FAMILY_PATTERN...]
@@ -36,7 +37,8 @@ out="$root/build/validate-pytorch/$version"
 mkdir -p "$out"
 command=(fsdp-conform run "${families[@]}" --subject external
          --driver python/fsdp-conform-pytorch --backend gloo --semantics "$semantics"
-         --max-driver-ranks "${MAX_DRIVER_RANKS:-8}" --json "build/validate-pytorch/$version/run.json")
+         --max-driver-ranks "${MAX_DRIVER_RANKS:-8}" --timeout "${CASE_TIMEOUT:-120}"
+         --json "build/validate-pytorch/$version/run.json")
 status=0
 (cd "$root" && FSDP_CONFORM_PYTHON="$python" "$build_dir/tools/${command[0]}" \
    "${command[@]:1}" | tee "$out/run.txt") || status=$?

@@ -25,7 +25,16 @@ def init(request):
 
 
 def shutdown() -> None:
+    """Ends the case's distributed state on this rank: a barrier (every rank's collectives of
+    the case have completed), the default group destroyed, and a garbage collection, so that
+    the case's modules and process groups (FSDP's reference cycles keep them alive) are freed
+    now, while every peer is still connected, and not inside the next case (in a session, a
+    Gloo group freed late blocked that rank's next rendezvous)."""
+    import gc
+
     import torch.distributed as dist
 
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
+    gc.collect()
