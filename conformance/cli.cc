@@ -62,6 +62,12 @@ run options:
                        or external (with --driver)
   --driver PATH        program run once per rank under the driver protocol
                        (docs/scenarios.md) when --subject external
+  --driver-sessions auto|off
+                       auto (default): a driver that declares sessions (DRIVER
+                       --capabilities) starts one process per rank per world, each serving
+                       many cases (DRIVER --serve); off: one process per rank per case
+  --max-driver-ranks N skip, saying so, the cases of --subject external whose world would
+                       start more than N driver processes at once (default: no limit)
   --determinism WHICH  which cases of the scenarios that train run twice, their observations
                        required to be bit-identical: first (default: the first case of each
                        scenario at each world), all, or none
@@ -375,7 +381,7 @@ int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostre
         std::ostream& err) {
   FlagParser flags("run",
                    {"--backend", "--world", "--json", "--timeout", "--subject", "--driver",
-                    "--semantics", "--determinism"},
+                    "--semantics", "--determinism", "--driver-sessions", "--max-driver-ranks"},
                    {"--param"}, {"--no-check-collectives"});
   flags.Parse(args, 1);
   RunOptions options;
@@ -411,6 +417,17 @@ int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostre
   if (auto s = flags.Value("--subject")) options.subject = *s;
   options.semantics = flags.Value("--semantics");
   if (auto d = flags.Value("--driver")) options.driver = *d;
+  if (auto s = flags.Value("--driver-sessions")) {
+    FSDP_CHECK(*s == "auto" || *s == "off", "run: --driver-sessions expects auto or off, got '",
+               *s, "'");
+    options.driver_sessions = *s == "auto";
+  }
+  if (auto m = flags.Value("--max-driver-ranks")) {
+    auto v = ParseInt(*m);
+    FSDP_CHECK(v.has_value() && *v >= 0 && *v <= 4096,
+               "run: --max-driver-ranks expects an integer in [0, 4096], got '", *m, "'");
+    options.max_driver_ranks = static_cast<int>(*v);
+  }
   const std::optional<std::string> json_path = flags.Value("--json");
   if (json_path) FSDP_CHECK(!json_path->empty(), "run: --json needs a FILE or '-'");
   // An unwritable report path is a usage error found before any case runs.
@@ -435,6 +452,8 @@ int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostre
     results.push_back(runner.RunCase(pc));
     writer.Row(results.back());
   }
+  // The driver's session ends while the run's signal handling is still in place.
+  runner.EndSessions();
   const Tally tally = CountResults(results);
   table << SemanticsLine(runner.semantics()) << "\n" << SummaryLine(tally) << "\n";
   if (RunInterrupt::received() != 0) {

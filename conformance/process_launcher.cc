@@ -30,6 +30,8 @@ using Clock = std::chrono::steady_clock;
 // Between SIGTERM and SIGKILL when stopping a case's ranks.
 constexpr std::chrono::milliseconds kKillGrace{1000};
 
+}  // namespace
+
 std::string FormatSeconds(std::chrono::milliseconds ms) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.3g s", static_cast<double>(ms.count()) / 1000.0);
@@ -46,8 +48,7 @@ std::string MakeRunDir() {
   return std::string(buf.data());
 }
 
-// The last `max_lines` lines of a log file (at most 4 KiB of it), indented; "" when empty.
-std::string LogTail(const std::string& path, int max_lines = 15) {
+std::string LogTail(const std::string& path, int max_lines) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return "";
   in.seekg(0, std::ios::end);
@@ -64,8 +65,6 @@ std::string LogTail(const std::string& path, int max_lines = 15) {
   for (size_t i = first; i < lines.size(); ++i) out += "\n    | " + lines[i];
   return out;
 }
-
-}  // namespace
 
 std::string SelfExecutable() {
   std::error_code ec;

@@ -15,6 +15,7 @@
 // Ownership: holds the command. Thread-safety: one Launch at a time.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -37,5 +38,16 @@ class ProcessLauncher final : public RankLauncher {
 
 // The path of the running executable (/proc/self/exe), for re-executing it as a worker.
 std::string SelfExecutable();
+
+// "1.5 s": a duration for messages (three significant digits).
+std::string FormatSeconds(std::chrono::milliseconds ms);
+
+// A fresh run directory $TMPDIR/fsdp-conform.XXXXXX (mkdtemp, 0700); Unavailable when it
+// cannot be made. Shared with the driver sessions (driver_session.h).
+std::string MakeRunDir();
+
+// The last `max_lines` lines of a log file (at most 4 KiB of it), each on a new line indented
+// with "    | "; "" when the file is empty or absent.
+std::string LogTail(const std::string& path, int max_lines = 15);
 
 }  // namespace fsdp::conformance

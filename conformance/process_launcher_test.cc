@@ -323,7 +323,8 @@ TEST(ProcessLauncher, StoppedRanksLeaveTheirFlightRecorderNamedInTheReport) {
   RunOptions o = ProcOptions({"toy/flaws"});
   o.world = 2;
   o.params = {{"flaw", "sleep"}, {"sleep_ms", "10000"}};
-  o.timeout = std::chrono::milliseconds(300);
+  // Long enough for both workers to start (and install their recorders) on a loaded machine.
+  o.timeout = std::chrono::milliseconds(3000);
   const auto results = RunCases(o);
   ASSERT_EQ(results.size(), 1u);
   ASSERT_EQ(results[0].errors.size(), 2u) << Dump(results[0]);

@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <set>
 
 #include "conformance/driver_protocol.h"
+#include "conformance/session_launcher.h"
 #include "conformance/fsdp_params.h"
 #include "conformance/observations.h"
 #include "conformance/process_launcher.h"
@@ -97,6 +99,10 @@ DeterminismCheck ParseDeterminismCheck(const std::string& name) {
 Runner::Runner(const Catalog& catalog, RunOptions options)
     : catalog_(catalog), options_(std::move(options)) {}
 
+Runner::~Runner() { EndSessions(); }
+
+void Runner::EndSessions() { driver_launcher_.reset(); }
+
 std::vector<PlannedCase> Runner::Plan() {
   const bool external = options_.subject == kExternalSubject;
   backend_ = options_.backend.value_or(external ? kBackendGloo : kBackendThreaded);
@@ -123,6 +129,8 @@ std::vector<PlannedCase> Runner::Plan() {
     FSDP_CHECK(*options_.world >= 1, "--world must be at least 1, got ", *options_.world);
   }
   FSDP_CHECK(options_.timeout.count() > 0, "--timeout must be positive");
+  FSDP_CHECK(options_.max_driver_ranks >= 0, "--max-driver-ranks must be >= 0, got ",
+             options_.max_driver_ranks);
   for (const auto& [key, value] : options_.params) {
     bool any = false;
     for (const Scenario* s : scenarios) {
@@ -171,6 +179,10 @@ std::vector<PlannedCase> Runner::Plan() {
       PlanWorld(s, cases, canonical_fixed, run.world, plan);
     }
   }
+  max_planned_world_ = 1;
+  for (const PlannedCase& pc : plan) {
+    if (!pc.skip_reason) max_planned_world_ = std::max(max_planned_world_, pc.world);
+  }
   planned_ = true;
   return plan;
 }
@@ -187,6 +199,11 @@ void Runner::PlanWorld(const Scenario* s, const std::vector<CaseParams>& cases,
   }
   // The backend's own reason ("backend nccl: no CUDA device visible") is the most specific.
   if (!whole && !external) whole = catalog_.backends.Unavailable(backend_, world);
+  if (!whole && external && options_.max_driver_ranks > 0 && world > options_.max_driver_ranks) {
+    whole = "world " + std::to_string(world) + " would start " + std::to_string(world) +
+            " driver processes at once; --max-driver-ranks allows " +
+            std::to_string(options_.max_driver_ranks);
+  }
   if (whole) {
     plan.push_back(PlannedCase{s, CaseParams(canonical_fixed), world, whole});
     return;
@@ -228,6 +245,20 @@ void Runner::PlanWorld(const Scenario* s, const std::vector<CaseParams>& cases,
     }
   }
   for (auto& pc : kept) plan.push_back(std::move(pc));
+}
+
+std::vector<RankOutcome> Runner::Launch(const LaunchRequest& request) const {
+  if (subject_) return MakeLauncher()->Launch(request);
+  if (!driver_launcher_) {
+    driver_sessions_used_ = options_.driver_sessions && DriverServesSessions({options_.driver});
+    if (driver_sessions_used_) {
+      driver_launcher_ = std::make_unique<SessionLauncher>(
+          std::vector<std::string>{options_.driver}, max_planned_world_);
+    } else {
+      driver_launcher_ = MakeLauncher();
+    }
+  }
+  return driver_launcher_->Launch(request);
 }
 
 std::unique_ptr<RankLauncher> Runner::MakeLauncher() const {
@@ -287,7 +318,7 @@ CaseResult Runner::RunCase(const PlannedCase& planned) const {
     }
   }
   try {
-    outcomes = MakeLauncher()->Launch(request);
+    outcomes = Launch(request);
   } catch (const Error& e) {
     result.errors.push_back(std::string("launcher: ") + ErrorCodeName(e.code()) + ": " +
                             e.message());
@@ -305,7 +336,7 @@ void Runner::CheckDeterminism(const LaunchRequest& request, CaseResult& result) 
   const std::string name = "determinism: a second run's observations equal the first's bit for bit";
   std::vector<RankOutcome> again;
   try {
-    again = MakeLauncher()->Launch(request);
+    again = Launch(request);
   } catch (const Error& e) {
     result.checks.Fail(name, std::string("the second run failed to launch: ") + e.what());
     result.status = CaseStatus::kFailed;
@@ -380,6 +411,7 @@ std::vector<CaseResult> Runner::RunAll(const std::function<void(const CaseResult
     results.push_back(RunCase(pc));
     if (on_result) on_result(results.back());
   }
+  EndSessions();
   return results;
 }
 

@@ -56,6 +56,13 @@ struct RunOptions {
   DeterminismCheck determinism = DeterminismCheck::kFirstCase;
   std::string subject = kEngineSubject;           // Default: "engine"; or "external"
   std::string driver;                             // the driver program for "external"
+  // --driver-sessions auto: the driver is probed (session_launcher.h) and, when it declares
+  // sessions, its ranks serve many cases each (driver_session.h); off: one process per rank
+  // per case. Default: true (auto).
+  bool driver_sessions = true;
+  // --max-driver-ranks N: cases whose world would start more than N driver processes at once
+  // are skipped, saying so. Default: 0 (no limit).
+  int max_driver_ranks = 0;
   // The program and arguments that run a rank in process backends. Default (empty): this
   // executable followed by "__worker".
   std::vector<std::string> worker_command;
@@ -103,6 +110,7 @@ void JudgeOutcomes(const Scenario& scenario, const CaseParams& params, int world
 class Runner {
  public:
   Runner(const Catalog& catalog, RunOptions options);
+  ~Runner();  // EndSessions()
 
   // Validates the options and returns the cases in run order (scenario name, then the axes'
   // product order). Throws InvalidArgument / NotFound with the valid choices listed.
@@ -117,6 +125,12 @@ class Runner {
   // else the default profile. Valid after Plan().
   const std::string& semantics() const { return semantics_; }
   const RunOptions& options() const { return options_; }
+  // Ends the external driver's session, if one runs (its ranks exit). RunAll() does it at its
+  // end; a caller of RunCase() does it before anything it installed for the run goes away
+  // (signal handlers: the session's launcher forwards signals while it runs).
+  void EndSessions();
+  // Whether the external driver's cases ran in sessions (known after its first case).
+  bool driver_sessions_used() const { return driver_sessions_used_; }
 
  private:
   // Appends the cases of scenario `s` (`cases`, expanded from the run's --param values) at
@@ -126,6 +140,9 @@ class Runner {
                  const std::map<std::string, std::string>& canonical_fixed, int world,
                  std::vector<PlannedCase>& plan) const;
   std::unique_ptr<RankLauncher> MakeLauncher() const;
+  // Launches a case: on the external driver's launcher (kept across cases: a session serves
+  // many), else on a fresh MakeLauncher().
+  std::vector<RankOutcome> Launch(const LaunchRequest& request) const;
   // Launches `request` again and records the determinism check of `result` (a passed case):
   // every rank's observations equal the judged run's, else the first difference is named.
   void CheckDeterminism(const LaunchRequest& request, CaseResult& result) const;
@@ -136,6 +153,11 @@ class Runner {
   std::string semantics_;
   std::shared_ptr<Subject> subject_;  // null for the external subject
   bool planned_ = false;
+  // The external driver's launcher: a SessionLauncher when the driver serves sessions, else
+  // a ProcessLauncher; made at the first case.
+  mutable std::unique_ptr<RankLauncher> driver_launcher_;
+  mutable bool driver_sessions_used_ = false;
+  int max_planned_world_ = 1;  // the largest world of a planned case that runs (Plan())
 };
 
 }  // namespace fsdp::conformance

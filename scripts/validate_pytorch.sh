@@ -3,8 +3,11 @@
 #   1. a virtual environment .venv-torch-V/ (ignored by git) with torch==V, safetensors and
 #      numpy from PyPI (reused when it already holds torch V);
 #   2. `fsdp-conform run FAMILIES --subject external --driver python/fsdp-conform-pytorch
-#      --backend gloo --semantics S --json build/validate-pytorch/V/run.json`, S being the
-#      profile of V's release (torch-2.8 from 2.8 on, torch-2.4 before);
+#      --backend gloo --semantics S --max-driver-ranks M --json build/validate-pytorch/V/run.json`,
+#      S being the profile of V's release (torch-2.8 from 2.8 on, torch-2.4 before), M the most
+#      Python ranks at once (MAX_DRIVER_RANKS, default 8: each is an interpreter with torch,
+#      a few hundred MB), CASE_TIMEOUT (default 120 s) the deadline of each case; the driver
+#      serves sessions (one process per rank for the whole run);
 #   3. the report: docs/pytorch-V.md and docs/pytorch-V.json (python/validate_pytorch/
 #      render_report.py), what passes, what fails and why, naming known PyTorch defects.
 # Usage: scripts/validate_pytorch.sh VERSION BUILD_DIR [FAMILY_PATTERN...]
@@ -14,7 +17,8 @@ build_dir=${2:?usage: validate_pytorch.sh VERSION BUILD_DIR [FAMILY_PATTERN...]}
 shift 2
 families=("$@")
 if [ ${#families[@]} -eq 0 ]; then
-  families=('fully_shard_comm/*' 'fully_shard_autograd/*' 'parity/single/*' 'parity/fsdp/*')
+  families=('fully_shard_comm/*' 'fully_shard_autograd/*' 'parity/single/*' 'parity/fsdp/*'
+            'parity/fsdp1/*')
 fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.venv-torch-$version"
@@ -33,6 +37,7 @@ out="$root/build/validate-pytorch/$version"
 mkdir -p "$out"
 command=(fsdp-conform run "${families[@]}" --subject external
          --driver python/fsdp-conform-pytorch --backend gloo --semantics "$semantics"
+         --max-driver-ranks "${MAX_DRIVER_RANKS:-8}" --timeout "${CASE_TIMEOUT:-120}"
          --json "build/validate-pytorch/$version/run.json")
 status=0
 (cd "$root" && FSDP_CONFORM_PYTHON="$python" "$build_dir/tools/${command[0]}" \

@@ -5,14 +5,19 @@ skipped (exit 0; every scenario absent from the table is skipped naming the driv
 (exit 1; exceptions become Internal, or the code of a ScenarioError), or exit 2 without a
 result when the flags do not follow the protocol.
 
-The protocol runs one process per rank per case (docs/drivers.md, "Persistent mode"), so a
-Driver serves exactly one request per process.
+Driver sessions (docs/drivers.md, "Persistent mode"; conformance/driver_session.h): a kit
+driver declares them. `--capabilities` prints {"protocol": 2, "session": true}; `--serve`
+reads cases from stdin, one line each (the JSON array of a one-shot rank's flags), runs each
+exactly as main() would (setup, the scenario, the result file, then teardown, so the next case
+starts from a fresh rendezvous) and exits 0 at the end of file, or 2 on a line that is not a
+protocol-2 request.
 
 Ownership: Driver owns its table. Thread-safety: main() runs on the process's main thread.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import traceback
 from typing import Callable, Dict, Optional, Tuple
@@ -35,18 +40,38 @@ class ScenarioError(Exception):
 ScenarioFn = Callable[[protocol.Request], Tuple[dict, Optional[dict]]]
 
 
+# What `--capabilities` answers: protocol 2 with driver sessions.
+CAPABILITIES = {"protocol": protocol.PROTOCOL_VERSION, "session": True}
+
+
 class Driver:
+    """`setup(request)` runs before each implemented case (e.g. rendezvous.init), `teardown()`
+    after it, whatever its outcome (e.g. rendezvous.shutdown); a failing teardown is printed
+    to the log and does not change the case's result."""
+
     def __init__(self, name: str, scenarios: Dict[str, ScenarioFn],
-                 setup: Optional[Callable[[protocol.Request], None]] = None) -> None:
+                 setup: Optional[Callable[[protocol.Request], None]] = None,
+                 teardown: Optional[Callable[[], None]] = None) -> None:
         self.name = name
         self.scenarios = dict(scenarios)
         self.setup = setup
+        self.teardown = teardown
 
     def run(self, request: protocol.Request) -> int:
         fn = self.scenarios.get(request.scenario)
         if fn is None:
             results.write_skipped(request, f"{self.name} does not implement {request.scenario}")
             return 0
+        try:
+            return self._run(fn, request)
+        finally:
+            if self.teardown is not None:
+                try:
+                    self.teardown()
+                except Exception:  # noqa: BLE001 - the case's result is already written
+                    traceback.print_exc()
+
+    def _run(self, fn: ScenarioFn, request: protocol.Request) -> int:
         try:
             if self.setup is not None:
                 self.setup(request)
@@ -64,8 +89,34 @@ class Driver:
         results.write_ok(request, observations, tensors)
         return 0
 
+    def serve(self, lines) -> int:
+        """Session mode: runs the case of every line of `lines` (a text stream) until its end."""
+        for line in iter(lines.readline, ""):
+            if not line.strip():
+                continue
+            try:
+                args = json.loads(line)
+                if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+                    raise protocol.UsageError("a case line must be a JSON array of strings")
+                request = protocol.parse_args(args)
+            except (protocol.UsageError, ValueError) as error:
+                print(f"{self.name}: error: --serve: {error}", file=sys.stderr, flush=True)
+                return 2
+            print(f"{self.name}: case {request.scenario} rank {request.rank}/{request.world} "
+                  f"{' '.join(f'{k}={v}' for k, v in sorted(request.params.items()))}",
+                  flush=True)
+            self.run(request)
+            sys.stdout.flush()
+            sys.stderr.flush()
+        return 0
+
     def main(self, argv=None) -> int:
         args = sys.argv[1:] if argv is None else list(argv)
+        if args == ["--capabilities"]:
+            print(json.dumps(CAPABILITIES), flush=True)
+            return 0
+        if args == ["--serve"]:
+            return self.serve(sys.stdin)
         try:
             request = protocol.parse_args(args)
         except (protocol.UsageError, ValueError) as error:

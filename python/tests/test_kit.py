@@ -1,7 +1,10 @@
 """Tests of the driver kit's torch-free parts: the strict flag parsing (the flags the runner
-writes, conformance/driver_protocol.h) and the result files. Run:
+writes, conformance/driver_protocol.h), the result files and driver sessions (--capabilities,
+--serve; conformance/driver_session.h). Run:
 python3 -m unittest discover -s python/tests (ctest: python_driver_kit)."""
 
+import contextlib
+import io
 import json
 import os
 import sys
@@ -99,6 +102,59 @@ class DriverTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             self.assertEqual(Driver("t", {}).main(["--protocol", "2"]), 2)
             self.assertEqual(os.listdir(tmp), [])
+
+
+class SessionTest(unittest.TestCase):
+    def test_capabilities_declare_protocol_2_sessions(self):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            self.assertEqual(Driver("t", {}).main(["--capabilities"]), 0)
+        self.assertEqual(json.loads(out.getvalue()), {"protocol": 2, "session": True})
+
+    def test_serve_runs_every_line_with_setup_and_teardown_around_each_case(self):
+        calls = []
+
+        def case(request):
+            calls.append(("case", request.rank, request.params["dim"]))
+            return {"dim": request.int_param("dim")}, None
+
+        driver = Driver("t", {"family/case": case},
+                        setup=lambda request: calls.append(("setup", request.store_dir)),
+                        teardown=lambda: calls.append(("teardown",)))
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            lines = io.StringIO(json.dumps(_args(a)) + "\n\n" +
+                                json.dumps([x if x != "dim=8" else "dim=9" for x in _args(b)]) + "\n")
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.assertEqual(driver.serve(lines), 0)
+            for tmp, dim in ((a, 8), (b, 9)):
+                with open(os.path.join(tmp, "r.json"), encoding="utf-8") as f:
+                    self.assertEqual(json.load(f)["observations"], {"dim": dim})
+        self.assertEqual(calls, [("setup", a), ("case", 1, "8"), ("teardown",),
+                                 ("setup", b), ("case", 1, "9"), ("teardown",)])
+
+    def test_serve_goes_on_after_a_failed_case_and_teardown_runs_anyway(self):
+        torn = []
+
+        def crash(request):
+            raise RuntimeError("boom")
+
+        driver = Driver("t", {"family/case": crash}, teardown=lambda: torn.append(1))
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            lines = io.StringIO(json.dumps(_args(a)) + "\n" + json.dumps(_args(b)) + "\n")
+            with contextlib.redirect_stdout(io.StringIO()), \
+                    contextlib.redirect_stderr(io.StringIO()):
+                self.assertEqual(driver.serve(lines), 0)
+            for tmp in (a, b):
+                with open(os.path.join(tmp, "r.json"), encoding="utf-8") as f:
+                    self.assertEqual(json.load(f)["error"]["code"], "Internal")
+        self.assertEqual(torn, [1, 1])
+
+    def test_serve_exits_2_on_a_line_that_is_not_a_request(self):
+        for line in ("not json", json.dumps({"args": []}), json.dumps(["--protocol", "2"])):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                self.assertEqual(Driver("t", {}).serve(io.StringIO(line + "\n")), 2)
+            self.assertIn("--serve", err.getvalue())
 
 
 if __name__ == "__main__":

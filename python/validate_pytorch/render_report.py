@@ -98,9 +98,10 @@ def main() -> int:
     lines = [f"# PyTorch {args.version} judged by the suite",
              "",
              f"Produced by `make validate-pytorch VERSION={args.version}` (docs/pytorch.md): "
-             f"PyTorch {version} (`torch.__version__`) from PyPI on a CPU machine, FSDP2 run "
-             f"by the driver "
-             f"`python/fsdp-conform-pytorch` over Gloo, judged under semantics "
+             f"PyTorch {version} (`torch.__version__`) from PyPI on a CPU machine, FSDP2 "
+             f"(`fully_shard`) and FSDP1 (`FullyShardedDataParallel`) run by the driver "
+             f"`python/fsdp-conform-pytorch` over Gloo (in driver sessions: one process per "
+             f"rank serving every case, docs/drivers.md), judged under semantics "
              f"`{run.get('semantics')}`.",
              ""]
     if args.command:

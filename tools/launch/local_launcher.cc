@@ -273,6 +273,7 @@ int RunLocalWorld(const LocalLaunchOptions& options, const LaunchIo& io) {
         cause = "timeout";
         break;
       case distributed::StopReason::kNone:
+      case distributed::StopReason::kRequested:  // no stop_requested here
         break;
     }
   });
@@ -290,6 +291,7 @@ int RunLocalWorld(const LocalLaunchOptions& options, const LaunchIo& io) {
       exit_code = 124;
       break;
     case distributed::StopReason::kNone:
+    case distributed::StopReason::kRequested:  // no stop_requested here
       break;
   }
   if (exit_code != 0) {

@@ -218,7 +218,11 @@ WorldExit ProcessLauncher::Run(const std::vector<RankCommand>& commands) const {
     posix_spawnattr_t attr;
     posix_spawn_file_actions_init(&actions);
     posix_spawnattr_init(&attr);
-    if (!cmd.inherit_stdin) posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    if (cmd.stdin_fd >= 0) {
+      posix_spawn_file_actions_adddup2(&actions, cmd.stdin_fd, 0);
+    } else if (!cmd.inherit_stdin) {
+      posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    }
     std::vector<int> to_close;
     std::string sink_error;
     try {
@@ -349,6 +353,11 @@ WorldExit ProcessLauncher::Run(const std::vector<RankCommand>& commands) const {
     if (!stop_at && policy_.deadline.count() > 0 && Clock::now() - start >= policy_.deadline) {
       world.stop_reason = StopReason::kDeadline;
       decide(StopReason::kDeadline, -1, 0);
+      stop_at = Clock::now();
+    }
+    if (!stop_at && policy_.stop_requested && policy_.stop_requested()) {
+      world.stop_reason = StopReason::kRequested;
+      decide(StopReason::kRequested, -1, 0);
       stop_at = Clock::now();
     }
     if (stop_at && Clock::now() >= *stop_at) stop_all(stop_signal);

@@ -6,13 +6,15 @@
 //
 // Every rank runs in its own process group (a rank's own children are stopped with it), with
 // SIGINT, SIGTERM and SIGPIPE at their default dispositions, and the launcher's environment
-// plus the rank's extra variables. Its stdout and stderr each go to one of: the launcher's
+// plus the rank's extra variables; its stdin is /dev/null, the launcher's, or a given
+// descriptor. Its stdout and stderr each go to one of: the launcher's
 // descriptor (inherited, or a given one), a file (created or truncated; stderr may share
 // stdout's file), or a pipe whose output is written line by line, each line prefixed, to a
 // given descriptor. Run() waits for every rank. The first rank that fails on its own (spawn
 // error, non-zero exit, killed by a signal) is the world's first failure; the other ranks get
 // `failure_grace`, then they are stopped: SIGTERM to their process groups, SIGKILL after
-// `kill_grace`. A run past `deadline` is stopped the same way. With `forward_signals`, a
+// `kill_grace`. A run past `deadline`, or one whose `stop_requested` says so, is stopped the
+// same way. With `forward_signals`, a
 // SIGINT or SIGTERM received by the launcher while it runs is sent on to every rank (SIGKILL
 // after `kill_grace`) and reported; SIGPIPE is then ignored (output to a closed reader is
 // dropped). Run() returns every rank's exit: its wait status, or its spawn error, and whether
@@ -70,10 +72,13 @@ struct RankCommand {
   OutputSink out;                // Default: inherited
   OutputSink err;                // Default: inherited
   bool inherit_stdin = false;    // Default: false (stdin is /dev/null)
+  // A descriptor that becomes the rank's stdin (e.g. the read end of a pipe the caller writes
+  // requests into); it replaces inherit_stdin. The caller keeps and closes it. Default: -1.
+  int stdin_fd = -1;
 };
 
 // Why the launcher stopped the ranks still running.
-enum class StopReason { kNone, kRankFailed, kDeadline, kSignal };
+enum class StopReason { kNone, kRankFailed, kDeadline, kSignal, kRequested };
 
 struct LaunchPolicy {
   // Deadline of the whole run, from the first spawn; zero means none. Default: none.
@@ -85,6 +90,11 @@ struct LaunchPolicy {
   // Forward SIGINT/SIGTERM received during Run() to the ranks (and ignore SIGPIPE).
   // Default: true.
   bool forward_signals = true;
+  // Polled by Run() while ranks run (every few milliseconds, on Run()'s thread; must be
+  // thread-safe; first called once every rank has been started): once it returns true the running ranks are stopped as for a deadline
+  // (StopReason::kRequested). Lets another thread end a world of long-lived ranks (a driver
+  // session, conformance/driver_session.h). Default: none.
+  std::function<bool()> stop_requested;
 };
 
 // How one rank ended.

@@ -1,5 +1,5 @@
-// ProcessLauncher with `sh -c` ranks: environment, output sinks, failure teardown, deadline,
-// failure grace and spawn errors.
+// ProcessLauncher with `sh -c` ranks: environment, output sinks, stdin, failure teardown,
+// deadline, requested stops, failure grace and spawn errors.
 #include "engine/distributed/launch/process_launcher.h"
 
 #include <gtest/gtest.h>
@@ -7,12 +7,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 namespace fsdp::distributed {
 namespace {
@@ -144,6 +146,46 @@ TEST(ProcessLauncherTest, ReceivedSignalIsForwardedToTheRanks) {
   EXPECT_EQ(world.stop_reason, StopReason::kSignal);
   EXPECT_EQ(world.received_signal, SIGTERM);
   for (const auto& r : world.ranks) EXPECT_EQ(r.exit_code(), 128 + SIGTERM);
+}
+
+TEST(ProcessLauncherTest, StdinFdFeedsTheRank) {
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  FILE* out = std::tmpfile();
+  RankCommand c = Sh("read line; echo \"got $line\"");
+  c.stdin_fd = p[0];
+  c.out = OutputSink::Inherit(fileno(out));
+  ASSERT_EQ(::write(p[1], "case-1\n", 7), 7);
+  ::close(p[1]);
+  const WorldExit world = ProcessLauncher({.forward_signals = false}).Run({c});
+  ::close(p[0]);
+  const std::string text = ReadAll(out);
+  std::fclose(out);
+  EXPECT_TRUE(world.ok());
+  EXPECT_EQ(text, "got case-1\n");
+}
+
+TEST(ProcessLauncherTest, StopRequestedStopsEveryRank) {
+  std::atomic<bool> stop{false};
+  StopEvent seen;
+  ProcessLauncher launcher({.kill_grace = 1000ms, .forward_signals = false,
+                            .stop_requested = [&] { return stop.load(); }});
+  launcher.set_on_stop([&](const StopEvent& e, const WorldExit&) { seen = e; });
+  std::thread requester([&] {
+    std::this_thread::sleep_for(200ms);
+    stop = true;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const WorldExit world = launcher.Run({Sh("sleep 30"), Sh("sleep 30")});
+  requester.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+  EXPECT_EQ(world.stop_reason, StopReason::kRequested);
+  EXPECT_EQ(seen.reason, StopReason::kRequested);
+  EXPECT_EQ(world.first_failed, -1);
+  for (const auto& r : world.ranks) {
+    EXPECT_TRUE(r.stopped);
+    EXPECT_EQ(r.exit_code(), 128 + SIGTERM);
+  }
 }
 
 TEST(ProcessLauncherTest, EmptyCommandsAreRejected) {

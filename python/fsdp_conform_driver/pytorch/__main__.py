@@ -4,8 +4,10 @@ run by PyTorch FSDP2 (the driver of `make validate-pytorch`, docs/pytorch.md).
 Setup per case, when no GPU is visible: the CPU stream shim when this torch's FSDP2 needs CUDA
 streams (cpu_streams.py) and the copy-out's version counters (cpu_copy_out.py), each saying
 exactly what it changes; then torch.distributed over the
-request's backend from its store directory. Scenarios absent from scenarios.SCENARIOS report
-`skipped`.
+request's backend from its store directory; after each case the process group is destroyed
+(a session's next case rendezvouses afresh in its own store directory). Scenarios absent
+from scenarios.SCENARIOS report `skipped`. `--capabilities` / `--serve`: driver sessions
+(docs/drivers.md, "Persistent mode").
 """
 
 import sys
@@ -32,7 +34,8 @@ def _setup(request) -> None:
 def main() -> int:
     from fsdp_conform_driver.pytorch.scenarios import SCENARIOS
 
-    return Driver("PyTorch FSDP2 driver", SCENARIOS, setup=_setup).main()
+    return Driver("PyTorch FSDP2 driver", SCENARIOS, setup=_setup,
+                  teardown=rendezvous.shutdown).main()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""parity/single/* and parity/fsdp/* in PyTorch: the zoo model the case names trained for
-`steps` steps on the case's inputs (step{k}/input), loss out.sum() or (out * out).sum(), SGD
-with momentum or Adam, reporting every step's loss and parameters (and, sharded, gradient
-shards and the final full parameters), as docs/observations.md lists them.
+"""parity/single/*, parity/fsdp/* and parity/fsdp1/* in PyTorch: the zoo model the case
+names trained for `steps` steps on the case's inputs (step{k}/input), loss out.sum() or
+(out * out).sum(), SGD with momentum or Adam, reporting every step's loss and parameters (and,
+under fully_shard, gradient shards and the final full parameters; under FullyShardedDataParallel,
+the full parameters read in summon_full_params), as docs/observations.md lists them.
 
-Thread-safety: one case per process, on the main thread.
+Thread-safety: one case at a time per process, on the main thread.
 """
 
 from __future__ import annotations
@@ -71,7 +72,20 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _train(request, model, sharded: bool):
+def _record_params(model, k, tensors):
+    for name, p in model.named_parameters():
+        tensors[f"step{k}/{name}"] = _local(p).detach().clone()
+
+
+def _record_grad_shards(model, k, tensors):
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            tensors[f"grad{k}/{name}"] = _local(p.grad).detach().clone()
+
+
+def _train(request, model, after_step=_record_params, after_backward=None):
+    """Trains `steps` steps; after_backward(model, k, tensors) and after_step(model, k, tensors)
+    record what the scenario observes."""
     opt = _optimizer(request, model.parameters())
     rank_inputs = inputs.rank_tensors(request)
     losses, tensors, loss_dtype = [], {}, None
@@ -80,21 +94,18 @@ def _train(request, model, sharded: bool):
         loss_dtype = str(loss.dtype).replace("torch.", "")
         losses.append(loss.item())
         loss.backward()
-        if sharded:
-            for name, p in model.named_parameters():
-                if p.grad is not None:
-                    tensors[f"grad{k}/{name}"] = _local(p.grad).detach().clone()
+        if after_backward is not None:
+            after_backward(model, k, tensors)
         opt.step()
         opt.zero_grad()
-        for name, p in model.named_parameters():
-            tensors[f"step{k}/{name}"] = _local(p).detach().clone()
+        after_step(model, k, tensors)
     return {"losses": losses, "loss_dtype": loss_dtype}, tensors
 
 
 def single(kind: str):
     def run(request):
         model, _ = _build(kind, request)
-        obs, tensors = _train(request, model, sharded=False)
+        obs, tensors = _train(request, model)
         obs["param_names"] = [name for name, _ in model.named_parameters()]
         return obs, tensors
     return run
@@ -109,8 +120,31 @@ def fsdp(kind: str):
         for child in _children_to_shard(model):
             fully_shard(child, reshard_after_forward=raf)
         fully_shard(model, reshard_after_forward=raf)
-        obs, tensors = _train(request, model, sharded=True)
+        obs, tensors = _train(request, model, after_backward=_record_grad_shards)
         for name, p in model.named_parameters():
             tensors[f"full/{name}"] = p.full_tensor().detach().clone()
         return obs, tensors
     return run
+
+
+def fsdp1(kind: str):
+    """FullyShardedDataParallel around the model, nesting an instance around each child the
+    suite nests (_children_to_shard, through lambda_auto_wrap_policy), with the case's
+    sharding_strategy, backward_prefetch, use_orig_params, cpu_offload and mixed_precision;
+    the hybrid strategies on the (replicate, shard) mesh of _hybrid_mesh_shape(world)."""
+    def run(request):
+        from fsdp_conform_driver.pytorch.fsdp1_api import wrap
+
+        model, _ = _build(kind, request)
+        nested = {id(m) for m in _children_to_shard(model)}
+        fsdp_model = wrap(request, model, lambda m: id(m) in nested)
+        return _train(request, fsdp_model, after_step=_record_full_params)
+    return run
+
+
+def _record_full_params(model, k, tensors):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with FSDP.summon_full_params(model, writeback=False):
+        for name, p in model.named_parameters():
+            tensors[f"step{k}/{name}"] = p.detach().clone()

@@ -116,4 +116,6 @@ SCENARIOS = {
     "parity/single/transformer": parity.single("transformer"),
     "parity/fsdp/mlp": parity.fsdp("mlp"),
     "parity/fsdp/transformer": parity.fsdp("transformer"),
+    "parity/fsdp1/mlp": parity.fsdp1("mlp"),
+    "parity/fsdp1/transformer": parity.fsdp1("transformer"),
 }

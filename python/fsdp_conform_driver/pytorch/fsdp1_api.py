@@ -1,0 +1,82 @@
+"""FSDP1 (torch.distributed.fsdp.FullyShardedDataParallel) as a case's parameters spell it:
+sharding_strategy, backward_prefetch, use_orig_params, cpu_offload and mixed_precision
+(conformance/fsdp1_params.h), and the (replicate, shard) mesh of the hybrid strategies.
+
+On a CPU the driver passes device_id=torch.device("cpu"): without it FullyShardedDataParallel
+looks for an accelerator ("FSDP needs a non-CPU accelerator device, but no accelerator device
+is detected", 2.5) and cannot be built at all. With it FSDP1 runs on the CPU as released,
+except CPUOffload(offload_params=True): the lazy init pins the CPU shard (pin_memory), which
+needs an accelerator ("RuntimeError: CPU device type not an accelerator." in 2.5, "Found no
+NVIDIA driver on your system" in 2.15), so without one those cases are skipped, saying so.
+
+Thread-safety: one case at a time per process, on the main thread.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from fsdp_conform_driver import ScenarioSkipped
+
+_HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
+
+
+def hybrid_mesh_shape(world: int):
+    """(replicate, shard) for a hybrid strategy at `world` ranks: replicate the smallest prime
+    factor, shard the rest; None when either would be 1 (HybridMeshShapeFor)."""
+    p = 2
+    while p * 2 <= world:
+        if world % p == 0:
+            return p, world // p
+        p += 1
+    return None
+
+
+def mixed_precision(name: str):
+    """The case's MixedPrecision: None, all-bfloat16, all-float16 or reduce_dtype=bfloat16."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecision
+
+    if name == "None":
+        return None
+    if name == "reduce_bfloat16":
+        return MixedPrecision(reduce_dtype=torch.bfloat16)
+    dtype = getattr(torch, name)
+    return MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
+
+
+def wrap(request, model, should_nest):
+    """FullyShardedDataParallel(model) with the case's options, nesting an instance around
+    every submodule for which should_nest(module) is true."""
+    import torch
+    from torch.distributed.fsdp import (BackwardPrefetch, CPUOffload,
+                                        FullyShardedDataParallel, ShardingStrategy)
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+    offload = request.param("cpu_offload") == "True"
+    if offload and not torch.cuda.is_available():
+        raise ScenarioSkipped("CPUOffload(offload_params=True) needs an accelerator: "
+                              "FullyShardedDataParallel pins the offloaded shard (pin_memory), "
+                              "which raises without one")
+    strategy = request.param("sharding_strategy")
+    kwargs = {}
+    if strategy in _HYBRID:
+        shape = hybrid_mesh_shape(request.world)
+        if shape is None:
+            raise ScenarioSkipped(f"{strategy} needs a (replicate, shard) mesh; world "
+                                  f"{request.world} has none")
+        from torch.distributed.device_mesh import init_device_mesh
+
+        kwargs["device_mesh"] = init_device_mesh("cpu", shape,
+                                                 mesh_dim_names=("replicate", "shard"))
+    prefetch = request.param("backward_prefetch")
+    return FullyShardedDataParallel(
+        model,
+        sharding_strategy=ShardingStrategy[strategy],
+        backward_prefetch=None if prefetch == "None" else BackwardPrefetch[prefetch],
+        use_orig_params=request.param("use_orig_params") == "True",
+        cpu_offload=CPUOffload(offload_params=offload),
+        mixed_precision=mixed_precision(request.param("mixed_precision")),
+        auto_wrap_policy=functools.partial(lambda_auto_wrap_policy, lambda_fn=should_nest),
+        device_id=torch.device("cpu"),
+        **kwargs)
