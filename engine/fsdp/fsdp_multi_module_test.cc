@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "engine/core/error.h"
@@ -57,8 +58,9 @@ void DivideGrads(nn::Module& module, double factor) {
 class FsdpMultiModuleGrouping : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(FsdpMultiModuleGrouping, TrainsLikeTheReplicatedModel) {
-  const auto [grouping, world] = GetParam();
-  auto results = RunRanks(world, [&, grouping = grouping](RankEnv& env) {
+  const std::string grouping = std::get<0>(GetParam());
+  const int world = std::get<1>(GetParam());
+  auto results = RunRanks(world, [&](RankEnv& env) {
     nn::ModelArgs args;
     args.n_layers = 3;
     args.dropout_p = 0.0;
