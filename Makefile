@@ -52,14 +52,17 @@ tsan: setup
 
 # Every ctest test but the GPU ones and the address-space-limit one (label rlimit: ASan needs
 # its shadow address space) - unit tests, conformance scenarios, gloo processes - built by clang
-# with AddressSanitizer + UndefinedBehaviorSanitizer; any report fails the test. The whole suite
-# fits the CI budget (docs/reliability.md), so no subset is chosen.
+# with AddressSanitizer + UndefinedBehaviorSanitizer; any report fails the test. Left out: the
+# two tests over 30 s uninstrumented (ASAN_EXCLUDE: every scenario's expectations at once, and
+# FSDP1's transformer at worlds 4 x 4), which pass ctest's 300 s timeout under ASan on 2 cores;
+# their scenarios run under ASan in the other conformance tests.
+ASAN_EXCLUDE ?= ScenarioExpectations.FollowTheSchemaAndPassTheJudge|parity__fsdp1__transformer__worlds_4_4
 asan: setup
 	cmake --preset asan >/dev/null
 	cmake --build --preset asan -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:detect_stack_use_after_return=0 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	ctest --test-dir build/asan --output-on-failure -j $(JOBS) -LE "gpu|rlimit"
+	ctest --test-dir build/asan --output-on-failure -j $(JOBS) -LE "gpu|rlimit" -E '$(ASAN_EXCLUDE)'
 
 # The libFuzzer targets (fuzz/, built in the asan build), each for FUZZ_SECONDS over its seed
 # corpus; FUZZ_RUNS=N runs each for N executions instead.
