@@ -94,7 +94,8 @@ std::map<std::string, Placement> ZooTpPlacements(const std::string& kind,
 std::vector<std::string> PlannedModulesWithInputGrad(
     const std::vector<std::string>& parameter_names, const tensor_parallel::ParallelizePlan& plan) {
   std::vector<std::string> out;
-  for (const auto& [module_fqn, style] : plan) {
+  for (const auto& entry : plan) {
+    const std::string& module_fqn = entry.first;  // a lambda may not capture a structured binding
     const auto first = std::find_if(parameter_names.begin(), parameter_names.end(),
                                     [&](const std::string& n) { return ModuleOf(n) == module_fqn; });
     if (first != parameter_names.begin()) out.push_back(module_fqn);

@@ -560,7 +560,10 @@ Fsdp1RankReport RunFsdp1Rank(const BenchConfig& c, const ZooModel& model, const 
       [nested](const nn::Module& m) { return nested.count(&m) > 0; });
   auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(module, options);
   auto optimizer = conformance::MakeEngineOptimizer(optim, fsdp_model->named_parameters());
-  const auto [row_begin, row_count] = RankRows(c.batch, env.rank, env.world_size);
+  // Named copies, not a structured binding: a lambda may not capture one (clang, the asan build).
+  const auto rows = RankRows(c.batch, env.rank, env.world_size);
+  const auto row_begin = rows.first;
+  const auto row_count = rows.second;
   auto input = [&](int64_t k) {
     return model.MakeInput(c.seed, k, c.dtype, c.batch).ToEngine().narrow(0, row_begin, row_count);
   };

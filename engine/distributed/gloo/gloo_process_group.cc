@@ -11,6 +11,8 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -20,7 +22,9 @@
 #include <type_traits>
 
 #include "engine/core/rank_context.h"
+#include "engine/distributed/collective_watchdog.h"
 #include "engine/distributed/flight_recorder.h"
+#include "engine/distributed/gloo/gloo_abort.h"
 #include "engine/distributed/gloo/gloo_reduce_scatter.h"
 #include "engine/distributed/store/prefix_store.h"
 #include "engine/distributed/straggler_monitor.h"
@@ -53,6 +57,20 @@ class GlooRendezvousStore final : public ::gloo::rendezvous::Store {
   std::shared_ptr<distributed::Store> store_;
   std::chrono::milliseconds timeout_;
 };
+
+// Gloo's TCP transport writes with writev(2), which raises SIGPIPE when the peer has closed its
+// end (it stopped, or aborted the group): a rank at SIGPIPE's default disposition would die of
+// it instead of failing the collective with "Connection closed by peer". Python ignores SIGPIPE
+// for every PyTorch rank; a process that creates a Gloo group does the same here, unless it
+// installed a disposition of its own.
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, nullptr);
+}
 
 bool LooksLikeTimeout(const std::string& what) {
   std::string lower = what;
@@ -103,6 +121,9 @@ struct GlooProcessGroup::State {
   std::unique_ptr<StragglerMonitor> stragglers;  // set when options.straggler_timeout > 0
   // Reduce-scatter's ring buffers, kept across calls (gloo_reduce_scatter.h); made on first use.
   std::unique_ptr<RingReduceScatterWorkspace> reduce_scatter_workspace;
+  // Names a member hanging inside a collective and aborts the context (set with stragglers).
+  // Declared last: destroyed (its thread joined) before the context it aborts.
+  std::unique_ptr<CollectiveWatchdog> watchdog;
 
   std::string Describe() const {
     std::ostringstream os;
@@ -140,7 +161,23 @@ struct GlooProcessGroup::State {
       stragglers = std::make_unique<StragglerMonitor>(
           std::make_shared<PrefixStore>(options.prefix + "/pg" + name + "/stragglers", store),
           rank, global_ranks, options.straggler_timeout);
+      watchdog = std::make_unique<CollectiveWatchdog>(
+          std::make_shared<PrefixStore>(options.prefix + "/pg" + name + "/watchdog", store),
+          rank, global_ranks, options.straggler_timeout,
+          [ctx = context](const std::string& report) { AbortGlooContext(*ctx, report); });
     }
+  }
+
+  // A transfer of `info` failed: when it failed because a member hangs inside it (this rank's
+  // watchdog aborted the context, or a peer's closed its connections), throws that report
+  // (kDeadlineExceeded) with this rank's last collectives and makes the group unusable.
+  void ThrowIfAMemberHangs(const CollectiveInfo& info) {
+    if (!watchdog) return;
+    const std::optional<std::string> hang = watchdog->HangReport(info.sequence_number);
+    if (!hang) return;
+    broken = info.str() + ": a member hangs inside it: " + hang->substr(0, hang->find('\n'));
+    FSDP_THROW(ErrorCode::kDeadlineExceeded, "[", info.str(), "] ", Describe(), ": ", *hang,
+               "\n  this rank's last collectives:\n", CurrentFlightRecorder().Dump(4, "    "));
   }
 
   // Waits for every member to reach `info` (when the straggler check is on); a rank that does
@@ -163,6 +200,7 @@ std::shared_ptr<GlooProcessGroup> GlooProcessGroup::Create(std::shared_ptr<Store
   FSDP_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "GlooProcessGroup::Create: rank ",
              rank, " out of range for world size ", world_size);
   FSDP_CHECK(options.timeout.count() > 0, "GlooProcessGroup::Create: timeout must be positive");
+  IgnoreSigpipeUnlessHandled();
   auto state = std::make_unique<State>();
   state->store = std::move(store);
   state->options = std::move(options);
@@ -223,15 +261,33 @@ void GlooProcessGroup::Guarded(const CollectiveInfo& info, Fn&& fn) {
     FSDP_THROW(e.code(), e.message(), "\n  this rank's last collectives:\n",
                CurrentFlightRecorder().Dump(4, "    "));
   }
-  if (s.options.check_collectives) CheckFingerprint(info);
+  // Every member reached the collective: from here a member that hangs is the watchdog's.
+  struct InFlight {  // the watchdog's bracket around the fingerprint exchange and the op
+    CollectiveWatchdog* watchdog;
+    ~InFlight() {
+      if (watchdog != nullptr) watchdog->Finished();
+    }
+  } in_flight{s.watchdog.get()};
+  if (s.watchdog) s.watchdog->Started(info);
+  try {
+    if (s.options.check_collectives) CheckFingerprint(info);
+  } catch (const Error&) {
+    s.ThrowIfAMemberHangs(info);
+    throw;
+  }
   try {
     TranslateGlooErrors(
         "[" + info.str() + "] " + s.Describe() + ", world size " + std::to_string(s.size),
         std::forward<Fn>(fn));
   } catch (const Error& e) {
+    s.ThrowIfAMemberHangs(info);
     s.broken = info.str() + ": " + e.message().substr(0, e.message().find('\n'));
     FSDP_THROW(e.code(), e.message(), "\n  this rank's last collectives:\n",
                CurrentFlightRecorder().Dump(4, "    "));
+  }
+  // The watchdog aborted the context just as the collective completed: the next one fails.
+  if (auto report = s.watchdog ? s.watchdog->aborted() : std::nullopt) {
+    s.broken = "the collective watchdog aborted the group: " + report->substr(0, report->find('\n'));
   }
 }
 

@@ -24,7 +24,15 @@
 // showing both sides. With GlooOptions::straggler_timeout every collective first waits, through
 // the store, for every member to arrive, and names the ranks that did not within that time
 // (rank, collective, sequence number, their last collective) on every waiting rank, instead of
-// an anonymous timeout at the collective's deadline.
+// an anonymous timeout at the collective's deadline; and a CollectiveWatchdog thread names a
+// member that hangs inside a collective every member reached (its heartbeat stopped for the
+// stale window once the collective has been in flight for the straggler timeout), aborting the
+// context (gloo_abort.h) so that every rank fails with kDeadlineExceeded naming it instead of
+// waiting out the deadline.
+//
+// Signals: creating a group ignores SIGPIPE when it is at its default disposition (as Python
+// does for PyTorch's ranks), so that a peer that closed its connections fails the collective
+// instead of killing this process.
 //
 // Subgroups: new_group(ranks) connects a new context among the members through the store
 // under the key prefix "<prefix>/pg<name>"; non-members return nullptr without communicating.
@@ -55,8 +63,10 @@ struct GlooOptions {
   // All-gather and compare a fingerprint before every collective. Default: false.
   bool check_collectives = false;
   // How long a rank waits for every member to reach a collective before failing with
-  // kDeadlineExceeded naming the ranks that did not (StragglerMonitor, through the store);
-  // 0 turns the check off. Default: 0 (off).
+  // kDeadlineExceeded naming the ranks that did not (StragglerMonitor, through the store), and
+  // how long a collective every member reached may be in flight before the watchdog looks for
+  // members that stopped responding inside it (CollectiveWatchdog); 0 turns both off.
+  // Default: 0 (off).
   std::chrono::milliseconds straggler_timeout{0};
   // Store key prefix, to host several worlds in one store. Default: "".
   std::string prefix;

@@ -23,6 +23,7 @@
 #include "engine/distributed/device_mesh.h"
 #include "engine/distributed/gloo/gloo_reduce_scatter.h"
 #include "engine/distributed/launch.h"
+#include "engine/distributed/store/file_store.h"
 #include "engine/distributed/store/hash_store.h"
 #include "engine/distributed/store/tcp_store.h"
 
@@ -645,8 +646,48 @@ class GlooProcessWorkerTest : public ::testing::Test {
   }
 };
 
+// The worker half of GlooProcessTest.ARankHangingInsideACollectiveIsNamedOnEveryRank: every
+// rank runs all_reduce #1, then #2; ranks other than kHangingRank start #2 only once the test
+// has stopped rank kHangingRank inside it (the file "<dir>/go"). Each rank writes how #2 ended
+// to "<dir>/outcome<rank>": the milliseconds it took, the error code name ("OK" when it
+// succeeded) and the message.
+constexpr int kHangingRank = 1;
+
+class GlooHangWorkerTest : public ::testing::Test {
+ public:
+  void TestBody() override {
+    const std::string dir = std::getenv("FSDP_GLOO_TEST_DIR");
+    auto session = DistributedSession::FromEnvironment();
+    ProcessGroup& pg = session->world();
+    Tensor t = Tensor::ones({1024});
+    pg.all_reduce(t);  // #1
+    if (pg.rank() != kHangingRank) {
+      while (!std::filesystem::exists(dir + "/go")) std::this_thread::sleep_for(milliseconds(5));
+    }
+    const auto start = std::chrono::steady_clock::now();
+    std::string code = "OK";
+    std::string message;
+    try {
+      pg.all_reduce(t);  // #2
+    } catch (const Error& e) {
+      code = ErrorCodeName(e.code());
+      message = e.what();
+    }
+    const auto ms = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() -
+                                                             start);
+    std::ofstream(dir + "/outcome" + std::to_string(pg.rank()))
+        << ms.count() << "\n" << code << "\n" << message;
+  }
+};
+
 const bool kWorkerRegistered = [] {
-  if (std::getenv("FSDP_GLOO_TEST_WORKER") == nullptr) return false;
+  const char* kind = std::getenv("FSDP_GLOO_TEST_WORKER");
+  if (kind == nullptr) return false;
+  if (std::string(kind) == "hang") {
+    ::testing::RegisterTest("GlooProcessWorker", "Rank", nullptr, nullptr, __FILE__, __LINE__,
+                            []() -> ::testing::Test* { return new GlooHangWorkerTest; });
+    return true;
+  }
   ::testing::RegisterTest("GlooProcessWorker", "Rank", nullptr, nullptr, __FILE__, __LINE__,
                           []() -> ::testing::Test* { return new GlooProcessWorkerTest; });
   return true;
@@ -664,17 +705,19 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-// Re-executes this test binary as `world` worker processes with the launcher's environment
-// plus `extra`; returns each worker's exit status and log.
-std::vector<std::pair<int, std::string>> RunWorkers(
-    int world, const std::string& dir, const std::map<std::string, std::string>& extra) {
+// Starts this test binary re-executed as `world` worker processes of kind `kind` (the value of
+// FSDP_GLOO_TEST_WORKER) with the launcher's environment plus `extra`, each logging to
+// "<dir>/worker<rank>.log"; returns their pids.
+std::vector<pid_t> StartWorkers(int world, const std::string& dir,
+                                const std::map<std::string, std::string>& extra,
+                                const std::string& kind = "1") {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     const std::string log = dir + "/worker" + std::to_string(r) + ".log";
     const pid_t pid = ::fork();
     if (pid == 0) {
-      ::setenv("FSDP_GLOO_TEST_WORKER", "1", 1);
+      ::setenv("FSDP_GLOO_TEST_WORKER", kind.c_str(), 1);
       ::setenv("RANK", std::to_string(r).c_str(), 1);
       ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
@@ -688,22 +731,41 @@ std::vector<std::pair<int, std::string>> RunWorkers(
     }
     pids.push_back(pid);
   }
+  return pids;
+}
+
+// Waits for worker `pid` until `deadline`, then kills it (SIGKILL, which also ends a stopped
+// process); returns its exit status (128 + signal when killed) and whether it ended by itself.
+std::pair<int, char> WaitWorker(pid_t pid, std::chrono::steady_clock::time_point deadline) {
+  int status = 0;
+  char ended = 1;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      ended = 0;
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), ended};
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Re-executes this test binary as `world` worker processes with the launcher's environment
+// plus `extra`; returns each worker's exit status and log.
+std::vector<std::pair<int, std::string>> RunWorkers(
+    int world, const std::string& dir, const std::map<std::string, std::string>& extra) {
+  const std::vector<pid_t> pids = StartWorkers(world, dir, extra);
   std::vector<std::pair<int, std::string>> results;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   for (int r = 0; r < world; ++r) {
-    int status = 0;
-    // Wait with a hard limit: kill workers that outlive it.
-    while (::waitpid(pids[r], &status, WNOHANG) == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        ::kill(pids[r], SIGKILL);
-        ::waitpid(pids[r], &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(milliseconds(10));
-    }
-    std::ifstream in(dir + "/worker" + std::to_string(r) + ".log");
-    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    results.emplace_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), log);
+    const int status = WaitWorker(pids[r], deadline).first;
+    results.emplace_back(status, ReadFile(dir + "/worker" + std::to_string(r) + ".log"));
   }
   return results;
 }
@@ -733,6 +795,71 @@ TEST(GlooProcessTest, TwoProcessesWithMasterAddrAndPort) {
       2, dir, {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(FreePort())}});
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_EQ(results[r].first, 0) << "worker " << r << " log:\n" << results[r].second;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A rank that stops (SIGSTOP) inside a collective every member reached, where the straggler
+// check sees every member arrive and the transfers then block: each other rank's watchdog sees
+// its heartbeat stop, and every rank fails with DeadlineExceeded naming the stuck rank, the
+// collective and its sequence number, with its flight recorder's last collectives, seconds
+// after the straggler timeout instead of at the 20 s collective deadline (before the watchdog
+// they waited the deadline). The stopped rank, continued afterwards, fails with the same report
+// at once (without dying of SIGPIPE on the connections its peers closed); no worker is left
+// behind.
+TEST(GlooProcessTest, ARankHangingInsideACollectiveIsNamedOnEveryRank) {
+  constexpr int kWorld = 3;
+  const std::string dir = MakeTempDir();
+  ASSERT_FALSE(dir.empty());
+  const std::vector<pid_t> pids =
+      StartWorkers(kWorld, dir,
+                   {{"FSDP_STORE_PATH", dir + "/store"},
+                    {"FSDP_STRAGGLER_TIMEOUT_MS", "1000"},
+                    {"FSDP_GLOO_TEST_DIR", dir}},
+                   "hang");
+  // Rank kHangingRank announced its arrival at #2 (the StragglerMonitor's key in the world
+  // group's namespace) and waits there for the others, which wait for "go": stop it now.
+  FileStore store(dir + "/store");
+  const bool arrived = store.wait_for({"/pg0/stragglers/arrive/2/" + std::to_string(kHangingRank)},
+                                      std::chrono::seconds(30));
+  if (arrived) ::kill(pids[kHangingRank], SIGSTOP);
+  std::ofstream(dir + "/go").flush();
+  const auto go = std::chrono::steady_clock::now();
+  const auto deadline = go + std::chrono::seconds(30);
+  std::vector<double> ended_after_ms(kWorld, 0);
+  std::vector<char> ended_by_itself(kWorld, 0);  // bool, not std::vector<bool> (std::tie)
+  std::vector<int> status(kWorld, -1);
+  for (int r = 0; r < kWorld; ++r) {
+    if (r == kHangingRank) continue;
+    std::tie(status[r], ended_by_itself[r]) = WaitWorker(pids[r], deadline);
+    ended_after_ms[r] =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - go).count();
+  }
+  ::kill(pids[kHangingRank], SIGCONT);
+  const auto continued = std::chrono::steady_clock::now();
+  std::tie(status[kHangingRank], ended_by_itself[kHangingRank]) =
+      WaitWorker(pids[kHangingRank], continued + std::chrono::seconds(10));
+  ended_after_ms[kHangingRank] = std::chrono::duration<double, std::milli>(
+                                     std::chrono::steady_clock::now() - continued)
+                                     .count();
+  ASSERT_TRUE(arrived) << "rank " << kHangingRank << " never reached #2:\n"
+                       << ReadFile(dir + "/worker1.log");
+  for (int r = 0; r < kWorld; ++r) {
+    // Reaped above; no process of the worker is left.
+    EXPECT_EQ(::kill(pids[r], 0), -1) << "worker " << r << " is still there";
+    const std::string outcome = ReadFile(dir + "/outcome" + std::to_string(r));
+    const std::string context =
+        "rank " + std::to_string(r) + " outcome:\n" + outcome + "\nlog:\n" +
+        ReadFile(dir + "/worker" + std::to_string(r) + ".log");
+    EXPECT_TRUE(ended_by_itself[r]) << context;
+    EXPECT_EQ(status[r], 0) << "no SIGPIPE or crash; " << context;
+    EXPECT_LT(ended_after_ms[r], 5000.0) << context;
+    EXPECT_NE(outcome.find("\nDeadlineExceeded\n"), std::string::npos) << context;
+    EXPECT_NE(outcome.find("allreduce_ #2 on group 0"), std::string::npos) << context;
+    EXPECT_NE(outcome.find("hang inside it"), std::string::npos) << context;
+    EXPECT_NE(outcome.find("\n    rank 1 (global rank 1): last heartbeat: "), std::string::npos)
+        << context;
+    EXPECT_NE(outcome.find("this rank's last collectives:"), std::string::npos) << context;
   }
   std::filesystem::remove_all(dir);
 }
