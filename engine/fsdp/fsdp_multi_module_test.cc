@@ -45,16 +45,6 @@ void ApplyGrouping(nn::Transformer& model, const std::string& grouping) {
   }
 }
 
-void DivideGrads(nn::Module& module, double factor) {
-  for (const Tensor& p : module.parameters()) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    std::vector<double> v = g.to_doubles();
-    for (double& x : v) x /= factor;
-    g.copy_(Tensor::from_doubles(v, g.sizes(), g.dtype()));
-  }
-}
-
 class FsdpMultiModuleGrouping : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(FsdpMultiModuleGrouping, TrainsLikeTheReplicatedModel) {
@@ -82,7 +72,7 @@ TEST_P(FsdpMultiModuleGrouping, TrainsLikeTheReplicatedModel) {
       const Tensor local_inp = global_inp.narrow(0, env.rank * local_batch, local_batch).clone();
       sum((*model)(local_inp).tensor()).backward();
       sum((*ref_model)(global_inp).tensor()).backward();
-      DivideGrads(*ref_model, world);
+      fsdp2::DivideGrads(*ref_model, world);
       const std::string mismatch = fsdp2::CheckShardedParity(*ref_model, *model, parity);
       EXPECT_TRUE(mismatch.empty()) << "step " << step << "\n" << mismatch;
       optim.step();

@@ -34,18 +34,6 @@ using fsdp2::FsdpEvent;
 using fsdp2::ReshardAfterForward;
 using fsdp2::TrainingState;
 
-// `_reduce_1d_partial_grads`: the reference's grads (global batch) divided by the world size
-// equal the data-parallel average of the local grads.
-void DivideGrads(nn::Module& module, double factor) {
-  for (const Tensor& p : module.parameters()) {
-    Tensor g = p.grad();
-    if (!g.defined()) continue;
-    std::vector<double> v = g.to_doubles();
-    for (double& x : v) x /= factor;
-    g.copy_(Tensor::from_doubles(v, g.sizes(), g.dtype()));
-  }
-}
-
 double AllReduceSum(distributed::ProcessGroup& pg, const Tensor& loss) {
   Tensor t = loss.detach().clone();
   pg.all_reduce(t);
@@ -86,7 +74,7 @@ TEST_P(FsdpAutograd, UnusedForwardOutput) {
       Tensor ref_loss =
           iter < 3 ? sum(ref_out[0].tensor() * ref_out[1].tensor()) : sum(ref_out[0].tensor());
       ref_loss.backward();
-      DivideGrads(*ref_model, env.world_size);
+      fsdp2::DivideGrads(*ref_model, env.world_size);
       ref_optim.step();
       EXPECT_NEAR(AllReduceSum(*env.pg, loss), ref_loss.item(), 1e-4) << "iter " << iter;
       optim.zero_grad(iter % 2 == 1);
@@ -121,7 +109,7 @@ TEST_P(FsdpAutograd, UnusedForwardModule) {
       ref_loss.backward();
       Tensor loss = sum((*model)(local_inp).tensor());
       loss.backward();
-      DivideGrads(*ref_model, env.world_size);
+      fsdp2::DivideGrads(*ref_model, env.world_size);
       EXPECT_NEAR(AllReduceSum(*env.pg, loss), ref_loss.item(), 1e-4) << "iter " << iter;
       const std::string parity = fsdp2::CheckShardedParity(*ref_model, *model);
       EXPECT_TRUE(parity.empty()) << "iter " << iter << "\n" << parity;
@@ -241,7 +229,7 @@ void TrainParity(int world, const OptionsFactory& make_options, int steps, doubl
         ref_loss.backward();
         ref_loss_sum += ref_loss.item();
       }
-      DivideGrads(*ref_model, world);
+      fsdp2::DivideGrads(*ref_model, world);
       EXPECT_NEAR(loss_sum, ref_loss_sum, tol * (1 + std::fabs(ref_loss_sum))) << "step " << step;
       const std::string parity = fsdp2::CheckShardedParity(*ref_model, *model, parity_options);
       EXPECT_TRUE(parity.empty()) << "step " << step << "\n" << parity;
@@ -320,7 +308,7 @@ TEST(FsdpMixedPrecision, ParamReduceAndOutputDtypes) {
     sum(out).backward();
     Tensor ref_loss = sum((*ref_model)(global_inp).tensor());
     ref_loss.backward();
-    DivideGrads(*ref_model, 2);
+    fsdp2::DivideGrads(*ref_model, 2);
     for (const auto& [name, p] : model->named_parameters()) {
       EXPECT_EQ(p.dtype(), DType::kFloat32) << name;
       ASSERT_TRUE(p.grad().defined()) << name;

@@ -97,4 +97,14 @@ std::string CheckShardedParity(const nn::Module& replicated_module,
   return CheckShardedParity(params, grads, sharded_module, options);
 }
 
+void DivideGrads(nn::Module& module, double factor) {
+  for (const Tensor& p : module.parameters()) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    std::vector<double> v = g.to_doubles();
+    for (double& x : v) x /= factor;
+    g.copy_(Tensor::from_doubles(v, g.sizes(), g.dtype()));
+  }
+}
+
 }  // namespace fsdp::fsdp2

@@ -2,7 +2,8 @@
 // parameter (and gradient) of an FSDP module on the calling rank with the chunk a replicated
 // reference says this rank must hold (the same torch.chunk rule as sharding, so empty shards
 // compare equal). Parameters are matched by FQN after removing `prefixes_to_ignore`; a
-// parameter that is not FSDP-managed (ignored) is compared whole.
+// parameter that is not FSDP-managed (ignored) is compared whole. DivideGrads turns a
+// replicated reference's global-batch gradients into the data-parallel average.
 //
 // Test-only (library fsdp_testing, engine/testing/; never part of fsdp_engine; the namespace
 // stays fsdp::fsdp2 beside the FSDP API it checks).
@@ -34,5 +35,10 @@ std::string CheckShardedParity(const std::map<std::string, Tensor>& reference_pa
 // must have the same number of parameters.
 std::string CheckShardedParity(const nn::Module& replicated_module,
                                const nn::Module& sharded_module, const ParityOptions& options = {});
+
+// `_reduce_1d_partial_grads` for a replicated reference trained on the global batch: divides
+// every parameter's .grad in place by `factor` (the world size), so that it equals the
+// data-parallel average of the ranks' local gradients.
+void DivideGrads(nn::Module& module, double factor);
 
 }  // namespace fsdp::fsdp2
