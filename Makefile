@@ -85,7 +85,8 @@ clean:
 
 # PyTorch judged by the suite (docs/pytorch.md): a venv .venv-torch-$(VERSION)/ with that torch
 # from PyPI (several GB; never part of `make test`), the FSDP2 driver of python/ run over Gloo,
-# and the report docs/pytorch-$(VERSION).md + .json. FAMILIES overrides the scenario patterns.
+# and the report docs/pytorch-$(VERSION).md (its JSON in build/validate-pytorch/). FAMILIES
+# overrides the scenario patterns.
 VERSION ?= 2.5.1
 FAMILIES ?=
 validate-pytorch: build

@@ -57,14 +57,15 @@ std::vector<PlanGroup> GroupsOf(const FullyShardPlan& plan, const ZooModel& mode
   groups.push_back({"", {}});
   for (const std::string& name : model.ParameterNames()) {
     if (IsIgnored(plan, name)) continue;
-    PlanGroup* owner = &groups.back();
-    for (PlanGroup& g : groups) {
-      if (g.is_root()) continue;
+    auto holds = [&name](const PlanGroup& g) {
+      if (g.is_root()) return false;
       for (const std::string& m : GroupModules(g.fqn)) {
-        if (name.rfind(m + ".", 0) == 0) owner = &g;
+        if (name.rfind(m + ".", 0) == 0) return true;
       }
-      if (owner != &groups.back()) break;
-    }
+      return false;
+    };
+    const auto it = std::find_if(groups.begin(), groups.end(), holds);
+    PlanGroup* owner = it == groups.end() ? &groups.back() : &*it;
     owner->params.push_back(name);
   }
   std::vector<PlanGroup> out;

@@ -8,8 +8,9 @@
 #      Python ranks at once (MAX_DRIVER_RANKS, default 8: each is an interpreter with torch,
 #      a few hundred MB), CASE_TIMEOUT (default 120 s) the deadline of each case; the driver
 #      serves sessions (one process per rank for the whole run);
-#   3. the report: docs/pytorch-V.md and docs/pytorch-V.json (python/validate_pytorch/
-#      render_report.py), what passes, what fails and why, naming known PyTorch defects.
+#   3. the report (python/validate_pytorch/render_report.py): docs/pytorch-V.md, kept in the
+#      repository, what passes, what fails and why, naming known PyTorch defects; and its
+#      per-case JSON build/validate-pytorch/V/report.json, a build output.
 # Usage: scripts/validate_pytorch.sh VERSION BUILD_DIR [FAMILY_PATTERN...]
 set -euo pipefail
 version=${1:?usage: validate_pytorch.sh VERSION BUILD_DIR [FAMILY_PATTERN...]}
@@ -50,5 +51,5 @@ fi
 printf -v shown '%q ' "${command[@]}"
 "$python" "$root/python/validate_pytorch/render_report.py" --run "$out/run.json" \
   --version "$version" --torch-version "$torch_version" --markdown "$root/docs/pytorch-$version.md" \
-  --json "$root/docs/pytorch-$version.json" --command "FSDP_CONFORM_PYTHON=.venv-torch-$version/bin/python ${shown% }"
-echo "validate-pytorch: docs/pytorch-$version.md, docs/pytorch-$version.json"
+  --json "$out/report.json" --command "FSDP_CONFORM_PYTHON=.venv-torch-$version/bin/python ${shown% }"
+echo "validate-pytorch: docs/pytorch-$version.md, $out/report.json"

@@ -62,7 +62,7 @@ void CollectiveWatchdog::Started(const CollectiveInfo& info) {
 
 void CollectiveWatchdog::Finished() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (in_flight_) last_state_ = "completed " + in_flight_->str();
+  if (in_flight_) last_completed_ = std::move(in_flight_);
   in_flight_.reset();
 }
 
@@ -104,7 +104,9 @@ void CollectiveWatchdog::Tick(uint64_t beat) {
     std::lock_guard<std::mutex> lock(mu_);
     info = in_flight_;
     since = started_;
-    state = info ? "in " + info->str() : last_state_;
+    state = info              ? "in " + info->str()
+            : last_completed_ ? "completed " + last_completed_->str()
+                              : "before its first collective";
     already_aborted = aborted_.has_value();
   }
   store_->set(HeartbeatKey(rank_), std::to_string(beat) + " " + state);

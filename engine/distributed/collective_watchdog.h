@@ -103,7 +103,8 @@ class CollectiveWatchdog {
   bool stopping_ = false;
   std::optional<CollectiveInfo> in_flight_;         // guarded by mu_
   std::chrono::steady_clock::time_point started_;   // guarded by mu_
-  std::string last_state_ = "before its first collective";  // guarded by mu_
+  // The last collective this rank finished (formatted only by the heartbeat). Guarded by mu_.
+  std::optional<CollectiveInfo> last_completed_;
   std::optional<std::string> aborted_;              // guarded by mu_
   // Watchdog thread only: the members' heartbeats sampled for the collective in flight.
   uint64_t sampled_sequence_ = 0;
