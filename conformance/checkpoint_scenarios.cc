@@ -52,7 +52,7 @@ constexpr int64_t kMaxPath = 1024;
 class SharedTempDir {
  public:
   explicit SharedTempDir(distributed::ProcessGroup& pg) : pg_(pg) {
-    Tensor chars = Tensor::zeros({kMaxPath}, DType::kInt64);
+    Tensor chars = Tensor::zeros({kMaxPath}, DType::kInt64, pg.default_device());
     if (pg.rank() == 0) {
       std::string tmpl = (fs::temp_directory_path() / "fsdp-checkpoint.XXXXXX").string();
       FSDP_CHECK_CODE(ErrorCode::kUnavailable, ::mkdtemp(tmpl.data()) != nullptr,
@@ -60,7 +60,7 @@ class SharedTempDir {
       FSDP_CHECK(static_cast<int64_t>(tmpl.size()) < kMaxPath, "temporary path too long: ", tmpl);
       std::vector<int64_t> v(kMaxPath, 0);
       for (size_t i = 0; i < tmpl.size(); ++i) v[i] = static_cast<unsigned char>(tmpl[i]);
-      chars = Tensor::from_int64s(v, {kMaxPath});
+      chars = Tensor::from_int64s(v, {kMaxPath}).to(pg.default_device());
     }
     pg.broadcast(chars, 0)->wait();
     for (int64_t c : chars.to_int64s()) {

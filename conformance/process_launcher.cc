@@ -132,7 +132,15 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
     if (!c.spawn_error.empty()) {
       outcomes[r] = RankOutcome::Failed(ErrorCode::kUnavailable, c.spawn_error, 0);
     } else if (c.stopped) {
-      if (first_failed >= 0 && first_failed != r) {
+      if (exits.received_signal != 0) {
+        outcomes[r] = RankOutcome::Failed(
+            ErrorCode::kAborted,
+            "interrupted: fsdp-conform received signal " + std::to_string(exits.received_signal) +
+                " (" + ::strsignal(exits.received_signal) + ") " +
+                FormatSeconds(std::chrono::milliseconds(static_cast<int64_t>(c.seconds * 1000))) +
+                " into this case and stopped " + who + LogTail(log_path),
+            c.seconds);
+      } else if (first_failed >= 0 && first_failed != r) {
         outcomes[r] =
             RankOutcome::Failed(ErrorCode::kAborted,
                                 "killed " + FormatSeconds(request.failure_grace) + " after rank " +

@@ -24,6 +24,7 @@ class ProcessGroupWrapper : public distributed::ProcessGroup {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::string backend_name() const override { return inner_->backend_name(); }
+  Device default_device() const override { return inner_->default_device(); }
   std::vector<int> global_ranks() const override { return inner_->global_ranks(); }
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
   std::string group_name() const override { return inner_->group_name(); }

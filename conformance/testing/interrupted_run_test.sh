@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fsdp-conform interrupted while Gloo ranks run (usage: interrupted_run_test.sh FSDP_CONFORM):
 #  * SIGTERM: the ranks are stopped, the partial --json report is written with "interrupted",
-#    and fsdp-conform ends by the signal (status 143);
+#    and fsdp-conform ends by the signal (status 143); the case in flight says it was
+#    interrupted (not that it ran past its deadline);
 #  * SIGKILL: no handler runs, yet no rank outlives it (the launcher's death watch).
 # Each check allows 3 s after the signal for every rank process to be gone.
 set -u
@@ -55,6 +56,10 @@ gone_within_3s $ranks || fail "SIGTERM: ranks outlived fsdp-conform"
 grep -q '"interrupted"' "$work/term.json" || fail "SIGTERM: the report has no \"interrupted\" entry"
 grep -q '"signal": 15' "$work/term.json" || fail "SIGTERM: the report does not name signal 15"
 grep -q 'interrupted by signal 15' "$work/out.txt" || fail "SIGTERM: the table does not say it was interrupted"
+grep -q 'interrupted: fsdp-conform received signal 15' "$work/term.json" ||
+  fail "SIGTERM: the case in flight is not reported as interrupted: $(cat "$work/term.json")"
+grep -q 'did not finish within' "$work/term.json" &&
+  fail "SIGTERM: the case in flight is reported as past its deadline: $(cat "$work/term.json")"
 
 # ---- SIGKILL: nothing runs in fsdp-conform, the death watch stops the ranks ----
 start_run "$work/kill.json"

@@ -12,7 +12,7 @@ namespace {
 
 // The number of ranks of `pg` whose `ok` is false (an all-reduce every rank takes part in).
 int64_t FailedRanks(distributed::ProcessGroup& pg, bool ok) {
-  Tensor failed = Tensor::from_int64s({ok ? 0 : 1}, {1});
+  Tensor failed = Tensor::from_int64s({ok ? 0 : 1}, {1}).to(pg.default_device());
   pg.all_reduce(failed)->wait();
   return failed.to_int64s()[0];
 }
@@ -34,8 +34,9 @@ void save(const nn::StateDict& state_dict, const std::string& dir, distributed::
   }
   // 2. Every rank's outcome and file hash ([ok, hash] per rank).
   Tensor mine = Tensor::from_int64s(
-      {error.empty() ? 1 : 0, static_cast<int64_t>(written.hash)}, {2});
-  Tensor all = Tensor::empty({2 * static_cast<int64_t>(world)}, DType::kInt64);
+      {error.empty() ? 1 : 0, static_cast<int64_t>(written.hash)}, {2}).to(pg.default_device());
+  Tensor all =
+      Tensor::empty({2 * static_cast<int64_t>(world)}, DType::kInt64, pg.default_device());
   pg.all_gather_into_tensor(all, mine)->wait();
   const std::vector<int64_t> v = all.to_int64s();
   std::vector<std::string> files;
@@ -52,7 +53,8 @@ void save(const nn::StateDict& state_dict, const std::string& dir, distributed::
       error = e.what();
     }
   }
-  Tensor committed = Tensor::from_int64s({error.empty() || rank != 0 ? 1 : 0}, {1});
+  Tensor committed =
+      Tensor::from_int64s({error.empty() || rank != 0 ? 1 : 0}, {1}).to(pg.default_device());
   pg.broadcast(committed, 0)->wait();
   FSDP_CHECK_CODE(ErrorCode::kUnavailable, error.empty(), "checkpoint save to ", dir,
                   " failed on rank ", rank, ": ", error);

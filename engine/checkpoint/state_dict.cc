@@ -124,12 +124,15 @@ nn::StateDict ToLocal(const nn::StateDict& like, const nn::StateDict& sd,
     const bool root = pg.rank() == 0;
     const std::string error = root ? Mismatch(like, sd, true, options.strict) : "";
     // Which keys rank 0 has, and whether its dict loads: one broadcast every rank waits on.
-    Tensor present = Tensor::zeros({static_cast<int64_t>(like.size()) + 1}, DType::kInt64);
+    // It travels on the group's device, as PyTorch's broadcast_object_list: a NCCL group
+    // takes CUDA tensors only.
+    const Device device = pg.default_device();
+    Tensor present = Tensor::zeros({static_cast<int64_t>(like.size()) + 1}, DType::kInt64, device);
     if (root) {
       std::vector<int64_t> flags;
       for (const auto& [key, value] : like) flags.push_back(sd.find(key) != nullptr ? 1 : 0);
       flags.push_back(error.empty() ? 0 : 1);
-      present = Tensor::from_int64s(flags, {static_cast<int64_t>(flags.size())});
+      present = Tensor::from_int64s(flags, {static_cast<int64_t>(flags.size())}).to(device);
     }
     pg.broadcast(present, 0)->wait();
     const std::vector<int64_t> flags = present.to_int64s();

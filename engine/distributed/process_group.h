@@ -50,6 +50,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // c10d-style group name: "0" for the world, its subgroups "1", "2", ... in creation order,
   // a subgroup's own subgroups "1.1", "1.2", ... (the same on every backend).
   virtual std::string group_name() const = 0;
+  // The device of the tensors this group communicates: the CPU for the threaded and Gloo
+  // groups, this rank's CUDA device for NCCL (PyTorch's `_get_pg_default_device`). Collectives
+  // of metadata (flags, hashes, paths) allocate their tensors here.
+  virtual Device default_device() const { return Device::CPU(); }
 
   // This rank's global rank.
   int global_rank() const;

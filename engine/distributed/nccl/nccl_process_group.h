@@ -74,6 +74,7 @@ class NcclProcessGroup final : public ProcessGroup {
   int rank() const override;
   int size() const override;
   std::string backend_name() const override { return "nccl"; }
+  Device default_device() const override { return device(); }
   std::vector<int> global_ranks() const override;
   std::chrono::milliseconds timeout() const override;
   std::string group_name() const override;
