@@ -4,16 +4,20 @@
 // (ShardChildrenThenRoot), trained `steps` steps with the case's optimizer against the
 // oracle's data-parallel run over dp ranks (reference/, double). Mesh (dp, tp) from the
 // parameters: world = dp * tp, rank r at (r / tp, r % tp) (init_device_mesh's layout); every
-// rank of a TP group gets its dp index's batch.
+// rank of a TP group gets its dp index's batch. With `replicate` r > 1 the run is HSDP × TP
+// (PyTorch's 3-D recipe): mesh (dp_replicate = r, dp_shard = dp / r, tp), fully_shard over
+// mesh_3d[("dp_replicate", "dp_shard")]; parameters are sharded over dp_shard only.
 //
 // Observations per rank: its losses, its local parameter and gradient shards per step (the
-// nested torch.chunk of tp_plans.h), the full parameters after the last step (full_tensor(),
-// gathered over dp and tp) and the collectives of every step's forward and backward. The
-// counts are derived from the FSDP groups and the placements: per FSDP group with parameters
-// one c10d all-gather in forward, one in backward unless it is the root (kept unsharded after
-// forward) and one reduce-scatter (no all-gathers over a dp size of 1); per RowwiseParallel one functional all-reduce in forward
-// (its Partial output to Replicate); per ColwiseParallel whose input needs a gradient one
-// functional all-reduce in backward (its input's Partial gradient).
+// nested torch.chunk of tp_plans.h, over the shard group), the full parameters after the last
+// step (full_tensor(), gathered over the shard group and tp) and the collectives of every
+// step's forward and backward. The counts are derived from the FSDP groups and the placements:
+// per FSDP group with parameters one c10d all-gather in forward, one in backward unless it is
+// the root (kept unsharded after forward) and one reduce-scatter (no all-gathers over a shard
+// group of one rank), plus under HSDP one c10d all-reduce over the replicate group in
+// backward; per RowwiseParallel one functional all-reduce in forward (its Partial output to
+// Replicate); per ColwiseParallel whose input needs a gradient one functional all-reduce in
+// backward (its input's Partial gradient).
 #include <optional>
 #include <string>
 
@@ -37,16 +41,22 @@ constexpr const char* kFamily = "parity/tp";
 constexpr const char* kStepCommCounts = "step_comm_counts";
 using Counts = distributed::CommDebugMode::Counts;
 
-// The case's (dp, tp) at `world`: tp from the parameters, dp from the parameters or world / tp.
+// The case's (dp, tp) at `world`: tp from the parameters, dp from the parameters or world / tp;
+// under HSDP (replicate > 1) dp = replicate × shard.
 struct MeshShape {
   int dp = 1;
   int tp = 1;
+  int replicate = 1;
+  int shard() const { return dp / replicate; }
+  // A rank's index in its dp shard group (init_device_mesh's row-major layout).
+  int shard_index(int rank) const { return (rank / tp) % shard(); }
 };
 MeshShape MeshShapeOf(const CaseParams& params, int world) {
   MeshShape m;
   m.tp = static_cast<int>(params.GetInt("tp"));
   const int64_t dp = params.GetInt("dp");
   m.dp = dp > 0 ? static_cast<int>(dp) : world / m.tp;
+  m.replicate = static_cast<int>(params.GetInt("replicate"));
   return m;
 }
 
@@ -55,6 +65,10 @@ std::optional<std::string> SkipMeshNotWorld(const CaseParams& params, int world)
   if (m.dp < 1 || static_cast<int64_t>(m.dp) * m.tp != world) {
     return "the (dp, tp) = (" + std::to_string(m.dp) + ", " + std::to_string(m.tp) +
            ") mesh does not multiply to world size " + std::to_string(world);
+  }
+  if (m.dp % m.replicate != 0) {
+    return "HSDP's replicate size " + std::to_string(m.replicate) + " does not divide dp " +
+           std::to_string(m.dp);
   }
   return std::nullopt;
 }
@@ -88,7 +102,8 @@ ObservationSchema TpParitySchema() {
 }
 
 // The collectives of one step on every rank, derived as the file comment says.
-nlohmann::json ExpectedStepCounts(const std::string& kind, const ParityCase& c, int dp) {
+nlohmann::json ExpectedStepCounts(const std::string& kind, const ParityCase& c,
+                                  const MeshShape& m) {
   nn::ModulePtr module = c.model.BuildEngine();
   std::vector<std::string> names;
   for (const auto& [name, param] : module->named_parameters()) names.push_back(name);
@@ -123,13 +138,15 @@ nlohmann::json ExpectedStepCounts(const std::string& kind, const ParityCase& c, 
       }
     }
   }
-  // FSDP over one rank skips its all-gathers (the local shard is the parameter) but still
-  // reduce-scatters (docs/fsdp-behaviour.md, "All-gather").
-  const int64_t all_gathers = dp == 1 ? 0 : groups;
-  const int64_t backward_all_gathers = dp == 1 ? 0 : non_root_groups;
+  // FSDP over a shard group of one rank skips its all-gathers (the local shard is the
+  // parameter) but still reduce-scatters (docs/fsdp-behaviour.md, "All-gather"); HSDP then
+  // all-reduces each group's gradients over the replicate group.
+  const int64_t all_gathers = m.shard() == 1 ? 0 : groups;
+  const int64_t backward_all_gathers = m.shard() == 1 ? 0 : non_root_groups;
   Counts forward{{"c10d._allgather_base_", all_gathers}, {"c10d_functional.all_reduce", rowwise}};
   Counts backward{{"c10d._allgather_base_", backward_all_gathers},
                   {"c10d._reduce_scatter_base_", groups},
+                  {"c10d.allreduce_", m.replicate > 1 ? groups : 0},
                   {"c10d_functional.all_reduce", colwise_with_input_grad}};
   for (Counts* counts : {&forward, &backward}) {
     for (auto it = counts->begin(); it != counts->end();) {
@@ -142,13 +159,19 @@ nlohmann::json ExpectedStepCounts(const std::string& kind, const ParityCase& c, 
 nlohmann::json RunTpParityRank(const std::string& kind, RankEnv& env) {
   const ParityCase c = DecodeParityCase(kind, env.params);
   const MeshShape m = MeshShapeOf(env.params, env.world);
-  auto mesh_2d = distributed::DeviceMesh::Init(env.pg, env.device.is_cuda() ? "cuda" : "cpu",
-                                               {m.dp, m.tp}, {"dp", "tp"});
+  const std::string device_type = env.device.is_cuda() ? "cuda" : "cpu";
+  // (dp, tp), or under HSDP (replicate, shard, tp) with fully_shard over
+  // mesh_3d[("dp_replicate", "dp_shard")].
+  const auto mesh =
+      m.replicate > 1
+          ? distributed::DeviceMesh::Init(env.pg, device_type, {m.replicate, m.shard(), m.tp},
+                                          {"dp_replicate", "dp_shard", "tp"})
+          : distributed::DeviceMesh::Init(env.pg, device_type, {m.dp, m.tp}, {"dp", "tp"});
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
   module->to(env.device);
-  ParallelizeZooModel(kind, *module, (*mesh_2d)["tp"]);
+  ParallelizeZooModel(kind, *module, (*mesh)["tp"]);
   fsdp2::FullyShardOptions options;
-  options.mesh = (*mesh_2d)["dp"];
+  options.mesh = m.replicate > 1 ? mesh->slice({"dp_replicate", "dp_shard"}) : (*mesh)["dp"];
   options.semantics = SemanticsOf(env.params);
   ShardChildrenThenRoot(module, options);
 
@@ -193,7 +216,7 @@ std::vector<nlohmann::json> ExpectTpParity(const std::string& kind, const CasePa
   const auto oracle = TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, m.dp);
   const auto placements = ZooTpPlacements(kind, c.model.ParameterNames());
   const std::string dtype = DTypeName(c.dtype);
-  const nlohmann::json step_counts = ExpectedStepCounts(kind, c, m.dp);
+  const nlohmann::json step_counts = ExpectedStepCounts(kind, c, m);
   auto shards = [&](const reference::RefTensorMap& full, int rank) {
     reference::RefTensorMap out;
     for (const auto& [name, tensor] : full) {
@@ -202,7 +225,7 @@ std::vector<nlohmann::json> ExpectTpParity(const std::string& kind, const CasePa
                                 it == placements.end()
                                     ? std::nullopt
                                     : std::optional<tensor_parallel::Placement>(it->second),
-                                rank / m.tp, m.dp, rank % m.tp, m.tp);
+                                m.shard_index(rank), m.shard(), rank % m.tp, m.tp);
     }
     return out;
   };
@@ -240,6 +263,7 @@ void JudgeTpParity(const std::string& kind, const CaseParams& params, int world,
   const MeshShape m = MeshShapeOf(params, world);
   checks.SetFigure("dp", m.dp);
   checks.SetFigure("tp", m.tp);
+  checks.SetFigure("replicate", m.replicate);
   checks.SetFigure("steps", c.steps);
   checks.SetFigure("param_max_abs_err", param_err.max_abs);
   checks.SetFigure("grad_max_abs_err", grad_err.max_abs);
@@ -260,11 +284,18 @@ Scenario MakeScenario(const ZooModelKind& kind) {
       ParamSpec::SizeInt("tp", "tensor-parallel size (mesh dim \"tp\")", 2, /*minimum=*/2));
   s.info.params.push_back(ParamSpec::SizeInt(
       "dp", "data-parallel size (mesh dim \"dp\"); 0: world / tp", 0, /*minimum=*/0));
+  s.info.params.push_back(ParamSpec::SizeInt(
+      "replicate",
+      "HSDP replicate size: 1 is FSDP over dp; r > 1 is HSDP × TP on a (dp_replicate = r, "
+      "dp_shard = dp / r, tp) mesh, fully_shard over mesh_3d[(\"dp_replicate\", \"dp_shard\")]",
+      1, /*minimum=*/1));
   s.info.observations = TpParitySchema();
   s.info.deterministic = true;
   s.info.default_world = 4;
   s.info.min_world = 2;
   s.info.max_world = 8;
+  // HSDP × TP on (2, 2, 2) in every default run, beside FSDP × TP at the run's world.
+  s.info.extra_default_runs = {{8, {{"replicate", "2"}}}};
   s.skip = SkipMeshNotWorld;
   const std::string name = kind.name;
   s.info.inputs = ZooInputsDoc(kind, "the case's dtype");

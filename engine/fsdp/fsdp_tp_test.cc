@@ -68,17 +68,17 @@ void FillParameters(nn::Module& module) {
 }
 
 // The nested torch.chunk piece of `full` this rank holds: its TP piece (by `tp_placement` over
-// the tp mesh), then its dp chunk of dim 0.
-Tensor NestedPiece(const Tensor& full, const Placement& tp_placement, const DeviceMesh& mesh_2d) {
+// `tp` ranks, index `tp_index`), then its chunk of dim 0 over the `shard` ranks of its dp
+// shard group (index `shard_index`).
+Tensor NestedPiece(const Tensor& full, const Placement& tp_placement, int64_t tp, int64_t tp_index,
+                   int64_t shard, int64_t shard_index) {
   Tensor t = full;
   if (tp_placement.is_shard()) {
     const int64_t dim = tp_placement.normalized(full.dim()).dim();
-    const auto r = tensor_parallel::ComputeChunkRange(full.size(dim), mesh_2d.size(1),
-                                                      mesh_2d.get_local_rank(1));
+    const auto r = tensor_parallel::ComputeChunkRange(full.size(dim), tp, tp_index);
     t = ops::kernels::Narrow(t, dim, r.offset, r.length);
   }
-  const auto r =
-      tensor_parallel::ComputeChunkRange(t.size(0), mesh_2d.size(0), mesh_2d.get_local_rank(0));
+  const auto r = tensor_parallel::ComputeChunkRange(t.size(0), shard, shard_index);
   return ops::kernels::Narrow(t, 0, r.offset, r.length);
 }
 
@@ -96,12 +96,32 @@ constexpr int64_t kDim = 5;  // in_proj [15, 5] / [20, 5]: uneven over tp 2, the
 constexpr int64_t kBatch = 3;
 constexpr int kSteps = 2;
 
-void CheckTrainParity2D(int64_t dp, int64_t tp) {
+// FSDP2 × TP on a (dp, tp) mesh, or HSDP × TP on a (replicate, shard, tp) mesh (fully_shard
+// over mesh_3d[("dp_replicate", "dp_shard")]) when `replicate` > 1: every dp rank
+// (replicate × shard of them) trains on its own batch, against the unsharded model on all of
+// them.
+void CheckTrainParity(int64_t replicate, int64_t shard, int64_t tp) {
+  const int64_t dp = replicate * shard;
   const int world = static_cast<int>(dp * tp);
   auto results = fakes::RunRanks(world, [&](fakes::RankEnv& env) {
-    auto mesh_2d = DeviceMesh::Init(env.pg, "cpu", {dp, tp}, {"dp", "tp"});
-    auto dp_mesh = (*mesh_2d)["dp"];
-    auto tp_mesh = (*mesh_2d)["tp"];
+    std::shared_ptr<DeviceMesh> dp_mesh;
+    std::shared_ptr<DeviceMesh> tp_mesh;
+    if (replicate > 1) {
+      auto mesh_3d = DeviceMesh::Init(env.pg, "cpu", {replicate, shard, tp},
+                                      {"dp_replicate", "dp_shard", "tp"});
+      dp_mesh = mesh_3d->slice({"dp_replicate", "dp_shard"});
+      tp_mesh = (*mesh_3d)["tp"];
+    } else {
+      auto mesh_2d = DeviceMesh::Init(env.pg, "cpu", {dp, tp}, {"dp", "tp"});
+      dp_mesh = (*mesh_2d)["dp"];
+      tp_mesh = (*mesh_2d)["tp"];
+    }
+    const int64_t tp_index = tp_mesh->get_local_rank(0);
+    const int64_t dp_index = env.rank / tp;  // init_device_mesh's row-major layout
+    const int64_t shard_index = dp_mesh->get_local_rank(dp_mesh->ndim() - 1);
+    auto piece = [&](const Tensor& full, const Placement& placement) {
+      return NestedPiece(full, placement, tp, tp_index, shard, shard_index);
+    };
     auto reference = std::make_shared<nn::MLPStack>(kDim);
     auto model = std::make_shared<nn::MLPStack>(kDim);
     FillParameters(*reference);
@@ -113,7 +133,8 @@ void CheckTrainParity2D(int64_t dp, int64_t tp) {
     for (const nn::ModulePtr& block : blocks) fully_shard(block, options);
     fully_shard(model, options);
 
-    // The 2-D sharding of every parameter: (_StridedShard(0, sf=tp) | Shard(0), TP placement).
+    // The 2-D sharding of every parameter: ([Replicate(),] _StridedShard(0, sf=tp) | Shard(0),
+    // TP placement).
     std::map<std::string, Placement> tp_placements;
     for (const auto& [name, param] : model->named_parameters()) {
       const FsdpParam* fsdp_param = LookupFsdpParam(param);
@@ -123,8 +144,9 @@ void CheckTrainParity2D(int64_t dp, int64_t tp) {
       tp_placements.emplace(name, s.tp_placement);
       const bool strided = s.tp_placement.is_shard(0) && tp > 1;
       EXPECT_EQ(s.placements_str(),
-                "(" + (strided ? "_StridedShard(dim=0, sf=" + std::to_string(tp) + ")"
-                               : std::string("Shard(dim=0)")) +
+                std::string(replicate > 1 ? "(Replicate(), " : "(") +
+                    (strided ? "_StridedShard(dim=0, sf=" + std::to_string(tp) + ")"
+                             : std::string("Shard(dim=0)")) +
                     ", " + s.tp_placement.str() + ")")
           << name;
       EXPECT_EQ(fsdp_param->tensor_shape(), reference->get_parameter(name).sizes()) << name;
@@ -143,19 +165,24 @@ void CheckTrainParity2D(int64_t dp, int64_t tp) {
     sgd.lr = 0.1;
     optim::SGD ref_optim(reference->parameters(), sgd);
     optim::SGD optim(model->parameters(), sgd);
-    const int64_t dp_index = mesh_2d->get_local_rank(0);
     // Collectives derived from the groups and the placements: FSDP all-gathers each block's
-    // group over dp in forward and again in backward (reshard after forward; the root has no
-    // parameters), and reduce-scatters each in backward; each RowwiseParallel all-reduces its
-    // Partial output over tp in forward, and each ColwiseParallel whose input needs a gradient
-    // all-reduces that Partial gradient in backward (the first block's input does not).
+    // group over its shard group in forward and again in backward (reshard after forward; the
+    // root has no parameters; none over a shard group of one rank), and reduce-scatters each in
+    // backward, then (HSDP) all-reduces the result over the replicate group; each
+    // RowwiseParallel all-reduces its Partial output over tp in forward, and each
+    // ColwiseParallel whose input needs a gradient all-reduces that Partial gradient in
+    // backward (the first block's input does not).
     const int64_t groups = static_cast<int64_t>(blocks.size());
+    const int64_t all_gathers = shard > 1 ? groups : 0;
     const int64_t colwise_with_input_grad = groups - 1;
-    const Counts want_forward{{"c10d._allgather_base_", groups},
-                              {"c10d_functional.all_reduce", groups}};
-    const Counts want_backward{{"c10d._allgather_base_", groups},
-                               {"c10d._reduce_scatter_base_", groups},
-                               {"c10d_functional.all_reduce", colwise_with_input_grad}};
+    Counts want_forward{{"c10d._allgather_base_", all_gathers},
+                        {"c10d_functional.all_reduce", groups}};
+    Counts want_backward{{"c10d._allgather_base_", all_gathers},
+                         {"c10d._reduce_scatter_base_", groups},
+                         {"c10d_functional.all_reduce", colwise_with_input_grad}};
+    if (replicate > 1) want_backward["c10d.allreduce_"] = groups;
+    for (Counts* counts : {&want_forward, &want_backward})
+      std::erase_if(*counts, [](const auto& kv) { return kv.second == 0; });
     for (int step = 0; step < kSteps; ++step) {
       // The unsharded model on every dp batch; gradients averaged over dp.
       ref_optim.zero_grad();
@@ -188,7 +215,7 @@ void CheckTrainParity2D(int64_t dp, int64_t tp) {
       for (const auto& [name, param] : model->named_parameters()) {
         const Tensor ref = reference->get_parameter(name);
         const Placement& placement = tp_placements.at(name);
-        ExpectClose(param.grad(), NestedPiece(ref.grad(), placement, *mesh_2d),
+        ExpectClose(param.grad(), piece(ref.grad(), placement),
                     name + ".grad shard, step " + std::to_string(step));
         ExpectClose(LookupFsdpParam(param)->full_grad(), ref.grad(),
                     name + " full gradient, step " + std::to_string(step));
@@ -197,7 +224,7 @@ void CheckTrainParity2D(int64_t dp, int64_t tp) {
       optim.step();
       for (const auto& [name, param] : model->named_parameters()) {
         const Tensor ref = reference->get_parameter(name);
-        ExpectClose(param, NestedPiece(ref, tp_placements.at(name), *mesh_2d),
+        ExpectClose(param, piece(ref, tp_placements.at(name)),
                     name + " shard after step " + std::to_string(step));
         ExpectClose(LookupFsdpParam(param)->full_tensor(), ref,
                     name + " full_tensor() after step " + std::to_string(step));
@@ -210,11 +237,11 @@ void CheckTrainParity2D(int64_t dp, int64_t tp) {
       ASSERT_NE(entry, nullptr) << name;
       const Tensor ref = reference->get_parameter(name);
       EXPECT_EQ(entry->global_shape, ref.sizes()) << name;
-      const Tensor piece = NestedPiece(ref, tp_placements.at(name), *mesh_2d);
-      if (piece.numel() > 0) {
+      const Tensor mine = piece(ref, tp_placements.at(name));
+      if (mine.numel() > 0) {
         Tensor at = ref;
         for (size_t d = 0; d < entry->offsets.size(); ++d) {
-          at = ops::kernels::Narrow(at, static_cast<int64_t>(d), entry->offsets[d], piece.size(d));
+          at = ops::kernels::Narrow(at, static_cast<int64_t>(d), entry->offsets[d], mine.size(d));
         }
         ExpectClose(*sd.find(name), at, name + " state-dict value at its offsets");
       }
@@ -233,8 +260,12 @@ void CheckTrainParity2D(int64_t dp, int64_t tp) {
   ASSERT_TRUE(results.all_ok()) << results.summary();
 }
 
-TEST(FsdpTpTest, TrainParity2DMlpStackDp2Tp2) { CheckTrainParity2D(2, 2); }
-TEST(FsdpTpTest, TrainParity2DMlpStackDp3Tp2) { CheckTrainParity2D(3, 2); }
+TEST(FsdpTpTest, TrainParity2DMlpStackDp2Tp2) { CheckTrainParity(1, 2, 2); }
+TEST(FsdpTpTest, TrainParity2DMlpStackDp3Tp2) { CheckTrainParity(1, 3, 2); }
+// HSDP × TP on (replicate, shard, tp): the gradient is reduce-scattered over shard, then
+// all-reduced over replicate; a shard group of one rank all-gathers nothing.
+TEST(FsdpTpTest, TrainParityHsdpTimesTpMlpStack2x2x2) { CheckTrainParity(2, 2, 2); }
+TEST(FsdpTpTest, TrainParityHsdpTimesTpMlpStack2x1x2) { CheckTrainParity(2, 1, 2); }
 
 // The sequence-parallel pattern (PyTorch's MLPStack with use_seq_parallel, on [batch, seq, dim]
 // activations): a LayerNorm under SequenceParallel(1), then Linear ColwiseParallel
@@ -328,7 +359,8 @@ TEST(FsdpTpTest, SequenceParallelNormThenColwiseRowwise2D) {
                     name + " full gradient, step " + std::to_string(step));
         ExpectClose(param.grad(),
                     NestedPiece(reference->get_parameter(name).grad(),
-                                fsdp_param->tp_sharding()->tp_placement, *mesh_2d),
+                                fsdp_param->tp_sharding()->tp_placement, tp,
+                                mesh_2d->get_local_rank(1), dp, dp_index),
                     name + ".grad shard, step " + std::to_string(step));
       }
       ref_optim.step();

@@ -30,7 +30,7 @@ std::string TpSharding::placements_str() const {
   const std::string dp = split_factor > 1
                              ? "_StridedShard(dim=0, sf=" + std::to_string(split_factor) + ")"
                              : Placement::Shard(0).str();
-  return "(" + dp + ", " + tp_placement.str() + ")";
+  return "(" + std::string(hsdp ? "Replicate(), " : "") + dp + ", " + tp_placement.str() + ")";
 }
 
 Shape TpSharding::global_offsets(int64_t dp_row_begin) const {
@@ -68,18 +68,22 @@ TpSharding MakeTpSharding(const tensor_parallel::DTensor& param, const FsdpMeshI
                  ", contains that dim: pass the data-parallel submesh (mesh_2d[\"dp\"]) instead");
     }
   }
-  FSDP_CHECK(!mesh_info.is_hsdp(), "fully_shard: HSDP over tensor-parallel parameters is not "
-             "implemented (parameter ", fqn, ": ", param.str(), "; FSDP mesh ", MeshStr(mesh_info),
-             ")");
   // FSDP requires the DP and TP mesh to have the same parent mesh: the dp group and the tp
-  // group of this rank meet in this rank only.
-  const std::vector<int> dp_ranks = mesh_info.shard_process_group->global_ranks();
+  // group of this rank meet in this rank only (under HSDP, the shard group and the replicate
+  // group each).
   const std::vector<int> tp_ranks = tp_mesh->get_group(0)->global_ranks();
-  int64_t common = 0;
-  for (int r : dp_ranks) common += std::count(tp_ranks.begin(), tp_ranks.end(), r);
-  FSDP_CHECK(common == 1, "FSDP requires the DP and TP mesh to have the same parent mesh but got: ",
-             MeshStr(mesh_info), " and ", tp_mesh->str(), " (parameter ", fqn,
-             "): their groups share ", common, " ranks, not only this one");
+  for (const auto* group :
+       {mesh_info.shard_process_group.get(), mesh_info.replicate_process_group.get()}) {
+    if (group == nullptr) continue;
+    const std::vector<int> dp_ranks = group->global_ranks();
+    int64_t common = 0;
+    for (int r : dp_ranks) common += std::count(tp_ranks.begin(), tp_ranks.end(), r);
+    FSDP_CHECK(common == 1,
+               "FSDP requires the DP and TP mesh to have the same parent mesh but "
+               "got: ",
+               MeshStr(mesh_info), " and ", tp_mesh->str(), " (parameter ", fqn,
+               "): their groups share ", common, " ranks, not only this one");
+  }
 
   TpSharding s;
   s.tp_mesh = tp_mesh;
@@ -87,6 +91,7 @@ TpSharding MakeTpSharding(const tensor_parallel::DTensor& param, const FsdpMeshI
   s.global_shape = param.shape();
   s.tp_local_shape = param.local_tensor().sizes();
   s.dp_mesh = mesh_info.mesh;
+  s.hsdp = mesh_info.is_hsdp();
   s.split_factor = s.tp_placement.is_shard(0) ? tp_mesh->size(0) : 1;
   return s;
 }

@@ -6,7 +6,8 @@
 // whose local tensor (the TP-local tensor) is what its module's slot holds. fully_shard over
 // the dp submesh (mesh_2d["dp"]) shards that TP-local tensor on dim 0 over dp with the usual
 // torch.chunk rule, so the sharded parameter is a DTensor over the (dp, tp) mesh with
-// placements (dp placement, TP placement):
+// placements (dp placement, TP placement) (under HSDP, (Replicate(), dp placement, TP
+// placement) over (replicate, shard, tp)):
 //
 //   TP placement Shard(0)       dp placement _StridedShard(dim=0, sf=tp): dim 0 is cut over tp
 //                               first, then each TP-local tensor over dp (nested torch.chunk;
@@ -44,12 +45,16 @@ struct TpSharding {
   // The shape of this rank's TP-local tensor (what FSDP shards over dp).
   Shape tp_local_shape;
   // The FSDP (dp) mesh; null when fully_shard got a process group (then named "dp" in text).
+  // Under HSDP it is 2-D (replicate, shard): the parameter is sharded over the shard dim and
+  // replicated over the replicate dim.
   std::shared_ptr<distributed::DeviceMesh> dp_mesh;
+  bool hsdp = false;
   // The number of TP shards of dim 0: the TP mesh size for a Shard(0) TP placement
   // (_StridedShard(0, split_factor)), else 1.
   int64_t split_factor = 1;
 
-  // "(_StridedShard(dim=0, sf=2), Shard(dim=0))", "(Shard(dim=0), Shard(dim=1))".
+  // "(_StridedShard(dim=0, sf=2), Shard(dim=0))", "(Shard(dim=0), Shard(dim=1))"; under HSDP
+  // "(Replicate(), Shard(dim=0), Shard(dim=1))".
   std::string placements_str() const;
   // The global offsets of a dp shard that starts at row `dp_row_begin` of the TP-local tensor.
   Shape global_offsets(int64_t dp_row_begin) const;
@@ -62,7 +67,9 @@ struct TpSharding {
 // `mesh_info`. Errors (InvalidArgument), as PyTorch checks them and more: a TP DTensor on a
 // mesh of more than one dim ("FSDP only supports 1D TP"); an FSDP mesh that contains the TP
 // mesh's dims (fully_shard given the 2-D mesh instead of mesh_2d["dp"]); an FSDP group that
-// is not orthogonal to the TP group (not two dims of one parent mesh); HSDP × TP.
+// is not orthogonal to the TP group (not two dims of one parent mesh). HSDP × TP (a 3-D mesh
+// (replicate, shard, tp), fully_shard over mesh_3d[("dp_replicate", "dp_shard")]) shards over
+// the shard dim as above and all-reduces the gradient over the replicate dim.
 TpSharding MakeTpSharding(const tensor_parallel::DTensor& param, const FsdpMeshInfo& mesh_info,
                           const std::string& fqn);
 
