@@ -15,7 +15,7 @@
 // tensor's input has `world` chunks, chunk q being rank q's output; all_reduce's tensor is one
 // chunk). Element j of chunk q on rank r is
 //
-//   ReduceInput = s * (a + d_r),   PremulFactor(r) = 2 for even r and the last rank, else 1
+//   ReduceInput = s * (a + d_r),   PremulFactor(r) = 2 for even r, 4 for odd r
 //
 //   * a = 2 for worlds up to 64, else 1 (the average's magnitude; a * world <= 128);
 //   * s = -1 when bit j of q is set, else +1, so that the chunks of every reduction differ
@@ -29,11 +29,13 @@
 //     only minimum.
 //
 // So, per element: MIN and MAX are s(a - 1) and s(a + 1) (in the order of s), AVG = s * a
-// exactly (the deviations cancel), SUM = s * a * world, PREMUL_SUM = SUM + the even ranks'
-// values: five different numbers at every world >= 2 (a = 2 keeps SUM = 4 away from MAX = 3
-// at world 2). The values of an element share one sign, |values| <= 3 and their sum is
-// a * world <= 128, so every partial sum (and every premultiplied one, <= 256) is an integer
-// that bfloat16 holds exactly. Dropping a rank changes SUM, AVG and PREMUL_SUM; duplicating
+// exactly (the deviations cancel), SUM = s * a * world, PREMUL_SUM = 2 * SUM + 2 * the odd
+// ranks' values: five different numbers at every world >= 2 (a = 2 keeps SUM = 4 away from
+// MAX = 3 at world 2). The values of an element share one sign, |values| <= 3 and their sum is
+// a * world <= 128, so every partial sum is an integer that bfloat16 holds exactly, and every
+// premultiplied partial sum an even integer below 512, which bfloat16 holds exactly too. No
+// factor is 1, so a factor dropped for any rank shows, and neighbouring ranks' factors
+// differ. Dropping a rank changes SUM, AVG and PREMUL_SUM; duplicating
 // one (its data and factor in another rank's place) changes them too, because codes differ;
 // MIN and MAX change as well over a whole reduce-scatter, where each rank is at least once the
 // only extreme. conformance/collective_data_test.cc proves these properties.
@@ -72,9 +74,9 @@ std::vector<double> ReduceInputs(const ReduceLayout& layout, int rank, int64_t b
 // chooses").
 bool ReductionIsRejected(distributed::ReduceOp op, DType dtype);
 
-// Rank `rank`'s PREMUL_SUM factor in a world of `world` ranks: 2 for even ranks and for the last
-// rank, 1 for the others, so that the first and the last rank (where an off-by-one loop drops
-// a factor) both have a factor that shows.
+// Rank `rank`'s PREMUL_SUM factor in a world of `world` ranks: 2 for even ranks, 4 for odd
+// ones. No factor is 1, so a factor dropped (treated as 1) for any rank shows, wherever an
+// implementation loses it.
 double PremulFactor(int rank, int world);
 
 // The reduction of per-rank contributions `values[r]` (with `factors[r]` for PREMUL_SUM) in

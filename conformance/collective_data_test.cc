@@ -109,6 +109,7 @@ TEST_P(CollectiveDataTest, InputsPartialSumsAndResultsAreExactInEveryDtype) {
     // Integers of one sign per element: every partial sum, in any order, lies between the
     // element's sum of negative and sum of positive terms, and is an integer.
     int64_t largest_partial = 0;
+    int64_t largest_premul_partial = 0;
     for (int64_t i = 0; i < data.numel; ++i) {
       double positive = 0, negative = 0, premul_positive = 0, premul_negative = 0;
       for (int r = 0; r < world(); ++r) {
@@ -116,16 +117,25 @@ TEST_P(CollectiveDataTest, InputsPartialSumsAndResultsAreExactInEveryDtype) {
         const double f = data.factors[r];
         ASSERT_EQ(v, std::round(v)) << data.what << " rank " << r << " element " << i;
         ASSERT_EQ(f, std::round(f)) << "factor of rank " << r;
+        ASSERT_EQ(std::fmod(f, 2.0), 0.0) << "factor of rank " << r;
         (v > 0 ? positive : negative) += v;
         (v * f > 0 ? premul_positive : premul_negative) += v * f;
       }
       largest_partial = std::max<int64_t>(
-          {largest_partial, static_cast<int64_t>(positive), static_cast<int64_t>(-negative),
-           static_cast<int64_t>(premul_positive), static_cast<int64_t>(-premul_negative)});
+          {largest_partial, static_cast<int64_t>(positive), static_cast<int64_t>(-negative)});
+      largest_premul_partial = std::max<int64_t>(
+          {largest_premul_partial, static_cast<int64_t>(premul_positive),
+           static_cast<int64_t>(-premul_negative)});
     }
+    // Premultiplied terms are even (every factor is), so their partial sums are the even
+    // integers up to the largest.
+    std::vector<double> evens;
+    for (int64_t k = 0; k <= largest_premul_partial; k += 2) evens.push_back(static_cast<double>(k));
     for (DType dtype : kDTypes) {
       SCOPED_TRACE(data.what + " " + DTypeName(dtype) + " world " + std::to_string(world()));
       EXPECT_LE(largest_partial, LargestExactInteger(dtype));
+      EXPECT_EQ(RoundTrip(evens, dtype), evens) << "premultiplied partial sums up to "
+                                                << largest_premul_partial;
       for (ReduceOp op : kOps) {
         if (ReductionIsRejected(op, dtype)) continue;
         std::vector<double> results;
@@ -216,9 +226,10 @@ TEST_P(CollectiveDataTest, MisplacedContributionsChangeTheResult) {
       }
     }
   }
-  // PREMUL_SUM: the first or the last rank's factor dropped (as an off-by-one loop would).
+  // PREMUL_SUM: any one rank's factor dropped (as an off-by-one loop, or a per-rank slice that
+  // forgets to scale, would).
   for (const Data& data : {scatter, AllReduceData(world())}) {
-    for (int r : {0, world() - 1}) {
+    for (int r = 0; r < world(); ++r) {
       EXPECT_TRUE(Changes(data, ReduceOp::kPremulSum,
                           [r](std::vector<double>&, std::vector<double>& f) { f[r] = 1.0; }))
           << data.what << " world " << world() << ": rank " << r << "'s factor dropped";
@@ -247,7 +258,7 @@ TEST(CollectiveDataTest, InputsOfAWorldOfOneAreExactToo) {
   for (int64_t i = 0; i < kCount; ++i) {
     for (ReduceOp op : kOps) {
       EXPECT_EQ(ExpectedReduction(op, layout, i),
-                op == ReduceOp::kPremulSum ? 2 * ReduceInput(layout, 0, i)
+                op == ReduceOp::kPremulSum ? PremulFactor(0, 1) * ReduceInput(layout, 0, i)
                                            : ReduceInput(layout, 0, i));
     }
   }

@@ -70,7 +70,7 @@ distributed::ReduceOptions ReduceOptionsFor(distributed::ReduceOp op, int rank, 
 ParamSpec DTypeAxis() { return ParamSpec::Axis("dtype", "tensor dtype", kDTypes); }
 ParamSpec ReduceOpAxis() {
   return ParamSpec::Axis(
-      "op", "ReduceOp (premul_sum: per-rank factors 2, 1, 2, 1, ..., and 2 for the last rank)",
+      "op", "ReduceOp (premul_sum: per-rank factors 2, 4, 2, 4, ...)",
       kReduceOps);
 }
 ParamSpec InPlaceAxis(const std::string& what) {
@@ -358,7 +358,7 @@ Scenario ReduceScatterTensor() {
       .AddTensors({"output", "the case's dtype", "[count]",
                    "the output after reduce_scatter_tensor(output, input, op): chunk rank of "
                    "the reduction of every rank's input (premul_sum: rank r's input times "
-                   "PremulFactor(r, world): 2 for even r and the last rank, else 1); it starts "
+                   "PremulFactor(r, world): 2 for even r, 4 for odd r); it starts "
                    "as -200 (in place, it is the input's "
                    "chunk rank); absent when the call raised",
                    /*required=*/false})
@@ -434,7 +434,7 @@ Scenario AllReduce() {
                    "the tensor after all_reduce(tensor, op): the reduction of every rank's "
                    "tensor, which starts as ReduceInput({world, count}, rank, i) of "
                    "conformance/collective_data.h at element i (premul_sum: rank r's times "
-                   "PremulFactor(r, world): 2 for even r and the last rank, else 1); absent "
+                   "PremulFactor(r, world): 2 for even r, 4 for odd r); absent "
                    "when the call raised",
                    /*required=*/false})
       .AddTensors(AfterRejectionTensor("[count]"));
