@@ -79,8 +79,7 @@ TpSharding MakeTpSharding(const tensor_parallel::DTensor& param, const FsdpMeshI
     int64_t common = 0;
     for (int r : dp_ranks) common += std::count(tp_ranks.begin(), tp_ranks.end(), r);
     FSDP_CHECK(common == 1,
-               "FSDP requires the DP and TP mesh to have the same parent mesh but "
-               "got: ",
+               "FSDP requires the DP and TP mesh to have the same parent mesh but got: ",
                MeshStr(mesh_info), " and ", tp_mesh->str(), " (parameter ", fqn,
                "): their groups share ", common, " ranks, not only this one");
   }
