@@ -2,8 +2,8 @@
 // test_fully_shard_training.py, TestFullyShardShardPlacementFn*; docs/fsdp-behaviour.md,
 // "shard_placement_fn"): training parity against the replicated model with every parameter
 // sharded on its largest evenly divisible dim (LargestEvenShardDim) at worlds 2, 3 and 4, the
-// same with reshard_after_forward False / int, CPU offload, HSDP, mixed precision and gradient
-// accumulation; sharded parameters and gradients are this rank's torch.chunk piece along the
+// same with reshard_after_forward False / int, CPU offload, HSDP, mixed precision, gradient
+// accumulation and fully_shard([m1, m2]); sharded parameters and gradients are this rank's torch.chunk piece along the
 // chosen dim (shapes, values and state_dict offsets derived from ComputeShardInfo); a state
 // dict round trip; the errors (uneven dim > 0, dim out of range, a non-Shard placement).
 #include <gtest/gtest.h>
@@ -235,6 +235,40 @@ TEST(FsdpShardPlacement, ContiguousParamsAndGradsOnShard1) {
     for (const auto& [name, p] : model->named_parameters()) {
       ASSERT_TRUE(p.grad().defined()) << name;
       EXPECT_EQ(p.grad().sizes(), p.sizes()) << name;
+    }
+    const std::string parity = fsdp2::CheckShardedParity(*ref_model, *model);
+    EXPECT_TRUE(parity.empty()) << parity;
+  });
+  ASSERT_TRUE(results.all_ok()) << results.summary();
+}
+
+TEST(FsdpShardPlacement, GroupOfModulesTrainsLikeTheReplicatedModel) {
+  // fully_shard([in_proj, out_proj]) with Shard(1) for matrices: one all-gather and one
+  // reduce-scatter over both, the parameters still this rank's pieces along dim 1.
+  auto results = RunRanks(4, [](RankEnv& env) {
+    const int64_t dim = 8;
+    auto model = std::make_shared<nn::MLP>(dim);
+    nn::ModulePtr ref_model = model->deep_copy();
+    fsdp2::FullyShardOptions options;
+    options.shard_placement_fn = [](const Tensor& p) -> std::optional<Placement> {
+      return Placement::Shard(p.dim() > 1 ? 1 : 0);
+    };
+    fsdp2::fully_shard({model->child("in_proj"), model->child("out_proj")}, options);
+    fsdp2::fully_shard(model, options);
+    optim::Adam optim(model->parameters(), optim::AdamOptions{.lr = 1e-2});
+    optim::Adam ref_optim(ref_model->parameters(), optim::AdamOptions{.lr = 1e-2});
+    for (int step = 0; step < 3; ++step) {
+      const Tensor global_inp = Tensor::randn({2 * env.world_size, dim});
+      const Tensor local_inp = global_inp.narrow(0, 2 * env.rank, 2).clone();
+      sum((*model)(local_inp).tensor()).backward();
+      sum((*ref_model)(global_inp).tensor()).backward();
+      fsdp2::DivideGrads(*ref_model, env.world_size);
+      const std::string parity = fsdp2::CheckShardedParity(*ref_model, *model);
+      EXPECT_TRUE(parity.empty()) << "step " << step << "\n" << parity;
+      optim.step();
+      ref_optim.step();
+      optim.zero_grad();
+      ref_optim.zero_grad();
     }
     const std::string parity = fsdp2::CheckShardedParity(*ref_model, *model);
     EXPECT_TRUE(parity.empty()) << parity;
