@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "engine/core/error.h"
+#include "engine/fsdp/shard_layout.h"
 
 namespace fsdp::conformance {
 
@@ -47,6 +48,38 @@ ParamSpec SemanticsParam() {
 fsdp2::Semantics SemanticsOf(const CaseParams& params) {
   if (!params.has(kSemanticsParam)) return fsdp2::kDefaultSemantics;
   return fsdp2::ParseSemantics(params.GetString(kSemanticsParam));
+}
+
+ParamSpec ShardPlacementParam() {
+  ParamSpec spec = ParamSpec::SizeString(
+      kShardPlacementParam,
+      "fully_shard shard_placement_fn: dim0 (none: Shard(0)) or largest_dim (Shard of each "
+      "parameter's largest evenly sharded dim)",
+      "dim0");
+  spec.domain = ParamDomain{"dim0 or largest_dim", [](const std::string& v) {
+                              return v == "dim0" || v == "largest_dim"
+                                         ? std::optional<std::string>(v)
+                                         : std::nullopt;
+                            }};
+  return spec;
+}
+
+int64_t ShardDimOf(const CaseParams& params, const Shape& shape, int shard_world) {
+  if (!params.has(kShardPlacementParam) ||
+      params.GetString(kShardPlacementParam) != "largest_dim") {
+    return 0;
+  }
+  return fsdp2::LargestEvenShardDim(shape, shard_world);
+}
+
+fsdp2::ShardPlacementFn ShardPlacementFnOf(const CaseParams& params, int shard_world) {
+  if (!params.has(kShardPlacementParam) ||
+      params.GetString(kShardPlacementParam) != "largest_dim") {
+    return nullptr;
+  }
+  return [params, shard_world](const Tensor& param) -> std::optional<tensor_parallel::Placement> {
+    return tensor_parallel::Placement::Shard(ShardDimOf(params, param.sizes(), shard_world));
+  };
 }
 
 ParamSpec ReshardAfterForwardAxis(const std::string& description) {

@@ -9,6 +9,11 @@
 //                          every valid value when fixed: True, False, None (torch-2.8 and
 //                          later) or an int >= 1 (one that does not divide the world size
 //                          skips the case).
+//   shard_placement        a fixed value, dim0 (default) or largest_dim: fully_shard's
+//                          shard_placement_fn, none (every parameter Shard(0)) or every
+//                          parameter on its largest dim that shards evenly
+//                          (fsdp2::LargestEvenShardDim; dim 0 when none does), so no case
+//                          skips.
 //
 // Stateless; thread-safe.
 #pragma once
@@ -32,6 +37,16 @@ inline constexpr const char* kSemanticsParam = "semantics";
 ParamSpec SemanticsParam();
 // The case's profile; the default profile when the scenario has no `semantics` parameter.
 fsdp2::Semantics SemanticsOf(const CaseParams& params);
+
+inline constexpr const char* kShardPlacementParam = "shard_placement";
+
+// The `shard_placement` parameter (see the file comment).
+ParamSpec ShardPlacementParam();
+// The case's shard dim for a parameter of `shape` sharded over `shard_world` ranks: 0, or
+// with largest_dim fsdp2::LargestEvenShardDim (0 when the case has no `shard_placement`).
+int64_t ShardDimOf(const CaseParams& params, const Shape& shape, int shard_world);
+// The case's shard_placement_fn over `shard_world` ranks (null for dim0 or no parameter).
+fsdp2::ShardPlacementFn ShardPlacementFnOf(const CaseParams& params, int shard_world);
 
 // The seed's axis {True, False, 2}; --param also takes None and any int >= 1.
 ParamSpec ReshardAfterForwardAxis(const std::string& description = "fully_shard reshard_after_forward");

@@ -2,7 +2,9 @@
 // ranks against the oracle's data-parallel run, one scenario per seed family's model
 // (Transformer, MLP, DoubleLinear), every rank's losses and parameter and gradient shards at
 // every step (conformance/sharded_parity.h). Sharding follows the seeds' usual pattern
-// (ShardChildrenThenRoot); `reshard_after_forward` is a parameter.
+// (ShardChildrenThenRoot); `reshard_after_forward` and `shard_placement` (dim0, largest_dim:
+// fully_shard's shard_placement_fn, conformance/fsdp_params.h) are parameters; ctest also runs
+// largest_dim at worlds 2 and 4 (test_runs).
 #include <string>
 
 #include "conformance/model_zoo.h"
@@ -29,6 +31,7 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.params.push_back(ParamSpec::SizeString(
       "reshard_after_forward", "fully_shard reshard_after_forward: True, False or an int factor",
       "True"));
+  s.info.params.push_back(ShardPlacementParam());
   s.info.observations = ShardedParitySchema();
   s.info.deterministic = true;
   s.info.default_world = 2;
@@ -36,6 +39,9 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.max_world = 8;
   if (const int uneven = ParityUnevenWorld(kind, s.info.params, s.info.max_world, false)) {
     s.info.extra_default_runs = {{uneven, {}}};
+  }
+  for (int world : {2, 4}) {
+    s.info.test_runs.push_back({world, {{kShardPlacementParam, "largest_dim"}}});
   }
   s.skip = SkipIntNotAFactor;
   const std::string name = kind.name;

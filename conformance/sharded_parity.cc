@@ -104,12 +104,14 @@ fsdp2::FullyShardOptions ShardOptionsOf(const RankEnv& env) {
   if (env.params.has("reshard_after_forward")) {
     options.reshard_after_forward = ReshardAfterForwardOf(env.params);
   }
+  options.shard_placement_fn = ShardPlacementFnOf(env.params, env.pg->size());
   return options;
 }
 
 ObservationSchema ShardedParitySchema() {
   ObservationSchema schema = TrainingSchema(
-      "the rank's local shard: rows torch.chunk(param, world, dim=0)[rank] (possibly empty)",
+      "the rank's local shard: torch.chunk(param, world, dim=d)[rank] (possibly empty), d the "
+      "case's shard_placement dim (0 by default)",
       /*with_grads=*/true);
   schema.AddTensors({"full/{fqn}", "the case's dtype", "the full parameter",
                      "every parameter after the last step, all-gathered (full_tensor())"});
@@ -141,10 +143,13 @@ std::vector<nlohmann::json> ExpectShardedParity(const std::string& kind, const C
     e["loss_dtype"] = DTypeName(ZooModel::Kind(kind).LossDType(c.dtype));
     e[kTensors] = nlohmann::json::object();
   }
+  // The shard dim of every parameter (and its gradient) under the case's shard_placement.
+  reference::ShardDims dims;
+  for (const auto& [fqn, t] : oracle.front().params) dims[fqn] = ShardDimOf(params, t.shape, world);
   for (int64_t k = 0; k < c.steps; ++k) {
     const auto& step = oracle[static_cast<size_t>(k)];
-    const auto grads = reference::ShardsOnAllRanks(step.grads, world);
-    const auto params_k = reference::ShardsOnAllRanks(step.params, world);
+    const auto grads = reference::ShardsOnAllRanks(step.grads, world, dims);
+    const auto params_k = reference::ShardsOnAllRanks(step.params, world, dims);
     for (int r = 0; r < world; ++r) {
       nlohmann::json& e = expected[static_cast<size_t>(r)];
       e[kLosses].push_back(step.rank_losses.at(r));

@@ -7,7 +7,8 @@
 // slice of every global batch (TrainEngine: set_to_none alternating). Observations per rank:
 // losses (its own loss per step), its SHARDED parameters after every step (tensors
 // "step<k>/<fqn>", the local torch.chunk shard), its SHARDED gradients after every backward
-// (tensors "grad<k>/<fqn>", before the optimizer step; an FQN whose .grad is None is absent),
+// (tensors "grad<k>/<fqn>", before the optimizer step; an FQN whose .grad is None is absent;
+// both along the case's shard_placement dim, ShardDimOf),
 // and the full parameters after the last step (tensors "full/<fqn>", all-gathered). The judge
 // runs the oracle's data-parallel training (reference/: per-rank losses, gradients averaged
 // over ranks) and compares each rank's losses, each rank's parameter and gradient shards with
@@ -63,8 +64,9 @@ int ParityUnevenWorld(const ZooModelKind& kind, const std::vector<ParamSpec>& pa
                       bool flat_parameters);
 
 // The case's fully_shard options on this rank: its process group, its semantics profile (the
-// default when the case has no `semantics` parameter) and, when the case has a
-// `reshard_after_forward` parameter, that value (None as nullopt).
+// default when the case has no `semantics` parameter), when the case has a
+// `reshard_after_forward` parameter that value (None as nullopt), and its shard_placement_fn
+// (ShardPlacementFnOf over the process group).
 fsdp2::FullyShardOptions ShardOptionsOf(const RankEnv& env);
 
 // The observations RunShardedParityRank reports (see above).

@@ -41,11 +41,31 @@ ChunkLayout MakeChunkLayout(int64_t dim0, int world_size) {
 }
 
 template <typename T>
-BasicRefTensor<T> ShardOf(const BasicRefTensor<T>& full, int rank, int world_size) {
+BasicRefTensor<T> ShardOf(const BasicRefTensor<T>& full, int rank, int world_size, int64_t dim) {
   if (full.ndim() == 0) throw std::invalid_argument("ShardOf: FSDP does not shard 0-d tensors");
-  const ChunkLayout l = MakeChunkLayout(full.shape[0], world_size);
+  if (dim < 0 || dim >= full.ndim()) {
+    throw std::invalid_argument("ShardOf: dim " + std::to_string(dim) + " outside a " +
+                                std::to_string(full.ndim()) + "-d tensor");
+  }
+  const ChunkLayout l = MakeChunkLayout(full.shape[static_cast<size_t>(dim)], world_size);
   CheckRank(rank, world_size);
-  return SliceRows(full, l.RowOffset(rank), l.RowOffset(rank) + l.RowsOnRank(rank));
+  const int64_t begin = l.RowOffset(rank);
+  const int64_t rows = l.RowsOnRank(rank);
+  if (dim == 0) return SliceRows(full, begin, begin + rows);
+  // Row-major: `outer` blocks of [size(dim), inner]; keep [begin, begin + rows) of each.
+  int64_t outer = 1;
+  int64_t inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= full.shape[static_cast<size_t>(d)];
+  for (int64_t d = dim + 1; d < full.ndim(); ++d) inner *= full.shape[static_cast<size_t>(d)];
+  Shape shape = full.shape;
+  shape[static_cast<size_t>(dim)] = rows;
+  BasicRefTensor<T> out(shape);
+  const int64_t size = full.shape[static_cast<size_t>(dim)];
+  for (int64_t o = 0; o < outer; ++o) {
+    std::copy_n(full.data.begin() + (o * size + begin) * inner, rows * inner,
+                out.data.begin() + o * rows * inner);
+  }
+  return out;
 }
 
 template <typename T>
@@ -59,9 +79,12 @@ BasicRefTensor<T> PaddedShardOf(const BasicRefTensor<T>& full, int rank, int wor
 }
 
 template <typename T>
-TensorMap<T> ShardsOf(const TensorMap<T>& full, int rank, int world_size) {
+TensorMap<T> ShardsOf(const TensorMap<T>& full, int rank, int world_size, const ShardDims& dims) {
   TensorMap<T> out;
-  for (const auto& [name, t] : full) out.emplace(name, ShardOf(t, rank, world_size));
+  for (const auto& [name, t] : full) {
+    const auto dim = dims.find(name);
+    out.emplace(name, ShardOf(t, rank, world_size, dim == dims.end() ? 0 : dim->second));
+  }
   return out;
 }
 
@@ -73,9 +96,10 @@ TensorMap<T> PaddedShardsOf(const TensorMap<T>& full, int rank, int world_size) 
 }
 
 template <typename T>
-std::vector<TensorMap<T>> ShardsOnAllRanks(const TensorMap<T>& full, int world_size) {
+std::vector<TensorMap<T>> ShardsOnAllRanks(const TensorMap<T>& full, int world_size,
+                                           const ShardDims& dims) {
   std::vector<TensorMap<T>> out;
-  for (int r = 0; r < world_size; ++r) out.push_back(ShardsOf(full, r, world_size));
+  for (int r = 0; r < world_size; ++r) out.push_back(ShardsOf(full, r, world_size, dims));
   return out;
 }
 
@@ -119,11 +143,12 @@ BasicRefTensor<T> FlatShardOf(const TensorMap<T>& full, const std::vector<std::s
 }
 
 #define FSDP_REFERENCE_INSTANTIATE(T)                                                             \
-  template BasicRefTensor<T> ShardOf<T>(const BasicRefTensor<T>&, int, int);                      \
+  template BasicRefTensor<T> ShardOf<T>(const BasicRefTensor<T>&, int, int, int64_t);             \
   template BasicRefTensor<T> PaddedShardOf<T>(const BasicRefTensor<T>&, int, int);                \
-  template TensorMap<T> ShardsOf<T>(const TensorMap<T>&, int, int);                               \
+  template TensorMap<T> ShardsOf<T>(const TensorMap<T>&, int, int, const ShardDims&);             \
   template TensorMap<T> PaddedShardsOf<T>(const TensorMap<T>&, int, int);                         \
-  template std::vector<TensorMap<T>> ShardsOnAllRanks<T>(const TensorMap<T>&, int);               \
+  template std::vector<TensorMap<T>> ShardsOnAllRanks<T>(const TensorMap<T>&, int,                \
+                                                         const ShardDims&);                      \
   template std::vector<TensorMap<T>> PaddedShardsOnAllRanks<T>(const TensorMap<T>&, int);         \
   template TensorMap<T> UnshardFromShards<T>(const std::vector<TensorMap<T>>&);                   \
   template BasicRefTensor<T> FlatShardOf<T>(const TensorMap<T>&, const std::vector<std::string>&, \

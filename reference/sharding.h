@@ -7,12 +7,15 @@
 // [min(r·c, d0), min((r+1)·c, d0)). Trailing ranks can be EMPTY even when d0 >= W (6 rows over
 // 4 ranks: 2, 2, 2, 0). The unpadded shard keeps the other dims ([0, *rest] when empty); the padded
 // shard is always [c, *rest], zero-filled below the owned rows. FSDP1's flat parameter uses the
-// same rule on the 1-d concatenation of a module's flattened parameters.
+// same rule on the 1-d concatenation of a module's flattened parameters. FSDP2's
+// shard_placement_fn may shard a parameter on another dim d (Shard(d)): the same rule along d
+// (ShardOf's `dim`; FSDP2 requires size(d) % W == 0 there, so every piece is full).
 //
 // Thread-safety: pure functions. Ownership: values.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -39,10 +42,15 @@ struct ChunkLayout {
 // Throws std::invalid_argument for dim0 < 0 or world_size <= 0.
 ChunkLayout MakeChunkLayout(int64_t dim0, int world_size);
 
-// Rank r's rows of `full` along dim 0 (shape [rows_r, *rest]). Throws for a 0-d tensor (FSDP
-// rejects scalar parameters) or a bad rank.
+// Rank r's rows of `full` along dim 0 (shape [rows_r, *rest]), or with `dim` its
+// torch.chunk(full, W, dim)[r] piece (the other dims kept). Throws for a 0-d tensor (FSDP
+// rejects scalar parameters), a dim outside the tensor or a bad rank.
 template <typename T>
-BasicRefTensor<T> ShardOf(const BasicRefTensor<T>& full, int rank, int world_size);
+BasicRefTensor<T> ShardOf(const BasicRefTensor<T>& full, int rank, int world_size,
+                          int64_t dim = 0);
+
+// The shard dim of each tensor by name (FSDP2's shard_placement_fn); an absent name is dim 0.
+using ShardDims = std::map<std::string, int64_t>;
 
 // Rank r's padded shard: [c, *rest], its rows on top, zeros below.
 template <typename T>
@@ -51,13 +59,15 @@ BasicRefTensor<T> PaddedShardOf(const BasicRefTensor<T>& full, int rank, int wor
 // ShardOf / PaddedShardOf for every tensor of a map (parameters, or gradients: absent gradients
 // stay absent) on one rank.
 template <typename T>
-TensorMap<T> ShardsOf(const TensorMap<T>& full, int rank, int world_size);
+TensorMap<T> ShardsOf(const TensorMap<T>& full, int rank, int world_size,
+                      const ShardDims& dims = {});
 template <typename T>
 TensorMap<T> PaddedShardsOf(const TensorMap<T>& full, int rank, int world_size);
 
 // ShardsOf / PaddedShardsOf for ranks 0..W-1.
 template <typename T>
-std::vector<TensorMap<T>> ShardsOnAllRanks(const TensorMap<T>& full, int world_size);
+std::vector<TensorMap<T>> ShardsOnAllRanks(const TensorMap<T>& full, int world_size,
+                                           const ShardDims& dims = {});
 template <typename T>
 std::vector<TensorMap<T>> PaddedShardsOnAllRanks(const TensorMap<T>& full, int world_size);
 

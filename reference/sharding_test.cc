@@ -69,6 +69,34 @@ TEST(ChunkLayoutTest, PaddedSizesAndOffsets) {
   }
 }
 
+TEST(ShardTest, ShardsAlongAnyDimHoldTheirChunkOfThatDim) {
+  // Every element of rank r's piece along `dim` is the full tensor's element at the same index
+  // shifted by r's chunk offset along `dim`; the pieces' sizes along `dim` add up to it.
+  const Shape shape{3, 4, 6};
+  const RefTensor full = Iota(shape);
+  for (int world = 1; world <= 5; ++world) {
+    for (int64_t dim = 0; dim < 3; ++dim) {
+      const ChunkLayout l = MakeChunkLayout(shape[dim], world);
+      int64_t total = 0;
+      for (int r = 0; r < world; ++r) {
+        const RefTensor piece = ShardOf(full, r, world, dim);
+        Shape want = shape;
+        want[dim] = l.RowsOnRank(r);
+        ASSERT_EQ(piece.shape, want);
+        total += piece.shape[dim];
+        for (int64_t i = 0; i < piece.numel(); ++i) {
+          int64_t idx[3] = {i / (want[1] * want[2]), (i / want[2]) % want[1], i % want[2]};
+          idx[dim] += l.RowOffset(r);
+          EXPECT_EQ(piece.data[i], full.data[(idx[0] * shape[1] + idx[1]) * shape[2] + idx[2]]);
+        }
+      }
+      EXPECT_EQ(total, shape[dim]);
+    }
+  }
+  EXPECT_THROW(ShardOf(full, 0, 2, 3), std::invalid_argument);
+  EXPECT_EQ(ShardsOf(RefTensorMap{{"w", full}}, 1, 2, {{"w", 2}}).at("w"), ShardOf(full, 1, 2, 2));
+}
+
 TEST(ShardTest, UnpaddedAndPaddedShardsOfFiveByThreeOverFour) {
   const RefTensor full = Iota({5, 3});
   EXPECT_EQ(ShardOf(full, 0, 4), RefTensor({2, 3}, {0, 1, 2, 3, 4, 5}));

@@ -9,6 +9,7 @@
 #include "engine/core/error.h"
 #include "engine/fsdp/fsdp_param.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/shape_ops.h"
 
 namespace fsdp::fsdp2 {
 
@@ -147,12 +148,24 @@ void foreach_all_gather_copy_out(AllGatherResult& all_gather_result,
                                         world_size);
     fsdp_param->alloc_all_gather_outputs();
     const auto& numels = all_gather_result.param_all_gather_input_numels[i];
+    // Shard(d > 0) gathered from the sharded state: copy to a temporary, then chunk-cat along
+    // d into the all-gather output (the post-forward all-gather of flat slices of the
+    // unsharded parameter needs no chunk-cat).
+    const bool chunk_cat = fsdp_param->shard_info().shard_dim != 0 &&
+                           fsdp_param->sharded_state() == ShardedState::kSharded;
     for (size_t j = 0; j < numels.size(); ++j) {
       const int64_t n = numels[j];
-      const Tensor& param_output = fsdp_param->all_gather_outputs()[j];
+      const Tensor& target = fsdp_param->all_gather_outputs()[j];
+      const Tensor param_output =
+          chunk_cat ? Tensor::empty_uninitialized({target.numel()}, target.dtype(), target.device())
+                    : target;
       // Row k of the [W, L] view, columns [column, column + n) → rows [k*n, (k+1)*n).
       for (int k = 0; k < world_size && n > 0; ++k) {
         CopyElements(param_output, k * n, output, k * per_rank_numel + column, n);
+      }
+      if (chunk_cat) {
+        const Tensor unsharded = fsdp_param->unshard_all_gathered(param_output, world_size);
+        CopyElements(target, 0, unsharded, 0, unsharded.numel());
       }
       column += n;
     }
@@ -202,6 +215,22 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
                "gradient of ", fsdp_params[i]->fqn(), " has shape ",
                ShapeStr(unsharded_grads[i].sizes()), " but the parameter has shape ",
                ShapeStr(fsdp_params[i]->global_shape()));
+  }
+  // Shard(d > 0): torch.cat(torch.chunk(grad, W, dim=d), dim=0), so that the dim-0 copy-in
+  // hands each rank its chunk along d.
+  for (size_t i = 0; i < fsdp_params.size() && reduce_scatter_group->size() > 1; ++i) {
+    const int64_t shard_dim = fsdp_params[i]->shard_info().shard_dim;
+    if (shard_dim == 0) continue;
+    const Tensor& grad = unsharded_grads[i];
+    const int world = reduce_scatter_group->size();
+    FSDP_INTERNAL_ASSERT(grad.size(shard_dim) % world == 0, "Shard(", shard_dim,
+                         ") requires even sharding: ", ShapeStr(grad.sizes()), " world size ",
+                         world);
+    const int64_t c = grad.size(shard_dim) / world;
+    std::vector<Tensor> chunks;
+    chunks.reserve(world);
+    for (int k = 0; k < world; ++k) chunks.push_back(ops::kernels::Narrow(grad, shard_dim, k * c, c));
+    unsharded_grads[i] = ops::kernels::Cat(chunks, 0);
   }
   const DType grad_dtype = unsharded_grads[0].dtype();
   const DType reduce_dtype = options.reduce_dtype.value_or(grad_dtype);

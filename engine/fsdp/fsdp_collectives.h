@@ -7,9 +7,12 @@
 //    buffer is rank-major then parameter-major. World size 1: no collective (E3).
 //  * foreach_all_gather_copy_out: waits for the collective, views the buffer as [W, L], and
 //    copies parameter i's column block [W, padded_numel_i] row by row into that parameter's
-//    persistent all-gather output (= the padded unsharded parameter).
+//    persistent all-gather output (= the padded unsharded parameter). A parameter sharded on
+//    Shard(d > 0) (shard_placement_fn) is copied to a temporary first and chunk-cat'ed along
+//    d into its output (FsdpParam::unshard_all_gathered).
 //  * foreach_reduce: chunk-cat copy-in of the unsharded gradients (only the parameters that
-//    have one) at padded offsets into a [W, L'] reduce-scatter input in the reduce dtype,
+//    have one; a Shard(d > 0) gradient first becomes torch.cat(torch.chunk(grad, W, dim=d),
+//    dim=0)) at padded offsets into a [W, L'] reduce-scatter input in the reduce dtype,
 //    optional pre-divide, reduce_scatter_tensor (c10d `_reduce_scatter_base_`) with the op of
 //    ComputeDivideFactors (AVG for f32/bf16, SUM with pre/post divide for f16, SUM at data-
 //    parallel size 1, PREMUL_SUM for a user factor), HSDP all-reduce over the replicate group,

@@ -9,6 +9,7 @@
 #include "engine/core/rank_context.h"
 #include "engine/nn/module.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/shape_ops.h"
 #include "engine/tensor_parallel/dtensor_parameter.h"
 
 namespace fsdp::fsdp2 {
@@ -48,7 +49,8 @@ FsdpParam* LookupFsdpParam(const Tensor& tensor) {
 FsdpParam::FsdpParam(const Tensor& param, ParamModuleInfo module_info,
                      const FsdpMeshInfo& mesh_info,
                      std::optional<FsdpMeshInfo> post_forward_mesh_info, Device device,
-                     const OffloadPolicy& offload_policy)
+                     const OffloadPolicy& offload_policy,
+                     const std::optional<tensor_parallel::Placement>& fsdp_placement)
     : fqn_(module_info.param_name),
       module_info_(std::move(module_info)),
       mesh_info_(mesh_info),
@@ -66,10 +68,29 @@ FsdpParam::FsdpParam(const Tensor& param, ParamModuleInfo module_info,
     tp_sharding_ = MakeTpSharding(*dtensor, mesh_info_,
                                   module_info_.fqn.empty() ? fqn_ : module_info_.fqn);
   }
-  shard_info_ = ComputeShardInfo(global_shape_, mesh_info_.shard_mesh_rank,
-                                 mesh_info_.shard_mesh_size);
+  const int world = mesh_info_.shard_mesh_size;
+  int64_t shard_dim = 0;
+  if (fsdp_placement) {
+    FSDP_CHECK(fsdp_placement->is_shard(), "shard_placement_fn must return Shard or None but "
+               "returned ", fsdp_placement->str(), " for parameter ", error_fqn());
+    const int64_t ndim = param.dim();
+    shard_dim = fsdp_placement->dim() < 0 ? fsdp_placement->dim() + ndim : fsdp_placement->dim();
+    FSDP_CHECK(shard_dim >= 0 && shard_dim < ndim, "Shard dim ", fsdp_placement->dim(),
+               " is invalid for ", ndim, "D tensor: ", ShapeStr(global_shape_), " (parameter ",
+               error_fqn(), ")");
+  }
+  FSDP_CHECK(shard_dim == 0 || !tp_sharding_, "fully_shard: parameter ", error_fqn(),
+             " is tensor-parallel (", tp_sharding_ ? tp_sharding_->placements_str() : "",
+             "); shard_placement_fn may only return Shard(0) or None for it");
+  FSDP_CHECK(shard_dim == 0 || global_shape_[shard_dim] % world == 0,
+             "FSDP does not support uneven sharding on dim ", shard_dim, ": ",
+             ShapeStr(global_shape_), " (world size: ", world, ") for parameter ", error_fqn());
+  shard_info_ = ComputeShardInfo(global_shape_, mesh_info_.shard_mesh_rank, world, shard_dim);
   orig_dtype_ = param.dtype();
-  const Tensor local = param.narrow(0, shard_info_.row_begin, shard_info_.rows);
+  const Tensor local =
+      shard_dim == 0 ? param.narrow(0, shard_info_.row_begin, shard_info_.rows)
+                     : ops::kernels::Narrow(param, shard_dim, shard_info_.row_begin,
+                                            shard_info_.rows);
   sharded_param_ = Tensor(std::make_shared<TensorImpl>());
   init_sharded_data(local, sharded_param_);
   if (param.requires_grad()) sharded_param_.set_requires_grad(true);
@@ -114,13 +135,39 @@ void FsdpParam::init_sharded_data(const Tensor& local, const Tensor& target) {
   if (offload_policy_.offload_to_cpu && offload_policy_.pin_memory && device_.is_cuda()) {
     padded = padded.pin_memory();
   }
-  if (shard_info_.rows > 0) padded.narrow(0, 0, shard_info_.rows).copy_(local);
+  if (shard_info_.rows > 0) unpadded_rows(padded).copy_(local);
   sharded_param_data_ = padded.flatten();
   TensorImpl* impl = target.impl();
   impl->storage = padded.storage();
   impl->storage_offset = 0;
   impl->sizes = shard_info_.sharded_shape;
   impl->dtype = local.dtype();
+}
+
+Tensor FsdpParam::unpadded_rows(const Tensor& padded) const {
+  if (shard_info_.rows == shard_info_.chunk_rows) return padded;
+  FSDP_INTERNAL_ASSERT(shard_info_.shard_dim == 0, "uneven shard of ", fqn_, " on dim ",
+                       shard_info_.shard_dim);
+  return padded.narrow(0, 0, shard_info_.rows);
+}
+
+const std::string& FsdpParam::error_fqn() const {
+  return module_info_.fqn.empty() ? fqn_ : module_info_.fqn;
+}
+
+Tensor FsdpParam::unshard_all_gathered(const Tensor& gathered, int world_size) const {
+  if (shard_info_.shard_dim == 0) {
+    return gathered.narrow(0, 0, Numel(global_shape_)).view(global_shape_);
+  }
+  const int64_t n = shard_info_.padded_shard_numel();
+  FSDP_INTERNAL_ASSERT(gathered.numel() == n * world_size, "all-gather of ", fqn_, " has ",
+                       gathered.numel(), " elements, expected ", n * world_size);
+  std::vector<Tensor> chunks;
+  chunks.reserve(world_size);
+  for (int k = 0; k < world_size; ++k) {
+    chunks.push_back(gathered.narrow(0, k * n, n).view(shard_info_.padded_shard_shape));
+  }
+  return ops::kernels::Cat(chunks, shard_info_.shard_dim);
 }
 
 void FsdpParam::set_post_forward_mesh_info(std::optional<FsdpMeshInfo> info) {
@@ -247,13 +294,20 @@ void FsdpParam::to_sharded_post_forward() {
   const int64_t slice = numel / k;
   // Clone so that the all-gather output can be freed.
   sharded_post_forward_param_data_ = output.narrow(0, slice * j, slice).clone();
-  // Rows of the global parameter this slice covers (the slice is W/k padded shards).
-  const int64_t slice_rows = shard_info_.chunk_rows * (mesh_info_.shard_mesh_size / k);
-  const int64_t rows = std::clamp<int64_t>(global_shape_[0] - slice_rows * j, 0, slice_rows);
-  Shape shape = global_shape_;
-  shape[0] = rows;
-  sharded_post_forward_param_ =
-      sharded_post_forward_param_data_.narrow(0, 0, rows * shard_info_.row_numel).view(shape);
+  if (shard_info_.shard_dim == 0) {
+    // Rows of the global parameter this slice covers (the slice is W/k padded shards).
+    const int64_t slice_rows = shard_info_.chunk_rows * (mesh_info_.shard_mesh_size / k);
+    const int64_t rows = std::clamp<int64_t>(global_shape_[0] - slice_rows * j, 0, slice_rows);
+    Shape shape = global_shape_;
+    shape[0] = rows;
+    sharded_post_forward_param_ =
+        sharded_post_forward_param_data_.narrow(0, 0, rows * shard_info_.row_numel).view(shape);
+  } else {
+    // Shard(d > 0): the output holds the unsharded parameter (no padding), so the slice is a
+    // flat piece of it, not whole rows of any dim; the post-forward all-gather over the k
+    // ranks rebuilds the unsharded parameter without a chunk-cat.
+    sharded_post_forward_param_ = sharded_post_forward_param_data_.view({slice});
+  }
   if (sharded_param_.requires_grad()) sharded_post_forward_param_.set_requires_grad(true);
   setattr_on_modules(sharded_post_forward_param_);
   free_unsharded_param();
@@ -330,7 +384,7 @@ const Shape& FsdpParam::tensor_shape() const {
 Shape FsdpParam::tensor_offsets() const {
   if (tp_sharding_) return tp_sharding_->global_offsets(shard_info_.row_begin);
   Shape offsets(global_shape_.size(), 0);
-  offsets[0] = shard_info_.row_begin;
+  offsets[shard_info_.shard_dim] = shard_info_.row_begin;
   return offsets;
 }
 
@@ -340,7 +394,7 @@ Tensor FsdpParam::full_tensor() const {
   Tensor input = sharded_param_data_.to(device_);
   Tensor output = Tensor::empty_uninitialized({input.numel() * world}, input.dtype(), device_);
   group->all_gather_into_tensor(output, input);
-  const Tensor unsharded = output.narrow(0, 0, Numel(global_shape_)).view(global_shape_);
+  const Tensor unsharded = unshard_all_gathered(output, world);
   return tp_sharding_ ? tp_sharding_->full_tensor(unsharded) : unsharded;
 }
 
@@ -350,10 +404,10 @@ Tensor FsdpParam::full_grad() const {
   const auto& group = mesh_info_.shard_process_group;
   const int world = mesh_info_.shard_mesh_size;
   Tensor padded = Tensor::zeros(shard_info_.padded_shard_shape, grad.dtype(), device_);
-  if (shard_info_.rows > 0) padded.narrow(0, 0, shard_info_.rows).copy_(grad);
+  if (shard_info_.rows > 0) unpadded_rows(padded).copy_(grad);
   Tensor output = Tensor::empty_uninitialized({padded.numel() * world}, grad.dtype(), device_);
   group->all_gather_into_tensor(output, padded.flatten());
-  const Tensor unsharded = output.narrow(0, 0, Numel(global_shape_)).view(global_shape_);
+  const Tensor unsharded = unshard_all_gathered(output, world);
   return tp_sharding_ ? tp_sharding_->full_tensor(unsharded) : unsharded;
 }
 

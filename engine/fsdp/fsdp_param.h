@@ -1,12 +1,16 @@
 // FsdpParam: one parameter managed by fully_shard (PyTorch's FSDPParam), in its three forms
-// (docs/fsdp-behaviour.md, "Dim-0 sharding" through "Reduce-scatter", and "Int
-// reshard_after_forward"):
+// (docs/fsdp-behaviour.md, "Dim-0 sharding" through "Reduce-scatter", "Int
+// reshard_after_forward" and "shard_placement_fn"):
 //
 //  * sharded: a zero-padded buffer of [c, *rest] rows (c = ceil(d0 / W)) holding this rank's
 //    torch.chunk rows at the top; the registered sharded parameter is a leaf view of its first
 //    `rows` rows (shape [rows, *rest], possibly [0, *rest]). It carries DTensor-like metadata:
 //    shard group, placement Shard(0), global shape; full_tensor() all-gathers it. Optimizers
 //    step it in place, which writes the padded buffer (padding rows stay zero).
+//    With a placement Shard(d), d > 0 (fully_shard's shard_placement_fn), the buffer is this
+//    rank's torch.chunk(param, W, dim=d) piece, contiguous and unpadded (the size along d
+//    must divide by W); the all-gather output is chunk-cat'ed along d into the unsharded
+//    parameter, and the gradient is chunk-cat'ed to dim 0 before the reduce-scatter.
 //  * unsharded: one persistent 1-D all-gather output of W * c * rest elements (param dtype)
 //    and the unsharded parameter, a leaf view of its first d0 rows with the original shape.
 //    Both are created on the first all-gather and keep their identity forever: freeing and
@@ -46,6 +50,7 @@
 #include "engine/fsdp/shard_layout.h"
 #include "engine/fsdp/tp_sharding.h"
 #include "engine/fsdp/training_state.h"
+#include "engine/tensor_parallel/placement.h"
 
 namespace fsdp::nn {
 class Module;
@@ -75,9 +80,14 @@ class FsdpParam {
   // parameter, which it registers on every location of `module_info`. Rejects 0-dim
   // parameters with PyTorch's message. A parameter a parallel style registered as a DTensor
   // (GetDTensorParameter) is sharded on its TP-local tensor (MakeTpSharding checks the meshes).
+  // `fsdp_placement`: shard_placement_fn's result for this parameter (nullopt: Shard(0)); a
+  // negative dim is normalized; refused: a non-Shard placement, a dim outside the parameter,
+  // uneven sharding on a dim > 0 (PyTorch's NotImplementedError) and a dim > 0 for a
+  // tensor-parallel parameter.
   FsdpParam(const Tensor& param, ParamModuleInfo module_info, const FsdpMeshInfo& mesh_info,
             std::optional<FsdpMeshInfo> post_forward_mesh_info, Device device,
-            const OffloadPolicy& offload_policy);
+            const OffloadPolicy& offload_policy,
+            const std::optional<tensor_parallel::Placement>& fsdp_placement = std::nullopt);
   ~FsdpParam();
   FsdpParam(const FsdpParam&) = delete;
   FsdpParam& operator=(const FsdpParam&) = delete;
@@ -104,6 +114,15 @@ class FsdpParam {
   const Shape& tensor_shape() const;
   Shape tensor_offsets() const;
   const ShardInfo& shard_info() const { return shard_info_; }
+  // The FSDP placement over the shard mesh: Shard(dim), dim normalized (PyTorch's
+  // `fsdp_placement`).
+  tensor_parallel::Placement fsdp_placement() const {
+    return tensor_parallel::Placement::Shard(shard_info_.shard_dim);
+  }
+  // The unsharded tensor (global_shape()) of `gathered`, the flat rank-major all-gather of
+  // every rank's padded shard (W * padded numel elements): a view for Shard(0), else
+  // torch.cat(torch.chunk(gathered.view([W * c0, ...]), W), dim=shard_dim) (a new tensor).
+  Tensor unshard_all_gathered(const Tensor& gathered, int world_size) const;
   Shape padded_sharded_size() const { return shard_info_.padded_shard_shape; }
   const FsdpMeshInfo& mesh_info() const { return mesh_info_; }
   const std::optional<FsdpMeshInfo>& post_forward_mesh_info() const {
@@ -189,6 +208,11 @@ class FsdpParam {
   void unregister_sharded_param();
   // Creates the padded buffer for `local` (this rank's rows) and rebinds `target` to view it.
   void init_sharded_data(const Tensor& local, const Tensor& target);
+  // The view of a padded shard buffer (padded_sharded_size()) holding this rank's rows (only
+  // dim 0 may be uneven, so for a dim > 0 the whole buffer).
+  Tensor unpadded_rows(const Tensor& padded) const;
+  // fqn for errors: the FQN under the module fully_shard was applied to, else fqn().
+  const std::string& error_fqn() const;
 
   std::string fqn_;
   ParamModuleInfo module_info_;

@@ -51,7 +51,8 @@ FsdpParamGroup::FsdpParamGroup(std::vector<ParamToShard> params, std::vector<nn:
   for (ParamToShard& p : params) {
     fsdp_params_.push_back(std::make_unique<FsdpParam>(p.param, std::move(p.module_info),
                                                        mesh_info_, post_forward_mesh_info_,
-                                                       device_, offload_policy_));
+                                                       device_, offload_policy_,
+                                                       p.fsdp_placement));
   }
 }
 

@@ -48,6 +48,8 @@ namespace fsdp::fsdp2 {
 struct ParamToShard {
   Tensor param;
   ParamModuleInfo module_info;
+  // shard_placement_fn's result for `param` (nullopt: the default Shard(0)).
+  std::optional<tensor_parallel::Placement> fsdp_placement;
 };
 
 class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {

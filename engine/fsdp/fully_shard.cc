@@ -140,7 +140,11 @@ std::vector<FSDPModule> fully_shard(const std::vector<nn::ModulePtr>& modules,
     FSDP_CHECK(infos.size() == params.size(), "Some parameters are not in the module tree of ",
                roots.front()->type_name());
     std::vector<ParamToShard> to_shard;
-    for (const Tensor& p : params) to_shard.push_back({p, infos.at(p.impl())});
+    for (const Tensor& p : params) {
+      std::optional<tensor_parallel::Placement> placement;
+      if (options.shard_placement_fn) placement = options.shard_placement_fn(p);
+      to_shard.push_back({p, infos.at(p.impl()), placement});
+    }
     auto group = std::make_shared<FsdpParamGroup>(std::move(to_shard), roots, mesh_info,
                                                   post_forward_mesh_info, device, options.mp_policy,
                                                   options.offload_policy);

@@ -21,6 +21,7 @@
 // share the module / group. Thread-safety: a rank's modules are used by its thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -34,8 +35,14 @@
 #include "engine/fsdp/mesh_info.h"
 #include "engine/fsdp/semantics.h"
 #include "engine/nn/module.h"
+#include "engine/tensor_parallel/placement.h"
 
 namespace fsdp::fsdp2 {
+
+// fully_shard's `shard_placement_fn`: a parameter (the original tensor; a tensor-parallel
+// parameter's TP-local tensor) → Shard(dim), or nullopt for Shard(0).
+using ShardPlacementFn =
+    std::function<std::optional<tensor_parallel::Placement>(const Tensor& param)>;
 
 struct FullyShardOptions {
   // The FSDP mesh: 1-D (FSDP) or 2-D (HSDP: dim 0 replicate, dim 1 shard). Default: null
@@ -58,6 +65,11 @@ struct FullyShardOptions {
   OffloadPolicy offload_policy;    // Default: no offload
   // Parameters left unmanaged (not sharded). Default: none.
   std::vector<Tensor> ignored_params;
+  // Called once per managed parameter at fully_shard: returns its FSDP placement, Shard(dim)
+  // (dim may be negative), or nullopt for the default Shard(0) (docs/fsdp-behaviour.md,
+  // "shard_placement_fn"). A dim > 0 needs the parameter's size on it to divide by the shard
+  // world size. Default: null (every parameter Shard(0)).
+  ShardPlacementFn shard_placement_fn;
 };
 
 // FSDPModule.unshard(async_op=True)'s handle: wait() finishes the unshard (idempotent; a

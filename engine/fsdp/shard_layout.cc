@@ -4,24 +4,40 @@
 
 namespace fsdp::fsdp2 {
 
-ShardInfo ComputeShardInfo(const Shape& global_shape, int rank, int world) {
+ShardInfo ComputeShardInfo(const Shape& global_shape, int rank, int world, int64_t shard_dim) {
   FSDP_CHECK(!global_shape.empty(),
              "fully_shard doesn't support scalar parameters; use a 1-D tensor with numel 1");
   FSDP_CHECK(world >= 1 && rank >= 0 && rank < world, "invalid rank ", rank, " for world size ",
              world);
+  FSDP_CHECK(shard_dim >= 0 && shard_dim < static_cast<int64_t>(global_shape.size()),
+             "Shard dim ", shard_dim, " is invalid for ", global_shape.size(), "D tensor: ",
+             ShapeStr(global_shape));
   ShardInfo info;
-  const int64_t d0 = global_shape[0];
-  info.chunk_rows = (d0 + world - 1) / world;
-  info.row_numel = Numel(Shape(global_shape.begin() + 1, global_shape.end()));
-  const int64_t begin = std::min<int64_t>(d0, info.chunk_rows * rank);
-  const int64_t end = std::min<int64_t>(d0, info.chunk_rows * (rank + 1));
+  info.shard_dim = shard_dim;
+  const int64_t d = global_shape[shard_dim];
+  info.chunk_rows = (d + world - 1) / world;
+  Shape rest = global_shape;
+  rest.erase(rest.begin() + shard_dim);
+  info.row_numel = Numel(rest);
+  const int64_t begin = std::min<int64_t>(d, info.chunk_rows * rank);
+  const int64_t end = std::min<int64_t>(d, info.chunk_rows * (rank + 1));
   info.row_begin = begin;
   info.rows = end - begin;
   info.sharded_shape = global_shape;
-  info.sharded_shape[0] = info.rows;
+  info.sharded_shape[shard_dim] = info.rows;
   info.padded_shard_shape = global_shape;
-  info.padded_shard_shape[0] = info.chunk_rows;
+  info.padded_shard_shape[shard_dim] = info.chunk_rows;
   return info;
+}
+
+int64_t LargestEvenShardDim(const Shape& shape, int world) {
+  FSDP_CHECK(!shape.empty() && world >= 1, "LargestEvenShardDim: shape ", ShapeStr(shape),
+             ", world size ", world);
+  int64_t best = 0;
+  for (int64_t d = 1; d < static_cast<int64_t>(shape.size()); ++d) {
+    if (shape[d] % world == 0 && shape[d] > shape[best]) best = d;
+  }
+  return best;
 }
 
 GroupLayout ComputeGroupLayout(const std::vector<Shape>& global_shapes, int world) {

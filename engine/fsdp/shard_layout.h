@@ -1,6 +1,7 @@
-// Pure arithmetic of FSDP's dim-0 sharding (docs/fsdp-behaviour.md, "Dim-0 sharding",
-// "All-gather", "Reduce-scatter", "Gradient divide factors"):
-// torch.chunk row ranges with empty trailing shards, padded shard sizes, the rank-major then
+// Pure arithmetic of FSDP's sharding (docs/fsdp-behaviour.md, "Dim-0 sharding",
+// "shard_placement_fn", "All-gather", "Reduce-scatter", "Gradient divide factors"):
+// torch.chunk ranges along the shard dim (dim 0 by default) with empty trailing shards, padded
+// shard sizes, the rank-major then
 // parameter-major flat all-gather / reduce-scatter layouts, and gradient divide factors.
 // No tensors, no state: every function is a value computation. Thread-safe.
 #pragma once
@@ -12,20 +13,29 @@
 
 namespace fsdp::fsdp2 {
 
-// The dim-0 chunk of one parameter owned by one rank.
+// The torch.chunk piece along `shard_dim` of one parameter owned by one rank. A "row" is one
+// index along the shard dim (a dim-0 row for the default Shard(0)).
 struct ShardInfo {
-  int64_t chunk_rows = 0;    // c = ceil(d0 / W): rows of the padded shard on every rank
-  int64_t row_begin = 0;     // first row owned by this rank (clamped to d0)
-  int64_t rows = 0;          // rows owned by this rank: may be 0 even when d0 >= W
-  int64_t row_numel = 1;     // product of the non-leading dims ("rest")
-  Shape sharded_shape;       // unpadded local shard shape: [rows, *rest]
-  Shape padded_shard_shape;  // [c, *rest]
+  int64_t shard_dim = 0;     // the FSDP placement's Shard(dim), normalized
+  int64_t chunk_rows = 0;    // c = ceil(d / W): rows of the padded shard on every rank
+  int64_t row_begin = 0;     // first row owned by this rank (clamped to d)
+  int64_t rows = 0;          // rows owned by this rank: may be 0 even when d >= W
+  int64_t row_numel = 1;     // product of the other dims ("rest")
+  Shape sharded_shape;       // unpadded local shard shape: the global shape with d = rows
+  Shape padded_shard_shape;  // the global shape with d = c
   int64_t padded_shard_numel() const { return chunk_rows * row_numel; }
   int64_t sharded_numel() const { return rows * row_numel; }
 };
 
-// The shard of a parameter of shape `global_shape` (dim >= 1) on `rank` of `world`.
-ShardInfo ComputeShardInfo(const Shape& global_shape, int rank, int world);
+// The shard along `shard_dim` (in [0, global_shape.size())) of a parameter of shape
+// `global_shape` (dim >= 1) on `rank` of `world`.
+ShardInfo ComputeShardInfo(const Shape& global_shape, int rank, int world, int64_t shard_dim = 0);
+
+// The dim a "shard the largest dim" shard_placement_fn picks for a parameter of `shape` on
+// `world` ranks (PyTorch's test_train_parity_shard_placement_fn_shard_largest_dim policy):
+// the largest dim (the first on ties) among dim 0 and the dims whose size divides by `world`
+// (a dim > 0 must shard evenly), so dim 0 when no other dim qualifies.
+int64_t LargestEvenShardDim(const Shape& shape, int world);
 
 // The flat-buffer layout of a parameter group for one collective: per-parameter offsets of the
 // padded shards inside one rank's slice. Used by the all-gather (copy-in / copy-out) and by the

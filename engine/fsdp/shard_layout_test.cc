@@ -49,6 +49,46 @@ TEST(FsdpShardLayout, PrePostSplitMatchesTheTable) {
   }
 }
 
+TEST(FsdpShardLayout, ShardInfoAlongAnyDimTilesTheParameter) {
+  // For every dim and world, the ranks' pieces along the dim tile [0, d) in order with
+  // torch.chunk sizes, the other dims untouched.
+  const Shape shape{5, 6, 4};
+  for (int world = 1; world <= 6; ++world) {
+    for (int64_t dim = 0; dim < 3; ++dim) {
+      int64_t next = 0;
+      for (int rank = 0; rank < world; ++rank) {
+        const ShardInfo info = ComputeShardInfo(shape, rank, world, dim);
+        EXPECT_EQ(info.shard_dim, dim);
+        EXPECT_EQ(info.chunk_rows, (shape[dim] + world - 1) / world);
+        EXPECT_EQ(info.row_begin, next);
+        EXPECT_EQ(info.rows, std::min(info.chunk_rows, shape[dim] - next));
+        EXPECT_EQ(info.row_numel * shape[dim], Numel(shape));
+        Shape want = shape;
+        want[dim] = info.rows;
+        EXPECT_EQ(info.sharded_shape, want);
+        next += info.rows;
+      }
+      EXPECT_EQ(next, shape[dim]) << "world " << world << " dim " << dim;
+    }
+  }
+  EXPECT_THROW(ComputeShardInfo(shape, 0, 2, 3), Error);
+}
+
+TEST(FsdpShardLayout, LargestEvenShardDim) {
+  // The largest dim among dim 0 and the dims dividing by the world (first on ties).
+  for (const Shape& shape : {Shape{8, 16}, Shape{16, 16}, Shape{7, 24}, Shape{96, 24}, Shape{5}}) {
+    for (int world : {1, 2, 3, 4, 5}) {
+      const int64_t d = LargestEvenShardDim(shape, world);
+      EXPECT_TRUE(d == 0 || shape[d] % world == 0);
+      for (int64_t o = 0; o < static_cast<int64_t>(shape.size()); ++o) {
+        const bool eligible = o == 0 || shape[o] % world == 0;
+        if (eligible && o < d) EXPECT_LT(shape[o], shape[d]);
+        if (eligible && o > d) EXPECT_LE(shape[o], shape[d]);
+      }
+    }
+  }
+}
+
 TEST(FsdpShardLayout, DivideFactorsByReduceDtype) {
   DivideFactors f32 = ComputeDivideFactors(DType::kFloat32, 4);
   EXPECT_EQ(f32.op, DivideFactors::Op::kAvg);

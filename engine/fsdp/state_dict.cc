@@ -10,7 +10,7 @@ namespace fsdp::fsdp2 {
 
 namespace {
 
-// The placement of `param` on this rank (Shard(0), or the 2-D FSDP × TP one) as a state-dict
+// The placement of `param` on this rank (Shard(dim), or the 2-D FSDP × TP one) as a state-dict
 // sharding: the full tensor's shape and this rank's offsets in it.
 nn::ShardedEntry ShardingOf(const FsdpParam& param) {
   return nn::ShardedEntry{param.tensor_shape(), param.tensor_offsets()};
@@ -35,7 +35,7 @@ void CheckLoadedValue(const nn::StateDict& state_dict, const std::string& key,
   const nn::ShardedEntry want = ShardingOf(param);
   FSDP_CHECK(sharding != nullptr, "FSDP parameter ", key,
              " is a DTensor (", param.is_dtensor() ? param.tp_sharding()->placements_str()
-                                                   : std::string("Shard(0)"),
+                                                   : param.fsdp_placement().str(),
              " of global shape ", ShapeStr(want.global_shape),
              ") but load_state_dict got a plain tensor of shape ", ShapeStr(value->sizes()),
              ": load a sharded state dict, or full tensors with set_model_state_dict");

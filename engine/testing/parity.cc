@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "engine/fsdp/fsdp_param.h"
+#include "engine/ops/shape_ops.h"
 
 namespace fsdp::fsdp2 {
 namespace {
@@ -40,7 +41,7 @@ std::string Compare(const Tensor& actual, const Tensor& expected, const ParityOp
 Tensor ExpectedShard(const Tensor& full, const FsdpParam* fsdp_param) {
   if (fsdp_param == nullptr) return full;
   const ShardInfo& info = fsdp_param->shard_info();
-  return full.narrow(0, info.row_begin, info.rows);
+  return ops::kernels::Narrow(full, info.shard_dim, info.row_begin, info.rows);
 }
 
 }  // namespace

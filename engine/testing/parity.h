@@ -1,7 +1,7 @@
 // check_sharded_parity (PyTorch's common_fsdp.check_sharded_parity): compares every sharded
 // parameter (and gradient) of an FSDP module on the calling rank with the chunk a replicated
-// reference says this rank must hold (the same torch.chunk rule as sharding, so empty shards
-// compare equal). Parameters are matched by FQN after removing `prefixes_to_ignore`; a
+// reference says this rank must hold (the same torch.chunk rule as sharding, along the
+// parameter's shard dim, so empty shards compare equal). Parameters are matched by FQN after removing `prefixes_to_ignore`; a
 // parameter that is not FSDP-managed (ignored) is compared whole. DivideGrads turns a
 // replicated reference's global-batch gradients into the data-parallel average.
 //
