@@ -19,7 +19,7 @@ shift 2
 families=("$@")
 if [ ${#families[@]} -eq 0 ]; then
   families=('fully_shard_comm/*' 'fully_shard_autograd/*' 'parity/single/*' 'parity/fsdp/*'
-            'parity/fsdp1/*')
+            'parity/fsdp1/*' 'fsdp_grad_acc/*')
 fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.venv-torch-$version"

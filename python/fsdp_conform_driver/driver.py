@@ -12,11 +12,18 @@ exactly as main() would (setup, the scenario, the result file, then teardown, so
 starts from a fresh rendezvous) and exits 0 at the end of file, or 2 on a line that is not a
 protocol-2 request.
 
+Hang diagnostics: while a case runs, faulthandler is armed to dump every thread's Python stack
+to the process's stderr (sys.__stderr__: the rank's log, which the runner quotes when a case fails) shortly before the case's
+deadline (--timeout-s less stack_dump_margin_s), and while teardown() runs, after
+teardown_dump_s: a teardown that hangs in a session leaves the rank deaf to the next case, which
+then fails by its deadline; the dump names where the teardown stopped.
+
 Ownership: Driver owns its table. Thread-safety: main() runs on the process's main thread.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import sys
 import traceback
@@ -49,6 +56,11 @@ class Driver:
     after it, whatever its outcome (e.g. rendezvous.shutdown); a failing teardown is printed
     to the log and does not change the case's result."""
 
+    # Seconds before the case's deadline at which a still running case dumps its stacks.
+    stack_dump_margin_s = 10.0
+    # Seconds after which a still running teardown() dumps its stacks (it takes well under 1 s).
+    teardown_dump_s = 20.0
+
     def __init__(self, name: str, scenarios: Dict[str, ScenarioFn],
                  setup: Optional[Callable[[protocol.Request], None]] = None,
                  teardown: Optional[Callable[[], None]] = None) -> None:
@@ -62,14 +74,20 @@ class Driver:
         if fn is None:
             results.write_skipped(request, f"{self.name} does not implement {request.scenario}")
             return 0
+        timeout = request.timeout_s
+        faulthandler.dump_traceback_later(
+            timeout - self.stack_dump_margin_s if timeout > 2 * self.stack_dump_margin_s
+            else timeout / 2, file=sys.__stderr__)
         try:
             return self._run(fn, request)
         finally:
             if self.teardown is not None:
+                faulthandler.dump_traceback_later(self.teardown_dump_s, file=sys.__stderr__)
                 try:
                     self.teardown()
                 except Exception:  # noqa: BLE001 - the case's result is already written
                     traceback.print_exc()
+            faulthandler.cancel_dump_traceback_later()
 
     def _run(self, fn: ScenarioFn, request: protocol.Request) -> int:
         try:

@@ -2,7 +2,9 @@
 
   CommCounts     collectives by phase, {"forward": {op key: n}, "backward": {...}}, from
                  torch's CommDebugMode (its keys, str(op packet), are the suite's op keys:
-                 "c10d._allgather_base_", "c10d._reduce_scatter_base_", ...)
+                 "c10d._allgather_base_", "c10d._reduce_scatter_base_", ...);
+                 CommCounts(track_modules=False) counts without CommDebugMode's per-module
+                 tracker (see _NoModuleTracker)
   FsdpEvents     every call of FSDP2's unshard / reshard / post_backward as the suite's events
                  [kind, module FQN (root ""), the group's training state as the call begins]
                  (calls that find the group already unsharded included), by wrapping FSDPParamGroup's
@@ -18,11 +20,34 @@ import contextlib
 from typing import Dict, List
 
 
+class _NoModuleTracker:
+    """Stands in for CommDebugMode's advanced_module_tracker (2.5's _CommModeModuleTracker)
+    when only the totals are wanted: every collective is attributed to "Global". The real
+    tracker fails on a module called twice in one forward (TransformerWithSharedParams'
+    embed_tokens): its pre-hook registers a second forward hook on the module under the same
+    name, both fire after the second call, parent_list is popped past "Global" and the forward
+    raises IndexError in _fw_set_module_hook (2.5.1)."""
+
+    name = "Global"
+    is_bw = False
+    activation_checkpointing = False
+
+    def __init__(self) -> None:
+        self.module_parents_dict = {"Global": set()}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 class CommCounts:
     """Counts the collectives of named phases: `with counts.phase("forward"): ...`."""
 
-    def __init__(self) -> None:
+    def __init__(self, track_modules: bool = True) -> None:
         self.counts: Dict[str, Dict[str, int]] = {}
+        self.track_modules = track_modules
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -32,12 +57,18 @@ class CommCounts:
             from torch.distributed._tensor.debug import CommDebugMode
 
         mode = CommDebugMode()
+        if not self.track_modules and hasattr(mode, "advanced_module_tracker"):
+            mode.advanced_module_tracker = _NoModuleTracker()
         with mode:
             yield
         phase = self.counts.setdefault(name, {})
         for op, n in mode.get_comm_counts().items():
             key = str(op)
             phase[key] = phase.get(key, 0) + int(n)
+
+    def by_phase(self, *names: str) -> Dict[str, Dict[str, int]]:
+        """{name: {op key: n}} for each of `names` ({} for a phase with no collective)."""
+        return {name: dict(self.counts.get(name, {})) for name in names}
 
 
 def _fsdp_param_group_class():

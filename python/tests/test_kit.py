@@ -156,6 +156,30 @@ class SessionTest(unittest.TestCase):
                 self.assertEqual(Driver("t", {}).serve(io.StringIO(line + "\n")), 2)
             self.assertIn("--serve", err.getvalue())
 
+    def test_a_hanging_teardown_dumps_its_stacks_to_the_log(self):
+        import time
+
+        def slow_teardown():
+            time.sleep(1.0)
+
+        driver = Driver("t", {"family/case": lambda request: ({}, None)}, teardown=slow_teardown)
+        driver.teardown_dump_s = 0.2
+        saved = os.dup(2)
+        with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryFile("w+") as log:
+            os.dup2(log.fileno(), 2)
+            try:
+                code = driver.main(_args(tmp))
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            log.seek(0)
+            dump = log.read()
+            with open(os.path.join(tmp, "r.json"), encoding="utf-8") as f:
+                self.assertEqual(json.load(f)["status"], "ok")
+        self.assertEqual(code, 0)
+        self.assertIn("slow_teardown", dump)
+        self.assertIn("Timeout", dump)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -45,13 +45,29 @@ def mixed_precision(name: str):
     return MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
 
 
-def wrap(request, model, should_nest):
-    """FullyShardedDataParallel(model) with the case's options, nesting an instance around
-    every submodule for which should_nest(module) is true."""
+def nest_where(should_nest):
+    """The auto_wrap_policy nesting an instance around every submodule for which
+    should_nest(module) is true (lambda_auto_wrap_policy)."""
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
+
+    return functools.partial(lambda_auto_wrap_policy, lambda_fn=should_nest)
+
+
+def nest_module_types(type_names):
+    """The seeds' ModuleWrapPolicy: an instance around every submodule whose class is named in
+    `type_names` (e.g. TransformerEncoderLayer, TransformerDecoderLayer)."""
+    import torch
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    return ModuleWrapPolicy({getattr(torch.nn, name) for name in type_names})
+
+
+def wrap(request, model, auto_wrap_policy):
+    """FullyShardedDataParallel(model) with the case's options (mixed_precision where the
+    scenario has that parameter, else none) and `auto_wrap_policy`."""
     import torch
     from torch.distributed.fsdp import (BackwardPrefetch, CPUOffload,
                                         FullyShardedDataParallel, ShardingStrategy)
-    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy
 
     offload = request.param("cpu_offload") == "True"
     if offload and not torch.cuda.is_available():
@@ -70,13 +86,15 @@ def wrap(request, model, should_nest):
         kwargs["device_mesh"] = init_device_mesh("cpu", shape,
                                                  mesh_dim_names=("replicate", "shard"))
     prefetch = request.param("backward_prefetch")
+    precision = (request.param("mixed_precision") if "mixed_precision" in request.params
+                 else "None")
     return FullyShardedDataParallel(
         model,
         sharding_strategy=ShardingStrategy[strategy],
         backward_prefetch=None if prefetch == "None" else BackwardPrefetch[prefetch],
         use_orig_params=request.param("use_orig_params") == "True",
         cpu_offload=CPUOffload(offload_params=offload),
-        mixed_precision=mixed_precision(request.param("mixed_precision")),
-        auto_wrap_policy=functools.partial(lambda_auto_wrap_policy, lambda_fn=should_nest),
+        mixed_precision=mixed_precision(precision),
+        auto_wrap_policy=auto_wrap_policy,
         device_id=torch.device("cpu"),
         **kwargs)

@@ -5,6 +5,10 @@ state_dict() keys are the keys of the suite's weights files:
                             (vocab 8, max_seq_len 16, dim 16, 4 heads, weight tying)
   MLP                       torch/testing/_internal/common_fsdp.py (in_proj, out_proj,
                             optional buffer)
+  DoubleLinear              torch/testing/_internal/common_fsdp.py (lin1, lin2)
+  TransformerWithSharedParams
+                            torch/testing/_internal/common_fsdp.py (nn.Transformer, output
+                            projection tied to the embedding, vocab_bias, long_buffer, bn)
 
 Ownership: plain nn.Modules. Thread-safety: as any nn.Module.
 """
@@ -126,3 +130,54 @@ class MLP(nn.Module):
         if self.buffer is not None:
             z = z + self.buffer
         return z
+
+
+class DoubleLinear(nn.Module):
+    """common_fsdp.py's DoubleLinear: two outputs (relu(lin1(x)), relu(lin2(x))), or only the
+    first with lin2 unused (use_second_linear=False)."""
+
+    def __init__(self, dim: int, use_second_linear: bool = True) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(dim, dim)
+        self.lin2 = nn.Linear(dim, dim)
+        self.relu = nn.ReLU()
+        self.use_second_linear = use_second_linear
+
+    def forward(self, x):
+        if self.use_second_linear:
+            return self.relu(self.lin1(x)), self.relu(self.lin2(x))
+        return self.relu(self.lin1(x))
+
+
+class TransformerWithSharedParams(nn.Module):
+    """common_fsdp.py's TransformerWithSharedParams (without its process group, which only
+    names the rank of get_input): Embedding(23, 16), nn.Transformer(d_model=16, 2 encoder and
+    2 decoder layers, dim_feedforward=8, dropout=0.1), output_proj Linear(16, 23) whose weight
+    is embed_tokens.weight, buffers vocab_bias (ones) and long_buffer (int64 zeros), and
+    BatchNorm1d(2) (add_bn) or Identity; `deterministic` puts it in eval mode, as the seed."""
+
+    def __init__(self, add_bn: bool = True, deterministic: bool = True) -> None:
+        super().__init__()
+        d_vocab, d_model = 23, 16
+        self.embed_tokens = nn.Embedding(d_vocab, d_model)
+        self.transformer = nn.Transformer(d_model=d_model, num_encoder_layers=2,
+                                          num_decoder_layers=2, dim_feedforward=8, dropout=0.1)
+        self.output_proj = nn.Linear(d_model, d_vocab)
+        self.output_proj.weight = self.embed_tokens.weight
+        self.register_buffer("vocab_bias", self.embed_tokens.weight.new_ones((d_model,)))
+        self.register_buffer("long_buffer", torch.zeros_like(self.vocab_bias, dtype=torch.long))
+        self.bs = 2
+        self.bn = nn.BatchNorm1d(self.bs) if add_bn else nn.Identity()
+        if deterministic:
+            self.eval()
+
+    def forward(self, src_ids, tgt_ids):
+        src = self.embed_tokens(src_ids)
+        src = src + self.vocab_bias + self.long_buffer.type_as(src)
+        tgt = self.bn(self.embed_tokens(tgt_ids))
+        return self.output_proj(self.transformer(src, tgt))
+
+    @staticmethod
+    def get_loss(batch, output):
+        _, tgt = batch
+        return F.cross_entropy(output.view(-1, output.size(-1)), tgt.view(-1), reduction="sum")

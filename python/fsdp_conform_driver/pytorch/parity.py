@@ -1,6 +1,7 @@
 """parity/single/*, parity/fsdp/* and parity/fsdp1/* in PyTorch: the zoo model the case
 names trained for `steps` steps on the case's inputs (step{k}/input), loss out.sum() or
-(out * out).sum(), SGD with momentum or Adam, reporting every step's loss and parameters (and,
+(out * out).sum() (DoubleLinear's two outputs: (out1 * out2).sum() before loss_switch_step),
+SGD with momentum or Adam, zero_grad(set_to_none=(step % 2 == 0)) as the seeds, reporting every step's loss and parameters (and,
 under fully_shard, gradient shards and the final full parameters; under FullyShardedDataParallel,
 the full parameters read in summon_full_params), as docs/observations.md lists them.
 
@@ -17,7 +18,7 @@ _DTYPES = {"float32": "float32", "float64": "float64"}
 def _build(kind: str, request):
     import torch
 
-    from fsdp_conform_driver.pytorch.models import MLP, ModelArgs, Transformer
+    from fsdp_conform_driver.pytorch.models import MLP, DoubleLinear, ModelArgs, Transformer
 
     dtype = getattr(torch, _DTYPES[request.param("dtype")])
     if kind == "mlp":
@@ -30,6 +31,9 @@ def _build(kind: str, request):
             max_seq_len=request.int_param("max_seq_len"), dim=request.int_param("dim"),
             n_heads=request.int_param("n_heads"), dropout_p=0.0,
             weight_tying=request.param("weight_tying").lower() == "true"))
+    elif kind == "double_linear":
+        model = DoubleLinear(request.int_param("dim"),
+                             use_second_linear=request.param("use_second_linear") == "True")
     else:
         raise ScenarioSkipped(f"no PyTorch model for zoo kind '{kind}' in this driver")
     model.to(dtype)
@@ -64,7 +68,13 @@ def _optimizer(request, params):
     return torch.optim.Adam(params, lr=float(request.param("adam_lr")))
 
 
-def _loss(request, out):
+def _loss(request, k, out):
+    """The loss of step k (ZooModel::LossAt): of a two-output model (DoubleLinear),
+    (out1 * out2).sum() before loss_switch_step and of its first output from it on."""
+    if isinstance(out, tuple):
+        if k < request.int_param("loss_switch_step"):
+            return (out[0] * out[1]).sum()
+        out = out[0]
     return (out * out).sum() if request.param("loss") == "squares" else out.sum()
 
 
@@ -90,14 +100,14 @@ def _train(request, model, after_step=_record_params, after_backward=None):
     rank_inputs = inputs.rank_tensors(request)
     losses, tensors, loss_dtype = [], {}, None
     for k in range(request.int_param("steps")):
-        loss = _loss(request, model(rank_inputs[f"step{k}/input"]))
+        loss = _loss(request, k, model(rank_inputs[f"step{k}/input"]))
         loss_dtype = str(loss.dtype).replace("torch.", "")
         losses.append(loss.item())
         loss.backward()
         if after_backward is not None:
             after_backward(model, k, tensors)
         opt.step()
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=k % 2 == 0)
         after_step(model, k, tensors)
     return {"losses": losses, "loss_dtype": loss_dtype}, tensors
 
@@ -133,16 +143,18 @@ def fsdp1(kind: str):
     sharding_strategy, backward_prefetch, use_orig_params, cpu_offload and mixed_precision;
     the hybrid strategies on the (replicate, shard) mesh of _hybrid_mesh_shape(world)."""
     def run(request):
-        from fsdp_conform_driver.pytorch.fsdp1_api import wrap
+        from fsdp_conform_driver.pytorch.fsdp1_api import nest_where, wrap
 
         model, _ = _build(kind, request)
         nested = {id(m) for m in _children_to_shard(model)}
-        fsdp_model = wrap(request, model, lambda m: id(m) in nested)
-        return _train(request, fsdp_model, after_step=_record_full_params)
+        fsdp_model = wrap(request, model, nest_where(lambda m: id(m) in nested))
+        return _train(request, fsdp_model, after_step=record_full_params)
     return run
 
 
-def _record_full_params(model, k, tensors):
+def record_full_params(model, k, tensors):
+    """step{k}/{clean FQN}: FullyShardedDataParallel's full parameters after step k, read
+    inside summon_full_params(writeback=False) (every rank must call it: it all-gathers)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     with FSDP.summon_full_params(model, writeback=False):

@@ -10,7 +10,7 @@ Thread-safety: one case per process, on the main thread.
 from __future__ import annotations
 
 from fsdp_conform_driver import inputs
-from fsdp_conform_driver.pytorch import parity
+from fsdp_conform_driver.pytorch import grad_acc, parity
 from fsdp_conform_driver.recorders import CommCounts
 
 
@@ -35,8 +35,7 @@ def _forward_backward_counts(model, tokens, after_forward=lambda: None) -> dict:
     after_forward()
     with counts.phase("backward"):
         loss.sum().backward()
-    return {"comm_counts": {"forward": counts.counts.get("forward", {}),
-                            "backward": counts.counts.get("backward", {})}}
+    return {"comm_counts": counts.by_phase("forward", "backward")}
 
 
 def communication_count(request):
@@ -118,4 +117,8 @@ SCENARIOS = {
     "parity/fsdp/transformer": parity.fsdp("transformer"),
     "parity/fsdp1/mlp": parity.fsdp1("mlp"),
     "parity/fsdp1/transformer": parity.fsdp1("transformer"),
+    "parity/fsdp1/double_linear": parity.fsdp1("double_linear"),
+    "fsdp_grad_acc/grad_acc": grad_acc.run,
+    "fsdp_grad_acc/grad_acc_cpu_offload": grad_acc.run,
+    "fsdp_grad_acc/grad_acc_fully_shard": grad_acc.run,
 }
