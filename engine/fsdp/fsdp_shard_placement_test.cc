@@ -88,9 +88,7 @@ void TrainParity(int world, const OptionsFactory& make_options, int steps, doubl
         if (accumulate) root.set_requires_gradient_sync(m == micro - 1);
         Tensor loss = sum((*model)(local_inp).tensor());
         loss.backward();
-        Tensor total = loss.detach().to(DType::kFloat32).clone();
-        env.pg->all_reduce(total);
-        loss_sum += total.item();
+        loss_sum += fsdp2::AllReduceSum(*env.pg, loss.item());
         Tensor ref_loss = sum((*ref_model)(global_inp).tensor());
         ref_loss.backward();
         ref_loss_sum += ref_loss.item();

@@ -34,12 +34,6 @@ using fsdp2::FsdpEvent;
 using fsdp2::ReshardAfterForward;
 using fsdp2::TrainingState;
 
-double AllReduceSum(distributed::ProcessGroup& pg, const Tensor& loss) {
-  Tensor t = loss.detach().clone();
-  pg.all_reduce(t);
-  return t.item();
-}
-
 fsdp2::FullyShardOptions Raf(ReshardAfterForward raf) {
   fsdp2::FullyShardOptions options;
   options.reshard_after_forward = raf;
@@ -76,7 +70,8 @@ TEST_P(FsdpAutograd, UnusedForwardOutput) {
       ref_loss.backward();
       fsdp2::DivideGrads(*ref_model, env.world_size);
       ref_optim.step();
-      EXPECT_NEAR(AllReduceSum(*env.pg, loss), ref_loss.item(), 1e-4) << "iter " << iter;
+      EXPECT_NEAR(fsdp2::AllReduceSum(*env.pg, loss.item()), ref_loss.item(), 1e-4)
+          << "iter " << iter;
       optim.zero_grad(iter % 2 == 1);
       ref_optim.zero_grad(iter % 2 == 1);
       const std::string parity = fsdp2::CheckShardedParity(*ref_model, *model);
@@ -110,7 +105,8 @@ TEST_P(FsdpAutograd, UnusedForwardModule) {
       Tensor loss = sum((*model)(local_inp).tensor());
       loss.backward();
       fsdp2::DivideGrads(*ref_model, env.world_size);
-      EXPECT_NEAR(AllReduceSum(*env.pg, loss), ref_loss.item(), 1e-4) << "iter " << iter;
+      EXPECT_NEAR(fsdp2::AllReduceSum(*env.pg, loss.item()), ref_loss.item(), 1e-4)
+          << "iter " << iter;
       const std::string parity = fsdp2::CheckShardedParity(*ref_model, *model);
       EXPECT_TRUE(parity.empty()) << "iter " << iter << "\n" << parity;
       for (optim::Optimizer* o : {static_cast<optim::Optimizer*>(&optim),
@@ -224,7 +220,7 @@ void TrainParity(int world, const OptionsFactory& make_options, int steps, doubl
         if (no_sync_microbatches) root.set_requires_gradient_sync(m == micro - 1);
         Tensor loss = sum((*model)(local_inp).tensor());
         loss.backward();
-        loss_sum += AllReduceSum(*env.pg, loss);
+        loss_sum += fsdp2::AllReduceSum(*env.pg, loss.item());
         Tensor ref_loss = sum((*ref_model)(global_inp).tensor());
         ref_loss.backward();
         ref_loss_sum += ref_loss.item();

@@ -24,6 +24,7 @@
 #include "engine/nn/models.h"
 #include "engine/optim/sgd.h"
 #include "engine/testing/fsdp1_parity.h"
+#include "engine/testing/parity.h"
 #include "fakes/run_ranks.h"
 
 namespace fsdp::fakes {
@@ -103,12 +104,6 @@ nn::Value ConcatBatches(const std::vector<nn::Value>& batches) {
   return nn::Value::Tuple({cat(src, 1), cat(tgt, 1)});
 }
 
-double AllReduceSum(distributed::ProcessGroup& pg, double value) {
-  Tensor t = Tensor::full({1}, value, DType::kFloat64);
-  pg.all_reduce(t);
-  return t.item();
-}
-
 std::shared_ptr<fsdp1::FullyShardedDataParallel> WrapTransformer(
     const nn::ModulePtr& model, const RunSpec& spec, const RankEnv& env) {
   fsdp1::FullyShardedDataParallelOptions options;
@@ -182,7 +177,7 @@ void RunGradAccParity(const RunSpec& spec) {
         Tensor g = p.grad();
         if (g.defined()) g.copy_(g * (1.0 / env.world_size));
       }
-      EXPECT_NEAR(AllReduceSum(*env.pg, local_loss), ref_loss.item(),
+      EXPECT_NEAR(fsdp2::AllReduceSum(*env.pg, local_loss), ref_loss.item(),
                   1e-4 * std::fabs(ref_loss.item()))
           << "step " << step;
       const std::string grad_parity = fsdp1::CheckFlatParamParity(*fsdp_model, *ref_model, spec.parity);

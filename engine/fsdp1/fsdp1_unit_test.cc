@@ -26,6 +26,7 @@
 #include "engine/nn/layers.h"
 #include "engine/nn/models.h"
 #include "engine/testing/fsdp1_parity.h"
+#include "engine/testing/parity.h"
 #include "fakes/run_ranks.h"
 
 namespace fsdp::fakes {
@@ -70,12 +71,6 @@ Names NamesOf(const Pairs& pairs) {
   Names out;
   for (const auto& p : pairs) out.push_back(p.first);
   return out;
-}
-
-double AllReduceSum(distributed::ProcessGroup& pg, double value) {
-  Tensor t = Tensor::full({1}, value, DType::kFloat64);
-  pg.all_reduce(t);
-  return t.item();
 }
 
 // ---- Structure -------------------------------------------------------------------------------
@@ -128,7 +123,7 @@ TEST(Fsdp1Structure, UseOrigParamsKeepsTheOriginalParameters) {
       EXPECT_TRUE(params[i].second.is_same(originals[i].second)) << originals[i].first;
       // Sharded form: a 1-D slice of the flat shard; the ranks' slices partition the param.
       EXPECT_EQ(params[i].second.dim(), 1);
-      EXPECT_EQ(AllReduceSum(*env.pg, static_cast<double>(params[i].second.numel())),
+      EXPECT_EQ(fsdp2::AllReduceSum(*env.pg, static_cast<double>(params[i].second.numel())),
                 static_cast<double>(numels[i]))
           << originals[i].first;
     }

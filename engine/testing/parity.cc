@@ -98,6 +98,12 @@ std::string CheckShardedParity(const nn::Module& replicated_module,
   return CheckShardedParity(params, grads, sharded_module, options);
 }
 
+double AllReduceSum(distributed::ProcessGroup& pg, double value) {
+  Tensor t = Tensor::full({1}, value, DType::kFloat64);
+  pg.all_reduce(t);
+  return t.item();
+}
+
 void DivideGrads(nn::Module& module, double factor) {
   for (const Tensor& p : module.parameters()) {
     Tensor g = p.grad();

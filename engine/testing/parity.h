@@ -1,9 +1,10 @@
 // check_sharded_parity (PyTorch's common_fsdp.check_sharded_parity): compares every sharded
 // parameter (and gradient) of an FSDP module on the calling rank with the chunk a replicated
 // reference says this rank must hold (the same torch.chunk rule as sharding, along the
-// parameter's shard dim, so empty shards compare equal). Parameters are matched by FQN after removing `prefixes_to_ignore`; a
-// parameter that is not FSDP-managed (ignored) is compared whole. DivideGrads turns a
-// replicated reference's global-batch gradients into the data-parallel average.
+// parameter's shard dim, so empty shards compare equal). Parameters are matched by FQN after
+// removing `prefixes_to_ignore`; a parameter that is not FSDP-managed (ignored) is compared whole.
+// DivideGrads turns a replicated reference's global-batch gradients into the data-parallel average,
+// and AllReduceSum totals the ranks' losses.
 //
 // Test-only (library fsdp_testing, engine/testing/; never part of fsdp_engine; the namespace
 // stays fsdp::fsdp2 beside the FSDP API it checks).
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "engine/core/tensor.h"
+#include "engine/distributed/process_group.h"
 #include "engine/nn/module.h"
 
 namespace fsdp::fsdp2 {
@@ -40,5 +42,10 @@ std::string CheckShardedParity(const nn::Module& replicated_module,
 // every parameter's .grad in place by `factor` (the world size), so that it equals the
 // data-parallel average of the ranks' local gradients.
 void DivideGrads(nn::Module& module, double factor);
+
+// The sum over `pg` of every rank's `value` (a float64 all-reduce, every rank of `pg` calls
+// it): the data-parallel total of the ranks' losses, compared with the replicated reference's
+// loss on the global batch.
+double AllReduceSum(distributed::ProcessGroup& pg, double value);
 
 }  // namespace fsdp::fsdp2
