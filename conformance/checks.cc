@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 
 namespace fsdp::conformance {
@@ -65,6 +66,27 @@ bool CheckList::CheckEqual(const std::string& name, const nlohmann::json& expect
 
 bool CheckList::CheckClose(const std::string& name, const std::vector<double>& expected,
                            const std::vector<double>& actual, Tolerance tolerance) {
+  return CheckCloseImpl(
+      name, expected, actual, [&](size_t) { return tolerance.atol; }, tolerance.rtol,
+      Sci(tolerance.atol));
+}
+
+bool CheckList::CheckClose(const std::string& name, const std::vector<double>& expected,
+                           const std::vector<double>& actual, const std::vector<double>& atol,
+                           double rtol, const std::string& atol_label) {
+  if (atol.size() != expected.size()) {
+    Fail(name, "internal: " + std::to_string(atol.size()) + " atol values for " +
+                   std::to_string(expected.size()) + " elements");
+    return false;
+  }
+  return CheckCloseImpl(
+      name, expected, actual, [&](size_t i) { return atol[i]; }, rtol, atol_label);
+}
+
+bool CheckList::CheckCloseImpl(const std::string& name, const std::vector<double>& expected,
+                               const std::vector<double>& actual,
+                               const std::function<double(size_t)>& atol, double rtol,
+                               const std::string& atol_label) {
   Check c;
   c.name = name;
   c.expected = ArrayForReport(expected);
@@ -90,7 +112,7 @@ bool CheckList::CheckClose(const std::string& name, const std::vector<double>& e
       worst = i;
     }
     max_rel = std::max(max_rel, rel_err);
-    if (!(abs_err <= tolerance.atol + tolerance.rtol * std::fabs(e))) {
+    if (!(abs_err <= atol(i) + rtol * std::fabs(e))) {
       if (ok) first_bad = i;
       ok = false;
     }
@@ -99,8 +121,7 @@ bool CheckList::CheckClose(const std::string& name, const std::vector<double>& e
   std::ostringstream d;
   d << "max abs err " << Sci(max_abs);
   if (!expected.empty()) d << " at [" << worst << "]";
-  d << ", max rel err " << Sci(max_rel) << " (atol " << Sci(tolerance.atol) << ", rtol "
-    << Sci(tolerance.rtol) << ")";
+  d << ", max rel err " << Sci(max_rel) << " (atol " << atol_label << ", rtol " << Sci(rtol) << ")";
   if (!ok) {
     d << "; first mismatch at [" << first_bad << "]: expected " << expected[first_bad] << ", got "
       << actual[first_bad];

@@ -7,6 +7,7 @@
 // Thread-safety: none; one judge fills one list.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -39,6 +40,11 @@ class CheckList {
   // list's figures report the max absolute and max relative error and where it occurred.
   bool CheckClose(const std::string& name, const std::vector<double>& expected,
                   const std::vector<double>& actual, Tolerance tolerance = {});
+  // The same with atol[i] in place of a single atol for element i (e.g. an atol scaled by the
+  // magnitude of the tensor the element belongs to); the detail names the atol `atol_label`.
+  bool CheckClose(const std::string& name, const std::vector<double>& expected,
+                  const std::vector<double>& actual, const std::vector<double>& atol, double rtol,
+                  const std::string& atol_label);
   // The same for JSON arrays of numbers (e.g. the "data" of a tensor observation); a value
   // that is not a flat number array fails the check with a clear detail.
   bool CheckClose(const std::string& name, const nlohmann::json& expected,
@@ -64,6 +70,11 @@ class CheckList {
   std::string Summary() const;
 
  private:
+  // CheckClose's comparison: element i passes when |a - e| <= atol(i) + rtol * |e|.
+  bool CheckCloseImpl(const std::string& name, const std::vector<double>& expected,
+                      const std::vector<double>& actual, const std::function<double(size_t)>& atol,
+                      double rtol, const std::string& atol_label);
+
   std::vector<Check> checks_;
   std::map<std::string, nlohmann::json> figures_;
   double max_abs_err_ = -1;  // over all CheckClose calls; -1: none yet

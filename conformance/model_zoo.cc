@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -88,7 +89,7 @@ std::vector<ZooModelKind> MakeKinds() {
   kinds.push_back(
       {"transformer",
        "common_dtensor.py Transformer(ModelArgs(dropout_p=0)) on randint "
-       "tokens, loss out.sum()",
+       "tokens",
        "test_fully_shard_comm.py::TestFullyShardCommunication::"
        "test_fully_shard_communication_count",
        {ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 2, /*minimum=*/1),
@@ -104,7 +105,7 @@ std::vector<ZooModelKind> MakeKinds() {
        /*sgd_lr=*/3e-4,
        /*float32_output=*/true});
   kinds.push_back({"mlp",
-                   "common_fsdp.py MLP(dim), loss out.sum()",
+                   "common_fsdp.py MLP(dim)",
                    "test_fully_shard_autograd.py::TestFullyShardPostAccGradHookMultiThread:"
                    ":"
                    "test_post_acc_grad_hook_runs",
@@ -114,7 +115,7 @@ std::vector<ZooModelKind> MakeKinds() {
                     ParamSpec::SizeBool("with_buffer", "MLP with_buffer", false), Batch(2)}});
   kinds.push_back(
       {"mlp_stack",
-       "common_fsdp.py MLPStack(mlp_dim), loss out.sum()",
+       "common_fsdp.py MLPStack(mlp_dim)",
        "common_fsdp.py::MLPStack",
        {ParamSpec::SizeInt("mlp_dim", "MLPStack mlp_dim", 8, /*minimum=*/1), Batch(2)}});
   kinds.push_back(
@@ -133,19 +134,22 @@ std::vector<ZooModelKind> MakeKinds() {
                    "x3, "
                    "FromContainerType): activations wrapped in a list, named tuple, tuple "
                    "or dict between "
-                   "the blocks, loss out.sum()",
+                   "the blocks",
                    "test_fully_shard_autograd.py::TestFullyShardAutograd::test_nontensor_"
                    "activations",
                    {ParamSpec::Axis("container_type", "the container wrapping the activations",
                                     {"list", "namedtuple", "tuple", "dict"}),
-                    ParamSpec::SizeInt("dim", "Module dim", 24, /*minimum=*/1), Batch(2)}});
+                    ParamSpec::SizeInt("dim", "Module dim", 24, /*minimum=*/1), Batch(2)},
+                   /*sgd_lr=*/1e-3,
+                   /*float32_output=*/false,
+                   /*relu_output=*/true});
   kinds.push_back({"mlp_module",
-                   "common_dtensor.py MLPModule (10 -> 16 -> 10), loss out.sum()",
+                   "common_dtensor.py MLPModule (10 -> 16 -> 10)",
                    "test_fsdp_tp_integration.py::TestTPFSDPIntegration::"
                    "test_fsdp_tp_extension_grad",
                    {ParamSpec::SizeBool("bias", "MLPModule bias", true), Batch(2)}});
   kinds.push_back({"mlp_rms_norm",
-                   "TestModel: MLPModule after RMSNormPython(10), loss out.sum()",
+                   "TestModel: MLPModule after RMSNormPython(10)",
                    "test_fsdp_tp_integration.py::TestTPFSDPIntegration::"
                    "test_fsdp_tp_extension_grad",
                    {Batch(2)}});
@@ -336,9 +340,21 @@ ErrorStats CompareValues(const std::vector<double>& expected, const std::vector<
   return s;
 }
 
+std::map<std::string, double> MaxAbsByFqn(const std::vector<reference::RefTensorMap>& maps) {
+  std::map<std::string, double> largest;
+  for (const reference::RefTensorMap& map : maps) {
+    for (const auto& [fqn, t] : map) {
+      double& m = largest[fqn];
+      for (double v : t.data) m = std::max(m, std::fabs(v));
+    }
+  }
+  return largest;
+}
+
 ErrorStats CheckMapsClose(CheckList& checks, const std::string& name,
                           const reference::RefTensorMap& expected,
-                          const reference::RefTensorMap& actual, Tolerance tolerance) {
+                          const reference::RefTensorMap& actual, Tolerance tolerance,
+                          const std::map<std::string, double>* atol_scales) {
   std::vector<std::string> missing, extra;
   for (const auto& [k, v] : expected) {
     if (!actual.count(k)) missing.push_back(k);
@@ -354,7 +370,16 @@ ErrorStats CheckMapsClose(CheckList& checks, const std::string& name,
     };
     checks.Fail(name + " FQNs", "missing: " + join(missing) + "; unexpected: " + join(extra));
   }
-  std::vector<double> e_all, a_all;
+  // The tolerance of tensor `fqn`: atol times max(1, its scale) when scales are given.
+  auto tolerance_of = [&](const std::string& fqn) {
+    if (atol_scales == nullptr) return tolerance;
+    auto it = atol_scales->find(fqn);
+    const double scale = it == atol_scales->end() ? 1.0 : std::max(1.0, it->second);
+    return Tolerance{tolerance.atol * scale, tolerance.rtol};
+  };
+  std::ostringstream atol_label;
+  atol_label << std::setprecision(3) << tolerance.atol << " x max(1, the tensor's max |expected|)";
+  std::vector<double> e_all, a_all, atol_all;
   ErrorStats stats;
   std::vector<std::string> mismatched;
   for (const auto& [k, e] : expected) {
@@ -366,19 +391,25 @@ ErrorStats CheckMapsClose(CheckList& checks, const std::string& name,
                                                  ", expected " + reference::ShapeToString(e.shape));
       continue;
     }
-    stats.Merge(CompareValues(e.data, a.data, tolerance));
+    const Tolerance tol = tolerance_of(k);
+    stats.Merge(CompareValues(e.data, a.data, tol));
     bool ok = true;
     for (size_t i = 0; i < e.data.size(); ++i) {
       const double err = std::fabs(a.data[i] - e.data[i]);
-      if (!(err <= tolerance.atol + tolerance.rtol * std::fabs(e.data[i]))) ok = false;
+      if (!(err <= tol.atol + tol.rtol * std::fabs(e.data[i]))) ok = false;
     }
     if (!ok) mismatched.push_back(k);
     e_all.insert(e_all.end(), e.data.begin(), e.data.end());
     a_all.insert(a_all.end(), a.data.begin(), a.data.end());
+    atol_all.insert(atol_all.end(), e.data.size(), tol.atol);
   }
-  checks.CheckClose(name, e_all, a_all, tolerance);
+  if (atol_scales == nullptr) {
+    checks.CheckClose(name, e_all, a_all, tolerance);
+  } else {
+    checks.CheckClose(name, e_all, a_all, atol_all, tolerance.rtol, atol_label.str());
+  }
   for (const std::string& k : mismatched) {
-    checks.CheckClose(name + " " + k, expected.at(k).data, actual.at(k).data, tolerance);
+    checks.CheckClose(name + " " + k, expected.at(k).data, actual.at(k).data, tolerance_of(k));
   }
   return stats;
 }

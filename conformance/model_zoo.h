@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -110,10 +111,18 @@ ErrorStats CompareValues(const std::vector<double>& expected, const std::vector<
 // Records one closeness check `name` over every tensor of `expected` (concatenated in key
 // order) against `actual`; when it fails, also one check per mismatching FQN so the report
 // names it. The key sets must match: an extra or missing FQN is a failed check of its own.
-// Returns the error statistics.
+// Returns the error statistics. With `atol_scales` (FQN -> the magnitude of that tensor, e.g.
+// MaxAbsByFqn of the expected values), tensor k is judged at atol x max(1, atol_scales[k]):
+// the rounding of a float32 sum grows with the magnitudes summed, so an element that cancels to
+// near zero is judged against its tensor's scale, not its own.
 ErrorStats CheckMapsClose(CheckList& checks, const std::string& name,
                           const reference::RefTensorMap& expected,
-                          const reference::RefTensorMap& actual, Tolerance tolerance);
+                          const reference::RefTensorMap& actual, Tolerance tolerance,
+                          const std::map<std::string, double>* atol_scales = nullptr);
+
+// The largest |value| of each FQN over `maps` (e.g. every rank's shards of a tensor, whose union
+// is the whole tensor).
+std::map<std::string, double> MaxAbsByFqn(const std::vector<reference::RefTensorMap>& maps);
 
 // ---- Optimizers --------------------------------------------------------------------------------
 
@@ -164,6 +173,12 @@ struct ZooModelKind {
   // The model's output (hence loss) is float32 whatever its parameters' dtype (the
   // Transformer's forward ends with `.float()`). Default: false (the parameters' dtype).
   bool float32_output = false;
+  // The model's output is a ReLU's, so the seeds' out.sum() is already bounded below and is the
+  // parity families' default loss for it; (out * out).sum() would drive every output to exactly
+  // 0 within a few steps, where Adam's per-element normalisation magnifies float32 rounding of
+  // the vanishing gradients into parameter errors far above the float32 tolerance.
+  // Default: false (the default loss is (out * out).sum()).
+  bool relu_output = false;
 
   // The dtype a loss of this model is computed in when its parameters are `dtype`.
   DType LossDType(DType dtype) const { return float32_output ? DType::kFloat32 : dtype; }

@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "conformance/observations.h"
+#include "conformance/parity_common.h"
 #include "engine/core/error.h"
 
 namespace fsdp::conformance {
@@ -220,6 +224,56 @@ TEST(ModelZoo, CheckMapsCloseNamesTheMismatchingFqn) {
   EXPECT_EQ(bad.failed_count(), 3);  // FQN sets, the aggregate, and "params y"
   EXPECT_THAT(bad.Table(), HasSubstr("params y"));
   EXPECT_THAT(bad.Table(), HasSubstr("unexpected: z"));
+}
+
+TEST(ModelZoo, TensorScaledAtolJudgesACancellingElementByItsTensorsMagnitude) {
+  // Shards of one gradient on two ranks: rank 1's element 0 cancels to near zero.
+  std::vector<reference::RefTensorMap> shards(2);
+  shards[0]["g"] = reference::RefTensor({2}, {3.5, -2.0});
+  shards[1]["g"] = reference::RefTensor({2}, {-6.4e-4, 1.0});
+  shards[0]["b"] = reference::RefTensor({1}, {0.25});
+  shards[1]["b"] = reference::RefTensor({1}, {-0.05});
+  const std::map<std::string, double> scales = MaxAbsByFqn(shards);
+  EXPECT_DOUBLE_EQ(scales.at("g"), 3.5);
+  EXPECT_DOUBLE_EQ(scales.at("b"), 0.25);
+  const Tolerance tol{1e-5, 1e-4};
+
+  // Rounding of a sum of magnitude-3.5 terms: 2e-5 off, within 1e-5 x 3.5 + 1e-4 x |e|.
+  reference::RefTensorMap rounded = shards[1];
+  rounded["g"].data[0] += 2e-5;
+  CheckList unscaled;
+  CheckMapsClose(unscaled, "grads", shards[1], rounded, tol);
+  EXPECT_FALSE(unscaled.all_passed());
+  CheckList scaled;
+  CheckMapsClose(scaled, "grads", shards[1], rounded, tol, &scales);
+  EXPECT_TRUE(scaled.all_passed()) << scaled.Table();
+  EXPECT_THAT(scaled.checks().front().detail, HasSubstr("x max(1, the tensor's max |expected|)"));
+
+  // A real error of the same element (1e-4, beyond 1e-5 x 3.5), and an error of a tensor whose
+  // magnitude is below 1 (atol is never scaled down), still fail.
+  reference::RefTensorMap wrong = shards[1];
+  wrong["g"].data[0] += 1e-4;
+  CheckList caught;
+  CheckMapsClose(caught, "grads", shards[1], wrong, tol, &scales);
+  EXPECT_EQ(caught.failed_count(), 2);  // the aggregate and "grads g"
+  EXPECT_THAT(caught.Table(), HasSubstr("grads g"));
+  reference::RefTensorMap small = shards[1];
+  small["b"].data[0] += 2e-5;
+  CheckList small_caught;
+  CheckMapsClose(small_caught, "grads", shards[1], small, tol, &scales);
+  EXPECT_FALSE(small_caught.all_passed());
+}
+
+TEST(ModelZoo, ParityDefaultLossIsBoundedBelow) {
+  // (out * out).sum() for a linear output; the seeds' out.sum() where the output is a ReLU's.
+  for (const ZooModelKind& kind : ZooModel::Kinds()) {
+    const ParamSpec loss = LossParam(kind);
+    ASSERT_EQ(loss.values.size(), 1u) << kind.name;
+    EXPECT_EQ(loss.values.front(), kind.relu_output ? "sum" : "squares") << kind.name;
+  }
+  EXPECT_TRUE(ZooModel::Kind("nontensor_activations").relu_output);
+  EXPECT_FALSE(ZooModel::Kind("transformer").relu_output);
+  EXPECT_FALSE(ZooModel::Kind("mlp").relu_output);
 }
 
 TEST(ModelZoo, UnknownKindsAndOptimizersAreNamed) {

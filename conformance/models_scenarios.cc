@@ -221,7 +221,9 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
   Scenario s;
   s.info.name = "models/" + kind.name;
   s.info.description =
-      kind.description + ": float64 forward/backward against finite differences and the oracle";
+      kind.description +
+      ": float64 forward/backward of the seed's loss at step 0 (out.sum(), or DoubleLinear's "
+      "own) against finite differences and the oracle";
   s.info.seed_test = kind.seed_test;
   s.info.params = {ParamSpec::SizeInt("seed", "seed of the zoo's weights and inputs", 0)};
   s.info.params.insert(s.info.params.end(), kind.params.begin(), kind.params.end());

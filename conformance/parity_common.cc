@@ -11,7 +11,7 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
       std::move(dtype_param),
       ParamSpec::SizeInt("seed", "seed of the zoo's weights and inputs", 0),
       ParamSpec::SizeInt("steps", "training steps", 10, /*minimum=*/1),
-      LossParam(),
+      LossParam(kind),
       ParamSpec::SizeDouble("sgd_lr", "SGD learning rate (ZooModelKind::sgd_lr)", kind.sgd_lr),
       ParamSpec::SizeDouble("adam_lr", "Adam learning rate (the seeds' 1e-2)", 1e-2),
       ParamSpec::SizeDouble("momentum", "SGD momentum", 0.9),
@@ -23,13 +23,14 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
   return params;
 }
 
-ParamSpec LossParam() {
+ParamSpec LossParam(const ZooModelKind& kind) {
   ParamSpec p = ParamSpec::SizeString(
       "loss",
-      "sum: the seeds' out.sum(), unbounded below; squares: (out * out).sum(), bounded below, "
-      "so training converges and the output gradients depend on the outputs (DoubleLinear keeps "
-      "its seed's (out1 * out2).sum() before loss_switch_step either way)",
-      "sum");
+      "squares: (out * out).sum(), bounded below, so training converges and the output gradients "
+      "depend on the outputs (the default, except for a model whose output is a ReLU's); sum: "
+      "the seeds' out.sum(), unbounded below for a linear output, so the loss diverges "
+      "(DoubleLinear keeps its seed's (out1 * out2).sum() before loss_switch_step either way)",
+      kind.relu_output ? "sum" : "squares");
   p.domain = ParamDomain{"sum or squares", [](const std::string& v) -> std::optional<std::string> {
                            if (v == "squares" || v == "sum") return v;
                            return std::nullopt;

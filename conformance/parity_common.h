@@ -21,9 +21,10 @@ namespace fsdp::conformance {
 // or a size), seed, steps, loss, learning rates, momentum, tolerances, then the model's own knobs.
 std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_param);
 
-// The "loss" parameter of the parity families: "sum" (default, the seeds') or "squares"
-// (ZooModel::LossAt).
-ParamSpec LossParam();
+// The "loss" parameter of the parity families for `kind`: "squares" or "sum" (the seeds'
+// out.sum()); ZooModel::LossAt. The default is a loss bounded below: "sum" for a model whose
+// output is a ReLU's (ZooModelKind::relu_output), "squares" otherwise.
+ParamSpec LossParam(const ZooModelKind& kind);
 
 // A parity case's parameters (ParityParams plus "dtype"), decoded once: what every body and
 // judge of the parity families reads at its top.

@@ -1,5 +1,6 @@
 #include "conformance/sharded_parity.h"
 
+#include <map>
 #include <set>
 #include <utility>
 
@@ -173,9 +174,16 @@ void CheckRankShardedParity(CheckList& checks, const ParityCase& c,
   CheckRankLosses(checks, c, expected, per_rank, rank);
   for (int64_t k = 0; k < c.steps; ++k) {
     const std::string at = who + " step " + std::to_string(k);
-    grad_err.Merge(CheckMapsClose(checks, at + " gradient shards",
-                                  MapFromObservations(expected, rank, GradPrefix(k)),
-                                  MapFromObservations(per_rank, rank, GradPrefix(k)), tol));
+    // A gradient element is a sum over the batch and the model: its rounding scales with the
+    // whole tensor's magnitude (every rank's shard), not with the element's own size.
+    std::vector<reference::RefTensorMap> all_shards;
+    for (size_t r = 0; r < expected.size(); ++r) {
+      all_shards.push_back(MapFromObservations(expected, static_cast<int>(r), GradPrefix(k)));
+    }
+    const std::map<std::string, double> scales = MaxAbsByFqn(all_shards);
+    grad_err.Merge(
+        CheckMapsClose(checks, at + " gradient shards", all_shards.at(static_cast<size_t>(rank)),
+                       MapFromObservations(per_rank, rank, GradPrefix(k)), tol, &scales));
     param_err.Merge(CheckMapsClose(checks, at + " parameter shards",
                                    MapFromObservations(expected, rank, StepPrefix(k)),
                                    MapFromObservations(per_rank, rank, StepPrefix(k)), tol));
