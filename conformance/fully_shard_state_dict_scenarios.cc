@@ -7,6 +7,8 @@
 //   full_state_dict     get_model_state_dict(full_state_dict) equals the weights on every rank,
 //                       with cpu_offload only rank 0 holds it, and set_model_state_dict with
 //                       broadcast_from_rank0 loads it into a zero model (rank 0 alone passes it)
+//   optimizer_state_dict  get/set_optimizer_state_dict
+//   (conformance/optimizer_state_dict_scenario.h)
 // Model and rules: conformance/state_dict_model.h (dim 5: uneven dim 0 at every world > 1).
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "conformance/observations.h"
+#include "conformance/optimizer_state_dict_scenario.h"
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "conformance/state_dict_model.h"
@@ -236,6 +239,7 @@ void RegisterFullyShardStateDictScenarios(ScenarioRegistry& registry) {
   registry.Add(ShardedStateDict());
   registry.Add(LoadAndContinue());
   registry.Add(FullStateDict());
+  registry.Add(OptimizerStateDictScenario());
 }
 
 }  // namespace fsdp::conformance

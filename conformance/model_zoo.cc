@@ -753,8 +753,17 @@ EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
                                  const OptimConfig& optim_config, const RankInputs& inputs,
                                  int64_t steps, const ParameterSnapshot& snapshot,
                                  const ParameterSnapshot& grad_snapshot) {
-  EngineTrainingRecord record;
   auto optimizer = MakeEngineOptimizer(optim_config, module.named_parameters());
+  return TrainEngineSteps(model, module, *optimizer, inputs, /*first_step=*/0, steps, snapshot,
+                          grad_snapshot);
+}
+
+EngineTrainingRecord TrainEngineSteps(const ZooModel& model, nn::Module& module,
+                                      optim::Optimizer& optimizer, const RankInputs& inputs,
+                                      int64_t first_step, int64_t steps,
+                                      const ParameterSnapshot& snapshot,
+                                      const ParameterSnapshot& grad_snapshot) {
+  EngineTrainingRecord record;
   Device device = Device::CPU();
   for (const auto& [name, p] : module.named_parameters()) {
     if (p.defined()) {
@@ -762,15 +771,15 @@ EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
       break;
     }
   }
-  for (int64_t step = 0; step < steps; ++step) {
+  for (int64_t step = first_step; step < first_step + steps; ++step) {
     const Tensor input = inputs.Get(StepInputName(step)).to(device);
     Tensor loss = ZooModel::Loss(model.Forward(module, input), model.LossAt(step));
     loss.backward();
     record.losses.push_back(loss.item());
     record.loss_dtype = loss.dtype();
     if (grad_snapshot) record.gradients.push_back(grad_snapshot(module));
-    optimizer->step();
-    optimizer->zero_grad(SetToNoneAfterStep(step));
+    optimizer.step();
+    optimizer.zero_grad(SetToNoneAfterStep(step));
     record.parameters.push_back(snapshot ? snapshot(module) : ParametersOf(module));
   }
   return record;
@@ -778,6 +787,13 @@ EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
 
 std::vector<reference::StepRecord<double>> TrainOracle(
     const ZooModel& model, const OptimConfig& optim_config, uint64_t seed, int64_t steps,
+    DType dtype, int world, const std::vector<reference::Fsdp1FlatParam>& flat_params) {
+  auto optimizer = MakeOracleOptimizer(optim_config);
+  return TrainOracleWith(model, *optimizer, seed, steps, dtype, world, flat_params);
+}
+
+std::vector<reference::StepRecord<double>> TrainOracleWith(
+    const ZooModel& model, reference::Optimizer<double>& optimizer, uint64_t seed, int64_t steps,
     DType dtype, int world, const std::vector<reference::Fsdp1FlatParam>& flat_params) {
   std::vector<reference::TrainingStep<double>> plan;
   for (int64_t step = 0; step < steps; ++step) {
@@ -788,10 +804,9 @@ std::vector<reference::StepRecord<double>> TrainOracle(
     s.set_to_none = SetToNoneAfterStep(step);
     plan.push_back(std::move(s));
   }
-  auto optimizer = MakeOracleOptimizer(optim_config);
   return reference::RunDataParallelTraining<double>(
       model.oracle(), model.MakeParameters(seed, dtype), model.MakeBuffers(seed, dtype), plan,
-      optimizer.get(), /*scheduler=*/nullptr, flat_params);
+      &optimizer, /*scheduler=*/nullptr, flat_params);
 }
 
 }  // namespace fsdp::conformance

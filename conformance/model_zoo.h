@@ -290,6 +290,13 @@ EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
                                  const OptimConfig& optim_config, const RankInputs& inputs,
                                  int64_t steps, const ParameterSnapshot& snapshot = {},
                                  const ParameterSnapshot& grad_snapshot = {});
+// The same with the caller's optimizer (its state stays with the caller), for steps
+// [first_step, first_step + steps) of the inputs.
+EngineTrainingRecord TrainEngineSteps(const ZooModel& model, nn::Module& module,
+                                      optim::Optimizer& optimizer, const RankInputs& inputs,
+                                      int64_t first_step, int64_t steps,
+                                      const ParameterSnapshot& snapshot = {},
+                                      const ParameterSnapshot& grad_snapshot = {});
 
 // The oracle's run of the same steps over `world` ranks, each step's global batch of
 // world * model.batch() rows split by rank (world 1: the single-rank run above), from the
@@ -297,6 +304,11 @@ EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
 // `flat_params`: FSDP1's flat parameters (reference::Fsdp1FlatParam).
 std::vector<reference::StepRecord<double>> TrainOracle(
     const ZooModel& model, const OptimConfig& optim_config, uint64_t seed, int64_t steps,
+    DType dtype, int world = 1, const std::vector<reference::Fsdp1FlatParam>& flat_params = {});
+// The same with the caller's oracle optimizer, whose state (moments, momentum buffers, step
+// counts) after the last step stays with the caller.
+std::vector<reference::StepRecord<double>> TrainOracleWith(
+    const ZooModel& model, reference::Optimizer<double>& optimizer, uint64_t seed, int64_t steps,
     DType dtype, int world = 1, const std::vector<reference::Fsdp1FlatParam>& flat_params = {});
 
 }  // namespace fsdp::conformance

@@ -1,0 +1,241 @@
+#include "conformance/optimizer_state_dict_scenario.h"
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "conformance/model_zoo.h"
+#include "conformance/observations.h"
+#include "conformance/parity_common.h"
+#include "conformance/rank_checks.h"
+#include "conformance/sharded_parity.h"
+#include "engine/checkpoint/state_dict.h"
+#include "engine/core/error.h"
+#include "reference/sharding.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr const char* kKind = "mlp";
+constexpr const char* kStatePrefix = "state.";
+constexpr const char* kGroupsPrefix = "param_groups.";
+
+// The optimizer state of `steps` steps of the oracle's data-parallel run (the same inputs and
+// weights as the engine's), flattened as get_optimizer_state_dict names it, full tensors:
+// "state.<fqn>.momentum_buffer" (SGD) or ".step", ".exp_avg", ".exp_avg_sq" (Adam), and
+// "param_groups.<fqn>.lr".
+reference::RefTensorMap OracleOptimizerState(const ParityCase& c, int world) {
+  std::unique_ptr<reference::Optimizer<double>> optimizer = MakeOracleOptimizer(c.optim);
+  const auto records = TrainOracleWith(c.model, *optimizer, c.seed, c.steps, c.dtype, world);
+  reference::RefTensorMap state;
+  const reference::RefTensorMap& params = records.back().params;
+  if (auto* sgd = dynamic_cast<reference::Sgd<double>*>(optimizer.get())) {
+    for (const auto& [fqn, buffer] : sgd->momentum_buffers()) {
+      state[kStatePrefix + fqn + ".momentum_buffer"] = buffer;
+    }
+  } else if (auto* adam = dynamic_cast<reference::Adam<double>*>(optimizer.get())) {
+    for (const auto& [fqn, step] : adam->steps()) {
+      state[kStatePrefix + fqn + ".step"] = reference::RefTensor({}, {static_cast<double>(step)});
+      state[kStatePrefix + fqn + ".exp_avg"] = adam->exp_avg().at(fqn);
+      state[kStatePrefix + fqn + ".exp_avg_sq"] = adam->exp_avg_sq().at(fqn);
+    }
+  } else {
+    FSDP_THROW(ErrorCode::kInternal, "optimizer_state_dict: no oracle state for ", c.optim.kind);
+  }
+  for (const auto& [fqn, p] : params) {
+    state[kGroupsPrefix + fqn + ".lr"] = reference::RefTensor({}, {c.optim.lr});
+  }
+  return state;
+}
+
+// The parameter FQN of an optimizer state key ("state.<fqn>.<name>"): the key without its
+// prefix and last component.
+std::string FqnOfStateKey(const std::string& key) {
+  const size_t start = std::string(kStatePrefix).size();
+  return key.substr(start, key.rfind('.') - start);
+}
+
+// What rank `rank` of `world` holds of `state`: a tensor with dim 0 (the shape of its
+// parameter) as its parameter is sharded, torch.chunk's rows; scalars (step, lr) whole. With
+// `full_state_dict`, everything whole.
+reference::RefTensorMap RankPieces(const reference::RefTensorMap& state, int rank, int world,
+                                   bool full_state_dict) {
+  if (full_state_dict) return state;
+  reference::RefTensorMap sharded_part, whole;
+  for (const auto& [key, t] : state) (t.shape.empty() ? whole : sharded_part)[key] = t;
+  reference::RefTensorMap out = reference::ShardsOnAllRanks(sharded_part, world).at(rank);
+  out.insert(whole.begin(), whole.end());
+  return out;
+}
+
+// {"global_shape", "offsets"} per state key of a sharded dict (null for scalars and for a
+// full dict), by the torch.chunk rule.
+nlohmann::json ExpectedSharding(const reference::RefTensorMap& state, int rank, int world,
+                                bool full_state_dict) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, t] : state) {
+    if (key.rfind(kStatePrefix, 0) != 0) continue;
+    if (full_state_dict || t.shape.empty()) {
+      out[key] = nullptr;
+      continue;
+    }
+    const int64_t rows = t.shape.front();
+    const int64_t chunk = (rows + world - 1) / world;
+    const int64_t begin = std::min(rows, chunk * rank);
+    std::vector<int64_t> offsets(t.shape.size(), 0);
+    offsets[0] = begin;
+    out[key] = {{"global_shape", t.shape}, {"offsets", offsets}};
+  }
+  return out;
+}
+
+nlohmann::json StateJson(const nn::StateDict& sd, const std::string& prefix) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, t] : sd) out[prefix + key] = TensorToJson(t.to(Device::CPU()));
+  return out;
+}
+
+nlohmann::json StateShardingJson(const nn::StateDict& sd) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, t] : sd) {
+    if (key.rfind(kStatePrefix, 0) != 0) continue;
+    const nn::ShardedEntry* e = sd.sharding(key);
+    out[key] = e == nullptr
+                   ? nlohmann::json(nullptr)
+                   : nlohmann::json{{"global_shape", e->global_shape}, {"offsets", e->offsets}};
+  }
+  return out;
+}
+
+nn::StateDict Cloned(const nn::StateDict& sd) {
+  nn::StateDict out;
+  for (const auto& [k, v] : sd) out.insert(k, v.clone());
+  out.sharded = sd.sharded;
+  return out;
+}
+
+nn::ModulePtr BuildSharded(const ParityCase& c, RankEnv& env) {
+  nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
+  module->to(env.device);
+  ShardChildrenThenRoot(module, ShardOptionsOf(env));
+  return module;
+}
+
+nlohmann::json RunRank(RankEnv& env) {
+  const ParityCase c = DecodeParityCase(kKind, env.params);
+  checkpoint::StateDictOptions options;
+  options.full_state_dict = env.params.GetBool("full_state_dict");
+
+  nn::ModulePtr saver = BuildSharded(c, env);
+  auto saver_optim = MakeEngineOptimizer(c.optim, saver->named_parameters());
+  TrainEngineSteps(c.model, *saver, *saver_optim, env.Inputs(), 0, c.steps);
+  const nn::StateDict model_sd = Cloned(checkpoint::get_model_state_dict(*saver, options));
+  const nn::StateDict optim_sd =
+      Cloned(checkpoint::get_optimizer_state_dict(*saver, *saver_optim, options));
+
+  // A fresh model and optimizer (the case's initial weights, no state) load both dicts.
+  nn::ModulePtr loader = BuildSharded(c, env);
+  auto loader_optim = MakeEngineOptimizer(c.optim, loader->named_parameters());
+  checkpoint::set_model_state_dict(*loader, model_sd, options);
+  checkpoint::set_optimizer_state_dict(*loader, *loader_optim, optim_sd, options);
+
+  const EngineTrainingRecord continued = TrainEngineSteps(
+      c.model, *saver, *saver_optim, env.Inputs(), c.steps, 1, LocalParameterShards);
+  const EngineTrainingRecord loaded = TrainEngineSteps(
+      c.model, *loader, *loader_optim, env.Inputs(), c.steps, 1, LocalParameterShards);
+
+  nlohmann::json obs;
+  obs["optim_sharding"] = StateShardingJson(optim_sd);
+  obs[kTensors] = StateJson(optim_sd, "optim/");
+  const std::string dtype = DTypeName(c.dtype);
+  obs[kTensors].update(MapToJson(continued.parameters.back(), dtype, "continued/"));
+  obs[kTensors].update(MapToJson(loaded.parameters.back(), dtype, "loaded/"));
+  return obs;
+}
+
+void Judge(const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
+           CheckList& checks) {
+  const ParityCase c = DecodeParityCase(kKind, params);
+  const bool full = params.GetBool("full_state_dict");
+  const reference::RefTensorMap state = OracleOptimizerState(c, world);
+  const Tolerance tol = c.ToleranceFor(c.dtype);
+  ErrorStats err;
+  for (int r = 0; r < world; ++r) {
+    const std::string who = RankName(r);
+    CheckRankEqual(checks, per_rank, r,
+                   {"optim_sharding", "optimizer state sharding (global shape and offsets)",
+                    ExpectedSharding(state, r, world, full)});
+    // Keys and values against the oracle's optimizer (the key sets must match exactly).
+    err.Merge(CheckMapsClose(checks, who + " optimizer state dict vs oracle",
+                             RankPieces(state, r, world, full),
+                             MapFromObservations(per_rank, r, "optim/"), tol));
+    // The rule: after loading both dicts, the next step equals the saver's own, bit for bit.
+    nlohmann::json want = nlohmann::json::object();
+    const nlohmann::json& tensors = RankObservation(per_rank, r, kTensors);
+    for (auto it = tensors.begin(); it != tensors.end(); ++it) {
+      const std::string& key = it.key();
+      if (key.rfind("continued/", 0) == 0) {
+        want["loaded/" + key.substr(std::string("continued/").size())] = it.value();
+      }
+    }
+    if (want.empty()) {
+      checks.Fail(who + " parameters after the next step", "no continued/{fqn} observation");
+    }
+    CheckRankTensorsExact(checks, per_rank, r, want);
+  }
+  checks.SetFigure("steps", c.steps);
+  checks.SetFigure("state_max_abs_err", err.max_abs);
+  checks.SetFigure("state_max_rel_err", err.max_rel);
+}
+
+}  // namespace
+
+Scenario OptimizerStateDictScenario() {
+  const ZooModelKind& kind = ZooModel::Kind(kKind);
+  Scenario s;
+  s.info.name = "fully_shard_state_dict/optimizer_state_dict";
+  s.info.description =
+      "MLP sharded per child then root, trained `steps` steps with SGD (momentum) or Adam: "
+      "get_optimizer_state_dict (sharded or full_state_dict) against the oracle optimizer's "
+      "state, keyed by FQN; a fresh model and optimizer that load the model and optimizer "
+      "dicts take the next step bit-identically to the saver";
+  s.info.seed_test =
+      "test/distributed/checkpoint/test_state_dict.py::TestStateDict (get_optimizer_state_dict / "
+      "set_optimizer_state_dict of a fully_shard-ed model, save then load then train)";
+  s.info.params = ParityParams(
+      kind, ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float32"));
+  for (ParamSpec& p : s.info.params) {
+    if (p.name == "steps") p = ParamSpec::SizeInt("steps", "training steps before the save", 3, 1);
+  }
+  s.info.params.push_back(ParamSpec::Axis(
+      "full_state_dict", "StateDictOptions.full_state_dict of the get and set calls",
+      {"False", "True"}));
+  s.info.observations
+      .Add(ObservationKey::Custom(
+          "optim_sharding", {{"type", "object"}},
+          "per \"state.<fqn>.<name>\" key of get_optimizer_state_dict: {\"global_shape\", "
+          "\"offsets\"} of a sharded (DTensor) value, null for a plain tensor"))
+      .AddTensors({"optim/{name}", "the case's dtype (step: float32, lr: float64)",
+                   "the rank's piece, or the full tensor",
+                   "get_optimizer_state_dict after `steps` steps: every \"state.<fqn>.<name>\" "
+                   "tensor and \"param_groups.<fqn>.lr\" (a 0-dim tensor)"})
+      .AddTensors({"continued/{fqn}", "the case's dtype", "the rank's shard",
+                   "the saver's parameters after one more step (input `steps`)"})
+      .AddTensors({"loaded/{fqn}", "the case's dtype", "the rank's shard",
+                   "the loader's parameters after the same step"});
+  s.info.default_world = 2;
+  s.info.max_world = 8;
+  s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
+  s.info.inputs = ZooInputsDoc(kind, "the case's dtype");
+  s.inputs = [](const CaseParams& params, int world) {
+    const ParityCase c = DecodeParityCase(kKind, params);
+    return c.model.MakeCaseInputs(c.seed, c.dtype, c.steps + 1, world);
+  };
+  s.run_rank = RunRank;
+  s.judge = Judge;
+  return s;
+}
+
+}  // namespace fsdp::conformance
