@@ -752,17 +752,19 @@ Tensor ZooModel::Loss(const std::vector<Tensor>& outputs, const reference::LossS
 EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
                                  const OptimConfig& optim_config, const RankInputs& inputs,
                                  int64_t steps, const ParameterSnapshot& snapshot,
-                                 const ParameterSnapshot& grad_snapshot) {
+                                 const ParameterSnapshot& grad_snapshot,
+                                 const std::function<void()>& before_optimizer_step) {
   auto optimizer = MakeEngineOptimizer(optim_config, module.named_parameters());
   return TrainEngineSteps(model, module, *optimizer, inputs, /*first_step=*/0, steps, snapshot,
-                          grad_snapshot);
+                          grad_snapshot, before_optimizer_step);
 }
 
 EngineTrainingRecord TrainEngineSteps(const ZooModel& model, nn::Module& module,
                                       optim::Optimizer& optimizer, const RankInputs& inputs,
                                       int64_t first_step, int64_t steps,
                                       const ParameterSnapshot& snapshot,
-                                      const ParameterSnapshot& grad_snapshot) {
+                                      const ParameterSnapshot& grad_snapshot,
+                                      const std::function<void()>& before_optimizer_step) {
   EngineTrainingRecord record;
   Device device = Device::CPU();
   for (const auto& [name, p] : module.named_parameters()) {
@@ -778,6 +780,7 @@ EngineTrainingRecord TrainEngineSteps(const ZooModel& model, nn::Module& module,
     record.losses.push_back(loss.item());
     record.loss_dtype = loss.dtype();
     if (grad_snapshot) record.gradients.push_back(grad_snapshot(module));
+    if (before_optimizer_step) before_optimizer_step();
     optimizer.step();
     optimizer.zero_grad(SetToNoneAfterStep(step));
     record.parameters.push_back(snapshot ? snapshot(module) : ParametersOf(module));
@@ -787,14 +790,16 @@ EngineTrainingRecord TrainEngineSteps(const ZooModel& model, nn::Module& module,
 
 std::vector<reference::StepRecord<double>> TrainOracle(
     const ZooModel& model, const OptimConfig& optim_config, uint64_t seed, int64_t steps,
-    DType dtype, int world, const std::vector<reference::Fsdp1FlatParam>& flat_params) {
+    DType dtype, int world, const std::vector<reference::Fsdp1FlatParam>& flat_params,
+    const std::optional<reference::GradClip>& clip) {
   auto optimizer = MakeOracleOptimizer(optim_config);
-  return TrainOracleWith(model, *optimizer, seed, steps, dtype, world, flat_params);
+  return TrainOracleWith(model, *optimizer, seed, steps, dtype, world, flat_params, clip);
 }
 
 std::vector<reference::StepRecord<double>> TrainOracleWith(
     const ZooModel& model, reference::Optimizer<double>& optimizer, uint64_t seed, int64_t steps,
-    DType dtype, int world, const std::vector<reference::Fsdp1FlatParam>& flat_params) {
+    DType dtype, int world, const std::vector<reference::Fsdp1FlatParam>& flat_params,
+    const std::optional<reference::GradClip>& clip) {
   std::vector<reference::TrainingStep<double>> plan;
   for (int64_t step = 0; step < steps; ++step) {
     reference::TrainingStep<double> s;
@@ -802,6 +807,7 @@ std::vector<reference::StepRecord<double>> TrainOracleWith(
     s.rank_inputs = reference::SplitBatch(global.oracle, world);
     s.loss = model.LossAt(step);
     s.set_to_none = SetToNoneAfterStep(step);
+    s.clip = clip;
     plan.push_back(std::move(s));
   }
   return reference::RunDataParallelTraining<double>(

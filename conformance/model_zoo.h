@@ -286,29 +286,36 @@ using ParameterSnapshot = std::function<reference::RefTensorMap(nn::Module& modu
 // The module's parameters must live on one device (the inputs go there). `grad_snapshot`, when
 // set, reads the gradients after each backward (before the optimizer step) into
 // record.gradients.
+// `before_optimizer_step`, when set, runs after each backward (and grad_snapshot), before the
+// optimizer step (e.g. FSDP1's clip_grad_norm_).
 EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
                                  const OptimConfig& optim_config, const RankInputs& inputs,
                                  int64_t steps, const ParameterSnapshot& snapshot = {},
-                                 const ParameterSnapshot& grad_snapshot = {});
+                                 const ParameterSnapshot& grad_snapshot = {},
+                                 const std::function<void()>& before_optimizer_step = {});
 // The same with the caller's optimizer (its state stays with the caller), for steps
 // [first_step, first_step + steps) of the inputs.
 EngineTrainingRecord TrainEngineSteps(const ZooModel& model, nn::Module& module,
                                       optim::Optimizer& optimizer, const RankInputs& inputs,
                                       int64_t first_step, int64_t steps,
                                       const ParameterSnapshot& snapshot = {},
-                                      const ParameterSnapshot& grad_snapshot = {});
+                                      const ParameterSnapshot& grad_snapshot = {},
+                                      const std::function<void()>& before_optimizer_step = {});
 
 // The oracle's run of the same steps over `world` ranks, each step's global batch of
 // world * model.batch() rows split by rank (world 1: the single-rank run above), from the
 // weights MakeParameters(seed, dtype) and the inputs MakeInput(seed, step, dtype, rows).
 // `flat_params`: FSDP1's flat parameters (reference::Fsdp1FlatParam).
+// `clip`: clip_grad_norm_ before every optimizer step (StepRecord::grad_norm).
 std::vector<reference::StepRecord<double>> TrainOracle(
     const ZooModel& model, const OptimConfig& optim_config, uint64_t seed, int64_t steps,
-    DType dtype, int world = 1, const std::vector<reference::Fsdp1FlatParam>& flat_params = {});
+    DType dtype, int world = 1, const std::vector<reference::Fsdp1FlatParam>& flat_params = {},
+    const std::optional<reference::GradClip>& clip = std::nullopt);
 // The same with the caller's oracle optimizer, whose state (moments, momentum buffers, step
 // counts) after the last step stays with the caller.
 std::vector<reference::StepRecord<double>> TrainOracleWith(
     const ZooModel& model, reference::Optimizer<double>& optimizer, uint64_t seed, int64_t steps,
-    DType dtype, int world = 1, const std::vector<reference::Fsdp1FlatParam>& flat_params = {});
+    DType dtype, int world = 1, const std::vector<reference::Fsdp1FlatParam>& flat_params = {},
+    const std::optional<reference::GradClip>& clip = std::nullopt);
 
 }  // namespace fsdp::conformance

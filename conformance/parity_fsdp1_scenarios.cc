@@ -22,6 +22,7 @@
 // (prepare_gradient_for_optim).
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -46,6 +47,50 @@ namespace fsdp::conformance {
 namespace {
 
 constexpr const char* kFamily = "parity/fsdp1";
+
+// The "clip_grad_norm" parameter: "none", or "MAX_NORM:NORM_TYPE" (e.g. "0.5:2", "1:inf"): the
+// root's clip_grad_norm_(max_norm, norm_type) after every backward.
+ParamSpec ClipGradNormParam() {
+  ParamSpec p = ParamSpec::SizeString(
+      "clip_grad_norm",
+      "none, or MAX_NORM:NORM_TYPE: the root's clip_grad_norm_(max_norm, norm_type) between "
+      "backward and the optimizer step (norm_type a number >= 1 or inf)",
+      "none");
+  p.domain =
+      ParamDomain{"none or MAX_NORM:NORM_TYPE (max_norm > 0, norm_type >= 1 or inf)",
+                  [](const std::string& v) -> std::optional<std::string> {
+                    if (v == "none") return v;
+                    const size_t colon = v.find(':');
+                    if (colon == std::string::npos) return std::nullopt;
+                    try {
+                      size_t used = 0;
+                      const double max_norm = std::stod(v.substr(0, colon), &used);
+                      if (used != colon || !(max_norm > 0) || std::isinf(max_norm)) {
+                        return std::nullopt;
+                      }
+                      const std::string type = v.substr(colon + 1);
+                      if (type == "inf") return v;
+                      const double norm_type = std::stod(type, &used);
+                      if (used != type.size() || !(norm_type >= 1) || std::isinf(norm_type)) {
+                        return std::nullopt;
+                      }
+                      return v;
+                    } catch (const std::exception&) {
+                      return std::nullopt;
+                    }
+                  }};
+  return p;
+}
+
+// The case's clip_grad_norm_ arguments, or none.
+std::optional<reference::GradClip> ClipOf(const CaseParams& params) {
+  const std::string v = params.GetString("clip_grad_norm");
+  if (v == "none") return std::nullopt;
+  const size_t colon = v.find(':');
+  const std::string type = v.substr(colon + 1);
+  return reference::GradClip{std::stod(v.substr(0, colon)),
+                             type == "inf" ? INFINITY : std::stod(type)};
+}
 
 // The full parameters by clean FQN (every rank must call it: it all-gathers).
 reference::RefTensorMap FullParameters(nn::Module& module) {
@@ -84,9 +129,19 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   options.auto_wrap_policy = std::make_shared<fsdp1::LambdaAutoWrapPolicy>(
       [nested](const nn::Module& m) { return nested.count(&m) > 0; });
   auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(module, options);
-  const EngineTrainingRecord record =
-      TrainEngine(c.model, *fsdp_model, c.optim, env.Inputs(), c.steps, FullParameters);
-  return TrainingObservations(record, c.dtype);
+  const std::optional<reference::GradClip> clip = ClipOf(env.params);
+  std::vector<double> grad_norms;
+  std::function<void()> clip_step;
+  if (clip) {
+    clip_step = [&] {
+      grad_norms.push_back(fsdp_model->clip_grad_norm_(clip->max_norm, clip->norm_type).item());
+    };
+  }
+  const EngineTrainingRecord record = TrainEngine(c.model, *fsdp_model, c.optim, env.Inputs(),
+                                                  c.steps, FullParameters, {}, clip_step);
+  nlohmann::json obs = TrainingObservations(record, c.dtype);
+  obs["grad_norms"] = grad_norms;
+  return obs;
 }
 
 // The size of the group the flat parameters are sharded over: the mesh's shard dimension for a
@@ -180,7 +235,7 @@ double MixedPrecisionRtol(const ParityCase& c, const CaseParams& params, int wor
 std::vector<reference::StepRecord<double>> Fsdp1Oracle(const ParityCase& c,
                                                        const CaseParams& params, int world) {
   return TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, world,
-                     Fsdp1FlatParams(c, params, world));
+                     Fsdp1FlatParams(c, params, world), ClipOf(params));
 }
 
 std::vector<nlohmann::json> ExpectFsdp1Parity(const std::string& kind, const CaseParams& params,
@@ -193,8 +248,10 @@ std::vector<nlohmann::json> ExpectFsdp1Parity(const std::string& kind, const Cas
     e[kLosses] = nlohmann::json::array();
     e["loss_dtype"] = DTypeName(ZooModel::Kind(kind).LossDType(ComputeDType(c, params)));
     e[kTensors] = nlohmann::json::object();
+    e["grad_norms"] = nlohmann::json::array();
     for (int64_t k = 0; k < c.steps; ++k) {
       const auto& step = oracle[static_cast<size_t>(k)];
+      if (ClipOf(params)) e["grad_norms"].push_back(step.grad_norm);
       e[kLosses].push_back(step.rank_losses.at(r));
       e[kTensors].update(MapToJson(step.params, DTypeName(c.dtype), StepPrefix(k)));
     }
@@ -256,6 +313,11 @@ void JudgeFsdp1Parity(const std::string& kind, const CaseParams& params, int wor
     } else {
       CheckRankLosses(checks, c, expected, per_rank, r);
     }
+    // clip_grad_norm_'s total norm: a sum over every gradient element, computed in the
+    // gradients' dtype (plus mixed precision's error).
+    checks.CheckClose(
+        who + " clip_grad_norm_ total norms vs oracle", RankObservation(expected, r, "grad_norms"),
+        RankObservation(per_rank, r, "grad_norms"), Tolerance{tol.atol, tol.rtol + mp_rtol});
     for (int64_t k = 0; k < c.steps; ++k) {
       param_err.Merge(CheckMapsClose(checks, who + " parameters after step " + std::to_string(k),
                                      MapFromObservations(expected, r, StepPrefix(k)),
@@ -287,10 +349,15 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.params.push_back(
       ParamSpec::Axis("cpu_offload", "CPUOffload(offload_params=...)", {"False", "True"}));
   s.info.params.push_back(MixedPrecisionAxis());
+  s.info.params.push_back(ClipGradNormParam());
   s.info.observations = TrainingSchema(
       "the full parameter, read inside summon_full_params(writeback=False), by its clean FQN "
       "(no _fsdp_wrapped_module.)",
       /*with_grads=*/false);
+  s.info.observations.Add(ObservationKey::NumberList(
+      "grad_norms",
+      "the total norm clip_grad_norm_ returned at every step (empty without "
+      "clip_grad_norm)"));
   s.info.deterministic = true;
   s.info.inputs = ZooInputsDoc(kind, "the case's dtype");
   s.info.default_world = 2;
@@ -301,6 +368,17 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   if (const int uneven = ParityUnevenWorld(kind, s.info.params, s.info.max_world, true)) {
     s.info.extra_default_runs = {
         {uneven, {{"backward_prefetch", "BACKWARD_PRE"}, {"mixed_precision", "None"}}}};
+  }
+  // clip_grad_norm_ (test_fsdp_clip_grad_norm.py's DDP parity): the 2-norm at world 4 (the
+  // hybrid strategies included) and the inf-norm at an uneven world, every sharding strategy
+  // and use_orig_params.
+  for (const auto& [world, clip] :
+       std::vector<std::pair<int, std::string>>{{4, "0.5:2"}, {3, "0.5:inf"}}) {
+    s.info.extra_default_runs.push_back({world,
+                                         {{"clip_grad_norm", clip},
+                                          {"backward_prefetch", "BACKWARD_PRE"},
+                                          {"cpu_offload", "False"},
+                                          {"mixed_precision", "None"}}});
   }
   s.info.requirements.devices = {DeviceType::kCPU};
   // The hybrid strategies on a real 2 x 2 (replicate, shard) mesh.

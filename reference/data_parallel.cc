@@ -1,6 +1,7 @@
 #include "reference/data_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -89,6 +90,25 @@ BasicRefTensor<T> ZerosLike(const BasicRefTensor<T>& like) {
   BasicRefTensor<T> out = like;
   std::fill(out.data.begin(), out.data.end(), T(0));
   return out;
+}
+
+// clip_grad_norm_ over every tensor of `grads` (GradClip); returns the total norm.
+template <typename T>
+double ClipGradNorm(TensorMap<T>* grads, const GradClip& clip) {
+  const bool inf = std::isinf(clip.norm_type);
+  double acc = 0;
+  for (const auto& [name, g] : *grads) {
+    for (T v : g.data) {
+      const double a = std::fabs(static_cast<double>(v));
+      acc = inf ? std::max(acc, a) : acc + std::pow(a, clip.norm_type);
+    }
+  }
+  const double total = inf ? acc : std::pow(acc, 1.0 / clip.norm_type);
+  const double coef = std::min(clip.max_norm / (total + 1e-6), 1.0);
+  for (auto& [name, g] : *grads) {
+    for (T& v : g.data) v = static_cast<T>(v * coef);
+  }
+  return total;
 }
 
 // The state Fsdp1FlatParam describes, for one flat parameter.
@@ -181,6 +201,15 @@ std::vector<StepRecord<T>> RunDataParallelTraining(const Model<T>& model, Tensor
           grads[name] = buffer;
         } else {
           grads.erase(name);
+        }
+      }
+    }
+    if (step.clip) {
+      rec.grad_norm = ClipGradNorm(&grads, *step.clip);
+      // Under CPU offload `.grad` is the CPU buffer itself: clipping scales it in place.
+      for (FlatParamState<T>& st : flat_states) {
+        for (auto& [name, buffer] : st.cpu_grad) {
+          if (st.grad_attached && grads.count(name)) buffer = grads.at(name);
         }
       }
     }

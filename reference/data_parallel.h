@@ -46,6 +46,14 @@ std::vector<ModelInput<T>> ReplicateInput(const ModelInput<T>& input, int world_
 template <typename T>
 TensorMap<T> AverageGradients(const std::vector<TensorMap<T>>& per_rank);
 
+// torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type) before an optimizer step: the
+// total norm of every gradient together (norm_type inf: the largest |element|), and every
+// gradient scaled by min(max_norm / (total + 1e-6), 1).
+struct GradClip {
+  double max_norm = 1.0;   // Default: 1.
+  double norm_type = 2.0;  // Default: 2; any p >= 1, or infinity.
+};
+
 template <typename T>
 struct TrainingStep {
   std::vector<ModelInput<T>> rank_inputs;  // one per rank; the size is the world size
@@ -53,6 +61,7 @@ struct TrainingStep {
   bool optimizer_step = true;              // Default: true. false: accumulate gradients only.
   bool zero_grad = true;                   // Default: true (after the optimizer step).
   bool set_to_none = true;                 // Default: true (zero_grad's default).
+  std::optional<GradClip> clip;            // Default: none. Applied before the optimizer step.
 };
 
 // One FSDP1 flat parameter, for RunDataParallelTraining's `flat_params` argument: what FSDP1
@@ -105,6 +114,7 @@ struct StepRecord {
                                            // see Fsdp1FlatParam)
   std::vector<TensorMap<T>> rank_buffers;  // each rank's buffers after its forward
   double lr = 0;                           // learning rate the optimizer step used (0 when none)
+  double grad_norm = 0;                    // the total norm TrainingStep::clip computed (0: none)
 };
 
 // Runs the steps in order from `params` / `buffers` (buffers start identical on every rank).

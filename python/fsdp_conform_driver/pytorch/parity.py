@@ -93,12 +93,15 @@ def _record_grad_shards(model, k, tensors):
             tensors[f"grad{k}/{name}"] = _local(p.grad).detach().clone()
 
 
-def _train(request, model, after_step=_record_params, after_backward=None):
+def _train(request, model, after_step=_record_params, after_backward=None,
+           before_step=None):
     """Trains `steps` steps; after_backward(model, k, tensors) and after_step(model, k, tensors)
-    record what the scenario observes."""
+    record what the scenario observes; before_step(model, obs) runs between them, before the
+    optimizer step (clip_grad_norm_)."""
     opt = _optimizer(request, model.parameters())
     rank_inputs = inputs.rank_tensors(request)
     losses, tensors, loss_dtype = [], {}, None
+    obs = {}
     for k in range(request.int_param("steps")):
         loss = _loss(request, k, model(rank_inputs[f"step{k}/input"]))
         loss_dtype = str(loss.dtype).replace("torch.", "")
@@ -106,10 +109,13 @@ def _train(request, model, after_step=_record_params, after_backward=None):
         loss.backward()
         if after_backward is not None:
             after_backward(model, k, tensors)
+        if before_step is not None:
+            before_step(model, obs)
         opt.step()
         opt.zero_grad(set_to_none=k % 2 == 0)
         after_step(model, k, tensors)
-    return {"losses": losses, "loss_dtype": loss_dtype}, tensors
+    obs.update({"losses": losses, "loss_dtype": loss_dtype})
+    return obs, tensors
 
 
 def single(kind: str):
@@ -148,8 +154,25 @@ def fsdp1(kind: str):
         model, _ = _build(kind, request)
         nested = {id(m) for m in _children_to_shard(model)}
         fsdp_model = wrap(request, model, nest_where(lambda m: id(m) in nested))
-        return _train(request, fsdp_model, after_step=record_full_params)
+        obs, tensors = _train(request, fsdp_model, after_step=record_full_params,
+                              before_step=_clip_grad_norm(request))
+        obs.setdefault("grad_norms", [])
+        return obs, tensors
     return run
+
+
+def _clip_grad_norm(request):
+    """clip_grad_norm "MAX_NORM:NORM_TYPE": the root's clip_grad_norm_ before every optimizer
+    step, its total norm appended to obs["grad_norms"]; "none": nothing."""
+    value = request.param("clip_grad_norm")
+    if value == "none":
+        return None
+    max_norm, norm_type = value.split(":")
+
+    def clip(model, obs):
+        total = model.clip_grad_norm_(float(max_norm), float(norm_type))
+        obs.setdefault("grad_norms", []).append(total.item())
+    return clip
 
 
 def record_full_params(model, k, tensors):
