@@ -232,8 +232,9 @@ std::string ThreadedWorld::Report() const {
 namespace {
 
 // Empty when every participant issued the same collective; otherwise the error message.
+template <typename DescribeGroup>
 std::string CheckFingerprints(const GroupState& group, const Rendezvous& rv,
-                              const std::string& group_desc) {
+                              const DescribeGroup& group_desc) {
   const Participant& first = *rv.slots[0];
   std::ostringstream os;
   size_t shown = 0;
@@ -249,7 +250,7 @@ std::string CheckFingerprints(const GroupState& group, const Rendezvous& rv,
   }
   if (differing == 0) return "";
   std::ostringstream msg;
-  msg << "collective mismatch on " << group_desc << ": " << differing
+  msg << "collective mismatch on " << group_desc() << ": " << differing
       << " rank(s) issued a different collective than rank 0\n  " << RankName(group, 0)
       << " issued: " << first.info.fingerprint_str() << os.str();
   if (shown > kMaxMismatchLines) msg << "\n  ... and " << (shown - kMaxMismatchLines) << " more";
@@ -349,13 +350,25 @@ void ThreadedWorld::Join(GroupState& group, int group_rank, uint64_t index, Part
   auto& slot = group.pending[index];
   if (!slot) slot = std::make_shared<Rendezvous>(size);
   const std::shared_ptr<Rendezvous> rv = slot;
-  const std::string group_desc = Describe(group);
+  // Only error messages describe the group: built on demand, not on every collective.
+  auto group_desc = [&] { return Describe(group); };
+  // [Note: waking after unlocking] A rank that changes the rendezvous under mu_ signals its
+  // condition variable only once it has released mu_, so that the woken ranks do not at once
+  // block on mu_ again (a second futex sleep and wake-up per waiter). The rendezvous outlives
+  // the signal: `rv` holds it.
+  bool wake_pending = false;
+  auto wake_later = [&] { wake_pending = true; };
+  auto unlock_and_wake = [&] {
+    lock.unlock();
+    if (wake_pending) rv->cv.notify_all();
+    wake_pending = false;
+  };
 
   auto fail = [&](ErrorCode code, std::string message) {
     rv->state = State::kFailed;
     rv->code = code;
     rv->error = std::move(message);
-    rv->cv.notify_all();
+    wake_later();
   };
   auto missing_ranks = [&] {
     std::vector<int> missing;
@@ -379,7 +392,7 @@ void ThreadedWorld::Join(GroupState& group, int group_rank, uint64_t index, Part
   };
 
   if (rv->state == State::kGathering && aborted_) {
-    fail(ErrorCode::kAborted, "aborted on " + group_desc + ": " + abort_reason_);
+    fail(ErrorCode::kAborted, "aborted on " + group_desc() + ": " + abort_reason_);
   }
   if (rv->state == State::kGathering) {
     rv->slots[group_rank] = &p;
@@ -395,17 +408,17 @@ void ThreadedWorld::Join(GroupState& group, int group_rank, uint64_t index, Part
       rv->new_group = NewGroupState(group.name == "0" ? index : group.name + "." + index,
                                     p.info.new_group_ranks);
       rv->state = State::kDone;
-      rv->cv.notify_all();
+      wake_later();
     } else {
       rv->state = State::kExecuting;
       rv->phase_finished.assign(static_cast<size_t>(PhaseCount(p.info.op)), 0);
-      rv->cv.notify_all();
+      wake_later();
     }
   } else {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     while (rv->state == State::kGathering) {
       if (aborted_) {
-        fail(ErrorCode::kAborted, "aborted on " + group_desc + ": " + abort_reason_);
+        fail(ErrorCode::kAborted, "aborted on " + group_desc() + ": " + abort_reason_);
         break;
       }
       std::vector<int> gone;
@@ -414,7 +427,7 @@ void ThreadedWorld::Join(GroupState& group, int group_rank, uint64_t index, Part
       }
       if (!gone.empty()) {
         std::ostringstream os;
-        os << "can never complete on " << group_desc << ": ";
+        os << "can never complete on " << group_desc() << ": ";
         for (size_t i = 0; i < gone.size(); ++i) {
           os << (i ? ", " : "") << RankName(group, gone[i]);
         }
@@ -427,7 +440,7 @@ void ThreadedWorld::Join(GroupState& group, int group_rank, uint64_t index, Part
       if (rv->cv.wait_until(lock, deadline) == std::cv_status::timeout &&
           rv->state == State::kGathering) {
         std::ostringstream os;
-        os << "timed out after " << timeout_.count() << " ms waiting for " << group_desc
+        os << "timed out after " << timeout_.count() << " ms waiting for " << group_desc()
            << missing_report(missing_ranks());
         fail(ErrorCode::kDeadlineExceeded, os.str());
         break;
@@ -439,7 +452,7 @@ void ThreadedWorld::Join(GroupState& group, int group_rank, uint64_t index, Part
     // share]); the last to finish the last phase completes the collective.
     const int phases = static_cast<int>(rv->phase_finished.size());
     for (int phase = 0; phase < phases; ++phase) {
-      lock.unlock();
+      unlock_and_wake();
       std::string error;
       try {
         ExecuteShare(*rv, static_cast<size_t>(group_rank), phase);
@@ -455,11 +468,11 @@ void ThreadedWorld::Join(GroupState& group, int group_rank, uint64_t index, Part
           } else {
             rv->state = State::kFailed;
             rv->code = ErrorCode::kInternal;
-            rv->error = "failed on " + group_desc + " while copying between ranks: " +
+            rv->error = "failed on " + group_desc() + " while copying between ranks: " +
                         rv->share_error;
           }
         }
-        rv->cv.notify_all();
+        wake_later();
       } else {
         while (rv->phase_finished[phase] < static_cast<int>(size)) rv->cv.wait(lock);
       }
@@ -468,15 +481,17 @@ void ThreadedWorld::Join(GroupState& group, int group_rank, uint64_t index, Part
 
   last_progress_ = std::chrono::steady_clock::now();
   if (++rv->departed == static_cast<int>(size)) group.pending.erase(index);
-  if (rv->state == State::kFailed) {
-    throw Error(rv->code, "[" + p.info.str() + "] " + rv->error);
-  }
-  if (p.info.op == distributed::CollectiveOp::kNewGroup) {
+  const State state = rv->state;
+  if (p.info.op == distributed::CollectiveOp::kNewGroup && state != State::kFailed) {
     const auto& members = p.info.new_group_ranks;
     if (std::find(members.begin(), members.end(), p.info.global_rank) != members.end()) {
       p.new_group = rv->new_group;
     }
   }
+  const ErrorCode code = rv->code;
+  const std::string error = state == State::kFailed ? rv->error : std::string();
+  unlock_and_wake();
+  if (state == State::kFailed) throw Error(code, "[" + p.info.str() + "] " + error);
 }
 
 std::vector<std::shared_ptr<distributed::ProcessGroup>> MakeThreadedWorldGroups(

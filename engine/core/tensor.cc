@@ -11,11 +11,9 @@
 namespace fsdp {
 
 std::string ShapeStr(const Shape& shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
+  std::string out = "[";  // no stream: collectives format shapes on every call
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
 }
 
 int64_t Numel(const Shape& shape) {

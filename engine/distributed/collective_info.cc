@@ -56,32 +56,29 @@ std::string FunctionalCommKey(FunctionalCollective op) {
 
 namespace {
 
-std::string ListStr(const std::vector<int64_t>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
+std::string ListStr(const std::vector<int64_t>& v) { return ShapeStr(v); }
 
 std::string IntListStr(const std::vector<int>& v) {
   return ListStr(std::vector<int64_t>(v.begin(), v.end()));
 }
 
-void AppendFingerprint(std::ostringstream& os, const CollectiveInfo& info) {
+// Appended with std::string rather than a stream: every collective of every backend formats
+// its description (the Work's, the flight recorder's), and a stream's locale set-up cost more
+// than a small collective of the threaded fake.
+void AppendFingerprint(std::string& out, const CollectiveInfo& info) {
   if (info.op == CollectiveOp::kNewGroup) {
-    os << " ranks " << IntListStr(info.new_group_ranks);
+    out += " ranks " + IntListStr(info.new_group_ranks);
     return;
   }
   if (!info.has_payload) return;
-  os << " " << DTypeName(info.dtype) << " in " << ShapeStr(info.input_shape);
+  out += std::string(" ") + DTypeName(info.dtype) + " in " + ShapeStr(info.input_shape);
   if (info.op == CollectiveOp::kAllgather) {
-    os << " outs " << ListStr(info.output_numels) << " (numels)";
+    out += " outs " + ListStr(info.output_numels) + " (numels)";
   } else if (info.op != CollectiveOp::kAllreduce && info.op != CollectiveOp::kBroadcast) {
-    os << " out " << ShapeStr(info.output_shape);
+    out += " out " + ShapeStr(info.output_shape);
   }
-  if (info.has_reduce_op) os << " " << ReduceOpName(info.reduce_op);
-  if (info.op == CollectiveOp::kBroadcast) os << " root " << info.root;
+  if (info.has_reduce_op) out += std::string(" ") + ReduceOpName(info.reduce_op);
+  if (info.op == CollectiveOp::kBroadcast) out += " root " + std::to_string(info.root);
 }
 
 uint64_t HashWords(const std::vector<int64_t>& words) {
@@ -98,19 +95,19 @@ uint64_t HashWords(const std::vector<int64_t>& words) {
 }  // namespace
 
 std::string CollectiveInfo::fingerprint_str() const {
-  std::ostringstream os;
-  os << CollectiveOpName(op) << " #" << sequence_number;
-  AppendFingerprint(os, *this);
-  return os.str();
+  std::string out = std::string(CollectiveOpName(op)) + " #" + std::to_string(sequence_number);
+  AppendFingerprint(out, *this);
+  return out;
 }
 
 std::string CollectiveInfo::str() const {
-  std::ostringstream os;
-  os << CollectiveOpName(op) << " #" << sequence_number << " on group " << group_name << " (rank "
-     << group_rank << "/" << group_size << ", global rank " << global_rank << "):";
-  AppendFingerprint(os, *this);
-  if (in_place) os << " in place";
-  return os.str();
+  std::string out = std::string(CollectiveOpName(op)) + " #" + std::to_string(sequence_number) +
+                    " on group " + group_name + " (rank " + std::to_string(group_rank) + "/" +
+                    std::to_string(group_size) + ", global rank " + std::to_string(global_rank) +
+                    "):";
+  AppendFingerprint(out, *this);
+  if (in_place) out += " in place";
+  return out;
 }
 
 std::string CollectiveMismatch(const CollectiveInfo& a, const CollectiveInfo& b) {
