@@ -17,19 +17,21 @@ import collections
 import fnmatch
 import json
 
-# PyTorch defects a case can fail by: (scenario glob, releases it affects (prefix of
+# PyTorch defects a case can fail by: (scenario globs, releases it affects (prefix of
 # torch.__version__), what is wrong, where it is tracked).
 KNOWN_DEFECTS = [
-    ("parity/fsdp/*", ("2.4", "2.5"),
+    (("parity/fsdp/*", "parity/tp/*"), ("2.4", "2.5"),
      "Gloo's reduce_scatter_tensor ignores the reduce op (it always sums), so FSDP2's "
-     "ReduceOp.AVG gradient reduce-scatter on CPU returns the sum: gradients come out `world` "
-     "times too large", "pytorch/pytorch Gloo ProcessGroupGloo::_reduce_scatter_base"),
+     "ReduceOp.AVG gradient reduce-scatter on CPU returns the sum: gradients come out the "
+     "shard group's size (`world`; dp under tensor parallelism) times too large",
+     "pytorch/pytorch Gloo ProcessGroupGloo::_reduce_scatter_base"),
 ]
 
 
 def _defect(name: str, version: str):
-    for pattern, releases, what, where in KNOWN_DEFECTS:
-        if fnmatch.fnmatchcase(name, pattern) and version.startswith(releases):
+    for patterns, releases, what, where in KNOWN_DEFECTS:
+        if (any(fnmatch.fnmatchcase(name, p) for p in patterns)
+                and version.startswith(releases)):
             return f"{what} ({where})"
     return None
 

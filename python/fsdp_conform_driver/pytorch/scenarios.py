@@ -10,7 +10,8 @@ Thread-safety: one case per process, on the main thread.
 from __future__ import annotations
 
 from fsdp_conform_driver import inputs
-from fsdp_conform_driver.pytorch import grad_acc, parity
+from fsdp_conform_driver.pytorch import (fully_shard_state_dict, grad_acc, parity,
+                                        tp_integration)
 from fsdp_conform_driver.recorders import CommCounts
 
 
@@ -118,6 +119,14 @@ SCENARIOS = {
     "parity/fsdp1/mlp": parity.fsdp1("mlp"),
     "parity/fsdp1/transformer": parity.fsdp1("transformer"),
     "parity/fsdp1/double_linear": parity.fsdp1("double_linear"),
+    "parity/tp/mlp_stack": parity.tp("mlp_stack"),
+    "parity/tp/transformer": parity.tp("transformer"),
+    "fsdp_tp_integration/fsdp_tp_integration": tp_integration.integration,
+    "fsdp_tp_integration/fsdp_tp_extension_grad": tp_integration.extension_grad,
+    "fsdp_tp_integration/fsdp_tp_sync_module_state": tp_integration.sync_module_state,
+    "fully_shard_state_dict/sharded_state_dict": fully_shard_state_dict.sharded_state_dict,
+    "fully_shard_state_dict/load_and_continue": fully_shard_state_dict.load_and_continue,
+    "fully_shard_state_dict/full_state_dict": fully_shard_state_dict.full_state_dict,
     "fsdp_grad_acc/grad_acc": grad_acc.run,
     "fsdp_grad_acc/grad_acc_cpu_offload": grad_acc.run,
     "fsdp_grad_acc/grad_acc_fully_shard": grad_acc.run,
