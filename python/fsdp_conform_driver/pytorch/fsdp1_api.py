@@ -67,10 +67,15 @@ def nest_module_types(type_names):
 def cpu_offload(request):
     """The case's CPUOffload (offload_params False when the scenario has no cpu_offload
     parameter); raises ScenarioSkipped for offload_params=True without an accelerator."""
+    return cpu_offload_of(request.params.get("cpu_offload", "False") == "True")
+
+
+def cpu_offload_of(offload: bool):
+    """CPUOffload(offload_params=offload); raises ScenarioSkipped for True without an
+    accelerator."""
     import torch
     from torch.distributed.fsdp import CPUOffload
 
-    offload = request.params.get("cpu_offload", "False") == "True"
     if offload and not torch.cuda.is_available():
         raise ScenarioSkipped("CPUOffload(offload_params=True) needs an accelerator: "
                               "FullyShardedDataParallel pins the offloaded shard (pin_memory), "

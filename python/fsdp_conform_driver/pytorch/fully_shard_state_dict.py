@@ -47,7 +47,7 @@ def _pieces(state_dict, prefix):
     return {f"{prefix}{key}": _local(value).detach().clone() for key, value in state_dict.items()}
 
 
-def _sharding(value):
+def dtensor_sharding(value):
     """{"global_shape", "offsets"} of a DTensor value, None for a plain tensor."""
     if not hasattr(value, "device_mesh"):
         return None
@@ -75,7 +75,7 @@ def sharded_state_dict(request):
     counts = CommCounts()
     with counts.phase("state_dict"):
         sd = model.state_dict()
-    return ({"keys": list(sd), "sharding": {k: _sharding(v) for k, v in sd.items()},
+    return ({"keys": list(sd), "sharding": {k: dtensor_sharding(v) for k, v in sd.items()},
              "state_dict_collectives": counts.by_phase("state_dict")["state_dict"]},
             _pieces(sd, "shard/"))
 

@@ -10,8 +10,8 @@ Thread-safety: one case per process, on the main thread.
 from __future__ import annotations
 
 from fsdp_conform_driver import inputs
-from fsdp_conform_driver.pytorch import (fully_shard_state_dict, grad_acc, parity,
-                                        tp_integration)
+from fsdp_conform_driver.pytorch import (fsdp_state_dict, fully_shard_state_dict, grad_acc,
+                                        parity, tp_integration)
 from fsdp_conform_driver.recorders import CommCounts
 
 
@@ -127,6 +127,7 @@ SCENARIOS = {
     "fully_shard_state_dict/sharded_state_dict": fully_shard_state_dict.sharded_state_dict,
     "fully_shard_state_dict/load_and_continue": fully_shard_state_dict.load_and_continue,
     "fully_shard_state_dict/full_state_dict": fully_shard_state_dict.full_state_dict,
+    **fsdp_state_dict.SCENARIOS,
     "fsdp_grad_acc/grad_acc": grad_acc.run,
     "fsdp_grad_acc/grad_acc_cpu_offload": grad_acc.run,
     "fsdp_grad_acc/grad_acc_fully_shard": grad_acc.run,
