@@ -121,7 +121,8 @@ def _mixed_precision(dtype):
     return MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
 
 
-def _fsdp(module, process_group, options: Options, mixed_precision=None, **kwargs):
+def fsdp(module, process_group, options: Options, mixed_precision=None, **kwargs):
+    """FullyShardedDataParallel(module) over `process_group` with `options` (and kwargs)."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     from fsdp_conform_driver.pytorch.fsdp1_api import check_sync_module_states, cpu_offload_of
@@ -152,28 +153,28 @@ def wrap(name: str, model: nn.Module, process_group, options: Options) -> nn.Mod
     if name == "transformer_manual":
         for stack in (model.transformer.encoder.layers, model.transformer.decoder.layers):
             for i, layer in enumerate(stack):
-                stack[i] = _fsdp(_maybe_checkpoint(layer, options), process_group, options)
-        model.transformer = _fsdp(model.transformer, process_group, options)
+                stack[i] = fsdp(_maybe_checkpoint(layer, options), process_group, options)
+        model.transformer = fsdp(model.transformer, process_group, options)
         return model
     if name in ("simple_nested", "multibuffer_nested"):
-        model[0] = _fsdp(_maybe_checkpoint(model[0], options), process_group, options)
+        model[0] = fsdp(_maybe_checkpoint(model[0], options), process_group, options)
         if name == "multibuffer_nested":
             bn_precision = _mixed_precision(torch.float32) if options.mixed_precision else None
-            model[1] = _fsdp(_maybe_checkpoint(model[1], options), process_group, options,
+            model[1] = fsdp(_maybe_checkpoint(model[1], options), process_group, options,
                              mixed_precision=bn_precision)
         last = len(model) - 1
         model[last] = _maybe_checkpoint(model[last], options)
-        root = _fsdp(_maybe_checkpoint(model, options), process_group, options)
+        root = fsdp(_maybe_checkpoint(model, options), process_group, options)
     elif name == "model":
-        model.inner = _fsdp(model.inner, process_group, options)
-        root = _fsdp(model, process_group, options)
+        model.inner = fsdp(model.inner, process_group, options)
+        root = fsdp(model, process_group, options)
     elif name == "transformer":
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-        root = _fsdp(model, process_group, options, auto_wrap_policy=ModuleWrapPolicy(
+        root = fsdp(model, process_group, options, auto_wrap_policy=ModuleWrapPolicy(
             {nn.TransformerEncoderLayer, nn.TransformerDecoderLayer}))
     else:
-        root = _fsdp(_maybe_checkpoint(model, options), process_group, options)
+        root = fsdp(_maybe_checkpoint(model, options), process_group, options)
     if options.checkpoint == "after_wrap":
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
             apply_activation_checkpointing)
