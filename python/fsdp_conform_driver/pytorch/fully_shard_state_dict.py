@@ -51,10 +51,8 @@ def dtensor_sharding(value):
     """{"global_shape", "offsets"} of a DTensor value, None for a plain tensor."""
     if not hasattr(value, "device_mesh"):
         return None
-    try:  # torch >= 2.5
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-    except ImportError:  # torch 2.4
-        from torch.distributed._tensor._utils import compute_local_shape_and_global_offset
+    from fsdp_conform_driver.pytorch.dtensor_api import compute_local_shape_and_global_offset
+
     _, offsets = compute_local_shape_and_global_offset(value.shape, value.device_mesh,
                                                        value.placements)
     return {"global_shape": list(value.shape), "offsets": [int(o) for o in offsets]}

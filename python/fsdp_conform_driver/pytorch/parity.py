@@ -153,7 +153,7 @@ def fsdp(kind: str):
 
 
 def tp(kind: str):
-    """parity/tp/*: tp_plans.tp_plan over the "tp" dim, then fully_shard per block and on the
+    """parity/tp/*: tp_plans.plan over the "tp" dim, then fully_shard per block and on the
     root over the "dp" dim (HSDP x TP with replicate > 1: over ("dp_replicate", "dp_shard"))."""
     def run(request):
         from fsdp_conform_driver.pytorch import tp_plans

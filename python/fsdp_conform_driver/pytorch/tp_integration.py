@@ -49,10 +49,8 @@ def _seed_tp_plan():
     """The seed's plan for net1 / net2 (SimpleModel's, and MLPModule's under mlp.)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    try:  # torch >= 2.5
-        from torch.distributed.tensor import Shard
-    except ImportError:  # torch 2.4
-        from torch.distributed._tensor import Shard
+    from fsdp_conform_driver.pytorch.dtensor_api import Shard
+
     return ColwiseParallel(input_layouts=Shard(0)), RowwiseParallel(output_layouts=Shard(0))
 
 
@@ -74,13 +72,9 @@ def full_gradients(fsdp_model, dtensor_specs):
     """{clean FQN: full gradient} of every flattened parameter (module comment)."""
     import torch
     import torch.distributed as dist
-
-    try:  # torch >= 2.5
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch 2.4
-        from torch.distributed._tensor import DTensor
-
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from fsdp_conform_driver.pytorch.dtensor_api import DTensor
 
     out = {}
     for module in FSDP.fsdp_modules(fsdp_model):
@@ -193,10 +187,7 @@ def integration(request):
 
 def _distribute_rmsnorm(module, device_mesh):
     """The seed's distribute_rmsnorm: the input as Shard(0) rows, the output back to local."""
-    try:  # torch >= 2.5
-        from torch.distributed.tensor import DTensor, Shard, distribute_module
-    except ImportError:  # torch 2.4
-        from torch.distributed._tensor import DTensor, Shard, distribute_module
+    from fsdp_conform_driver.pytorch.dtensor_api import DTensor, Shard, distribute_module
 
     def prepare_input_fn(mod, inputs, device_mesh):
         return DTensor.from_local(inputs[0], device_mesh, [Shard(0)])
@@ -236,11 +227,7 @@ def extension_grad(request):
 def sync_module_state(request):
     import torch
 
-    try:  # torch >= 2.5
-        from torch.distributed.tensor import DTensor, Replicate
-    except ImportError:  # torch 2.4
-        from torch.distributed._tensor import DTensor, Replicate
-
+    from fsdp_conform_driver.pytorch.dtensor_api import DTensor, Replicate
     from fsdp_conform_driver.pytorch.fsdp1_api import check_sync_module_states
 
     check_sync_module_states()
