@@ -218,8 +218,10 @@ class KnownDefectsTest(unittest.TestCase):
         self.assertIsNone(self.defect(other, "2.5.1"))
         self.assertIsNone(self.defect(dict(case, name="checkpoint/faults"), "2.5.1"))
         for name in ("parity/fsdp/mlp", "parity/tp/transformer"):
-            self.assertIn("reduce_scatter_tensor", self.defect({"name": name, "params": {}},
-                                                               "2.4.1"))
+            self.assertIn("reduce_scatter_tensor", self.defect(
+                {"name": name, "params": {"replicate": "1"}}, "2.4.1"))
+        self.assertIn("Cannot use ReduceOp.AVG with Gloo", self.defect(
+            {"name": "parity/tp/mlp_stack", "params": {"replicate": "2"}}, "2.5.1"))
 
 
 if __name__ == "__main__":

@@ -18,9 +18,14 @@ import fnmatch
 import json
 
 # PyTorch defects a case can fail by: (scenario globs, the case parameters they need
-# ({name: value}, {} for any case), releases it affects (prefix of torch.__version__), what is
-# wrong, where it is tracked).
+# ({name: value or predicate of the value}, {} for any case), releases it affects (prefix of
+# torch.__version__), what is wrong, where it is tracked). The first entry that matches wins.
 KNOWN_DEFECTS = [
+    (("parity/tp/*",), {"replicate": lambda v: v not in (None, "1")}, ("2.4", "2.5"),
+     "FSDP2's HSDP all-reduces the gradients over the replicate group with ReduceOp.AVG, which "
+     "Gloo's allreduce refuses (\"Cannot use ReduceOp.AVG with Gloo\"): HSDP cannot train on "
+     "a CPU", "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py "
+     "foreach_reduce"),
     (("parity/fsdp/*", "parity/tp/*"), {}, ("2.4", "2.5"),
      "Gloo's reduce_scatter_tensor ignores the reduce op (it always sums), so FSDP2's "
      "ReduceOp.AVG gradient reduce-scatter on CPU returns the sum: gradients come out the "
@@ -40,7 +45,8 @@ def _defect(case: dict, version: str):
     params = case.get("params", {})
     for patterns, needs, releases, what, where in KNOWN_DEFECTS:
         if (any(fnmatch.fnmatchcase(case["name"], p) for p in patterns)
-                and all(params.get(k) == v for k, v in needs.items())
+                and all(v(params.get(k)) if callable(v) else params.get(k) == v
+                        for k, v in needs.items())
                 and version.startswith(releases)):
             return f"{what} ({where})"
     return None
