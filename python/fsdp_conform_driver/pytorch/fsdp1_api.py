@@ -87,7 +87,7 @@ def check_sync_module_states():
     """Raises ScenarioSkipped without an accelerator: FullyShardedDataParallel(
     sync_module_states=True) refuses CPU parameters and buffers whatever device_id says
     (_check_module_states_for_sync_module_states: "The module has CPU parameters or buffers when
-    `sync_module_states=True`, which requires them to be on GPU", 2.5)."""
+    `sync_module_states=True`, which requires them to be on GPU", 2.5 and 2.15)."""
     import torch
 
     if not torch.cuda.is_available():
