@@ -1,6 +1,8 @@
 """Tests of the driver kit's torch-free parts: the strict flag parsing (the flags the runner
 writes, conformance/driver_protocol.h), the result files and driver sessions (--capabilities,
---serve; conformance/driver_session.h). Run:
+--serve; conformance/driver_session.h); the PyTorch driver's table, which must load without
+torch; and the validation report's attribution of failures to known PyTorch defects
+(python/validate_pytorch/render_report.py). Run:
 python3 -m unittest discover -s python/tests (ctest: python_driver_kit)."""
 
 import contextlib
@@ -179,6 +181,47 @@ class SessionTest(unittest.TestCase):
         self.assertEqual(code, 0)
         self.assertIn("slow_teardown", dump)
         self.assertIn("Timeout", dump)
+
+
+class PyTorchDriverTableTest(unittest.TestCase):
+    def test_the_table_loads_without_torch_and_checkpoint_skips_with_its_reason(self):
+        import subprocess
+
+        code = ("import sys; from fsdp_conform_driver.pytorch.scenarios import SCENARIOS; "
+                "print(len(SCENARIOS), 'torch' in sys.modules)")
+        out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                             text=True, cwd=os.path.join(os.path.dirname(__file__), ".."))
+        count, torch_loaded = out.stdout.split()
+        self.assertGreater(int(count), 0)
+        self.assertEqual(torch_loaded, "False")
+        from fsdp_conform_driver.pytorch.scenarios import SCENARIOS
+
+        for name in ("checkpoint/round_trip", "checkpoint/faults"):
+            with self.assertRaisesRegex(ScenarioSkipped, "torch.distributed.checkpoint"):
+                SCENARIOS[name](None)
+
+
+class KnownDefectsTest(unittest.TestCase):
+    def setUp(self):
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "validate_pytorch"))
+        import render_report
+
+        self.defect = render_report._defect
+
+    def test_a_defect_needs_its_scenario_parameters_and_release(self):
+        case = {"name": "fsdp_state_dict/basic_save_and_load_state_dict",
+                "params": {"state_dict_type": "state_dict", "state_dict_rank0_and_offload": "True",
+                           "use_orig_params": "False"}}
+        self.assertIn("FlatParamHandle.to_cpu", self.defect(case, "2.5.1+cu124"))
+        self.assertIsNone(self.defect(case, "2.15.0"))
+        other = dict(case, params=dict(case["params"], state_dict_rank0_and_offload="False"))
+        self.assertIsNone(self.defect(other, "2.5.1"))
+        self.assertIsNone(self.defect(dict(case, name="checkpoint/faults"), "2.5.1"))
+        for name in ("parity/fsdp/mlp", "parity/tp/transformer"):
+            self.assertIn("reduce_scatter_tensor", self.defect(
+                {"name": name, "params": {"replicate": "1"}}, "2.4.1"))
+        self.assertIn("Cannot use ReduceOp.AVG with Gloo", self.defect(
+            {"name": "parity/tp/mlp_stack", "params": {"replicate": "2"}}, "2.5.1"))
 
 
 if __name__ == "__main__":

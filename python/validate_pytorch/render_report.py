@@ -17,19 +17,37 @@ import collections
 import fnmatch
 import json
 
-# PyTorch defects a case can fail by: (scenario glob, releases it affects (prefix of
-# torch.__version__), what is wrong, where it is tracked).
+# PyTorch defects a case can fail by: (scenario globs, the case parameters they need
+# ({name: value or predicate of the value}, {} for any case), releases it affects (prefix of
+# torch.__version__), what is wrong, where it is tracked). The first entry that matches wins.
 KNOWN_DEFECTS = [
-    ("parity/fsdp/*", ("2.4", "2.5"),
+    (("parity/tp/*",), {"replicate": lambda v: v not in (None, "1")}, ("2.4", "2.5"),
+     "FSDP2's HSDP all-reduces the gradients over the replicate group with ReduceOp.AVG, which "
+     "Gloo's allreduce refuses (\"Cannot use ReduceOp.AVG with Gloo\"): HSDP cannot train on "
+     "a CPU", "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py "
+     "foreach_reduce"),
+    (("parity/fsdp/*", "parity/tp/*"), {}, ("2.4", "2.5"),
      "Gloo's reduce_scatter_tensor ignores the reduce op (it always sums), so FSDP2's "
-     "ReduceOp.AVG gradient reduce-scatter on CPU returns the sum: gradients come out `world` "
-     "times too large", "pytorch/pytorch Gloo ProcessGroupGloo::_reduce_scatter_base"),
+     "ReduceOp.AVG gradient reduce-scatter on CPU returns the sum: gradients come out the "
+     "shard group's size (`world`; dp under tensor parallelism) times too large",
+     "pytorch/pytorch Gloo ProcessGroupGloo::_reduce_scatter_base"),
+    (("fsdp_state_dict/*",), {"state_dict_type": "state_dict",
+                              "state_dict_rank0_and_offload": "True"}, ("2.5",),
+     "FULL_STATE_DICT with offload_to_cpu=True on a CPU-resident FSDP1 model: "
+     "FlatParamHandle.to_cpu() moves the unsharded flat parameter to the CPU (a no-op there) and "
+     "then frees the unsharded storage the flat parameter still shares, so state_dict() fails "
+     "\"setStorage: ... out of bounds for storage of size 0\" in _use_unsharded_views",
+     "pytorch/pytorch torch/distributed/fsdp/_flat_param.py FlatParamHandle.to_cpu"),
 ]
 
 
-def _defect(name: str, version: str):
-    for pattern, releases, what, where in KNOWN_DEFECTS:
-        if fnmatch.fnmatchcase(name, pattern) and version.startswith(releases):
+def _defect(case: dict, version: str):
+    params = case.get("params", {})
+    for patterns, needs, releases, what, where in KNOWN_DEFECTS:
+        if (any(fnmatch.fnmatchcase(case["name"], p) for p in patterns)
+                and all(v(params.get(k)) if callable(v) else params.get(k) == v
+                        for k, v in needs.items())
+                and version.startswith(releases)):
             return f"{what} ({where})"
     return None
 
@@ -51,7 +69,7 @@ def _why(case: dict, version: str) -> str:
               for c in failed[:2]]
     if len(failed) > 2:
         parts.append(f"{len(failed) - 2} more failed check(s)")
-    defect = _defect(case["name"], version)
+    defect = _defect(case, version)
     if defect:
         parts.insert(0, f"PyTorch defect: {defect}")
     return "; ".join(parts)

@@ -5,9 +5,11 @@ sharding_strategy, backward_prefetch, use_orig_params, cpu_offload and mixed_pre
 On a CPU the driver passes device_id=torch.device("cpu"): without it FullyShardedDataParallel
 looks for an accelerator ("FSDP needs a non-CPU accelerator device, but no accelerator device
 is detected", 2.5) and cannot be built at all. With it FSDP1 runs on the CPU as released,
-except CPUOffload(offload_params=True): the lazy init pins the CPU shard (pin_memory), which
-needs an accelerator ("RuntimeError: CPU device type not an accelerator." in 2.5, "Found no
-NVIDIA driver on your system" in 2.15), so without one those cases are skipped, saying so.
+except in two places, whose cases are skipped without an accelerator, saying so:
+CPUOffload(offload_params=True), whose lazy init pins the CPU shard (pin_memory), which needs an
+accelerator ("RuntimeError: CPU device type not an accelerator." in 2.5, "Found no NVIDIA
+driver on your system" in 2.15); and sync_module_states=True, which refuses CPU parameters and
+buffers (check_sync_module_states).
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -62,18 +64,45 @@ def nest_module_types(type_names):
     return ModuleWrapPolicy({getattr(torch.nn, name) for name in type_names})
 
 
-def wrap(request, model, auto_wrap_policy):
-    """FullyShardedDataParallel(model) with the case's options (mixed_precision where the
-    scenario has that parameter, else none) and `auto_wrap_policy`."""
-    import torch
-    from torch.distributed.fsdp import (BackwardPrefetch, CPUOffload,
-                                        FullyShardedDataParallel, ShardingStrategy)
+def cpu_offload(request):
+    """The case's CPUOffload (offload_params False when the scenario has no cpu_offload
+    parameter); raises ScenarioSkipped for offload_params=True without an accelerator."""
+    return cpu_offload_of(request.params.get("cpu_offload", "False") == "True")
 
-    offload = request.param("cpu_offload") == "True"
+
+def cpu_offload_of(offload: bool):
+    """CPUOffload(offload_params=offload); raises ScenarioSkipped for True without an
+    accelerator."""
+    import torch
+    from torch.distributed.fsdp import CPUOffload
+
     if offload and not torch.cuda.is_available():
         raise ScenarioSkipped("CPUOffload(offload_params=True) needs an accelerator: "
                               "FullyShardedDataParallel pins the offloaded shard (pin_memory), "
                               "which raises without one")
+    return CPUOffload(offload_params=offload)
+
+
+def check_sync_module_states():
+    """Raises ScenarioSkipped without an accelerator: FullyShardedDataParallel(
+    sync_module_states=True) refuses CPU parameters and buffers whatever device_id says
+    (_check_module_states_for_sync_module_states: "The module has CPU parameters or buffers when
+    `sync_module_states=True`, which requires them to be on GPU", 2.5 and 2.15)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ScenarioSkipped("FullyShardedDataParallel(sync_module_states=True) refuses CPU "
+                              "parameters and buffers (\"The module has CPU parameters or buffers "
+                              "when `sync_module_states=True`, which requires them to be on GPU\")")
+
+
+def wrap(request, model, auto_wrap_policy):
+    """FullyShardedDataParallel(model) with the case's options (mixed_precision where the
+    scenario has that parameter, else none) and `auto_wrap_policy`."""
+    import torch
+    from torch.distributed.fsdp import (BackwardPrefetch, FullyShardedDataParallel,
+                                        ShardingStrategy)
+
     strategy = request.param("sharding_strategy")
     kwargs = {}
     if strategy in _HYBRID:
@@ -93,7 +122,7 @@ def wrap(request, model, auto_wrap_policy):
         sharding_strategy=ShardingStrategy[strategy],
         backward_prefetch=None if prefetch == "None" else BackwardPrefetch[prefetch],
         use_orig_params=request.param("use_orig_params") == "True",
-        cpu_offload=CPUOffload(offload_params=offload),
+        cpu_offload=cpu_offload(request),
         mixed_precision=mixed_precision(precision),
         auto_wrap_policy=auto_wrap_policy,
         device_id=torch.device("cpu"),

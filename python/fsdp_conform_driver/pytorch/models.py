@@ -5,6 +5,12 @@ state_dict() keys are the keys of the suite's weights files:
                             (vocab 8, max_seq_len 16, dim 16, 4 heads, weight tying)
   MLP                       torch/testing/_internal/common_fsdp.py (in_proj, out_proj,
                             optional buffer)
+  MLPStack                  torch/testing/_internal/common_fsdp.py (Sequential of three MLPs,
+                            dim_multiplier 3, 4, 3)
+  MLPModule / RMSNormPython torch/testing/_internal/distributed/_tensor/common_dtensor.py
+  SimpleModel               test_fsdp_tp_integration.py (seed 003: net1, relu, net2, net3)
+  TpExtensionModel          test_fsdp_tp_extension_grad's TestModel (mlp = MLPModule,
+                            mlp_norm = RMSNormPython(10))
   DoubleLinear              torch/testing/_internal/common_fsdp.py (lin1, lin2)
   TransformerWithSharedParams
                             torch/testing/_internal/common_fsdp.py (nn.Transformer, output
@@ -130,6 +136,65 @@ class MLP(nn.Module):
         if self.buffer is not None:
             z = z + self.buffer
         return z
+
+
+class MLPStack(nn.Sequential):
+    """common_fsdp.py's MLPStack(mlp_dim) without sequence parallelism."""
+
+    def __init__(self, mlp_dim: int) -> None:
+        super().__init__(MLP(mlp_dim, dim_multiplier=3), MLP(mlp_dim),
+                         MLP(mlp_dim, dim_multiplier=3))
+
+
+class MLPModule(nn.Module):
+    """common_dtensor.py's MLPModule: net1 = Linear(10, 16), relu, net2 = Linear(16, 10)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net1 = nn.Linear(10, 16)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+class RMSNormPython(nn.Module):
+    """common_dtensor.py's RMSNormPython(dim): x * rsqrt(mean(x^2, -1) + eps) * weight."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class SimpleModel(nn.Module):
+    """Seed 003's SimpleModel: net3(net2(relu(net1(x)))) with Linear(5, 8), (8, 4), (4, 12)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net1 = nn.Linear(5, 8)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(8, 4)
+        self.net3 = nn.Linear(4, 12)
+
+    def forward(self, x):
+        return self.net3(self.net2(self.relu(self.net1(x))))
+
+
+class TpExtensionModel(nn.Module):
+    """test_fsdp_tp_extension_grad's TestModel: mlp(mlp_norm(x))."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = MLPModule()
+        self.mlp_norm = RMSNormPython(10)
+
+    def forward(self, x):
+        return self.mlp(self.mlp_norm(x))
 
 
 class DoubleLinear(nn.Module):

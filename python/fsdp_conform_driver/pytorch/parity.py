@@ -1,16 +1,20 @@
-"""parity/single/*, parity/fsdp/* and parity/fsdp1/* in PyTorch: the zoo model the case
+"""parity/single/*, parity/fsdp/*, parity/fsdp1/* and parity/tp/* in PyTorch: the zoo model the case
 names trained for `steps` steps on the case's inputs (step{k}/input), loss out.sum() or
 (out * out).sum() (DoubleLinear's two outputs: (out1 * out2).sum() before loss_switch_step),
 SGD with momentum or Adam, zero_grad(set_to_none=(step % 2 == 0)) as the seeds, reporting every step's loss and parameters (and,
 under fully_shard, gradient shards and the final full parameters; under FullyShardedDataParallel,
-the full parameters read in summon_full_params), as docs/observations.md lists them.
+the full parameters read in summon_full_params; under tensor parallelism with fully_shard,
+the collectives of every step's forward and backward), as docs/observations.md lists them.
 
 Thread-safety: one case at a time per process, on the main thread.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 from fsdp_conform_driver import ScenarioSkipped, inputs
+from fsdp_conform_driver.recorders import CommCounts
 
 _DTYPES = {"float32": "float32", "float64": "float64"}
 
@@ -18,7 +22,8 @@ _DTYPES = {"float32": "float32", "float64": "float64"}
 def _build(kind: str, request):
     import torch
 
-    from fsdp_conform_driver.pytorch.models import MLP, DoubleLinear, ModelArgs, Transformer
+    from fsdp_conform_driver.pytorch.models import (MLP, DoubleLinear, MLPStack, ModelArgs,
+                                                    Transformer)
 
     dtype = getattr(torch, _DTYPES[request.param("dtype")])
     if kind == "mlp":
@@ -31,6 +36,8 @@ def _build(kind: str, request):
             max_seq_len=request.int_param("max_seq_len"), dim=request.int_param("dim"),
             n_heads=request.int_param("n_heads"), dropout_p=0.0,
             weight_tying=request.param("weight_tying").lower() == "true"))
+    elif kind == "mlp_stack":
+        model = MLPStack(request.int_param("mlp_dim"))
     elif kind == "double_linear":
         model = DoubleLinear(request.int_param("dim"),
                              use_second_linear=request.param("use_second_linear") == "True")
@@ -93,20 +100,28 @@ def _record_grad_shards(model, k, tensors):
             tensors[f"grad{k}/{name}"] = _local(p.grad).detach().clone()
 
 
-def _train(request, model, after_step=_record_params, after_backward=None,
+def _train(request, model, after_step=_record_params, after_backward=None, step_counts=None,
            before_step=None):
     """Trains `steps` steps; after_backward(model, k, tensors) and after_step(model, k, tensors)
     record what the scenario observes; before_step(model, obs) runs between them, before the
-    optimizer step (clip_grad_norm_)."""
+    optimizer step (clip_grad_norm_); with a list `step_counts`, each step's collectives
+    {"forward": {op: n}, "backward": {op: n}} are appended to it (CommCounts: the forward with
+    its loss, the backward up to the gradient snapshot)."""
     opt = _optimizer(request, model.parameters())
     rank_inputs = inputs.rank_tensors(request)
     losses, tensors, loss_dtype = [], {}, None
     obs = {}
     for k in range(request.int_param("steps")):
-        loss = _loss(request, k, model(rank_inputs[f"step{k}/input"]))
+        counts = CommCounts()
+        phase = counts.phase if step_counts is not None else lambda _: contextlib.nullcontext()
+        with phase("forward"):
+            loss = _loss(request, k, model(rank_inputs[f"step{k}/input"]))
         loss_dtype = str(loss.dtype).replace("torch.", "")
         losses.append(loss.item())
-        loss.backward()
+        with phase("backward"):
+            loss.backward()
+        if step_counts is not None:
+            step_counts.append(counts.by_phase("forward", "backward"))
         if after_backward is not None:
             after_backward(model, k, tensors)
         if before_step is not None:
@@ -139,6 +154,29 @@ def fsdp(kind: str):
         obs, tensors = _train(request, model, after_backward=_record_grad_shards)
         for name, p in model.named_parameters():
             tensors[f"full/{name}"] = p.full_tensor().detach().clone()
+        return obs, tensors
+    return run
+
+
+def tp(kind: str):
+    """parity/tp/*: tp_plans.plan over the "tp" dim, then fully_shard per block and on the
+    root over the "dp" dim (HSDP x TP with replicate > 1: over ("dp_replicate", "dp_shard"))."""
+    def run(request):
+        from fsdp_conform_driver.pytorch import tp_plans
+        from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+
+        model, _ = _build(kind, request)
+        mesh, dp_mesh = tp_plans.parity_mesh(request)
+        tp_plans.parallelize(kind, model, mesh["tp"])
+        for child in _children_to_shard(model):
+            fully_shard(child, mesh=dp_mesh)
+        fully_shard(model, mesh=dp_mesh)
+        step_counts = []
+        obs, tensors = _train(request, model, after_backward=_record_grad_shards,
+                              step_counts=step_counts)
+        for name, p in model.named_parameters():
+            tensors[f"full/{name}"] = p.full_tensor().detach().clone()
+        obs["step_comm_counts"] = step_counts
         return obs, tensors
     return run
 

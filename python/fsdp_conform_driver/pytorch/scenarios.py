@@ -2,15 +2,17 @@
 the observations docs/observations.md lists for it. Every function takes the Request and
 returns (observations, tensors); the process group is initialised by the driver's setup.
 This module imports torch only when a scenario runs, so that the cases the driver does not
-implement are answered `skipped` without loading torch.
+implement are answered `skipped` without loading torch; checkpoint/* is answered `skipped`
+with the reason _CHECKPOINT_LAYOUT gives.
 
 Thread-safety: one case per process, on the main thread.
 """
 
 from __future__ import annotations
 
-from fsdp_conform_driver import inputs
-from fsdp_conform_driver.pytorch import grad_acc, parity
+from fsdp_conform_driver import ScenarioSkipped, inputs
+from fsdp_conform_driver.pytorch import (fsdp_state_dict, fully_shard_state_dict, grad_acc,
+                                        parity, tp_integration)
 from fsdp_conform_driver.recorders import CommCounts
 
 
@@ -104,6 +106,20 @@ def post_acc_grad_hook_runs(request):
     return {"hook_calls": calls}, None
 
 
+# Why checkpoint/* is no case for PyTorch (docs/pytorch.md).
+_CHECKPOINT_LAYOUT = (
+    "checkpoint/* judges this project's checkpoint files (per-rank model-*.safetensors files "
+    "and model.safetensors.index.json, docs/checkpoint.md) and its load error codes (DataLoss, "
+    "NotFound, InvalidArgument); PyTorch saves with torch.distributed.checkpoint (.distcp files "
+    "and a pickled .metadata) and raises its own exceptions, so a driver could only produce "
+    "those files and codes by reimplementing this project's writer and taxonomy in Python, "
+    "which would judge that code, not PyTorch")
+
+
+def checkpoint_layout(request):
+    raise ScenarioSkipped(_CHECKPOINT_LAYOUT)
+
+
 SCENARIOS = {
     "fully_shard_comm/communication_count": communication_count,
     "fully_shard_comm/manual_reshard_with_reshard_after_forward_false":
@@ -118,6 +134,17 @@ SCENARIOS = {
     "parity/fsdp1/mlp": parity.fsdp1("mlp"),
     "parity/fsdp1/transformer": parity.fsdp1("transformer"),
     "parity/fsdp1/double_linear": parity.fsdp1("double_linear"),
+    "parity/tp/mlp_stack": parity.tp("mlp_stack"),
+    "parity/tp/transformer": parity.tp("transformer"),
+    "fsdp_tp_integration/fsdp_tp_integration": tp_integration.integration,
+    "fsdp_tp_integration/fsdp_tp_extension_grad": tp_integration.extension_grad,
+    "fsdp_tp_integration/fsdp_tp_sync_module_state": tp_integration.sync_module_state,
+    "fully_shard_state_dict/sharded_state_dict": fully_shard_state_dict.sharded_state_dict,
+    "fully_shard_state_dict/load_and_continue": fully_shard_state_dict.load_and_continue,
+    "fully_shard_state_dict/full_state_dict": fully_shard_state_dict.full_state_dict,
+    **fsdp_state_dict.SCENARIOS,
+    "checkpoint/round_trip": checkpoint_layout,
+    "checkpoint/faults": checkpoint_layout,
     "fsdp_grad_acc/grad_acc": grad_acc.run,
     "fsdp_grad_acc/grad_acc_cpu_offload": grad_acc.run,
     "fsdp_grad_acc/grad_acc_fully_shard": grad_acc.run,

@@ -1,0 +1,108 @@
+"""fully_shard_state_dict/* (test_fully_shard_state_dict.py) in PyTorch: the state dicts of
+MLP(dim, with_buffer=True) in float32 with fully_shard(model.in_proj) and then fully_shard(model)
+over the whole world (conformance/state_dict_model.h):
+
+  sharded_state_dict  model.state_dict(): its keys, every DTensor value's global shape and
+                      offsets (compute_local_shape_and_global_offset, as torch.distributed.
+                      checkpoint plans them; null for a plain tensor), CommDebugMode's count
+                      of its collectives, every value's local tensor
+  load_and_continue   the state dict after one SGD(lr=0.1) step on out.sum() loads with
+                      load_state_dict(strict=True, assign=...) into the same model built with
+                      zero parameters; both then take the same second step
+  full_state_dict     get_model_state_dict(full_state_dict=True) on every rank; with
+                      cpu_offload=True (rank 0 only) its size; set_model_state_dict(
+                      broadcast_from_rank0=True) of that dict into a zero model
+
+Thread-safety: one case at a time per process, on the main thread.
+"""
+
+from __future__ import annotations
+
+from fsdp_conform_driver import inputs
+from fsdp_conform_driver.recorders import CommCounts
+
+
+def _model(request, zero_weights=False):
+    import torch
+
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+    from fsdp_conform_driver.pytorch.models import MLP
+
+    model = MLP(request.int_param("dim"), with_buffer=True)
+    model.load_state_dict(inputs.weights(request), strict=True)
+    if zero_weights:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+    fully_shard(model.in_proj)
+    fully_shard(model)
+    return model
+
+
+def _local(value):
+    return value.to_local() if hasattr(value, "to_local") else value
+
+
+def _pieces(state_dict, prefix):
+    return {f"{prefix}{key}": _local(value).detach().clone() for key, value in state_dict.items()}
+
+
+def dtensor_sharding(value):
+    """{"global_shape", "offsets"} of a DTensor value, None for a plain tensor."""
+    if not hasattr(value, "device_mesh"):
+        return None
+    from fsdp_conform_driver.pytorch.dtensor_api import compute_local_shape_and_global_offset
+
+    _, offsets = compute_local_shape_and_global_offset(value.shape, value.device_mesh,
+                                                       value.placements)
+    return {"global_shape": list(value.shape), "offsets": [int(o) for o in offsets]}
+
+
+def _sgd_step_on_sum(model, x):
+    """SGD(lr=0.1) on model(x).sum() (SgdStepOnSum)."""
+    import torch
+
+    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(x).sum().backward()
+    optim.step()
+    optim.zero_grad()
+
+
+def sharded_state_dict(request):
+    model = _model(request)
+    counts = CommCounts()
+    with counts.phase("state_dict"):
+        sd = model.state_dict()
+    return ({"keys": list(sd), "sharding": {k: dtensor_sharding(v) for k, v in sd.items()},
+             "state_dict_collectives": counts.by_phase("state_dict")["state_dict"]},
+            _pieces(sd, "shard/"))
+
+
+def load_and_continue(request):
+    model = _model(request)
+    _sgd_step_on_sum(model, inputs.step_input(request, 0))
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    other = _model(request, zero_weights=True)
+    other.load_state_dict(saved, strict=True, assign=request.param("assign") == "True")
+    x = inputs.step_input(request, 1)
+    _sgd_step_on_sum(model, x)
+    _sgd_step_on_sum(other, x)
+    tensors = _pieces(model.state_dict(), "continued/")
+    tensors.update(_pieces(other.state_dict(), "loaded/"))
+    return {"keys": list(saved)}, tensors
+
+
+def full_state_dict(request):
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         set_model_state_dict)
+
+    model = _model(request)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    tensors = _pieces(full, "full/")
+    on_rank0 = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    other = _model(request, zero_weights=True)
+    set_model_state_dict(other, on_rank0, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True))
+    tensors.update(_pieces(other.state_dict(), "loaded/"))
+    return {"rank0_only_size": len(on_rank0)}, tensors

@@ -1,0 +1,67 @@
+"""The tensor-parallel side of parity/tp/* in PyTorch: the case's device mesh and the zoo
+models' plans (conformance/tp_plans.h), applied with parallelize_module:
+
+  mlp_stack    every "<i>.in_proj" ColwiseParallel(), every "<i>.out_proj" RowwiseParallel()
+  transformer  "wq", "wk", "wv", "w1" ColwiseParallel(), "wo", "w2" RowwiseParallel() in every
+               block; each Attention then holds n_heads / tp heads (as common_dtensor.py's
+               Transformer.parallelize); embeddings, norms and the output stay plain.
+
+Mesh: (dp, tp) = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp")), dp from the
+case (0: world / tp); with replicate r > 1 (HSDP x TP) (r, dp / r, tp) named ("dp_replicate",
+"dp_shard", "tp"), fully_shard then running over mesh[("dp_replicate", "dp_shard")].
+
+Thread-safety: one case at a time per process, on the main thread.
+"""
+
+from __future__ import annotations
+
+_COLWISE = {"mlp_stack": {"in_proj"}, "transformer": {"wq", "wk", "wv", "w1"}}
+_ROWWISE = {"mlp_stack": {"out_proj"}, "transformer": {"wo", "w2"}}
+
+
+def parity_mesh(request):
+    """(the whole mesh, the mesh fully_shard runs over) of the case."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    tp = request.int_param("tp")
+    dp = request.int_param("dp") or request.world // tp
+    replicate = request.int_param("replicate")
+    if replicate > 1:
+        mesh = init_device_mesh("cpu", (replicate, dp // replicate, tp),
+                                mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+        return mesh, mesh["dp_replicate", "dp_shard"]
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    return mesh, mesh["dp"]
+
+
+def plan(kind: str, model):
+    """{module FQN: ParallelStyle} of zoo model `kind` (module comment)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if kind not in _COLWISE:
+        raise ValueError(f"zoo model '{kind}' has no tensor-parallel plan "
+                         f"(planned: {', '.join(sorted(_COLWISE))})")
+    out = {}
+    for fqn, _ in model.named_modules():
+        leaf = fqn.rsplit(".", 1)[-1]
+        if leaf in _COLWISE[kind]:
+            out[fqn] = ColwiseParallel()
+        elif leaf in _ROWWISE[kind]:
+            out[fqn] = RowwiseParallel()
+    return out
+
+
+def parallelize(kind: str, model, tp_mesh):
+    """parallelize_module(model, tp_mesh, plan(kind, model)), dividing every Attention's heads."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from fsdp_conform_driver.pytorch.models import Attention
+
+    tp = tp_mesh.size()
+    for fqn, module in model.named_modules():
+        if isinstance(module, Attention):
+            if module.n_heads % tp:
+                raise ValueError(f"ColwiseParallel on {fqn}.wq/wk/wv: the TP size {tp} does not "
+                                 f"divide n_heads {module.n_heads}")
+            module.n_heads //= tp
+    return parallelize_module(model, tp_mesh, plan(kind, model))
