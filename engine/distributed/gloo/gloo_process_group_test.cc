@@ -818,10 +818,13 @@ TEST(GlooProcessTest, ARankHangingInsideACollectiveIsNamedOnEveryRank) {
                     {"FSDP_GLOO_TEST_DIR", dir}},
                    "hang");
   // Rank kHangingRank announced its arrival at #2 (the StragglerMonitor's key in the world
-  // group's namespace) and waits there for the others, which wait for "go": stop it now.
+  // group's namespace) and waits there for the others, which wait for "go"; once its watchdog
+  // has written a heartbeat (under load the first one can come after the arrival), stop it.
   FileStore store(dir + "/store");
-  const bool arrived = store.wait_for({"/pg0/stragglers/arrive/2/" + std::to_string(kHangingRank)},
-                                      std::chrono::seconds(30));
+  const std::string hanging = std::to_string(kHangingRank);
+  const bool arrived = store.wait_for(
+      {"/pg0/stragglers/arrive/2/" + hanging, "/pg0/watchdog/heartbeat/" + hanging},
+      std::chrono::seconds(30));
   if (arrived) ::kill(pids[kHangingRank], SIGSTOP);
   std::ofstream(dir + "/go").flush();
   const auto go = std::chrono::steady_clock::now();
