@@ -12,6 +12,11 @@ over the whole world (conformance/state_dict_model.h):
   full_state_dict     get_model_state_dict(full_state_dict=True) on every rank; with
                       cpu_offload=True (rank 0 only) its size; set_model_state_dict(
                       broadcast_from_rank0=True) of that dict into a zero model
+  optimizer_state_dict  the zoo's MLP sharded as parity/fsdp shards it, trained `steps` steps
+                      (parity.py's model, optimizer and loss): get_optimizer_state_dict(
+                      full_state_dict=...) observed under flattened keys ("state.<fqn>.<name>",
+                      "param_groups.<fqn>.lr") and, after a fresh model and optimizer load
+                      both dicts, one more step of each
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -106,3 +111,64 @@ def full_state_dict(request):
         full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True))
     tensors.update(_pieces(other.state_dict(), "loaded/"))
     return {"rank0_only_size": len(on_rank0)}, tensors
+
+
+def optimizer_state_dict(request):
+    import torch
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                         get_model_state_dict,
+                                                         get_optimizer_state_dict,
+                                                         set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+    from fsdp_conform_driver.pytorch.parity import _build, _children_to_shard, _loss, _optimizer
+
+    def build():
+        model, _ = _build("mlp", request)
+        for child in _children_to_shard(model):
+            fully_shard(child)
+        fully_shard(model)
+        return model, _optimizer(request, model.parameters())
+
+    rank_inputs = inputs.rank_tensors(request)
+
+    def step(model, optim, k):
+        _loss(request, k, model(rank_inputs[f"step{k}/input"])).backward()
+        optim.step()
+        optim.zero_grad(set_to_none=k % 2 == 0)
+
+    steps = request.int_param("steps")
+    # The nested form ({"state": {fqn: {...}}, "param_groups": [...]}): with
+    # full_state_dict=True, set_optimizer_state_dict of a flattened dict raises KeyError
+    # 'param_groups.0.params.0' in 2.5.1 and 2.15.0 alike. It is flattened here only to be
+    # observed under the suite's keys.
+    options = StateDictOptions(full_state_dict=request.param("full_state_dict") == "True")
+    saver, saver_optim = build()
+    for k in range(steps):
+        step(saver, saver_optim, k)
+
+    def cloned(sd):
+        return torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.detach().clone(), sd)
+
+    model_sd = cloned(get_model_state_dict(saver, options=options))
+    optim_sd = cloned(get_optimizer_state_dict(saver, saver_optim, options=options))
+    # Observed before the load: load_state_dict may keep these very tensors as the loader's
+    # state, which its next step then updates in place.
+    flat = {f"state.{fqn}.{name}": value
+            for fqn, state in optim_sd["state"].items() for name, value in state.items()}
+    obs = {"optim_sharding": {k: dtensor_sharding(v) for k, v in flat.items()}}
+    tensors = {f"optim/{k}": _local(v).detach().clone() for k, v in flat.items()}
+    for group in optim_sd["param_groups"]:
+        for fqn in group["params"]:
+            tensors[f"optim/param_groups.{fqn}.lr"] = torch.tensor(float(group["lr"]),
+                                                                   dtype=torch.float64)
+    loader, loader_optim = build()
+    set_model_state_dict(loader, model_sd, options=options)
+    set_optimizer_state_dict(loader, loader_optim, optim_sd, options=options)
+    step(saver, saver_optim, steps)
+    step(loader, loader_optim, steps)
+    for prefix, model in (("continued/", saver), ("loaded/", loader)):
+        for name, p in model.named_parameters():
+            tensors[f"{prefix}{name}"] = _local(p).detach().clone()
+    return obs, tensors
