@@ -29,29 +29,6 @@ namespace {
 
 constexpr const char* kSeedFile = "test_fully_shard_state_dict.py::TestFullyShardStateDictMultiProcess::";
 
-nlohmann::json PiecesJson(const nn::StateDict& sd, const std::string& prefix) {
-  nlohmann::json out = nlohmann::json::object();
-  for (const auto& [key, t] : sd) out[prefix + key] = TensorToJson(t.to(Device::CPU()));
-  return out;
-}
-
-nlohmann::json ShardingJson(const nn::StateDict& sd) {
-  nlohmann::json out = nlohmann::json::object();
-  for (const auto& [key, t] : sd) {
-    const nn::ShardedEntry* e = sd.sharding(key);
-    out[key] = e == nullptr ? nlohmann::json(nullptr)
-                            : nlohmann::json{{"global_shape", e->global_shape}, {"offsets", e->offsets}};
-  }
-  return out;
-}
-
-nn::StateDict Cloned(const nn::StateDict& sd) {
-  nn::StateDict out;
-  for (const auto& [k, v] : sd) out.insert(k, v.clone());
-  out.sharded = sd.sharded;
-  return out;
-}
-
 void JudgeAgainst(const ExpectFn& expect, const CaseParams& p, int world,
                   const std::vector<nlohmann::json>& per_rank, CheckList& checks,
                   const std::vector<std::pair<std::string, std::string>>& keys) {
@@ -93,9 +70,9 @@ Scenario ShardedStateDict() {
     comm.exit();
     nlohmann::json obs;
     obs["keys"] = sd.keys();
-    obs["sharding"] = ShardingJson(sd);
+    obs["sharding"] = StateDictShardingJson(sd);
     obs["state_dict_collectives"] = comm.get_comm_counts();
-    obs[kTensors] = PiecesJson(sd, "shard/");
+    obs[kTensors] = StateDictPiecesJson(sd, "shard/");
     return obs;
   };
   s.expect = [](const CaseParams& p, int world) {
@@ -146,7 +123,7 @@ Scenario LoadAndContinue() {
     const bool assign = env.params.GetBool("assign");
     nn::ModulePtr model = BuildShardedStateDictModel(env);
     SgdStepOnSum(*model, env.Inputs().Get(StepInputName(0)).to(env.device));
-    const nn::StateDict saved = Cloned(model->state_dict());
+    const nn::StateDict saved = ClonedStateDict(model->state_dict());
     nn::ModulePtr other = BuildShardedStateDictModel(env, /*zero_weights=*/true);
     other->load_state_dict(saved, /*strict=*/true, assign);
     const Tensor input = env.Inputs().Get(StepInputName(1)).to(env.device);
@@ -154,8 +131,8 @@ Scenario LoadAndContinue() {
     SgdStepOnSum(*other, input);
     nlohmann::json obs;
     obs["keys"] = saved.keys();
-    obs[kTensors] = PiecesJson(model->state_dict(), "continued/");
-    obs[kTensors].update(PiecesJson(other->state_dict(), "loaded/"));
+    obs[kTensors] = StateDictPiecesJson(model->state_dict(), "continued/");
+    obs[kTensors].update(StateDictPiecesJson(other->state_dict(), "loaded/"));
     return obs;
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
@@ -204,14 +181,14 @@ Scenario FullStateDict() {
     checkpoint::StateDictOptions rank0 = full;
     rank0.cpu_offload = true;
     nlohmann::json obs;
-    obs[kTensors] = PiecesJson(checkpoint::get_model_state_dict(*model, full), "full/");
+    obs[kTensors] = StateDictPiecesJson(checkpoint::get_model_state_dict(*model, full), "full/");
     const nn::StateDict on_rank0 = checkpoint::get_model_state_dict(*model, rank0);
     obs["rank0_only_size"] = on_rank0.size();
     nn::ModulePtr other = BuildShardedStateDictModel(env, /*zero_weights=*/true);
     checkpoint::StateDictOptions broadcast = rank0;
     broadcast.broadcast_from_rank0 = true;
     checkpoint::set_model_state_dict(*other, on_rank0, broadcast);
-    obs[kTensors].update(PiecesJson(other->state_dict(), "loaded/"));
+    obs[kTensors].update(StateDictPiecesJson(other->state_dict(), "loaded/"));
     return obs;
   };
   s.expect = [](const CaseParams& p, int world) {

@@ -10,6 +10,7 @@
 #include "conformance/parity_common.h"
 #include "conformance/rank_checks.h"
 #include "conformance/sharded_parity.h"
+#include "conformance/state_dict_model.h"
 #include "engine/checkpoint/state_dict.h"
 #include "engine/core/error.h"
 #include "reference/sharding.h"
@@ -91,28 +92,12 @@ nlohmann::json ExpectedSharding(const reference::RefTensorMap& state, int rank, 
   return out;
 }
 
-nlohmann::json StateJson(const nn::StateDict& sd, const std::string& prefix) {
-  nlohmann::json out = nlohmann::json::object();
-  for (const auto& [key, t] : sd) out[prefix + key] = TensorToJson(t.to(Device::CPU()));
-  return out;
-}
-
+// The sharding of the "state.<fqn>.<name>" entries of an optimizer state dict.
 nlohmann::json StateShardingJson(const nn::StateDict& sd) {
-  nlohmann::json out = nlohmann::json::object();
+  nlohmann::json out = StateDictShardingJson(sd);
   for (const auto& [key, t] : sd) {
-    if (key.rfind(kStatePrefix, 0) != 0) continue;
-    const nn::ShardedEntry* e = sd.sharding(key);
-    out[key] = e == nullptr
-                   ? nlohmann::json(nullptr)
-                   : nlohmann::json{{"global_shape", e->global_shape}, {"offsets", e->offsets}};
+    if (key.rfind(kStatePrefix, 0) != 0) out.erase(key);
   }
-  return out;
-}
-
-nn::StateDict Cloned(const nn::StateDict& sd) {
-  nn::StateDict out;
-  for (const auto& [k, v] : sd) out.insert(k, v.clone());
-  out.sharded = sd.sharded;
   return out;
 }
 
@@ -131,9 +116,9 @@ nlohmann::json RunRank(RankEnv& env) {
   nn::ModulePtr saver = BuildSharded(c, env);
   auto saver_optim = MakeEngineOptimizer(c.optim, saver->named_parameters());
   TrainEngineSteps(c.model, *saver, *saver_optim, env.Inputs(), 0, c.steps);
-  const nn::StateDict model_sd = Cloned(checkpoint::get_model_state_dict(*saver, options));
+  const nn::StateDict model_sd = ClonedStateDict(checkpoint::get_model_state_dict(*saver, options));
   const nn::StateDict optim_sd =
-      Cloned(checkpoint::get_optimizer_state_dict(*saver, *saver_optim, options));
+      ClonedStateDict(checkpoint::get_optimizer_state_dict(*saver, *saver_optim, options));
 
   // A fresh model and optimizer (the case's initial weights, no state) load both dicts.
   nn::ModulePtr loader = BuildSharded(c, env);
@@ -148,7 +133,7 @@ nlohmann::json RunRank(RankEnv& env) {
 
   nlohmann::json obs;
   obs["optim_sharding"] = StateShardingJson(optim_sd);
-  obs[kTensors] = StateJson(optim_sd, "optim/");
+  obs[kTensors] = StateDictPiecesJson(optim_sd, "optim/");
   const std::string dtype = DTypeName(c.dtype);
   obs[kTensors].update(MapToJson(continued.parameters.back(), dtype, "continued/"));
   obs[kTensors].update(MapToJson(loaded.parameters.back(), dtype, "loaded/"));

@@ -106,4 +106,28 @@ void SgdStepOnSum(nn::Module& model, const Tensor& input) {
   sgd.zero_grad();
 }
 
+nlohmann::json StateDictPiecesJson(const nn::StateDict& sd, const std::string& prefix) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, t] : sd) out[prefix + key] = TensorToJson(t.to(Device::CPU()));
+  return out;
+}
+
+nlohmann::json StateDictShardingJson(const nn::StateDict& sd) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, t] : sd) {
+    const nn::ShardedEntry* e = sd.sharding(key);
+    out[key] = e == nullptr
+                   ? nlohmann::json(nullptr)
+                   : nlohmann::json{{"global_shape", e->global_shape}, {"offsets", e->offsets}};
+  }
+  return out;
+}
+
+nn::StateDict ClonedStateDict(const nn::StateDict& sd) {
+  nn::StateDict out;
+  for (const auto& [k, v] : sd) out.insert(k, v.clone());
+  out.sharded = sd.sharded;
+  return out;
+}
+
 }  // namespace fsdp::conformance

@@ -46,4 +46,12 @@ std::vector<std::string> KeysOf(const NamedTensors& weights);
 // SGD(lr=0.1) step on sum(model(input)).
 void SgdStepOnSum(nn::Module& model, const Tensor& input);
 
+// Every value of `sd` on the CPU, as {prefix + key: TensorToJson}.
+nlohmann::json StateDictPiecesJson(const nn::StateDict& sd, const std::string& prefix);
+// Per key of `sd`: {"global_shape", "offsets"} of a sharded (DTensor) value, null for a plain
+// tensor.
+nlohmann::json StateDictShardingJson(const nn::StateDict& sd);
+// A copy of `sd` with every value cloned (the sharding kept).
+nn::StateDict ClonedStateDict(const nn::StateDict& sd);
+
 }  // namespace fsdp::conformance
