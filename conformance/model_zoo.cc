@@ -377,8 +377,6 @@ ErrorStats CheckMapsClose(CheckList& checks, const std::string& name,
     const double scale = it == atol_scales->end() ? 1.0 : std::max(1.0, it->second);
     return Tolerance{tolerance.atol * scale, tolerance.rtol};
   };
-  std::ostringstream atol_label;
-  atol_label << std::setprecision(3) << tolerance.atol << " x max(1, the tensor's max |expected|)";
   std::vector<double> e_all, a_all, atol_all;
   ErrorStats stats;
   std::vector<std::string> mismatched;
@@ -406,6 +404,9 @@ ErrorStats CheckMapsClose(CheckList& checks, const std::string& name,
   if (atol_scales == nullptr) {
     checks.CheckClose(name, e_all, a_all, tolerance);
   } else {
+    std::ostringstream atol_label;
+    atol_label << std::setprecision(3) << tolerance.atol
+               << " x max(1, the tensor's max |expected|)";
     checks.CheckClose(name, e_all, a_all, atol_all, tolerance.rtol, atol_label.str());
   }
   for (const std::string& k : mismatched) {

@@ -254,8 +254,9 @@ void JudgeTpParity(const std::string& kind, const CaseParams& params, int world,
   const std::vector<nlohmann::json> expected = ExpectTpParity(kind, params, world);
   ErrorStats param_err;
   ErrorStats grad_err;
+  const auto grad_scales = GradientScales(expected, c.steps);
   for (int r = 0; r < world; ++r) {
-    CheckRankShardedParity(checks, c, expected, per_rank, r, param_err, grad_err);
+    CheckRankShardedParity(checks, c, expected, grad_scales, per_rank, r, param_err, grad_err);
     checks.CheckEqual(RankName(r) + " collectives of every step's forward and backward",
                       RankObservation(expected, r, kStepCommCounts),
                       RankObservation(per_rank, r, kStepCommCounts));

@@ -165,8 +165,22 @@ std::vector<nlohmann::json> ExpectShardedParity(const std::string& kind, const C
   return expected;
 }
 
+std::vector<std::map<std::string, double>> GradientScales(
+    const std::vector<nlohmann::json>& expected, int64_t steps) {
+  std::vector<std::map<std::string, double>> scales;
+  for (int64_t k = 0; k < steps; ++k) {
+    std::vector<reference::RefTensorMap> all_shards;
+    for (size_t r = 0; r < expected.size(); ++r) {
+      all_shards.push_back(MapFromObservations(expected, static_cast<int>(r), GradPrefix(k)));
+    }
+    scales.push_back(MaxAbsByFqn(all_shards));
+  }
+  return scales;
+}
+
 void CheckRankShardedParity(CheckList& checks, const ParityCase& c,
                             const std::vector<nlohmann::json>& expected,
+                            const std::vector<std::map<std::string, double>>& grad_scales,
                             const std::vector<nlohmann::json>& per_rank, int rank,
                             ErrorStats& param_err, ErrorStats& grad_err) {
   const Tolerance tol = c.ToleranceFor(c.dtype);
@@ -175,15 +189,11 @@ void CheckRankShardedParity(CheckList& checks, const ParityCase& c,
   for (int64_t k = 0; k < c.steps; ++k) {
     const std::string at = who + " step " + std::to_string(k);
     // A gradient element is a sum over the batch and the model: its rounding scales with the
-    // whole tensor's magnitude (every rank's shard), not with the element's own size.
-    std::vector<reference::RefTensorMap> all_shards;
-    for (size_t r = 0; r < expected.size(); ++r) {
-      all_shards.push_back(MapFromObservations(expected, static_cast<int>(r), GradPrefix(k)));
-    }
-    const std::map<std::string, double> scales = MaxAbsByFqn(all_shards);
-    grad_err.Merge(
-        CheckMapsClose(checks, at + " gradient shards", all_shards.at(static_cast<size_t>(rank)),
-                       MapFromObservations(per_rank, rank, GradPrefix(k)), tol, &scales));
+    // whole tensor's magnitude, not with the element's own size.
+    grad_err.Merge(CheckMapsClose(checks, at + " gradient shards",
+                                  MapFromObservations(expected, rank, GradPrefix(k)),
+                                  MapFromObservations(per_rank, rank, GradPrefix(k)), tol,
+                                  &grad_scales.at(static_cast<size_t>(k))));
     param_err.Merge(CheckMapsClose(checks, at + " parameter shards",
                                    MapFromObservations(expected, rank, StepPrefix(k)),
                                    MapFromObservations(per_rank, rank, StepPrefix(k)), tol));
@@ -199,8 +209,9 @@ void JudgeShardedParity(const std::string& kind, const CaseParams& params, int w
   const std::vector<nlohmann::json> expected = ExpectShardedParity(kind, params, world);
   ErrorStats param_err;
   ErrorStats grad_err;
+  const auto grad_scales = GradientScales(expected, c.steps);
   for (int r = 0; r < world; ++r) {
-    CheckRankShardedParity(checks, c, expected, per_rank, r, param_err, grad_err);
+    CheckRankShardedParity(checks, c, expected, grad_scales, per_rank, r, param_err, grad_err);
   }
   checks.SetFigure("steps", c.steps);
   checks.SetFigure("param_max_abs_err", param_err.max_abs);

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -78,11 +79,18 @@ nlohmann::json RunShardedParityRank(const std::string& kind, const ShardPlan& pl
 // "grad{k}/{fqn}" shards (the rank's torch.chunk rows), "full/{fqn}" after the last step.
 std::vector<nlohmann::json> ExpectShardedParity(const std::string& kind, const CaseParams& params,
                                                 int world);
+// For every step k of `expected` (ExpectShardedParity's layout), each gradient's largest
+// expected magnitude over every rank's "grad{k}/" shard (the whole tensor's): the scale of its
+// rounding, for CheckRankShardedParity.
+std::vector<std::map<std::string, double>> GradientScales(
+    const std::vector<nlohmann::json>& expected, int64_t steps);
 // Rank `rank`'s losses, gradient and parameter shards at every step and full parameters after
 // the last step against `expected` (ExpectShardedParity's layout: "grad{k}/", "step{k}/",
-// "full/"), at the case's tolerance; the errors are merged into `param_err` / `grad_err`.
+// "full/"), at the case's tolerance, a gradient's atol scaled by `grad_scales` (GradientScales
+// of `expected`); the errors are merged into `param_err` / `grad_err`.
 void CheckRankShardedParity(CheckList& checks, const ParityCase& c,
                             const std::vector<nlohmann::json>& expected,
+                            const std::vector<std::map<std::string, double>>& grad_scales,
                             const std::vector<nlohmann::json>& per_rank, int rank,
                             ErrorStats& param_err, ErrorStats& grad_err);
 // Judges every rank's observations against ExpectShardedParity; figures: steps, param/grad max errors.

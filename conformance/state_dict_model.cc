@@ -1,6 +1,7 @@
 #include "conformance/state_dict_model.h"
 
 #include "conformance/observations.h"
+#include "conformance/rank_checks.h"
 #include "engine/fsdp/fully_shard.h"
 #include "engine/fsdp/shard_layout.h"
 #include "engine/functional/functional.h"
@@ -128,6 +129,18 @@ nn::StateDict ClonedStateDict(const nn::StateDict& sd) {
   for (const auto& [k, v] : sd) out.insert(k, v.clone());
   out.sharded = sd.sharded;
   return out;
+}
+
+int CheckLoadedContinuesLikeSaver(CheckList& checks, const std::vector<nlohmann::json>& per_rank,
+                                  int rank, const std::vector<std::string>& keys) {
+  nlohmann::json continued = nlohmann::json::object();
+  const nlohmann::json& tensors = RankObservation(per_rank, rank, kTensors);
+  for (const std::string& key : keys) {
+    const std::string name = "continued/" + key;
+    if (tensors.contains(name)) continued["loaded/" + key] = tensors[name];
+  }
+  CheckRankTensorsExact(checks, per_rank, rank, continued);
+  return static_cast<int>(continued.size());
 }
 
 }  // namespace fsdp::conformance

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "conformance/case_inputs.h"
+#include "conformance/checks.h"
 #include "conformance/params.h"
 #include "conformance/scenario.h"
 #include "engine/nn/module.h"
@@ -53,5 +54,12 @@ nlohmann::json StateDictPiecesJson(const nn::StateDict& sd, const std::string& p
 nlohmann::json StateDictShardingJson(const nn::StateDict& sd);
 // A copy of `sd` with every value cloned (the sharding kept).
 nn::StateDict ClonedStateDict(const nn::StateDict& sd);
+
+// The load-and-continue rule: after loading what a saver saved, one more step of the loader
+// equals the saver's own. Rank `rank`'s "loaded/<key>" tensor must equal its "continued/<key>"
+// one bit for bit, for every key of `keys` it reported as continued. Returns how many it
+// compared.
+int CheckLoadedContinuesLikeSaver(CheckList& checks, const std::vector<nlohmann::json>& per_rank,
+                                  int rank, const std::vector<std::string>& keys);
 
 }  // namespace fsdp::conformance
