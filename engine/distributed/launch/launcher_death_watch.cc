@@ -1,5 +1,6 @@
 #include "engine/distributed/launch/launcher_death_watch.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -10,6 +11,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <string>
 
 namespace fsdp::distributed {
 
@@ -18,9 +20,75 @@ namespace {
 constexpr int32_t kReleased = 0;  // the message that ends the watch quietly
 constexpr int kMaxGroups = 65536;
 
+// True when the environment in `/proc/<pid>/environ` (NUL-separated entries) holds `entry`
+// exactly. Async-signal-safe: raw reads into a stack buffer, no allocation.
+bool EnvironmentHolds(const char* pid, const char* entry, size_t entry_length) {
+  char path[64] = "/proc/";
+  size_t n = 6;
+  for (const char* c = pid; *c != '\0' && n < sizeof(path) - 9; ++c) path[n++] = *c;
+  for (const char* c = "/environ"; *c != '\0'; ++c) path[n++] = *c;
+  path[n] = '\0';
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;  // gone, or not this user's
+  // Bytes of `entry` matched so far in the current entry; -1 once it differs.
+  long matched = 0;
+  bool found = false;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t k = ::read(fd, buffer, sizeof(buffer));
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    for (ssize_t i = 0; i < k && !found; ++i) {
+      if (buffer[i] == '\0') {
+        found = matched == static_cast<long>(entry_length);
+        matched = 0;
+      } else if (matched >= 0) {
+        const bool same = matched < static_cast<long>(entry_length) && buffer[i] == entry[matched];
+        matched = same ? matched + 1 : -1;
+      }
+    }
+    if (found) break;
+  }
+  ::close(fd);
+  return found;
+}
+
+// Sends `sig` to every other process whose environment holds `entry`, and to the process group
+// it leads, if any. Async-signal-safe: getdents64 over /proc into a stack buffer.
+void SignalHoldersOf(const char* entry, int sig) {
+  if (entry[0] == '\0') return;
+  size_t entry_length = 0;
+  while (entry[entry_length] != '\0') ++entry_length;
+  const int proc = ::open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (proc < 0) return;
+  const pid_t self = ::getpid();
+  alignas(8) char buffer[8192];
+  for (;;) {
+    const long k = ::syscall(SYS_getdents64, proc, buffer, sizeof(buffer));
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) break;
+    for (long offset = 0; offset < k;) {
+      const auto* d = reinterpret_cast<const struct dirent64*>(buffer + offset);
+      offset += d->d_reclen;
+      long pid = 0;
+      bool digits = d->d_name[0] != '\0';
+      for (const char* c = d->d_name; *c != '\0' && digits; ++c) {
+        digits = *c >= '0' && *c <= '9';
+        pid = pid * 10 + (*c - '0');
+      }
+      if (!digits || pid <= 0 || pid == self) continue;
+      if (!EnvironmentHolds(d->d_name, entry, entry_length)) continue;
+      ::kill(static_cast<pid_t>(pid), sig);
+      if (::getpgid(static_cast<pid_t>(pid)) == pid) ::kill(-static_cast<pid_t>(pid), sig);
+    }
+  }
+  ::close(proc);
+}
+
 // The watch process: reads process groups from fd 0 until Release's message (exit quietly) or
-// end of file (the launcher died: stop every group). Async-signal-safe calls only.
-[[noreturn]] void WatchLoop(int read_fd, int64_t kill_grace_ms) {
+// end of file (the launcher died: stop every group and every holder of `entry`).
+// Async-signal-safe calls only.
+[[noreturn]] void WatchLoop(int read_fd, int64_t kill_grace_ms, const char* entry) {
   static int32_t groups[kMaxGroups];
   int count = 0;
   for (;;) {
@@ -35,11 +103,13 @@ constexpr int kMaxGroups = 65536;
     break;  // end of file (or an error): the launcher is gone
   }
   for (int i = 0; i < count; ++i) ::kill(-groups[i], SIGTERM);
+  SignalHoldersOf(entry, SIGTERM);
   timespec grace{static_cast<time_t>(kill_grace_ms / 1000),
                  static_cast<long>((kill_grace_ms % 1000) * 1000000)};
   while (::nanosleep(&grace, &grace) != 0 && errno == EINTR) {
   }
   for (int i = 0; i < count; ++i) ::kill(-groups[i], SIGKILL);
+  SignalHoldersOf(entry, SIGKILL);
   ::_exit(0);
 }
 
@@ -64,6 +134,11 @@ void CloseInheritedDescriptors(int keep) {
 LauncherDeathWatch::LauncherDeathWatch(std::chrono::milliseconds kill_grace) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return;
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  const std::string entry =
+      std::string(kEnvironmentVariable) + "=" + std::to_string(::getpid()) + "-" +
+      std::to_string(static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec);
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(fds[0]);
@@ -81,11 +156,12 @@ LauncherDeathWatch::LauncherDeathWatch(std::chrono::milliseconds kill_grace) {
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::close(fds[1]);
     CloseInheritedDescriptors(fds[0]);
-    WatchLoop(0, kill_grace.count());
+    WatchLoop(0, kill_grace.count(), entry.c_str());
   }
   ::close(fds[0]);
   pid_ = pid;
   write_fd_ = fds[1];
+  environment_entry_ = entry;
 }
 
 LauncherDeathWatch::~LauncherDeathWatch() { Release(); }

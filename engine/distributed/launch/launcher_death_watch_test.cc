@@ -37,33 +37,18 @@ RankCommand Sh(const std::string& script) {
   return c;
 }
 
-TEST(LauncherDeathWatchTest, ASigkilledLauncherLeavesNoRankBehind) {
-  // Orphans are re-parented to this test process, so it can reap them and see them end.
-  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
-  const std::string pid_file = (std::filesystem::temp_directory_path() /
-                                ("death_watch_" + std::to_string(::getpid()) + ".pids"))
-                                   .string();
-  std::filesystem::remove(pid_file);
-  const pid_t launcher = ::fork();
-  ASSERT_GE(launcher, 0);
-  if (launcher == 0) {
-    ProcessLauncher world({.kill_grace = 1000ms, .forward_signals = false});
-    // Rank 0 has a child of its own (same process group); rank 1 is a single process.
-    world.Run({Sh("sleep 60 & echo $! >> " + pid_file + "; echo $$ >> " + pid_file + "; wait"),
-               Sh("echo $$ >> " + pid_file + "; exec sleep 60")});
-    ::_exit(0);
-  }
+// Waits up to 20 s for `count` pids in `pid_file`.
+std::vector<pid_t> AwaitPids(const std::string& pid_file, size_t count) {
   const auto started = Clock::now();
-  while (ReadPids(pid_file).size() < 3 && Clock::now() - started < 20s) {
+  while (ReadPids(pid_file).size() < count && Clock::now() - started < 20s) {
     std::this_thread::sleep_for(10ms);
   }
-  const std::vector<pid_t> pids = ReadPids(pid_file);
-  ASSERT_EQ(pids.size(), 3u) << "the ranks did not start";
-  // A rank writes its pid as soon as it runs, possibly before the launcher has handed it to its
-  // death watch (a launcher killed in that window, during its start-up, can leave it behind);
-  // on a loaded machine that window can last a while, so let the launcher finish starting.
-  std::this_thread::sleep_for(500ms);
+  return ReadPids(pid_file);
+}
 
+// SIGKILLs `launcher`, then requires every one of `pids` (orphans re-parented to this process,
+// a child subreaper) to end within 2 s.
+void ExpectKillingTheLauncherEnds(pid_t launcher, const std::vector<pid_t>& pids) {
   ASSERT_EQ(::kill(launcher, SIGKILL), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
@@ -88,8 +73,79 @@ TEST(LauncherDeathWatchTest, ASigkilledLauncherLeavesNoRankBehind) {
     if (!ended[i]) ::kill(pids[i], SIGKILL);
   }
   EXPECT_LT(seconds, 2.0) << "the ranks were stopped " << seconds << " s after the launcher died";
+}
+
+std::string PidFile(const std::string& name) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()) + ".pids"))
+          .string();
+  std::filesystem::remove(path);
+  return path;
+}
+
+TEST(LauncherDeathWatchTest, ASigkilledLauncherLeavesNoRankBehind) {
+  // Orphans are re-parented to this test process, so it can reap them and see them end.
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  const std::string pid_file = PidFile("death_watch");
+  const pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    ProcessLauncher world({.kill_grace = 1000ms, .forward_signals = false});
+    // Rank 0 has a child of its own (same process group); rank 1 is a single process.
+    world.Run({Sh("sleep 60 & echo $! >> " + pid_file + "; echo $$ >> " + pid_file + "; wait"),
+               Sh("echo $$ >> " + pid_file + "; exec sleep 60")});
+    ::_exit(0);
+  }
+  // Killed as soon as every rank runs: a rank may not have been handed to Watch() yet (the
+  // launcher's start-up window); its environment entry names it to the watch all the same.
+  const std::vector<pid_t> pids = AwaitPids(pid_file, 3);
+  ASSERT_EQ(pids.size(), 3u) << "the ranks did not start";
+  ExpectKillingTheLauncherEnds(launcher, pids);
   ::prctl(PR_SET_CHILD_SUBREAPER, 0);
   std::filesystem::remove(pid_file);
+}
+
+TEST(LauncherDeathWatchTest, ARankNotYetWatchedIsStoppedThroughItsEnvironmentEntry) {
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  const std::string pid_file = PidFile("death_watch_entry");
+  const pid_t launcher = ::fork();
+  ASSERT_GE(launcher, 0);
+  if (launcher == 0) {
+    // A launcher that dies between starting its rank and Watch(): the rank (which also starts
+    // a child in a session of its own, outside its process group) carries only the entry.
+    LauncherDeathWatch watch(1000ms);
+    if (!watch.active()) ::_exit(3);
+    const std::string entry = watch.environment_entry();
+    const std::string script =
+        "setsid sleep 60 & echo $! >> " + pid_file + "; echo $$ >> " + pid_file + "; wait";
+    const pid_t rank = ::fork();
+    if (rank == 0) {
+      ::setpgid(0, 0);
+      char* env[] = {const_cast<char*>(entry.c_str()), const_cast<char*>("PATH=/usr/bin:/bin"),
+                     nullptr};
+      char* argv[] = {const_cast<char*>("sh"), const_cast<char*>("-c"),
+                      const_cast<char*>(script.c_str()), nullptr};
+      ::execve("/bin/sh", argv, env);
+      ::_exit(127);
+    }
+    for (;;) ::pause();
+  }
+  const std::vector<pid_t> pids = AwaitPids(pid_file, 2);
+  ASSERT_EQ(pids.size(), 2u) << "the rank did not start";
+  ExpectKillingTheLauncherEnds(launcher, pids);
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  std::filesystem::remove(pid_file);
+}
+
+TEST(LauncherDeathWatchTest, TheEnvironmentEntryIsUniqueToItsWatch) {
+  LauncherDeathWatch a(100ms);
+  LauncherDeathWatch b(100ms);
+  ASSERT_TRUE(a.active());
+  ASSERT_TRUE(b.active());
+  EXPECT_EQ(
+      a.environment_entry().rfind(std::string(LauncherDeathWatch::kEnvironmentVariable) + "=", 0),
+      0u);
+  EXPECT_NE(a.environment_entry(), b.environment_entry());
 }
 
 TEST(LauncherDeathWatchTest, AReleasedWatchSignalsNothing) {

@@ -206,7 +206,13 @@ WorldExit ProcessLauncher::Run(const std::vector<RankCommand>& commands) const {
     const RankCommand& cmd = commands[r];
     Child& c = children[r];
     RankExit& e = world.ranks[r];
-    const auto env_strings = ChildEnvironment(cmd.env);
+    auto env = cmd.env;
+    if (death_watch.active()) {
+      const std::string& entry = death_watch.environment_entry();
+      const auto eq = entry.find('=');
+      env.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+    }
+    const auto env_strings = ChildEnvironment(env);
     std::vector<char*> envp;
     for (const auto& s : env_strings) envp.push_back(const_cast<char*>(s.c_str()));
     envp.push_back(nullptr);
