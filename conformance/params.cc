@@ -334,26 +334,32 @@ std::vector<CaseParams> ExpandCases(const std::string& scenario,
       FSDP_THROW(e.code(), "scenario ", scenario, ": ", e.message());
     }
   }
-  std::vector<CaseParams> cases(1);
+  // Each parameter's choices, then every combination built once (mixed radix, the last
+  // parameter varying fastest), rather than copying partial cases once per parameter.
+  std::vector<std::vector<std::string>> choices;
+  choices.reserve(specs.size());
+  size_t total = 1;
   for (const auto& s : specs) {
-    std::vector<std::string> choices;
     if (auto it = canonical.find(s.name); it != canonical.end()) {
-      choices = {it->second};
+      choices.push_back({it->second});
     } else if (s.kind == ParamKind::kAxis) {
-      choices = s.values;
+      choices.push_back(s.values);
     } else {
-      choices = {s.default_value()};
+      choices.push_back({s.default_value()});
     }
-    std::vector<CaseParams> next;
-    next.reserve(cases.size() * choices.size());
-    for (const auto& c : cases) {
-      for (const auto& v : choices) {
-        CaseParams extended = c;
-        extended.set(s.name, v);
-        next.push_back(std::move(extended));
-      }
+    total *= choices.back().size();
+  }
+  std::vector<CaseParams> cases;
+  cases.reserve(total);
+  std::vector<size_t> digit(specs.size(), 0);
+  for (size_t k = 0; k < total; ++k) {
+    std::map<std::string, std::string> values;
+    for (size_t i = 0; i < specs.size(); ++i) values[specs[i].name] = choices[i][digit[i]];
+    cases.emplace_back(std::move(values));
+    for (size_t i = specs.size(); i-- > 0;) {
+      if (++digit[i] < choices[i].size()) break;
+      digit[i] = 0;
     }
-    cases = std::move(next);
   }
   return cases;
 }
