@@ -21,7 +21,10 @@
 //     closed-form bound from the flat parameters' sizes. Over the bound: WARN, exit status 1.
 //   Table 3 (all-gather): per FSDP group, the median time of FSDP's whole all-gather path
 //     (unshard: copy-in, all-gather, copy-out; then reshard) against the process group's bare
-//     all_gather_into_tensor of the same bytes, timed in alternation in the same run.
+//     all_gather_into_tensor of the same bytes, and against plain copies of the bytes the path
+//     copies (copy-in: the rank's shards; copy-out: the whole all-gather output), all three
+//     timed in alternation in the same run. The path minus its copies, over the bare
+//     collective, is FSDP's own overhead.
 //
 // Ranks: --backend threaded (default) runs each world's ranks as threads of this process on the
 // threaded fake; a process backend (--backend gloo) runs Tables 2 and 3 with each world's ranks
@@ -338,6 +341,7 @@ struct AllGatherTiming {
   int64_t bytes = 0;  // this rank's all-gather input
   double fsdp_ms = 0;
   double bare_ms = 0;
+  double copies_ms = 0;  // plain copies of the bytes FSDP's copy-in and copy-out move
 };
 
 // What one rank reports.
@@ -369,8 +373,13 @@ std::vector<AllGatherTiming> TimeAllGathers(const BenchConfig& c, const nn::Modu
     }
     const Tensor input = Tensor::zeros({numel}, dtype);
     const Tensor output = Tensor::zeros({numel * pg.size()}, dtype);
+    // The copies' floor: copy-in moves the rank's shards into the all-gather input, copy-out
+    // the whole all-gather output into the unsharded parameters.
+    Tensor copy_in_dst = Tensor::zeros({numel}, dtype);
+    Tensor copy_out_dst = Tensor::zeros({numel * pg.size()}, dtype);
     std::vector<double> fsdp_ms;
     std::vector<double> bare_ms;
+    std::vector<double> copies_ms;
     for (int i = 0; i < c.warmup + c.iters; ++i) {
       pg.barrier();
       auto t0 = std::chrono::steady_clock::now();
@@ -382,14 +391,20 @@ std::vector<AllGatherTiming> TimeAllGathers(const BenchConfig& c, const nn::Modu
       t0 = std::chrono::steady_clock::now();
       pg.all_gather_into_tensor(output, input);
       const double bare = MsSince(t0);
+      pg.barrier();
+      t0 = std::chrono::steady_clock::now();
+      copy_in_dst.copy_(input);
+      copy_out_dst.copy_(output);
+      const double copies = MsSince(t0);
       if (i >= c.warmup) {
         fsdp_ms.push_back(fsdp);
         bare_ms.push_back(bare);
+        copies_ms.push_back(copies);
       }
     }
     const std::string fqn = group->module_fqn();
     out.push_back({fqn.empty() ? "(root)" : fqn, numel * static_cast<int64_t>(ElementSize(dtype)),
-                   Median(fsdp_ms), Median(bare_ms)});
+                   Median(fsdp_ms), Median(bare_ms), Median(copies_ms)});
   }
   return out;
 }
@@ -487,6 +502,7 @@ std::vector<RankReport> GatherTimings(const RankReport& mine, distributed::Proce
   for (const AllGatherTiming& t : mine.all_gathers) {
     flat.push_back(t.fsdp_ms);
     flat.push_back(t.bare_ms);
+    flat.push_back(t.copies_ms);
   }
   flat.push_back(mine.last_loss);
   const std::vector<std::vector<double>> all = AllGatherDoubles(pg, flat);
@@ -501,6 +517,7 @@ std::vector<RankReport> GatherTimings(const RankReport& mine, distributed::Proce
     for (AllGatherTiming& t : r.all_gathers) {
       t.fsdp_ms = *at++;
       t.bare_ms = *at++;
+      t.copies_ms = *at++;
     }
     r.last_loss = *at;
     reports.push_back(std::move(r));
@@ -674,7 +691,9 @@ Table AllGatherTable() {
                 {"bytes_per_rank", "bytes/rank", "(B)"},
                 {"fsdp_all_gather_ms", "fsdp path", "(ms)", 4},
                 {"bare_all_gather_ms", "bare AG", "(ms)", 4},
-                {"fsdp_over_bare", "fsdp/bare", "", 3}});
+                {"fsdp_over_bare", "fsdp/bare", "", 3},
+                {"copies_ms", "copies", "(ms)", 4},
+                {"fsdp_minus_copies_over_bare", "(fsdp-copies)/bare", "", 3}});
 }
 
 int64_t NumParameters(const ZooModel& model) {
@@ -790,12 +809,15 @@ nlohmann::json RunModel(const BenchConfig& c, const std::string& name,
       // The slowest rank's median, for each of the two.
       double fsdp_ms = 0;
       double bare_ms = 0;
+      double copies_ms = 0;
       for (const RankReport& rep : reports) {
         fsdp_ms = std::max(fsdp_ms, rep.all_gathers[g].fsdp_ms);
         bare_ms = std::max(bare_ms, rep.all_gathers[g].bare_ms);
+        copies_ms = std::max(copies_ms, rep.all_gathers[g].copies_ms);
       }
       const AllGatherTiming& t = reports[0].all_gathers[g];
-      all_gather.AddRow({int64_t{world}, t.group, t.bytes, fsdp_ms, bare_ms, fsdp_ms / bare_ms});
+      all_gather.AddRow({int64_t{world}, t.group, t.bytes, fsdp_ms, bare_ms, fsdp_ms / bare_ms,
+                         copies_ms, (fsdp_ms - copies_ms) / bare_ms});
     }
     for (const Fsdp1Row& row : c.fsdp1_table ? Fsdp1Rows(world) : std::vector<Fsdp1Row>{}) {
       auto fsdp1_results = fakes::RunRanks(world, [&](fakes::RankEnv& env) {
@@ -865,7 +887,8 @@ nlohmann::json RunModel(const BenchConfig& c, const std::string& name,
   if (c.comm_table) {
     std::cout << "\nTable 3 - all-gather per FSDP group: FSDP's path (unshard = copy-in + "
                  "all-gather + copy-out, then reshard) against the bare all_gather_into_tensor of "
-                 "the same bytes on the same group, median of "
+                 "the same bytes on the same group, and against plain copies of the bytes the "
+                 "path copies (copy-in + copy-out); median of "
               << c.iters << " after " << c.warmup << " warmup, slowest rank\n\n"
               << all_gather.ToText("  ");
     out["all_gather"] = all_gather.ToJson();
