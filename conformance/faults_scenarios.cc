@@ -14,6 +14,10 @@
 //   throwing_rank    one rank throws before the collective   -> it reports its
 //   own error, the
 //                    others fail, at once
+//   hung_rank        one rank's process stops (SIGSTOP) inside an all_reduce every
+//                    rank reached, and is continued much later (process backends
+//                    only) -> every other rank fails after the straggler timeout,
+//                    not before, naming it; the continued rank fails at once
 // The judges check that every rank fails and when, not the error's code or
 // wording: PyTorch promises an exception, while the type and the text are each
 // implementation's (the threaded fake's codes and reports are checked by
@@ -39,8 +43,14 @@
 // "deadline_ms" so that the judge reads the deadline that applied. throwing_rank
 // (whose faulty rank ends its process on process backends) stays on the
 // threaded fault world.
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -256,7 +266,7 @@ ObservationSchema FaultSchema() {
           "fault_ns", ns_or_null,
           "the faulty rank only: steady clock (ns) of its fault (its faulty call; for "
           "missing_rank when it starts to sleep or returns; for throwing_rank right before it "
-          "raises); null on the other ranks"));
+          "raises; for hung_rank right before its process stops); null on the other ranks"));
   return schema;
 }
 
@@ -705,6 +715,127 @@ Scenario ThrowingRank() {
   return s;
 }
 
+// Stops this whole process (every thread: the collective's, the watchdog's heartbeat) for
+// `stopped`, as SIGSTOP or a debugger would: a child process sends SIGCONT when the time is up.
+// Returns once continued. Between fork and _exit the child makes async-signal-safe calls only.
+void StopThisProcessFor(std::chrono::milliseconds stopped) {
+  const pid_t self = ::getpid();
+  const pid_t waker = ::fork();
+  FSDP_CHECK(waker >= 0, "hung_rank: cannot fork the process that continues the stopped rank");
+  if (waker == 0) {
+    timespec left{static_cast<time_t>(stopped.count() / 1000),
+                  static_cast<long>((stopped.count() % 1000) * 1000000)};
+    while (::nanosleep(&left, &left) != 0) {
+    }
+    ::kill(self, SIGCONT);
+    ::_exit(0);
+  }
+  ::kill(self, SIGSTOP);
+  int status = 0;
+  while (::waitpid(waker, &status, 0) < 0 && errno == EINTR) {
+  }
+}
+
+Scenario HungRank() {
+  Scenario s;
+  s.info = FaultInfo(
+      "hung_rank",
+      "after a barrier the faulty rank issues all_reduce, and fault_delay_ms later its process "
+      "stops (SIGSTOP: every thread, as under a debugger) inside that all_reduce, which the "
+      "others issue after it stopped; it is continued stopped_ms later. Every other rank fails "
+      "after the group's straggler timeout, not before, naming the faulty rank (a member that "
+      "hangs inside a collective every member reached); the continued rank fails at once. "
+      "Process backends only: on threaded, stopping the process would stop every rank",
+      "test_c10d_nccl.py::NCCLTraceTestTimeoutDumpOnStuckRanks::test_timeout_dumps",
+      {FaultyRankSize(), MaxTimeToErrorSize(), CountSize(),
+       ParamSpec::SizeInt("fault_delay_ms",
+                          "how long after issuing the all_reduce the faulty rank's process "
+                          "stops; the others issue it twice as long after the barrier",
+                          200),
+       ParamSpec::SizeInt("stopped_ms",
+                          "how long the faulty rank's process stays stopped (longer than the "
+                          "time the others take to fail)",
+                          12000)},
+      FaultWorldKind::kAnyWorldGroup);
+  s.info.test_runs.clear();  // ctest runs it on gloo (conform.gloo_world3_faults)
+  s.run_rank = [](RankEnv& env) {
+    if (dynamic_cast<fakes::ThreadedProcessGroup*>(env.pg.get()) != nullptr) {
+      SkipCase(
+          "stopping a rank's process needs ranks as processes; on threaded it would stop every "
+          "rank");
+    }
+    (void)MissingPeerDeadline(env);  // skips without a straggler timeout
+    const int faulty = FaultyRank(env.params, env.world);
+    const int64_t count = env.params.GetInt("count");
+    const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
+    const auto stopped = std::chrono::milliseconds(env.params.GetInt("stopped_ms"));
+    return RunFaultRank(
+        env,
+        [&](distributed::ProcessGroup& pg, Timeline& timeline) {
+          pg.barrier();
+          if (env.rank != faulty) {
+            std::this_thread::sleep_for(2 * delay);
+            return IssueAllReduce(pg, count, timeline);
+          }
+          std::thread stopper([&] {
+            std::this_thread::sleep_for(delay);
+            timeline.fault_ns = NowNs();
+            StopThisProcessFor(stopped);
+          });
+          try {
+            IssueAllReduce(pg, count, timeline);
+          } catch (...) {
+            stopper.join();
+            throw;
+          }
+          stopper.join();
+        },
+        FaultWorldKind::kAnyWorldGroup);
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const int faulty = FaultyRank(p, world);
+    const nlohmann::json& reported = RankObservation(per_rank, 0, "deadline_ms");
+    FSDP_CHECK_CODE(ErrorCode::kDataLoss, reported.is_number_integer(), RankName(0),
+                    ": deadline_ms (the straggler timeout) must be an integer, got ",
+                    reported.dump());
+    const double deadline = static_cast<double>(reported.get<int64_t>());
+    const double bound = static_cast<double>(p.GetInt("max_time_to_error_ms"));
+    // Every member reached the all_reduce once the last rank issued it.
+    const auto last = LastIssued(per_rank, world);
+    double slowest = -1;
+    for (int r = 0; r < world; ++r) {
+      if (!CheckRankFailed(checks, per_rank, r, "fails") || r == faulty) continue;
+      const std::string message = RankObservation(per_rank, r, "error").value("message", "");
+      checks.CheckTrue(RankName(r) + " error names the hung rank " + std::to_string(faulty),
+                       NamesRank(message, faulty), message);
+      const auto issued = Ns(per_rank, r, "issued_ns");
+      const auto error = Ns(per_rank, r, "error_ns");
+      if (!issued || !error || !last) continue;
+      // The watchdog reports a member only once the collective has been in flight for the
+      // straggler timeout, and then within its stale window (at most the timeout again).
+      const double waited = Ms(*error - *issued);
+      checks.CheckTrue(RankName(r) + " fails no earlier than the straggler timeout after its call",
+                       waited >= deadline, std::to_string(waited) + " ms");
+      const double after_last = Ms(*error - *last);
+      checks.CheckTrue(RankName(r) + " fails within 2 x the straggler timeout + " +
+                           std::to_string(bound) + " ms of the last call",
+                       after_last <= 2 * deadline + bound, std::to_string(after_last) + " ms");
+      slowest = std::max(slowest, after_last);
+    }
+    if (slowest >= 0) checks.SetFigure("time_to_error_ms", slowest);
+    // The continued rank: at once after stopped_ms (its error is due when it runs again).
+    const auto fault = Ns(per_rank, faulty, "fault_ns");
+    const auto error = Ns(per_rank, faulty, "error_ns");
+    if (fault && error) {
+      const double after_resume = Ms(*error - *fault) - static_cast<double>(p.GetInt("stopped_ms"));
+      checks.CheckTrue(RankName(faulty) + " (continued) fails at once when it runs again",
+                       after_resume <= bound, std::to_string(after_resume) + " ms");
+    }
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFaultsScenarios(ScenarioRegistry& registry) {
@@ -714,6 +845,7 @@ void RegisterFaultsScenarios(ScenarioRegistry& registry) {
   registry.Add(MismatchedRoot());
   registry.Add(MissingRank());
   registry.Add(ThrowingRank());
+  registry.Add(HungRank());
 }
 
 }  // namespace fsdp::conformance
