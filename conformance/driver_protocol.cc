@@ -225,20 +225,25 @@ nlohmann::json DriverRequest::ToJson() const {
 }
 
 nlohmann::json ResultJson(const RankOutcome& outcome) {
+  nlohmann::json result;
   switch (outcome.status) {
     case RankOutcome::Status::kOk:
-      return {{"protocol", kDriverProtocolVersion},
-              {"status", "ok"},
-              {"observations", outcome.observations}};
+      result = {{"protocol", kDriverProtocolVersion},
+                {"status", "ok"},
+                {"observations", outcome.observations}};
+      break;
     case RankOutcome::Status::kSkipped:
-      return {
+      result = {
           {"protocol", kDriverProtocolVersion}, {"status", "skipped"}, {"reason", outcome.message}};
+      break;
     case RankOutcome::Status::kError:
-      return {{"protocol", kDriverProtocolVersion},
-              {"status", "error"},
-              {"error", {{"code", ErrorCodeName(outcome.code)}, {"message", outcome.message}}}};
+      result = {{"protocol", kDriverProtocolVersion},
+                {"status", "error"},
+                {"error", {{"code", ErrorCodeName(outcome.code)}, {"message", outcome.message}}}};
+      break;
   }
-  return nullptr;
+  if (!outcome.end_session.empty()) result["end_session"] = outcome.end_session;
+  return result;
 }
 
 nlohmann::json ParseBoundedJson(const std::string& text) {
@@ -259,18 +264,10 @@ std::string BoundedMessage(const std::string& message) {
          std::to_string(message.size() - kMaxResultMessageBytes) + " more bytes cut]";
 }
 
-RankOutcome ParseResult(const nlohmann::json& result, const std::string& who) {
-  FSDP_CHECK_CODE(ErrorCode::kDataLoss, result.is_object(), who,
-                  ": the result must be a JSON object, got ", result.type_name());
-  if (result.contains("protocol")) {
-    FSDP_CHECK_CODE(ErrorCode::kDataLoss,
-                    result["protocol"].is_number_integer() &&
-                        result["protocol"].get<int>() == kDriverProtocolVersion,
-                    who, ": result protocol ", result["protocol"].dump(),
-                    " is not supported (expected ", kDriverProtocolVersion, ")");
-  }
-  FSDP_CHECK_CODE(ErrorCode::kDataLoss, result.contains("status") && result["status"].is_string(),
-                  who, ": the result has no \"status\" string (ok, error or skipped)");
+namespace {
+
+// The status part of a result (ParseResult).
+RankOutcome ParseStatus(const nlohmann::json& result, const std::string& who) {
   const std::string status = result["status"].get<std::string>();
   if (status == "ok") {
     FSDP_CHECK_CODE(ErrorCode::kDataLoss, result.contains("observations"), who,
@@ -299,6 +296,34 @@ RankOutcome ParseResult(const nlohmann::json& result, const std::string& who) {
   }
   FSDP_THROW(ErrorCode::kDataLoss, who, ": unknown result status \"", status,
              "\" (expected ok, error or skipped)");
+}
+
+}  // namespace
+
+RankOutcome ParseResult(const nlohmann::json& result, const std::string& who) {
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, result.is_object(), who,
+                  ": the result must be a JSON object, got ", result.type_name());
+  if (result.contains("protocol")) {
+    FSDP_CHECK_CODE(ErrorCode::kDataLoss,
+                    result["protocol"].is_number_integer() &&
+                        result["protocol"].get<int>() == kDriverProtocolVersion,
+                    who, ": result protocol ", result["protocol"].dump(),
+                    " is not supported (expected ", kDriverProtocolVersion, ")");
+  }
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, result.contains("status") && result["status"].is_string(),
+                  who, ": the result has no \"status\" string (ok, error or skipped)");
+  std::string end_session;
+  if (result.contains("end_session")) {
+    FSDP_CHECK_CODE(
+        ErrorCode::kDataLoss,
+        result["end_session"].is_string() && !result["end_session"].get<std::string>().empty(), who,
+        ": \"end_session\" must be a non-empty string (why), got ",
+        BoundedMessage(result["end_session"].dump()));
+    end_session = BoundedMessage(result["end_session"].get<std::string>());
+  }
+  RankOutcome outcome = ParseStatus(result, who);
+  outcome.end_session = std::move(end_session);
+  return outcome;
 }
 
 int RunWorker(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& err) {

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -196,7 +197,11 @@ std::vector<RankOutcome> DriverSession::Serve(const LaunchRequest& request,
   }
 
   const bool all_ok = cause == Cause::kNone && first_failed < 0;
-  if (!all_ok) Stop();  // the session is over; the ranks still running are stopped
+  // A rank that asked to end the session (its "end_session") is not reused either.
+  const bool end_asked = std::any_of(got.begin(), got.end(), [](const auto& o) {
+    return o.has_value() && !o->end_session.empty();
+  });
+  if (!all_ok || end_asked) Stop();  // the session is over; the ranks still running are stopped
   // The rank whose exit ended the session: the one ProcessLauncher saw fail first, else the
   // one that hung up first.
   int died = -1;

@@ -7,8 +7,9 @@
 // the case's flags (DriverRequest::ToArgs(), exactly the argv of a one-shot rank). The rank
 // runs the case, writes its result (and tensors) file as in protocol 2 — the result file last
 // and whole (written elsewhere, then renamed), since its appearance is what says the rank is
-// done — and reads the next line. End of file on stdin asks it to exit with status 0. The stdin is one end of a Unix socket pair; the runner holds
-// the other, so a rank's exit (any status, at any time) is seen at once as a hang-up.
+// done — and reads the next line. End of file on stdin asks it to exit with status 0. The stdin is
+// one end of a Unix socket pair; the runner holds the other, so a rank's exit (any status, at any
+// time) is seen at once as a hang-up.
 //
 // Each case gets a fresh run directory (WriteCaseRequests: its own empty store/ for a fresh
 // rendezvous, the requests, the inputs), removed when every rank succeeded and kept (named in
@@ -22,8 +23,10 @@
 // session serves a case until every rank wrote its result, or until: the case's deadline
 // (the ranks are killed: DeadlineExceeded), the failure grace after a rank's error result
 // (the others are killed: Aborted), or a rank's death (that rank: Internal, naming its exit
-// and the case; the others: Aborted). After any of these, or any error result, the session is
-// over (healthy() false) and the launcher starts a fresh one for the next case.
+// and the case; the others: Aborted). After any of these, any error result, or a result that
+// asks to end the session ("end_session": the rank could not return to a clean state, e.g. its
+// teardown did not finish; the case keeps its verdict), the session is over (healthy() false)
+// and the launcher starts a fresh one for the next case.
 //
 // Ownership: owns the rank processes (through its thread), their stdin pipes and the session
 // directory (removed at Close() unless a case failed in it). Thread-safety: one owner thread;

@@ -122,6 +122,29 @@ TEST(DriverSession, OneProcessPerRankServesEveryCaseOfAWorld) {
   EXPECT_EQ(all.size(), 3u);
 }
 
+TEST(DriverSession, ARankWhoseTeardownHangsEndsTheSessionAndKeepsItsVerdict) {
+  if (!HavePython()) GTEST_SKIP() << "python3 is not available";
+  SessionDriverDir dir;
+  // Rank 1's teardown after the first case never returns: the kit gives up after 0.5 s, writes
+  // the (good) result asking to end the session and exits; the next case gets a fresh session.
+  RunOptions o = ToySumOptions(dir.Driver("TOY_DRIVER_FAULT=teardown_hang:1"), 2);
+  o.determinism = DeterminismCheck::kNone;
+  Runner runner(ToyCatalog(), o);
+  const auto started = std::chrono::steady_clock::now();
+  const std::vector<CaseResult> results = runner.RunAll();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  ASSERT_EQ(results.size(), 2u);
+  for (const auto& r : results) EXPECT_EQ(r.status, CaseStatus::kPassed) << Dump(r);
+  EXPECT_LT(seconds, 15.0) << "a hung teardown held the next case";
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<int> pids = dir.Pids(r);
+    ASSERT_EQ(pids.size(), 2u) << "rank " << r;
+    EXPECT_NE(pids[0], pids[1]) << "rank " << r << ": the second case reused the ended session";
+    for (int pid : pids) EXPECT_FALSE(Alive(pid)) << "rank " << r << " outlived the run";
+  }
+}
+
 TEST(DriverSession, SessionsOffStartsOneProcessPerRankPerCase) {
   if (!HavePython()) GTEST_SKIP() << "python3 is not available";
   SessionDriverDir dir;

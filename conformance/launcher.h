@@ -32,6 +32,10 @@ struct RankOutcome {
   ErrorCode code = ErrorCode::kInternal;  // kError
   std::string message;                    // kError: the error; kSkipped: the reason
   double seconds = 0;                     // wall time of the rank
+  // Non-empty when the rank asked its driver session to end after this case (the result's
+  // "end_session": its process could not return to a clean state, e.g. a teardown that did not
+  // finish); the case's verdict does not change, the next case starts a fresh session.
+  std::string end_session;
 
   static RankOutcome Ok(nlohmann::json observations, double seconds);
   static RankOutcome Failed(ErrorCode code, std::string message, double seconds);

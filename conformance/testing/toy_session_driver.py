@@ -5,8 +5,10 @@ sessions (--capabilities, --serve) end to end. Each rank reports toy/sum's analy
 Environment (set by the test's wrapper script):
   TOY_DRIVER_PIDS   a directory: every case appends "PID" to rankR.pids there (how the test
                     counts the processes that served the cases)
-  TOY_DRIVER_FAULT  "exit:R:CODE" rank R exits with CODE instead of answering, or
-                    "hang:R" rank R sleeps instead of answering; once per run (marker file
+  TOY_DRIVER_FAULT  "exit:R:CODE" rank R exits with CODE instead of answering,
+                    "hang:R" rank R sleeps instead of answering, or "teardown_hang:R" rank R's
+                    teardown after its (good) answer sleeps, which the kit gives up after 0.5 s
+                    (Driver.teardown_limit_s); once per run (marker file
                     TOY_DRIVER_PIDS/fault.done)
   TOY_DRIVER_NO_SESSIONS  set: answer --capabilities as a one-shot driver would (exit 2)
 """
@@ -21,6 +23,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from fsdp_conform_driver import Driver  # noqa: E402
 
 
+_TEARDOWN_HANGS = []  # set by the case whose teardown is to hang
+
+
 def _fault(rank: int) -> None:
     spec = os.environ.get("TOY_DRIVER_FAULT", "")
     if not spec:
@@ -31,6 +36,8 @@ def _fault(rank: int) -> None:
         return
     with open(marker, "w", encoding="utf-8"):
         pass
+    if kind == "teardown_hang":
+        _TEARDOWN_HANGS.append(True)
     if kind == "exit":
         sys.stdout.flush()
         os._exit(int(rest[0]))
@@ -55,4 +62,11 @@ def toy_sum(request):
 if __name__ == "__main__":
     if os.environ.get("TOY_DRIVER_NO_SESSIONS") and sys.argv[1:] == ["--capabilities"]:
         sys.exit(2)
-    sys.exit(Driver("toy session driver", {"toy/sum": toy_sum}).main())
+    def teardown():
+        if _TEARDOWN_HANGS:
+            _TEARDOWN_HANGS.clear()
+            time.sleep(3600)
+
+    driver = Driver("toy session driver", {"toy/sum": toy_sum}, teardown=teardown)
+    driver.teardown_limit_s = 0.5
+    sys.exit(driver.main())

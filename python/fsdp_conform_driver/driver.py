@@ -8,15 +8,20 @@ result when the flags do not follow the protocol.
 Driver sessions (docs/drivers.md, "Persistent mode"; conformance/driver_session.h): a kit
 driver declares them. `--capabilities` prints {"protocol": 2, "session": true}; `--serve`
 reads cases from stdin, one line each (the JSON array of a one-shot rank's flags), runs each
-exactly as main() would (setup, the scenario, the result file, then teardown, so the next case
-starts from a fresh rendezvous) and exits 0 at the end of file, or 2 on a line that is not a
-protocol-2 request.
+as main() would (setup, the scenario, teardown so that the next case starts from a fresh
+rendezvous, and the result file) and exits 0 at the end of file, or 2 on a line that is not a
+protocol-2 request. In a session the result of a case that went well is written after its
+teardown, so the runner hands out the next case only to ranks that are clean again; a failed
+case's result is written first (the runner ends the session after it anyway). A teardown
+still running after teardown_limit_s (PyTorch's destroy_process_group and the garbage
+collection of a case's Gloo groups can hang) makes the rank write its result with
+"end_session" (the runner starts a fresh session for the next case; this case keeps its
+verdict) and exit.
 
 Hang diagnostics: while a case runs, faulthandler is armed to dump every thread's Python stack
-to the process's stderr (sys.__stderr__: the rank's log, which the runner quotes when a case fails) shortly before the case's
-deadline (--timeout-s less stack_dump_margin_s), and while teardown() runs, after
-teardown_dump_s: a teardown that hangs in a session leaves the rank deaf to the next case, which
-then fails by its deadline; the dump names where the teardown stopped.
+to the process's stderr (sys.__stderr__: the rank's log, which the runner quotes when a case
+fails) shortly before the case's deadline (--timeout-s less stack_dump_margin_s), and while
+teardown() runs, after teardown_dump_s; a teardown given up at teardown_limit_s dumps them too.
 
 Ownership: Driver owns its table. Thread-safety: main() runs on the process's main thread.
 """
@@ -25,7 +30,9 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import os
 import sys
+import threading
 import traceback
 from typing import Callable, Dict, Optional, Tuple
 
@@ -60,6 +67,9 @@ class Driver:
     stack_dump_margin_s = 10.0
     # Seconds after which a still running teardown() dumps its stacks (it takes well under 1 s).
     teardown_dump_s = 20.0
+    # Seconds a session's teardown() may take before the rank writes its result asking to end
+    # the session and exits (a teardown that never returns would leave the rank deaf).
+    teardown_limit_s = 30.0
 
     def __init__(self, name: str, scenarios: Dict[str, ScenarioFn],
                  setup: Optional[Callable[[protocol.Request], None]] = None,
@@ -69,7 +79,7 @@ class Driver:
         self.setup = setup
         self.teardown = teardown
 
-    def run(self, request: protocol.Request) -> int:
+    def run(self, request: protocol.Request, in_session: bool = False) -> int:
         fn = self.scenarios.get(request.scenario)
         if fn is None:
             results.write_skipped(request, f"{self.name} does not implement {request.scenario}")
@@ -78,34 +88,51 @@ class Driver:
         faulthandler.dump_traceback_later(
             timeout - self.stack_dump_margin_s if timeout > 2 * self.stack_dump_margin_s
             else timeout / 2, file=sys.__stderr__)
-        try:
-            return self._run(fn, request)
-        finally:
-            if self.teardown is not None:
-                faulthandler.dump_traceback_later(self.teardown_dump_s, file=sys.__stderr__)
-                try:
-                    self.teardown()
-                except Exception:  # noqa: BLE001 - the case's result is already written
-                    traceback.print_exc()
+        code, write = self._run(fn, request)
+        if self.teardown is None:
             faulthandler.cancel_dump_traceback_later()
+            write()
+        elif in_session and code == 0:
+            # In a session the result of a case that went well is written once the rank is
+            # clean again, so that the next case never meets a rank still tearing down; a
+            # teardown past teardown_limit_s ends the process (see _GuardedTeardown).
+            _GuardedTeardown(write, self.teardown_limit_s).run(self._teardown)
+        else:
+            # A failed case ends the session anyway (and a one-shot rank exits after it): the
+            # runner gets the result at once.
+            write()
+            self._teardown()
+        return code
 
-    def _run(self, fn: ScenarioFn, request: protocol.Request) -> int:
+    def _teardown(self) -> None:
+        faulthandler.dump_traceback_later(self.teardown_dump_s, file=sys.__stderr__)
+        try:
+            self.teardown()
+        except Exception:  # noqa: BLE001 - the case's result stands
+            traceback.print_exc()
+        faulthandler.cancel_dump_traceback_later()
+
+    def _run(self, fn: ScenarioFn, request: protocol.Request):
+        """Runs the case; returns (exit code, a function that writes its result, taking an
+        optional end_session reason)."""
         try:
             if self.setup is not None:
                 self.setup(request)
             observations, tensors = fn(request)
         except ScenarioSkipped as skipped:
-            results.write_skipped(request, f"{self.name}: {skipped}")
-            return 0
+            reason = f"{self.name}: {skipped}"
+            return 0, lambda end_session=None: results.write_skipped(request, reason, end_session)
         except ScenarioError as error:
-            results.write_error(request, error.code, str(error))
-            return 1
+            code, message = error.code, str(error)
+            return 1, lambda end_session=None: results.write_error(request, code, message,
+                                                                   end_session)
         except Exception as error:  # noqa: BLE001 - every failure is reported to the runner
             traceback.print_exc()
-            results.write_error(request, "Internal", f"{type(error).__name__}: {error}")
-            return 1
-        results.write_ok(request, observations, tensors)
-        return 0
+            message = f"{type(error).__name__}: {error}"
+            return 1, lambda end_session=None: results.write_error(request, "Internal", message,
+                                                                   end_session)
+        return 0, lambda end_session=None: results.write_ok(request, observations, tensors,
+                                                            end_session)
 
     def serve(self, lines) -> int:
         """Session mode: runs the case of every line of `lines` (a text stream) until its end."""
@@ -123,7 +150,7 @@ class Driver:
             print(f"{self.name}: case {request.scenario} rank {request.rank}/{request.world} "
                   f"{' '.join(f'{k}={v}' for k, v in sorted(request.params.items()))}",
                   flush=True)
-            self.run(request)
+            self.run(request, in_session=True)
             sys.stdout.flush()
             sys.stderr.flush()
         return 0
@@ -141,3 +168,46 @@ class Driver:
             print(f"{self.name}: error: {error}", file=sys.stderr)
             return 2
         return self.run(request)
+
+
+class _GuardedTeardown:
+    """Runs a session case's teardown, then writes its result; if the teardown is still running
+    after `limit_s`, a timer thread writes the result instead, asking the runner to end the
+    session (its "end_session"), and ends the process (os._exit: the stuck teardown holds the
+    main thread). Exactly one of the two writes the result.
+
+    Ownership: holds the result writer. Thread-safety: the lock orders the main thread and the
+    timer thread."""
+
+    def __init__(self, write, limit_s: float) -> None:
+        self._write = write
+        self._limit_s = limit_s
+        self._lock = threading.Lock()
+        self._written = False
+
+    def run(self, teardown) -> None:
+        timer = threading.Timer(self._limit_s, self._give_up)
+        timer.daemon = True
+        timer.start()
+        try:
+            teardown()
+        finally:
+            timer.cancel()
+            with self._lock:
+                if not self._written:
+                    self._written = True
+                    self._write()
+
+    def _give_up(self) -> None:
+        with self._lock:
+            if self._written:
+                return
+            self._written = True
+            reason = (f"the rank's teardown (process group destroyed, garbage collected) did not "
+                      f"finish within {self._limit_s:g} s; its stacks are in the rank's log")
+            print(f"driver: {reason}; ending this session's rank process", file=sys.__stderr__,
+                  flush=True)
+            faulthandler.dump_traceback(file=sys.__stderr__)
+            self._write(reason)
+            sys.stdout.flush()
+            os._exit(0)

@@ -37,18 +37,30 @@ def write_tensors(path: str, tensors: Dict[str, "object"]) -> None:
     _write_atomically(path, save(plain, metadata={"format": "pt"}))
 
 
-def write_ok(request, observations: dict, tensors: Optional[Dict[str, "object"]] = None) -> None:
+def _with_end_session(result: dict, end_session: Optional[str]) -> dict:
+    """`end_session` (why), when given, asks the runner to end the driver session after this
+    case: the rank could not return to a clean state (the case keeps its verdict)."""
+    if end_session:
+        result["end_session"] = end_session
+    return result
+
+
+def write_ok(request, observations: dict, tensors: Optional[Dict[str, "object"]] = None,
+             end_session: Optional[str] = None) -> None:
     """status ok: the observations (JSON values) and, when any, the tensors file."""
     if tensors:
         write_tensors(request.tensors_output, tensors)
-    _write_json(request.output, {"status": "ok", "protocol": 2, "observations": observations})
+    _write_json(request.output, _with_end_session(
+        {"status": "ok", "protocol": 2, "observations": observations}, end_session))
 
 
-def write_skipped(request, reason: str) -> None:
-    _write_json(request.output, {"status": "skipped", "reason": reason})
+def write_skipped(request, reason: str, end_session: Optional[str] = None) -> None:
+    _write_json(request.output,
+                _with_end_session({"status": "skipped", "reason": reason}, end_session))
 
 
-def write_error(request, code: str, message: str) -> None:
+def write_error(request, code: str, message: str, end_session: Optional[str] = None) -> None:
     if code not in ERROR_CODES:
         code = "Internal"
-    _write_json(request.output, {"status": "error", "error": {"code": code, "message": message}})
+    _write_json(request.output, _with_end_session(
+        {"status": "error", "error": {"code": code, "message": message}}, end_session))

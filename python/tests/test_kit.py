@@ -183,6 +183,50 @@ class SessionTest(unittest.TestCase):
         self.assertIn("Timeout", dump)
 
 
+    def test_in_a_session_a_good_result_is_written_after_teardown_and_a_failed_one_before(self):
+        seen = []
+
+        def teardown_seeing(tmp):
+            return lambda: seen.append(os.path.exists(os.path.join(tmp, "r.json")))
+
+        for fn, written_before in ((lambda request: ({}, None), False),
+                                   (lambda request: (_ for _ in ()).throw(RuntimeError("x")), True)):
+            with tempfile.TemporaryDirectory() as tmp:
+                driver = Driver("t", {"family/case": fn}, teardown=teardown_seeing(tmp))
+                with contextlib.redirect_stdout(io.StringIO()), \
+                        contextlib.redirect_stderr(io.StringIO()):
+                    driver.serve(io.StringIO(json.dumps(_args(tmp)) + "\n"))
+                self.assertTrue(os.path.exists(os.path.join(tmp, "r.json")))
+            self.assertEqual(seen[-1], written_before)
+
+    def test_a_teardown_past_its_limit_ends_the_rank_with_an_end_session_result(self):
+        import subprocess
+        import time
+
+        kit = os.path.join(os.path.dirname(__file__), "..")
+        with tempfile.TemporaryDirectory() as tmp:
+            script = (
+                "import io, json, sys, time\n"
+                f"sys.path.insert(0, {kit!r})\n"
+                "from fsdp_conform_driver import Driver\n"
+                "d = Driver('t', {'family/case': lambda r: ({'x': 1}, None)},\n"
+                "           teardown=lambda: time.sleep(60))\n"
+                "d.teardown_limit_s = 0.3\n"
+                f"sys.exit(d.serve(io.StringIO(json.dumps({_args(tmp)!r}) + '\\n')))\n")
+            started = time.monotonic()
+            done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                  timeout=30)
+            seconds = time.monotonic() - started
+            with open(os.path.join(tmp, "r.json"), encoding="utf-8") as f:
+                result = json.load(f)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertLess(seconds, 20)
+        self.assertEqual(result["status"], "ok")
+        self.assertEqual(result["observations"], {"x": 1})
+        self.assertIn("did not finish within 0.3 s", result["end_session"])
+        self.assertIn("<lambda>", done.stderr)  # the stuck teardown's stack
+
+
 class PyTorchDriverTableTest(unittest.TestCase):
     def test_the_table_loads_without_torch_and_checkpoint_skips_with_its_reason(self):
         import subprocess
