@@ -742,7 +742,8 @@ Scenario HungRank() {
       "hung_rank",
       "after a barrier the faulty rank issues all_reduce, and fault_delay_ms later its process "
       "stops (SIGSTOP: every thread, as under a debugger) inside that all_reduce, which the "
-      "others issue after it stopped; it is continued stopped_ms later. Every other rank fails "
+      "others issue after it stopped; it is continued twice the straggler timeout + stopped_ms "
+      "later. Every other rank fails "
       "after the group's straggler timeout, not before, naming the faulty rank (a member that "
       "hangs inside a collective every member reached); the continued rank fails at once. "
       "Process backends only: on threaded, stopping the process would stop every rank",
@@ -753,9 +754,9 @@ Scenario HungRank() {
                           "stops; the others issue it twice as long after the barrier",
                           200),
        ParamSpec::SizeInt("stopped_ms",
-                          "how long the faulty rank's process stays stopped (longer than the "
-                          "time the others take to fail)",
-                          12000)},
+                          "how long the faulty rank's process stays stopped beyond twice the "
+                          "straggler timeout (by when the others must have failed)",
+                          5000)},
       FaultWorldKind::kAnyWorldGroup);
   s.info.test_runs.clear();  // ctest runs it on gloo (conform.gloo_world3_faults)
   s.run_rank = [](RankEnv& env) {
@@ -764,11 +765,11 @@ Scenario HungRank() {
           "stopping a rank's process needs ranks as processes; on threaded it would stop every "
           "rank");
     }
-    (void)MissingPeerDeadline(env);  // skips without a straggler timeout
+    const auto deadline = MissingPeerDeadline(env);  // skips without a straggler timeout
     const int faulty = FaultyRank(env.params, env.world);
     const int64_t count = env.params.GetInt("count");
     const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
-    const auto stopped = std::chrono::milliseconds(env.params.GetInt("stopped_ms"));
+    const auto stopped = 2 * deadline + std::chrono::milliseconds(env.params.GetInt("stopped_ms"));
     return RunFaultRank(
         env,
         [&](distributed::ProcessGroup& pg, Timeline& timeline) {
@@ -824,11 +825,12 @@ Scenario HungRank() {
       slowest = std::max(slowest, after_last);
     }
     if (slowest >= 0) checks.SetFigure("time_to_error_ms", slowest);
-    // The continued rank: at once after stopped_ms (its error is due when it runs again).
+    // The continued rank: at once when it runs again (its error is due then).
     const auto fault = Ns(per_rank, faulty, "fault_ns");
     const auto error = Ns(per_rank, faulty, "error_ns");
     if (fault && error) {
-      const double after_resume = Ms(*error - *fault) - static_cast<double>(p.GetInt("stopped_ms"));
+      const double stopped = 2 * deadline + static_cast<double>(p.GetInt("stopped_ms"));
+      const double after_resume = Ms(*error - *fault) - stopped;
       checks.CheckTrue(RankName(faulty) + " (continued) fails at once when it runs again",
                        after_resume <= bound, std::to_string(after_resume) + " ms");
     }

@@ -1,6 +1,7 @@
 #include "conformance/launcher.h"
 
 #include <algorithm>
+#include <thread>
 
 namespace fsdp::conformance {
 
@@ -46,11 +47,21 @@ std::string RankOutcome::Describe(int rank) const {
 
 namespace fsdp::conformance {
 
-std::chrono::milliseconds StragglerTimeoutOf(std::chrono::milliseconds case_timeout) {
-  const std::chrono::milliseconds derived =
-      std::clamp(case_timeout / 100, std::chrono::milliseconds(2000),
-                 std::chrono::milliseconds(10000));
-  return std::max(std::min(derived, case_timeout / 2), std::chrono::milliseconds(1));
+std::chrono::milliseconds StragglerTimeoutOf(std::chrono::milliseconds case_timeout, int world,
+                                             int cores) {
+  using std::chrono::milliseconds;
+  const milliseconds base = std::clamp(case_timeout / 100, milliseconds(2000), milliseconds(10000));
+  // Ranks that share cores progress in turns: a peer of an oversubscribed world can be late, or
+  // its heartbeat stale, for longer without being stuck.
+  const int64_t per_core_pair = std::max(1, 2 * std::max(cores, 1));
+  const int64_t factor = std::max<int64_t>(1, (world + per_core_pair - 1) / per_core_pair);
+  const milliseconds scaled = std::min(base * factor, std::max(base, case_timeout / 4));
+  return std::max(std::min(scaled, case_timeout / 2), milliseconds(1));
+}
+
+std::chrono::milliseconds StragglerTimeoutOf(std::chrono::milliseconds case_timeout, int world) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return StragglerTimeoutOf(case_timeout, world, cores == 0 ? 1 : static_cast<int>(cores));
 }
 
 }  // namespace fsdp::conformance

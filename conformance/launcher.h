@@ -61,9 +61,14 @@ struct LaunchRequest {
 };
 
 // The straggler timeout the runner gives a case's process ranks (FSDP_STRAGGLER_TIMEOUT_MS):
-// 1% of the case's timeout, at least 2 s and at most 10 s, and never more than half the
-// timeout, so that a missing or hung rank is named long before the case's deadline.
-std::chrono::milliseconds StragglerTimeoutOf(std::chrono::milliseconds case_timeout);
+// 1% of the case's timeout, at least 2 s and at most 10 s, times ceil(world / (2 x cores)) for
+// a world that oversubscribes the machine's cores (its ranks progress in turns) up to a quarter
+// of the timeout, and never more than half the timeout, so that a missing or hung rank is named
+// long before the case's deadline and a rank that only waits for a core is not. The two-argument
+// form counts the cores of this machine.
+std::chrono::milliseconds StragglerTimeoutOf(std::chrono::milliseconds case_timeout, int world,
+                                             int cores);
+std::chrono::milliseconds StragglerTimeoutOf(std::chrono::milliseconds case_timeout, int world);
 
 class RankLauncher {
  public:

@@ -105,8 +105,9 @@ std::vector<RankOutcome> ProcessLauncher::Launch(const LaunchRequest& request) {
     command.search_path = false;  // the program is a path
     for (auto& a : dr.ToArgs()) command.argv.push_back(std::move(a));
     command.env.emplace_back("FSDP_CHECK_COLLECTIVES", request.check_collectives ? "1" : "0");
-    command.env.emplace_back("FSDP_STRAGGLER_TIMEOUT_MS",
-                             std::to_string(StragglerTimeoutOf(request.timeout).count()));
+    command.env.emplace_back(
+        "FSDP_STRAGGLER_TIMEOUT_MS",
+        std::to_string(StragglerTimeoutOf(request.timeout, request.world).count()));
     command.out = distributed::OutputSink::File(log_paths[r]);
     command.err = distributed::OutputSink::SameAsStdout();
   }

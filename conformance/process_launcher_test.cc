@@ -301,20 +301,28 @@ TEST(ProcessLauncher, StragglersAreKilledAtTheDeadline) {
 }
 
 // The runner's straggler timeout: 1% of the case's timeout within [2 s, 10 s], never more than
-// half the timeout, so that a missing rank is named well before the deadline.
+// half the timeout, so that a missing rank is named well before the deadline; scaled for a world
+// that oversubscribes the cores, up to a quarter of the timeout.
 TEST(ProcessLauncher, StragglerTimeoutIsDerivedFromTheCaseTimeout) {
   using std::chrono::milliseconds;
   for (int64_t timeout_ms : {1, 300, 1000, 4000, 60000, 300000, 1000000, 100000000}) {
     const milliseconds timeout(timeout_ms);
-    const milliseconds s = StragglerTimeoutOf(timeout);
-    EXPECT_GT(s.count(), 0) << timeout_ms;
-    EXPECT_LE(s, std::max(timeout / 2, milliseconds(1))) << timeout_ms;
-    EXPECT_LE(s, milliseconds(10000)) << timeout_ms;
-    if (timeout >= milliseconds(4000)) {
-      EXPECT_EQ(s, std::clamp(timeout / 100, milliseconds(2000), milliseconds(10000)))
-          << timeout_ms;
+    for (int world : {1, 3, 4, 128}) {
+      const milliseconds s = StragglerTimeoutOf(timeout, world, 2);
+      EXPECT_GT(s.count(), 0) << timeout_ms;
+      EXPECT_LE(s, std::max(timeout / 2, milliseconds(1))) << timeout_ms;
+      const milliseconds base = std::clamp(timeout / 100, milliseconds(2000), milliseconds(10000));
+      if (timeout >= milliseconds(4000) && world <= 4) EXPECT_EQ(s, base) << timeout_ms;
+      if (timeout >= milliseconds(4000) && world == 128) {
+        // 32 ranks per core pair: 32 x the base, at most a quarter of the timeout.
+        EXPECT_EQ(s, std::min(base * 32, std::max(base, timeout / 4))) << timeout_ms;
+      }
     }
   }
+  EXPECT_EQ(StragglerTimeoutOf(milliseconds(300000), 3, 2), milliseconds(3000));
+  EXPECT_EQ(StragglerTimeoutOf(milliseconds(300000), 8, 2), milliseconds(6000));
+  EXPECT_EQ(StragglerTimeoutOf(milliseconds(300000), 8, 4), milliseconds(3000));
+  EXPECT_EQ(StragglerTimeoutOf(milliseconds(300000), 128, 2), milliseconds(75000));
 }
 
 // A rank stopped at the deadline writes its flight recorder into the kept run directory on
