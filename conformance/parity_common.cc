@@ -15,6 +15,10 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
       ParamSpec::SizeDouble("sgd_lr", "SGD learning rate (ZooModelKind::sgd_lr)", kind.sgd_lr),
       ParamSpec::SizeDouble("adam_lr", "Adam learning rate (the seeds' 1e-2)", 1e-2),
       ParamSpec::SizeDouble("momentum", "SGD momentum", 0.9),
+      ParamSpec::SizeDouble("weight_decay",
+                            "the optimizer's weight_decay (SGD and Adam: added to the gradient; "
+                            "AdamW: decoupled, p *= 1 - lr * weight_decay)",
+                            0.0),
       ParamSpec::SizeDouble("atol", "atol of losses and parameters, float32", 1e-5),
       ParamSpec::SizeDouble("rtol", "rtol of losses and parameters, float32", 1e-4),
       ParamSpec::SizeDouble("atol_float64", "atol of losses and parameters, float64", 1e-12),
@@ -55,6 +59,7 @@ ParityCase DecodeParityCase(const std::string& kind, const CaseParams& params) {
   c.optim.kind = params.GetString("optim");
   c.optim.lr = params.GetDouble(c.optim.kind == "sgd" ? "sgd_lr" : "adam_lr");
   c.optim.momentum = params.GetDouble("momentum");
+  c.optim.weight_decay = params.GetDouble("weight_decay");
   return c;
 }
 

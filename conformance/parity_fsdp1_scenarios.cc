@@ -12,6 +12,10 @@
 // (TrainEngine). It reports its losses and, after every optimizer step, the full parameters by
 // clean FQN (summon_full_params(writeback=False)); the judge compares them with the oracle's
 // data-parallel run (ExpectFsdp1Parity). Gradients are judged through the parameters they move.
+// With sync_module_states, ranks other than 0 zero their parameters before wrapping, so the run
+// matches the oracle only if FSDP broadcasts rank 0's (over both groups of a hybrid strategy).
+// Under use_orig_params each rank also reports its original parameters' numels after wrapping,
+// judged against the flat-parameter layout rule (ExpectedLocalNumels).
 //
 // A flat parameter that gets no gradient in a backward (DoubleLinear's lin2 once the loss is
 // out1.sum()) behaves unlike a plain model's parameters, and the oracle models it
@@ -37,6 +41,7 @@
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "conformance/sharded_parity.h"
+#include "engine/autograd/grad_mode.h"
 #include "engine/distributed/device_mesh.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
 #include "engine/fsdp1/unshard_params.h"
@@ -109,6 +114,13 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   const ParityCase c = DecodeParityCase(kind, env.params);
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
   module->to(env.device);
+  const bool sync_module_states = env.params.GetBool("sync_module_states");
+  if (sync_module_states && env.rank != 0) {
+    // Only rank 0 holds the weights (test_fsdp_misc.py's sync_module_states tests zero the
+    // other ranks' parameters): FSDP must broadcast them before sharding.
+    autograd::NoGradGuard no_grad;
+    for (Tensor p : module->parameters()) p.zero_();
+  }
   std::set<const nn::Module*> nested;
   for (const nn::ModulePtr& child : ChildrenToShard(module)) nested.insert(child.get());
   fsdp1::FullyShardedDataParallelOptions options;
@@ -127,9 +139,17 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   options.backward_prefetch = ParseBackwardPrefetch(env.params.GetString("backward_prefetch"));
   options.use_orig_params = env.params.GetBool("use_orig_params");
   options.cpu_offload.offload_params = env.params.GetBool("cpu_offload");
+  options.sync_module_states = sync_module_states;
   options.auto_wrap_policy = std::make_shared<fsdp1::LambdaAutoWrapPolicy>(
       [nested](const nn::Module& m) { return nested.count(&m) > 0; });
   auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(module, options);
+  // use_orig_params: the original parameters are views into this rank's flat shard.
+  nlohmann::json local_numels = nlohmann::json::object();
+  if (options.use_orig_params) {
+    for (const auto& [name, param] : fsdp_model->named_parameters()) {
+      local_numels[fsdp1::CleanTensorName(name)] = param.numel();
+    }
+  }
   const std::optional<reference::GradClip> clip = ClipOf(env.params);
   std::vector<double> grad_norms;
   std::function<void()> clip_step;
@@ -142,6 +162,7 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
                                                   c.steps, FullParameters, {}, clip_step);
   nlohmann::json obs = TrainingObservations(record, c.dtype);
   obs["grad_norms"] = grad_norms;
+  obs["local_numels"] = std::move(local_numels);
   return obs;
 }
 
@@ -210,6 +231,53 @@ DType ComputeDType(const ParityCase& c, const CaseParams& params) {
   return ParseMixedPrecision(params.GetString("mixed_precision")).param_dtype.value_or(c.dtype);
 }
 
+// Under use_orig_params, every original parameter's numel on `rank` after wrapping: the part of
+// its flat parameter's shard it covers (_flat_param.py's _init_flat_param_and_metadata: each
+// parameter starts after padding to a multiple of 16 bytes of the forward/backward dtype, the
+// total is padded to a multiple of the shard group's size, and the shard group's rank r holds
+// [r * c, (r + 1) * c) of it, c the total over the group size); its whole numel where nothing
+// is sharded. Empty without use_orig_params (the module exposes the flat parameters).
+nlohmann::json ExpectedLocalNumels(const ParityCase& c, const CaseParams& params, int world,
+                                   int rank) {
+  nlohmann::json out = nlohmann::json::object();
+  if (!params.GetBool("use_orig_params")) return out;
+  std::map<std::string, int64_t> numels;
+  for (const reference::TensorSpec& spec : c.model.oracle().ParameterSpecs()) {
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= d;
+    numels[spec.name] = numel;
+  }
+  const fsdp1::ShardingStrategy strategy =
+      ParseShardingStrategy(params.GetString("sharding_strategy"));
+  const int shard_world = ShardWorld(strategy, world);
+  const bool sharded = shard_world > 1 && fsdp1::UsesShardedStrategy(strategy);
+  const int64_t shard_rank = rank % shard_world;  // the (replicate, shard) mesh is row-major
+  const auto aligned = static_cast<int64_t>(16 / ElementSize(ComputeDType(c, params)));
+  for (const reference::Fsdp1FlatParam& flat : Fsdp1FlatParams(c, params, world)) {
+    std::vector<int64_t> starts;
+    int64_t total = 0;
+    for (const std::string& name : flat.params) {
+      const int64_t pad = aligned - total % aligned;
+      if (pad < aligned) total += pad;
+      starts.push_back(total);
+      total += numels.at(name);
+    }
+    const int64_t pad = shard_world - total % shard_world;
+    if (pad < shard_world) total += pad;
+    const int64_t chunk = total / shard_world;
+    const int64_t begin = shard_rank * chunk;
+    const int64_t end = begin + chunk;
+    for (size_t i = 0; i < flat.params.size(); ++i) {
+      const int64_t numel = numels.at(flat.params[i]);
+      out[flat.params[i]] =
+          sharded
+              ? std::max<int64_t>(0, std::min(starts[i] + numel, end) - std::max(starts[i], begin))
+              : numel;
+    }
+  }
+  return out;
+}
+
 // The relative error mixed precision adds to what the oracle computes in double. With
 // param_dtype of unit roundoff u = finfo(param_dtype).eps / 2, every parameter is rounded to it
 // and every value forward and backward compute carries rounding errors of about u per
@@ -251,6 +319,7 @@ std::vector<nlohmann::json> ExpectFsdp1Parity(const std::string& kind, const Cas
     e["loss_dtype"] = DTypeName(ZooModel::Kind(kind).LossDType(ComputeDType(c, params)));
     e[kTensors] = nlohmann::json::object();
     e["grad_norms"] = nlohmann::json::array();
+    e["local_numels"] = ExpectedLocalNumels(c, params, world, r);
     for (int64_t k = 0; k < c.steps; ++k) {
       const auto& step = oracle[static_cast<size_t>(k)];
       if (clipped) e["grad_norms"].push_back(step.grad_norm);
@@ -315,6 +384,9 @@ void JudgeFsdp1Parity(const std::string& kind, const CaseParams& params, int wor
     } else {
       CheckRankLosses(checks, c, expected, per_rank, r);
     }
+    checks.CheckEqual(who + " use_orig_params parameter numels (flat-parameter layout)",
+                      RankObservation(expected, r, "local_numels"),
+                      RankObservation(per_rank, r, "local_numels"));
     // clip_grad_norm_'s total norm: a sum over every gradient element, computed in the
     // gradients' dtype (plus mixed precision's error).
     checks.CheckClose(
@@ -352,6 +424,11 @@ Scenario MakeScenario(const ZooModelKind& kind) {
       ParamSpec::Axis("cpu_offload", "CPUOffload(offload_params=...)", {"False", "True"}));
   s.info.params.push_back(MixedPrecisionAxis());
   s.info.params.push_back(ClipGradNormParam());
+  s.info.params.push_back(ParamSpec::SizeBool(
+      "sync_module_states",
+      "FullyShardedDataParallel sync_module_states; ranks other than 0 start from zeroed "
+      "parameters, so training matches the oracle only if every rank gets rank 0's weights",
+      false));
   s.info.observations = TrainingSchema(
       "the full parameter, read inside summon_full_params(writeback=False), by its clean FQN "
       "(no _fsdp_wrapped_module.)",
@@ -360,6 +437,10 @@ Scenario MakeScenario(const ZooModelKind& kind) {
       "grad_norms",
       "the total norm clip_grad_norm_ returned at every step (empty without "
       "clip_grad_norm)"));
+  s.info.observations.Add(ObservationKey::IntegerMap(
+      "local_numels",
+      "use_orig_params: every original parameter's numel after wrapping (its part of the rank's "
+      "flat shard), by clean FQN; empty without use_orig_params"));
   s.info.deterministic = true;
   s.info.inputs = ZooInputsDoc(kind, "the case's dtype");
   s.info.default_world = 2;
@@ -373,14 +454,17 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   }
   // clip_grad_norm_ (test_fsdp_clip_grad_norm.py's DDP parity): the 2-norm at world 4 (the
   // hybrid strategies included) and the inf-norm at an uneven world, every sharding strategy
-  // and use_orig_params.
+  // and use_orig_params. The world-4 run also starts ranks other than 0 from zeroed parameters
+  // under sync_module_states (a hybrid strategy broadcasts over the shard group, then over the
+  // replicate group).
   for (const auto& [world, clip] :
        std::vector<std::pair<int, std::string>>{{4, "0.5:2"}, {3, "0.5:inf"}}) {
     s.info.extra_default_runs.push_back({world,
                                          {{"clip_grad_norm", clip},
                                           {"backward_prefetch", "BACKWARD_PRE"},
                                           {"cpu_offload", "False"},
-                                          {"mixed_precision", "None"}}});
+                                          {"mixed_precision", "None"},
+                                          {"sync_module_states", world == 4 ? "True" : "False"}}});
   }
   s.info.requirements.devices = {DeviceType::kCPU};
   // The hybrid strategies on a real 2 x 2 (replicate, shard) mesh.

@@ -1,13 +1,14 @@
-// Family `parity/single` (scenarios `parity/single/<model>`): the engine on one rank against the oracle
-// (reference/), one scenario per zoo model (conformance/model_zoo.h). Both train the model for
-// `steps` steps from the same weights and inputs: each step a fresh input, forward, the seed's
-// loss, backward, optimizer step (SGD with momentum, or Adam), then zero_grad with set_to_none
+// Family `parity/single` (scenarios `parity/single/<model>`): the engine on one rank against the
+// oracle (reference/), one scenario per zoo model (conformance/model_zoo.h). Both train the model
+// for `steps` steps from the same weights and inputs: each step a fresh input, forward, the seed's
+// loss, backward, optimizer step (SGD with momentum, Adam or AdamW, each with weight_decay
+// 1e-2: added to the gradient, or AdamW's decoupled decay), then zero_grad with set_to_none
 // alternating (True after even steps, as test_fully_shard_comm.py's prefetch test does). Every
 // step's loss and every parameter after every step must agree within the scenario's tolerance; the
 // report carries the largest absolute and relative errors. The engine computes in `dtype` (weights
 // and inputs rounded to it); the oracle computes in double from the same rounded values.
 //
-// Learning rates: Adam uses the seeds' 1e-2; SGD (momentum 0.9) the zoo's per-model sgd_lr
+// Learning rates: Adam and AdamW use the seeds' 1e-2; SGD (momentum 0.9) the zoo's per-model sgd_lr
 // (1e-3, the Transformer 3e-4), small enough that the seeds' unbounded sum losses do not
 // diverge within the steps (see ZooModelKind::sgd_lr).
 //
@@ -91,6 +92,16 @@ Scenario MakeParityScenario(const ZooModelKind& kind) {
   s.info.params = ParityParams(
       kind, ParamSpec::Axis("dtype", "the engine's parameter and input dtype",
                             {"float32", "float64"}));
+  // The optimizers' update rules are judged here, on one rank: AdamW besides SGD and Adam, and
+  // a weight decay (AdamW's default) so that coupled and decoupled decay differ.
+  for (ParamSpec& p : s.info.params) {
+    if (p.name == "optim") {
+      p = ParamSpec::Axis("optim", "optimizer: SGD with momentum, Adam or AdamW",
+                          {"sgd", "adam", "adamw"});
+    } else if (p.name == "weight_decay") {
+      p = ParamSpec::SizeDouble("weight_decay", p.description, 1e-2);
+    }
+  }
   s.info.observations = TrainingSchema("the full parameter", /*with_grads=*/false);
   s.info.deterministic = true;
   s.info.observations.Add(ObservationKey::StringList(

@@ -297,6 +297,10 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.max_world = 8;
   // HSDP × TP on (2, 2, 2) in every default run, beside FSDP × TP at the run's world.
   s.info.extra_default_runs = {{8, {{"replicate", "2"}}}};
+  // A tp size that divides none of MLPStack's sharded dims: torch.chunk's uneven pieces (the
+  // last rank's shorter) in every colwise/rowwise weight, bias and activation. The Transformer
+  // shards whole heads, so its tp must divide n_heads.
+  if (kind.name == "mlp_stack") s.info.extra_default_runs.push_back({3, {{"tp", "3"}}});
   s.skip = SkipMeshNotWorld;
   const std::string name = kind.name;
   s.info.inputs = ZooInputsDoc(kind, "the case's dtype");
