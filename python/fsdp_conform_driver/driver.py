@@ -68,8 +68,14 @@ class Driver:
     # Seconds after which a still running teardown() dumps its stacks (it takes well under 1 s).
     teardown_dump_s = 20.0
     # Seconds a session's teardown() may take before the rank writes its result asking to end
-    # the session and exits (a teardown that never returns would leave the rank deaf).
+    # the session and exits (a teardown that never returns would leave the rank deaf); if the
+    # stuck teardown holds the GIL, faulthandler ends the process teardown_exit_margin_s later
+    # (the case then fails, naming the rank's exit, with the stacks in its log).
     teardown_limit_s = 30.0
+    teardown_exit_margin_s = 5.0
+    # Cases one session process serves before it asks the runner for a fresh one (None: no
+    # limit); a driver whose cases leave resources behind on purpose bounds them with it.
+    max_cases_per_process: Optional[int] = None
 
     def __init__(self, name: str, scenarios: Dict[str, ScenarioFn],
                  setup: Optional[Callable[[protocol.Request], None]] = None,
@@ -79,16 +85,24 @@ class Driver:
         self.setup = setup
         self.teardown = teardown
 
-    def run(self, request: protocol.Request, in_session: bool = False) -> int:
+    def run(self, request: protocol.Request, in_session: bool = False,
+            end_session: Optional[str] = None) -> int:
+        """Runs one case and writes its result; `end_session` (why) asks the runner to end the
+        driver session after it."""
         fn = self.scenarios.get(request.scenario)
         if fn is None:
-            results.write_skipped(request, f"{self.name} does not implement {request.scenario}")
+            results.write_skipped(request, f"{self.name} does not implement {request.scenario}",
+                                  end_session)
             return 0
         timeout = request.timeout_s
         faulthandler.dump_traceback_later(
             timeout - self.stack_dump_margin_s if timeout > 2 * self.stack_dump_margin_s
             else timeout / 2, file=sys.__stderr__)
-        code, write = self._run(fn, request)
+        code, write_result = self._run(fn, request)
+
+        def write(reason=None):
+            write_result(reason or end_session)
+
         if self.teardown is None:
             faulthandler.cancel_dump_traceback_later()
             write()
@@ -96,16 +110,20 @@ class Driver:
             # In a session the result of a case that went well is written once the rank is
             # clean again, so that the next case never meets a rank still tearing down; a
             # teardown past teardown_limit_s ends the process (see _GuardedTeardown).
-            _GuardedTeardown(write, self.teardown_limit_s).run(self._teardown)
+            _GuardedTeardown(write, self.teardown_limit_s).run(
+                lambda: self._teardown(self.teardown_limit_s + self.teardown_exit_margin_s,
+                                       exit_after=True))
         else:
             # A failed case ends the session anyway (and a one-shot rank exits after it): the
             # runner gets the result at once.
             write()
-            self._teardown()
+            self._teardown(self.teardown_dump_s)
         return code
 
-    def _teardown(self) -> None:
-        faulthandler.dump_traceback_later(self.teardown_dump_s, file=sys.__stderr__)
+    def _teardown(self, dump_after_s: float, exit_after: bool = False) -> None:
+        """teardown(), with every thread's stack dumped after `dump_after_s` (and the process
+        ended there with `exit_after`: faulthandler needs no GIL)."""
+        faulthandler.dump_traceback_later(dump_after_s, file=sys.__stderr__, exit=exit_after)
         try:
             self.teardown()
         except Exception:  # noqa: BLE001 - the case's result stands
@@ -135,7 +153,9 @@ class Driver:
                                                             end_session)
 
     def serve(self, lines) -> int:
-        """Session mode: runs the case of every line of `lines` (a text stream) until its end."""
+        """Session mode: runs the case of every line of `lines` (a text stream) until its end;
+        from the max_cases_per_process-th case on, each result asks to end the session."""
+        served = 0
         for line in iter(lines.readline, ""):
             if not line.strip():
                 continue
@@ -150,9 +170,15 @@ class Driver:
             print(f"{self.name}: case {request.scenario} rank {request.rank}/{request.world} "
                   f"{' '.join(f'{k}={v}' for k, v in sorted(request.params.items()))}",
                   flush=True)
-            self.run(request, in_session=True)
+            served += 1
+            last = self.max_cases_per_process is not None and served >= self.max_cases_per_process
+            self.run(request, in_session=True,
+                     end_session=(f"this process served {served} cases (max_cases_per_process)"
+                                  if last else None))
             sys.stdout.flush()
             sys.stderr.flush()
+            # After a case asking to end the session the runner closes stdin once it has every
+            # rank's result (exiting here could end the session before a peer's result).
         return 0
 
     def main(self, argv=None) -> int:
@@ -173,8 +199,8 @@ class Driver:
 class _GuardedTeardown:
     """Runs a session case's teardown, then writes its result; if the teardown is still running
     after `limit_s`, a timer thread writes the result instead, asking the runner to end the
-    session (its "end_session"), and ends the process (os._exit: the stuck teardown holds the
-    main thread). Exactly one of the two writes the result.
+    session (its "end_session"): the runner then stops this process with the session (the
+    stuck teardown holds the main thread). Exactly one of the two writes the result.
 
     Ownership: holds the result writer. Thread-safety: the lock orders the main thread and the
     timer thread."""
@@ -203,11 +229,9 @@ class _GuardedTeardown:
             if self._written:
                 return
             self._written = True
-            reason = (f"the rank's teardown (process group destroyed, garbage collected) did not "
-                      f"finish within {self._limit_s:g} s; its stacks are in the rank's log")
-            print(f"driver: {reason}; ending this session's rank process", file=sys.__stderr__,
+            reason = (f"the rank's teardown did not finish within {self._limit_s:g} s; its stacks "
+                      f"are in the rank's log")
+            print(f"driver: {reason}; asking the runner to end the session", file=sys.__stderr__,
                   flush=True)
             faulthandler.dump_traceback(file=sys.__stderr__)
             self._write(reason)
-            sys.stdout.flush()
-            os._exit(0)

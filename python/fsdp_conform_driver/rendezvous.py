@@ -3,8 +3,9 @@ fresh, empty directory the runner shares between the case's ranks) and the proce
 the backend the request names (gloo; nccl on GPU machines).
 
 Ownership: init() creates the default process group; shutdown() destroys it (in a driver
-session, after every case: the next case rendezvouses in its own store directory).
-Thread-safety: call from the main thread, one init()/shutdown() pair per case.
+session, after every case: the next case rendezvouses in its own store directory) but keeps
+every process group object of the case alive for the rest of the process (_RETIRED; see
+shutdown()). Thread-safety: call from the main thread, one init()/shutdown() pair per case.
 """
 
 from __future__ import annotations
@@ -24,17 +25,30 @@ def init(request):
     return dist.group.WORLD
 
 
+# The process groups of finished cases. Freeing a ProcessGroupGloo runs its C++ destructor
+# with the GIL held, and it joins worker threads that can be waiting for the GIL to release a
+# Python reference (pytorch/pytorch: a Gloo group freed by the garbage collector now and then
+# hung the rank for good, inside gc.collect() or, freed late, inside the next case). So no
+# case's group is ever freed: the driver ends its process with os._exit and serves a bounded
+# number of cases per process (Driver.max_cases_per_process).
+_RETIRED = []
+
+
 def shutdown() -> None:
     """Ends the case's distributed state on this rank: a barrier (every rank's collectives of
-    the case have completed), the default group destroyed, and a garbage collection, so that
-    the case's modules and process groups (FSDP's reference cycles keep them alive) are freed
-    now, while every peer is still connected, and not inside the next case (in a session, a
-    Gloo group freed late blocked that rank's next rendezvous)."""
+    the case have completed), every group of the case retired (kept alive, see _RETIRED) and
+    the default group destroyed, then a garbage collection of the case's modules (FSDP's
+    reference cycles keep them alive), now rather than inside the next case."""
     import gc
 
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.barrier()
+        from torch.distributed import distributed_c10d
+
+        world = getattr(distributed_c10d, "_world", None)
+        groups = list(getattr(world, "pg_map", {}).keys()) if world is not None else []
+        _RETIRED.extend(groups or [dist.group.WORLD])
         dist.destroy_process_group()
     gc.collect()

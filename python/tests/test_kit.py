@@ -199,6 +199,23 @@ class SessionTest(unittest.TestCase):
                 self.assertTrue(os.path.exists(os.path.join(tmp, "r.json")))
             self.assertEqual(seen[-1], written_before)
 
+    def test_from_max_cases_per_process_on_each_result_asks_to_end_the_session(self):
+        driver = Driver("t", {"family/case": lambda request: ({}, None)})
+        driver.max_cases_per_process = 2
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b, \
+                tempfile.TemporaryDirectory() as c:
+            lines = io.StringIO("".join(json.dumps(_args(t)) + "\n" for t in (a, b, c)))
+            with contextlib.redirect_stdout(io.StringIO()):
+                self.assertEqual(driver.serve(lines), 0)
+            results = []
+            for t in (a, b, c):
+                with open(os.path.join(t, "r.json"), encoding="utf-8") as f:
+                    results.append(json.load(f))
+        self.assertNotIn("end_session", results[0])
+        self.assertEqual(results[1]["status"], "ok")
+        self.assertIn("served 2 cases", results[1]["end_session"])
+        self.assertIn("served 3 cases", results[2]["end_session"])
+
     def test_a_teardown_past_its_limit_ends_the_rank_with_an_end_session_result(self):
         import subprocess
         import time
@@ -212,14 +229,17 @@ class SessionTest(unittest.TestCase):
                 "d = Driver('t', {'family/case': lambda r: ({'x': 1}, None)},\n"
                 "           teardown=lambda: time.sleep(60))\n"
                 "d.teardown_limit_s = 0.3\n"
+                "d.teardown_exit_margin_s = 0.5\n"
                 f"sys.exit(d.serve(io.StringIO(json.dumps({_args(tmp)!r}) + '\\n')))\n")
             started = time.monotonic()
+            # The rank writes its result at the limit and is then ended by faulthandler (the
+            # teardown's exit margin, shortened here) unless the runner stops it first.
             done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                                   timeout=30)
             seconds = time.monotonic() - started
             with open(os.path.join(tmp, "r.json"), encoding="utf-8") as f:
                 result = json.load(f)
-        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.returncode, 1, done.stderr)  # faulthandler's exit
         self.assertLess(seconds, 20)
         self.assertEqual(result["status"], "ok")
         self.assertEqual(result["observations"], {"x": 1})

@@ -10,9 +10,15 @@ from scenarios.SCENARIOS report `skipped`. `--capabilities` / `--serve`: driver 
 (docs/drivers.md, "Persistent mode").
 """
 
+import os
 import sys
 
-from fsdp_conform_driver import Driver, ScenarioSkipped, rendezvous
+# One OpenMP thread per rank, as torchrun sets for several processes per machine: a case's
+# ranks share the machine's cores, and PyTorch's intra-op threads spinning against each other
+# made CPU cases several times slower (set OMP_NUM_THREADS to override). Before torch loads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from fsdp_conform_driver import Driver, ScenarioSkipped, rendezvous  # noqa: E402
 
 
 def _setup(request) -> None:
@@ -34,9 +40,16 @@ def _setup(request) -> None:
 def main() -> int:
     from fsdp_conform_driver.pytorch.scenarios import SCENARIOS
 
-    return Driver("PyTorch FSDP2 driver", SCENARIOS, setup=_setup,
-                  teardown=rendezvous.shutdown).main()
+    driver = Driver("PyTorch FSDP2 driver", SCENARIOS, setup=_setup, teardown=rendezvous.shutdown)
+    # Every case's process groups stay alive (rendezvous._RETIRED): a few threads and sockets
+    # each, bounded by serving at most this many cases per process.
+    driver.max_cases_per_process = 32
+    return driver.main()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Without the interpreter's finalization, which would free the retired process groups.
+    os._exit(code)

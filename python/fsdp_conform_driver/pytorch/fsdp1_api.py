@@ -96,9 +96,9 @@ def check_sync_module_states():
                               "when `sync_module_states=True`, which requires them to be on GPU\")")
 
 
-def wrap(request, model, auto_wrap_policy):
+def wrap(request, model, auto_wrap_policy, sync_module_states=False):
     """FullyShardedDataParallel(model) with the case's options (mixed_precision where the
-    scenario has that parameter, else none) and `auto_wrap_policy`."""
+    scenario has that parameter, else none), `auto_wrap_policy` and `sync_module_states`."""
     import torch
     from torch.distributed.fsdp import (BackwardPrefetch, FullyShardedDataParallel,
                                         ShardingStrategy)
@@ -126,4 +126,5 @@ def wrap(request, model, auto_wrap_policy):
         mixed_precision=mixed_precision(precision),
         auto_wrap_policy=auto_wrap_policy,
         device_id=torch.device("cpu"),
+        sync_module_states=sync_module_states,
         **kwargs)

@@ -67,12 +67,18 @@ def _children_to_shard(root):
 
 
 def _optimizer(request, params):
+    """SGD (momentum), Adam or AdamW (decoupled decay) with the case's weight_decay (0 where the
+    scenario has no such parameter)."""
     import torch
 
-    if request.param("optim") == "sgd":
+    decay = float(request.param("weight_decay")) if "weight_decay" in request.params else 0.0
+    optim = request.param("optim")
+    if optim == "sgd":
         return torch.optim.SGD(params, lr=float(request.param("sgd_lr")),
-                               momentum=float(request.param("momentum")))
-    return torch.optim.Adam(params, lr=float(request.param("adam_lr")))
+                               momentum=float(request.param("momentum")), weight_decay=decay)
+    if optim == "adamw":
+        return torch.optim.AdamW(params, lr=float(request.param("adam_lr")), weight_decay=decay)
+    return torch.optim.Adam(params, lr=float(request.param("adam_lr")), weight_decay=decay)
 
 
 def _loss(request, k, out):
@@ -187,14 +193,35 @@ def fsdp1(kind: str):
     sharding_strategy, backward_prefetch, use_orig_params, cpu_offload and mixed_precision;
     the hybrid strategies on the (replicate, shard) mesh of _hybrid_mesh_shape(world)."""
     def run(request):
+        import torch
+
         from fsdp_conform_driver.pytorch.fsdp1_api import nest_where, wrap
 
+        sync_module_states = request.params.get("sync_module_states") == "True"
+        if sync_module_states and not torch.cuda.is_available():
+            raise ScenarioSkipped(
+                "PyTorch's FullyShardedDataParallel(sync_module_states=True) refuses CPU "
+                "parameters (ValueError: 'The module has CPU parameters or buffers when "
+                "`sync_module_states=True`, which requires them to be on GPU', torch/distributed/"
+                "fsdp/_init_utils.py _check_module_states_for_sync_module_states); no GPU here")
         model, _ = _build(kind, request)
+        if sync_module_states and request.rank != 0:
+            # Only rank 0 holds the weights: FSDP must broadcast them before sharding.
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.zero_()
         nested = {id(m) for m in _children_to_shard(model)}
-        fsdp_model = wrap(request, model, nest_where(lambda m: id(m) in nested))
+        fsdp_model = wrap(request, model, nest_where(lambda m: id(m) in nested),
+                          sync_module_states=sync_module_states)
+        # use_orig_params: each original parameter is a view of its part of the rank's flat
+        # shard (named without _fsdp_wrapped_module.).
+        local_numels = ({name.replace("_fsdp_wrapped_module.", ""): p.numel()
+                         for name, p in fsdp_model.named_parameters()}
+                        if request.param("use_orig_params") == "True" else {})
         obs, tensors = _train(request, fsdp_model, after_step=record_full_params,
                               before_step=_clip_grad_norm(request))
         obs.setdefault("grad_norms", [])
+        obs["local_numels"] = local_numels
         return obs, tensors
     return run
 
