@@ -286,6 +286,12 @@ class KnownDefectsTest(unittest.TestCase):
                 {"name": name, "params": {"replicate": "1"}}, "2.4.1"))
         self.assertIn("Cannot use ReduceOp.AVG with Gloo", self.defect(
             {"name": "parity/tp/mlp_stack", "params": {"replicate": "2"}}, "2.5.1"))
+        uneven = {"name": "parity/tp/mlp_stack",
+                  "params": {"replicate": "1", "tp": "3", "mlp_dim": "8"}}
+        for version in ("2.5.1", "2.15.0"):
+            self.assertIn("pytorch/pytorch#150336", self.defect(uneven, version))
+        even = dict(uneven, params=dict(uneven["params"], tp="2"))
+        self.assertIsNone(self.defect(even, "2.15.0"))
 
 
 if __name__ == "__main__":
