@@ -357,6 +357,16 @@ void CheckTimes(CheckList& checks, const CaseParams& p, int world,
   }
 }
 
+// The deadline that applied to the case, in ms (every rank reports its group's "deadline_ms";
+// they agree): deadline_ms on the fault world, the straggler timeout on a process backend.
+int64_t AppliedDeadlineMs(const std::vector<nlohmann::json>& per_rank) {
+  const nlohmann::json& reported = RankObservation(per_rank, 0, "deadline_ms");
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, reported.is_number_integer(), RankName(0),
+                  ": deadline_ms (the deadline that applied) must be an integer, got ",
+                  reported.dump());
+  return reported.get<int64_t>();
+}
+
 // The latest issued_ns over all ranks (when a mismatch became detectable).
 std::optional<int64_t> LastIssued(const std::vector<nlohmann::json>& per_rank, int world) {
   std::optional<int64_t> last;
@@ -619,11 +629,7 @@ Scenario MissingRank() {
                        NamesRank(message, faulty), message);
     }
     if (sleep) {
-      // The deadline that applied (every rank reports its group's; they agree).
-      const nlohmann::json& reported = RankObservation(per_rank, 0, "deadline_ms");
-      FSDP_CHECK_CODE(ErrorCode::kDataLoss, reported.is_number_integer(), RankName(0),
-                      ": deadline_ms must be an integer in mode=sleep, got ", reported.dump());
-      const int64_t deadline = reported.get<int64_t>();
+      const int64_t deadline = AppliedDeadlineMs(per_rank);
       // The checker fails the whole collective when the first waiter's deadline passes, so
       // the deadline counts from the first healthy rank's call.
       std::optional<int64_t> first_issue;
@@ -736,6 +742,13 @@ void StopThisProcessFor(std::chrono::milliseconds stopped) {
   }
 }
 
+// How long hung_rank's faulty rank stays stopped: twice the straggler timeout `deadline` (by
+// when every other rank must have failed) + stopped_ms.
+std::chrono::milliseconds HungRankStopped(std::chrono::milliseconds deadline,
+                                          const CaseParams& params) {
+  return 2 * deadline + std::chrono::milliseconds(params.GetInt("stopped_ms"));
+}
+
 Scenario HungRank() {
   Scenario s;
   s.info = FaultInfo(
@@ -743,10 +756,10 @@ Scenario HungRank() {
       "after a barrier the faulty rank issues all_reduce, and fault_delay_ms later its process "
       "stops (SIGSTOP: every thread, as under a debugger) inside that all_reduce, which the "
       "others issue after it stopped; it is continued twice the straggler timeout + stopped_ms "
-      "later. Every other rank fails "
-      "after the group's straggler timeout, not before, naming the faulty rank (a member that "
-      "hangs inside a collective every member reached); the continued rank fails at once. "
-      "Process backends only: on threaded, stopping the process would stop every rank",
+      "later. Every other rank fails after the group's straggler timeout, not before, naming "
+      "the faulty rank (a member that hangs inside a collective every member reached); the "
+      "continued rank fails at once. Process backends only: on threaded, stopping the process "
+      "would stop every rank",
       "test_c10d_nccl.py::NCCLTraceTestTimeoutDumpOnStuckRanks::test_timeout_dumps",
       {FaultyRankSize(), MaxTimeToErrorSize(), CountSize(),
        ParamSpec::SizeInt("fault_delay_ms",
@@ -769,7 +782,7 @@ Scenario HungRank() {
     const int faulty = FaultyRank(env.params, env.world);
     const int64_t count = env.params.GetInt("count");
     const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
-    const auto stopped = 2 * deadline + std::chrono::milliseconds(env.params.GetInt("stopped_ms"));
+    const auto stopped = HungRankStopped(deadline, env.params);
     return RunFaultRank(
         env,
         [&](distributed::ProcessGroup& pg, Timeline& timeline) {
@@ -796,11 +809,7 @@ Scenario HungRank() {
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
     const int faulty = FaultyRank(p, world);
-    const nlohmann::json& reported = RankObservation(per_rank, 0, "deadline_ms");
-    FSDP_CHECK_CODE(ErrorCode::kDataLoss, reported.is_number_integer(), RankName(0),
-                    ": deadline_ms (the straggler timeout) must be an integer, got ",
-                    reported.dump());
-    const double deadline = static_cast<double>(reported.get<int64_t>());
+    const auto deadline = std::chrono::milliseconds(AppliedDeadlineMs(per_rank));
     const double bound = static_cast<double>(p.GetInt("max_time_to_error_ms"));
     // Every member reached the all_reduce once the last rank issued it.
     const auto last = LastIssued(per_rank, world);
@@ -816,12 +825,13 @@ Scenario HungRank() {
       // The watchdog reports a member only once the collective has been in flight for the
       // straggler timeout, and then within its stale window (at most the timeout again).
       const double waited = Ms(*error - *issued);
+      const auto deadline_ms = static_cast<double>(deadline.count());
       checks.CheckTrue(RankName(r) + " fails no earlier than the straggler timeout after its call",
-                       waited >= deadline, std::to_string(waited) + " ms");
+                       waited >= deadline_ms, std::to_string(waited) + " ms");
       const double after_last = Ms(*error - *last);
       checks.CheckTrue(RankName(r) + " fails within 2 x the straggler timeout + " +
                            std::to_string(bound) + " ms of the last call",
-                       after_last <= 2 * deadline + bound, std::to_string(after_last) + " ms");
+                       after_last <= 2 * deadline_ms + bound, std::to_string(after_last) + " ms");
       slowest = std::max(slowest, after_last);
     }
     if (slowest >= 0) checks.SetFigure("time_to_error_ms", slowest);
@@ -829,7 +839,7 @@ Scenario HungRank() {
     const auto fault = Ns(per_rank, faulty, "fault_ns");
     const auto error = Ns(per_rank, faulty, "error_ns");
     if (fault && error) {
-      const double stopped = 2 * deadline + static_cast<double>(p.GetInt("stopped_ms"));
+      const auto stopped = static_cast<double>(HungRankStopped(deadline, p).count());
       const double after_resume = Ms(*error - *fault) - stopped;
       checks.CheckTrue(RankName(faulty) + " (continued) fails at once when it runs again",
                        after_resume <= bound, std::to_string(after_resume) + " ms");

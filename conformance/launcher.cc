@@ -53,8 +53,8 @@ std::chrono::milliseconds StragglerTimeoutOf(std::chrono::milliseconds case_time
   const milliseconds base = std::clamp(case_timeout / 100, milliseconds(2000), milliseconds(10000));
   // Ranks that share cores progress in turns: a peer of an oversubscribed world can be late, or
   // its heartbeat stale, for longer without being stuck.
-  const int64_t per_core_pair = std::max(1, 2 * std::max(cores, 1));
-  const int64_t factor = std::max<int64_t>(1, (world + per_core_pair - 1) / per_core_pair);
+  const int64_t two_per_core = 2 * std::max(cores, 1);
+  const int64_t factor = std::max<int64_t>(1, (world + two_per_core - 1) / two_per_core);
   const milliseconds scaled = std::min(base * factor, std::max(base, case_timeout / 4));
   return std::max(std::min(scaled, case_timeout / 2), milliseconds(1));
 }

@@ -15,8 +15,8 @@ teardown, so the runner hands out the next case only to ranks that are clean aga
 case's result is written first (the runner ends the session after it anyway). A teardown
 still running after teardown_limit_s (PyTorch's destroy_process_group and the garbage
 collection of a case's Gloo groups can hang) makes the rank write its result with
-"end_session" (the runner starts a fresh session for the next case; this case keeps its
-verdict) and exit.
+"end_session" (the runner stops this session once it has every rank's result and starts a
+fresh one for the next case; this case keeps its verdict).
 
 Hang diagnostics: while a case runs, faulthandler is armed to dump every thread's Python stack
 to the process's stderr (sys.__stderr__: the rank's log, which the runner quotes when a case
@@ -29,6 +29,7 @@ Ownership: Driver owns its table. Thread-safety: main() runs on the process's ma
 from __future__ import annotations
 
 import faulthandler
+import functools
 import json
 import os
 import sys
@@ -68,7 +69,7 @@ class Driver:
     # Seconds after which a still running teardown() dumps its stacks (it takes well under 1 s).
     teardown_dump_s = 20.0
     # Seconds a session's teardown() may take before the rank writes its result asking to end
-    # the session and exits (a teardown that never returns would leave the rank deaf); if the
+    # the session (a teardown that never returns would leave the rank deaf); if the
     # stuck teardown holds the GIL, faulthandler ends the process teardown_exit_margin_s later
     # (the case then fails, naming the rank's exit, with the stacks in its log).
     teardown_limit_s = 30.0
@@ -101,7 +102,7 @@ class Driver:
         code, write_result = self._run(fn, request)
 
         def write(reason=None):
-            write_result(reason or end_session)
+            write_result(end_session=reason or end_session)
 
         if self.teardown is None:
             faulthandler.cancel_dump_traceback_later()
@@ -109,7 +110,7 @@ class Driver:
         elif in_session and code == 0:
             # In a session the result of a case that went well is written once the rank is
             # clean again, so that the next case never meets a rank still tearing down; a
-            # teardown past teardown_limit_s ends the process (see _GuardedTeardown).
+            # teardown past teardown_limit_s asks to end the session (see _GuardedTeardown).
             _GuardedTeardown(write, self.teardown_limit_s).run(
                 lambda: self._teardown(self.teardown_limit_s + self.teardown_exit_margin_s,
                                        exit_after=True))
@@ -131,26 +132,21 @@ class Driver:
         faulthandler.cancel_dump_traceback_later()
 
     def _run(self, fn: ScenarioFn, request: protocol.Request):
-        """Runs the case; returns (exit code, a function that writes its result, taking an
-        optional end_session reason)."""
+        """Runs the case; returns (exit code, the results writer of its outcome, to be called
+        with the optional end_session)."""
         try:
             if self.setup is not None:
                 self.setup(request)
             observations, tensors = fn(request)
         except ScenarioSkipped as skipped:
-            reason = f"{self.name}: {skipped}"
-            return 0, lambda end_session=None: results.write_skipped(request, reason, end_session)
+            return 0, functools.partial(results.write_skipped, request, f"{self.name}: {skipped}")
         except ScenarioError as error:
-            code, message = error.code, str(error)
-            return 1, lambda end_session=None: results.write_error(request, code, message,
-                                                                   end_session)
+            return 1, functools.partial(results.write_error, request, error.code, str(error))
         except Exception as error:  # noqa: BLE001 - every failure is reported to the runner
             traceback.print_exc()
-            message = f"{type(error).__name__}: {error}"
-            return 1, lambda end_session=None: results.write_error(request, "Internal", message,
-                                                                   end_session)
-        return 0, lambda end_session=None: results.write_ok(request, observations, tensors,
-                                                            end_session)
+            return 1, functools.partial(results.write_error, request, "Internal",
+                                        f"{type(error).__name__}: {error}")
+        return 0, functools.partial(results.write_ok, request, observations, tensors)
 
     def serve(self, lines) -> int:
         """Session mode: runs the case of every line of `lines` (a text stream) until its end;

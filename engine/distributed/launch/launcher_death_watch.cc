@@ -102,14 +102,17 @@ void SignalHoldersOf(const char* entry, int sig) {
     if (k < 0 && errno == EINTR) continue;
     break;  // end of file (or an error): the launcher is gone
   }
-  for (int i = 0; i < count; ++i) ::kill(-groups[i], SIGTERM);
-  SignalHoldersOf(entry, SIGTERM);
+  // Every group it was given, and every holder of the entry.
+  auto stop_all = [&](int sig) {
+    for (int i = 0; i < count; ++i) ::kill(-groups[i], sig);
+    SignalHoldersOf(entry, sig);
+  };
+  stop_all(SIGTERM);
   timespec grace{static_cast<time_t>(kill_grace_ms / 1000),
                  static_cast<long>((kill_grace_ms % 1000) * 1000000)};
   while (::nanosleep(&grace, &grace) != 0 && errno == EINTR) {
   }
-  for (int i = 0; i < count; ++i) ::kill(-groups[i], SIGKILL);
-  SignalHoldersOf(entry, SIGKILL);
+  stop_all(SIGKILL);
   ::_exit(0);
 }
 
@@ -136,9 +139,10 @@ LauncherDeathWatch::LauncherDeathWatch(std::chrono::milliseconds kill_grace) {
   if (::pipe2(fds, O_CLOEXEC) != 0) return;
   timespec now{};
   ::clock_gettime(CLOCK_MONOTONIC, &now);
-  const std::string entry =
-      std::string(kEnvironmentVariable) + "=" + std::to_string(::getpid()) + "-" +
+  const std::string value =
+      std::to_string(::getpid()) + "-" +
       std::to_string(static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec);
+  const std::string entry = std::string(kEnvironmentVariable) + "=" + value;
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(fds[0]);
@@ -161,7 +165,7 @@ LauncherDeathWatch::LauncherDeathWatch(std::chrono::milliseconds kill_grace) {
   ::close(fds[0]);
   pid_ = pid;
   write_fd_ = fds[1];
-  environment_entry_ = entry;
+  environment_value_ = value;
 }
 
 LauncherDeathWatch::~LauncherDeathWatch() { Release(); }

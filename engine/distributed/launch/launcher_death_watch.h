@@ -5,14 +5,15 @@
 // process group (so a Ctrl-C or a kill of the launcher's group does not take it down first),
 // ignoring SIGINT, SIGTERM and SIGHUP, holding only the read end of a pipe whose write end
 // only the launcher holds (close-on-exec, so no rank inherits it). The launcher sends it each
-// rank's process group as the rank starts (Watch()), and puts environment_entry() (a variable
-// unique to this watch) into every rank's environment. If the pipe reaches end of file without
-// Release() — the launcher died — the watch sends SIGTERM to every group it was given and to
-// every process whose environment holds its entry (found through /proc), SIGKILL to both after
-// `kill_grace`, and exits. The entry closes the launcher's start-up window: a rank started but
-// not yet handed to Watch() when the launcher dies carries it from its first instruction, as do
-// a rank's descendants that left its process group. Release() (also the destructor) tells the
-// watch the ranks were seen to the end; it exits without signalling anything and is reaped.
+// rank's process group as the rank starts (Watch()), and puts kEnvironmentVariable =
+// environment_value() (unique to this watch) into every rank's environment. If the pipe reaches end
+// of file without Release() — the launcher died — the watch sends SIGTERM to every group it was
+// given and to every process whose environment holds its entry (found through /proc), SIGKILL to
+// both after `kill_grace`, and exits. The entry closes the launcher's start-up window: a rank
+// started but not yet handed to Watch() when the launcher dies carries it from its first
+// instruction, as do a rank's descendants that left its process group. Release() (also the
+// destructor) tells the watch the ranks were seen to the end; it exits without signalling anything
+// and is reaped.
 //
 // Between fork and its exit the watch runs only async-signal-safe calls, so it may be forked
 // from a multi-threaded process.
@@ -40,10 +41,10 @@ class LauncherDeathWatch {
   pid_t pid() const { return pid_; }
   // Adds the process group `pgid` (a rank spawned as its group's leader) to the watch.
   void Watch(pid_t pgid);
-  // "FSDP_LAUNCHER_WATCH=<launcher pid>-<start time in ns>", for every rank's environment
-  // (empty when the watch is inactive). A process whose environment holds it is stopped with
-  // the ranks when the launcher dies.
-  const std::string& environment_entry() const { return environment_entry_; }
+  // The value of kEnvironmentVariable for every rank's environment: "<launcher pid>-<start
+  // time in ns>" (empty when the watch is inactive). A process whose environment holds that
+  // entry is stopped with the ranks when the launcher dies.
+  const std::string& environment_value() const { return environment_value_; }
   static constexpr const char* kEnvironmentVariable = "FSDP_LAUNCHER_WATCH";
   // The ranks ended under the launcher's eye: the watch exits without signalling; reaps it.
   void Release();
@@ -51,7 +52,7 @@ class LauncherDeathWatch {
  private:
   pid_t pid_ = -1;
   int write_fd_ = -1;
-  std::string environment_entry_;
+  std::string environment_value_;
 };
 
 }  // namespace fsdp::distributed

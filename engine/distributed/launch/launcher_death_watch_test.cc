@@ -46,9 +46,12 @@ std::vector<pid_t> AwaitPids(const std::string& pid_file, size_t count) {
   return ReadPids(pid_file);
 }
 
-// SIGKILLs `launcher`, then requires every one of `pids` (orphans re-parented to this process,
-// a child subreaper) to end within 2 s.
-void ExpectKillingTheLauncherEnds(pid_t launcher, const std::vector<pid_t>& pids) {
+// Once `count` pids are in `pid_file` (the ranks run), SIGKILLs `launcher` and requires every
+// one of them (orphans re-parented to this process, a child subreaper) to end within 2 s; then
+// ends the subreaper role and removes `pid_file`.
+void ExpectKillingTheLauncherEnds(pid_t launcher, const std::string& pid_file, size_t count) {
+  const std::vector<pid_t> pids = AwaitPids(pid_file, count);
+  ASSERT_EQ(pids.size(), count) << "the ranks did not start";
   ASSERT_EQ(::kill(launcher, SIGKILL), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
@@ -73,6 +76,8 @@ void ExpectKillingTheLauncherEnds(pid_t launcher, const std::vector<pid_t>& pids
     if (!ended[i]) ::kill(pids[i], SIGKILL);
   }
   EXPECT_LT(seconds, 2.0) << "the ranks were stopped " << seconds << " s after the launcher died";
+  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  std::filesystem::remove(pid_file);
 }
 
 std::string PidFile(const std::string& name) {
@@ -98,11 +103,7 @@ TEST(LauncherDeathWatchTest, ASigkilledLauncherLeavesNoRankBehind) {
   }
   // Killed as soon as every rank runs: a rank may not have been handed to Watch() yet (the
   // launcher's start-up window); its environment entry names it to the watch all the same.
-  const std::vector<pid_t> pids = AwaitPids(pid_file, 3);
-  ASSERT_EQ(pids.size(), 3u) << "the ranks did not start";
-  ExpectKillingTheLauncherEnds(launcher, pids);
-  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
-  std::filesystem::remove(pid_file);
+  ExpectKillingTheLauncherEnds(launcher, pid_file, 3);
 }
 
 TEST(LauncherDeathWatchTest, ARankNotYetWatchedIsStoppedThroughItsEnvironmentEntry) {
@@ -115,7 +116,8 @@ TEST(LauncherDeathWatchTest, ARankNotYetWatchedIsStoppedThroughItsEnvironmentEnt
     // a child in a session of its own, outside its process group) carries only the entry.
     LauncherDeathWatch watch(1000ms);
     if (!watch.active()) ::_exit(3);
-    const std::string entry = watch.environment_entry();
+    const std::string entry =
+        std::string(LauncherDeathWatch::kEnvironmentVariable) + "=" + watch.environment_value();
     const std::string script =
         "setsid sleep 60 & echo $! >> " + pid_file + "; echo $$ >> " + pid_file + "; wait";
     const pid_t rank = ::fork();
@@ -130,11 +132,7 @@ TEST(LauncherDeathWatchTest, ARankNotYetWatchedIsStoppedThroughItsEnvironmentEnt
     }
     for (;;) ::pause();
   }
-  const std::vector<pid_t> pids = AwaitPids(pid_file, 2);
-  ASSERT_EQ(pids.size(), 2u) << "the rank did not start";
-  ExpectKillingTheLauncherEnds(launcher, pids);
-  ::prctl(PR_SET_CHILD_SUBREAPER, 0);
-  std::filesystem::remove(pid_file);
+  ExpectKillingTheLauncherEnds(launcher, pid_file, 2);
 }
 
 TEST(LauncherDeathWatchTest, TheEnvironmentEntryIsUniqueToItsWatch) {
@@ -142,10 +140,8 @@ TEST(LauncherDeathWatchTest, TheEnvironmentEntryIsUniqueToItsWatch) {
   LauncherDeathWatch b(100ms);
   ASSERT_TRUE(a.active());
   ASSERT_TRUE(b.active());
-  EXPECT_EQ(
-      a.environment_entry().rfind(std::string(LauncherDeathWatch::kEnvironmentVariable) + "=", 0),
-      0u);
-  EXPECT_NE(a.environment_entry(), b.environment_entry());
+  EXPECT_FALSE(a.environment_value().empty());
+  EXPECT_NE(a.environment_value(), b.environment_value());
 }
 
 TEST(LauncherDeathWatchTest, AReleasedWatchSignalsNothing) {

@@ -208,9 +208,7 @@ WorldExit ProcessLauncher::Run(const std::vector<RankCommand>& commands) const {
     RankExit& e = world.ranks[r];
     auto env = cmd.env;
     if (death_watch.active()) {
-      const std::string& entry = death_watch.environment_entry();
-      const auto eq = entry.find('=');
-      env.emplace_back(entry.substr(0, eq), entry.substr(eq + 1));
+      env.emplace_back(LauncherDeathWatch::kEnvironmentVariable, death_watch.environment_value());
     }
     const auto env_strings = ChildEnvironment(env);
     std::vector<char*> envp;
