@@ -65,5 +65,5 @@ while read -r name code; do
 done <"$rc"
 sort "$rc"
 for f in "$results"/conform*.txt; do echo "$(basename "$f"): $(tail -n 1 "$f")"; grep FAIL "$f"; done
-grep -h -E '^\[  (PASSED|FAILED|SKIPPED) \]' "$results"/*_gpu.txt "$results"/ops_cuda.txt
+grep -h -E '^\[ +(PASSED|FAILED|SKIPPED) +\] [0-9]' "$results"/*_gpu.txt "$results"/ops_cuda.txt
 exit "$status"
