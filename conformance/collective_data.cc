@@ -40,27 +40,75 @@ int CodeDigits(int world) {
   return digits;
 }
 
-// d_r of element `index` (see the file comment).
-int Deviation(const ReduceLayout& layout, int rank, int64_t index) {
-  if (layout.world < 2) return 0;
-  const int64_t chunk = index / layout.chunk_size;
-  const int64_t position = index % layout.chunk_size;
-  const int digits = CodeDigits(layout.world);
-  if (position < digits) {
-    return BalancedTernaryDigit(RankCode(rank, layout.world), static_cast<int>(position));
+// Rank `rank`'s reduction input, element by element from `begin` on (see the file comment):
+// the one definition of ReduceInput and ReduceInputs. Walks chunk and position forward instead
+// of dividing per element, and advances the HIGH rank by one at every position past the code
+// digits, so a range costs a few operations per element.
+class ReduceInputWalk {
+ public:
+  ReduceInputWalk(const ReduceLayout& layout, int rank, int64_t begin)
+      : layout_(layout),
+        rank_(rank),
+        magnitude_(AverageMagnitude(layout.world)),
+        digits_(layout.world < 2 ? 0 : CodeDigits(layout.world)),
+        chunk_(begin / layout.chunk_size),
+        position_(begin % layout.chunk_size) {
+    FSDP_CHECK(layout.world >= 1 && layout.chunk_size >= 1 && rank >= 0 && rank < layout.world &&
+                   begin >= 0,
+               "ReduceInput: rank ", rank, ", index ", begin, " outside a layout of world ",
+               layout.world, " and chunk size ", layout.chunk_size);
+    for (int k = 0; k < digits_; ++k) {
+      code_digits_.push_back(BalancedTernaryDigit(RankCode(rank, layout.world), k));
+    }
+    // The number of high/low positions before the first one at or after `begin`.
+    const int64_t past_digits = std::max<int64_t>(0, position_ - digits_);
+    const int64_t turn = chunk_ * std::max<int64_t>(0, layout.chunk_size - digits_) + past_digits;
+    high_ = static_cast<int>(turn % layout.world);
   }
-  // The number of high/low positions before this one, over all chunks.
-  const int64_t turn = chunk * (layout.chunk_size - digits) + (position - digits);
-  const int high = static_cast<int>(turn % layout.world);
-  const int low = (high + 1) % layout.world;
-  return rank == high ? 1 : rank == low ? -1 : 0;
-}
 
-// s of element `index`: -1 when bit `position` of the chunk index is set.
-int Sign(const ReduceLayout& layout, int64_t index) {
-  const int64_t chunk = index / layout.chunk_size;
-  const int64_t position = index % layout.chunk_size;
-  return position < 63 && ((chunk >> position) & 1) != 0 ? -1 : 1;
+  // The current element's value; then moves to the next element.
+  double Next() {
+    int deviation = 0;
+    if (position_ < digits_) {
+      deviation = code_digits_[static_cast<size_t>(position_)];
+    } else if (digits_ > 0) {  // world >= 2
+      const int low = high_ + 1 == layout_.world ? 0 : high_ + 1;
+      deviation = rank_ == high_ ? 1 : rank_ == low ? -1 : 0;
+      high_ = low;
+    }
+    const int sign = position_ < 63 && ((chunk_ >> position_) & 1) != 0 ? -1 : 1;
+    if (++position_ == layout_.chunk_size) {
+      position_ = 0;
+      ++chunk_;
+    }
+    return sign * static_cast<double>(magnitude_ + deviation);
+  }
+
+ private:
+  const ReduceLayout layout_;
+  const int rank_;
+  const int magnitude_;
+  const int digits_;
+  std::vector<int> code_digits_;  // d_r at the first digits_ positions of every chunk
+  int64_t chunk_;
+  int64_t position_;
+  int high_ = 0;  // the HIGH rank of the next position past the digits
+};
+
+// Folds rank `r`'s contribution `v` (factor `factor`) into `acc`, in rank order from r = 0.
+double Fold(distributed::ReduceOp op, double acc, double v, double factor, size_t r) {
+  switch (op) {
+    case distributed::ReduceOp::kSum:
+    case distributed::ReduceOp::kAvg:
+      return acc + v;
+    case distributed::ReduceOp::kPremulSum:
+      return acc + v * factor;
+    case distributed::ReduceOp::kMin:
+      return r == 0 ? v : std::min(acc, v);
+    case distributed::ReduceOp::kMax:
+      return r == 0 ? v : std::max(acc, v);
+  }
+  return acc;
 }
 
 }  // namespace
@@ -76,18 +124,14 @@ std::vector<double> GatherValues(int rank, int64_t count) {
 }
 
 double ReduceInput(const ReduceLayout& layout, int rank, int64_t index) {
-  FSDP_CHECK(layout.world >= 1 && layout.chunk_size >= 1 && rank >= 0 && rank < layout.world &&
-                 index >= 0,
-             "ReduceInput: rank ", rank, ", index ", index, " outside a layout of world ",
-             layout.world, " and chunk size ", layout.chunk_size);
-  return Sign(layout, index) *
-         static_cast<double>(AverageMagnitude(layout.world) + Deviation(layout, rank, index));
+  return ReduceInputWalk(layout, rank, index).Next();
 }
 
 std::vector<double> ReduceInputs(const ReduceLayout& layout, int rank, int64_t begin,
                                  int64_t count) {
   std::vector<double> v(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) v[i] = ReduceInput(layout, rank, begin + i);
+  ReduceInputWalk walk(layout, rank, begin);
+  for (double& x : v) x = walk.Next();
   return v;
 }
 
@@ -106,41 +150,29 @@ double Reduce(distributed::ReduceOp op, const std::vector<double>& values,
              " for ", values.size());
   double acc = 0;
   for (size_t r = 0; r < values.size(); ++r) {
-    const double v = values[r];
-    switch (op) {
-      case distributed::ReduceOp::kSum:
-      case distributed::ReduceOp::kAvg:
-        acc += v;
-        break;
-      case distributed::ReduceOp::kPremulSum:
-        acc += v * factors[r];
-        break;
-      case distributed::ReduceOp::kMin:
-        acc = r == 0 ? v : std::min(acc, v);
-        break;
-      case distributed::ReduceOp::kMax:
-        acc = r == 0 ? v : std::max(acc, v);
-        break;
-    }
+    acc = Fold(op, acc, values[r], op == distributed::ReduceOp::kPremulSum ? factors[r] : 1.0, r);
   }
   return op == distributed::ReduceOp::kAvg ? acc / divisor : acc;
 }
 
 double ExpectedReduction(distributed::ReduceOp op, const ReduceLayout& layout, int64_t index) {
-  std::vector<double> values(static_cast<size_t>(layout.world));
-  std::vector<double> factors(static_cast<size_t>(layout.world));
-  for (int r = 0; r < layout.world; ++r) {
-    values[r] = ReduceInput(layout, r, index);
-    factors[r] = PremulFactor(r, layout.world);
-  }
-  return Reduce(op, values, factors, layout.world);
+  return ExpectedReductions(op, layout, index, 1)[0];
 }
 
 std::vector<double> ExpectedReductions(distributed::ReduceOp op, const ReduceLayout& layout,
                                        int64_t begin, int64_t count) {
-  std::vector<double> v(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) v[i] = ExpectedReduction(op, layout, begin + i);
-  return v;
+  // Reduce's fold, rank by rank over the whole range (the same operations in the same order
+  // per element).
+  std::vector<double> acc(static_cast<size_t>(count), 0.0);
+  for (int r = 0; r < layout.world; ++r) {
+    ReduceInputWalk walk(layout, r, begin);
+    const double factor = PremulFactor(r, layout.world);
+    for (double& a : acc) a = Fold(op, a, walk.Next(), factor, static_cast<size_t>(r));
+  }
+  if (op == distributed::ReduceOp::kAvg) {
+    for (double& a : acc) a /= layout.world;
+  }
+  return acc;
 }
 
 }  // namespace fsdp::conformance

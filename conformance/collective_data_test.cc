@@ -264,6 +264,42 @@ TEST(CollectiveDataTest, InputsOfAWorldOfOneAreExactToo) {
   }
 }
 
+// Ranges are the element-by-element values, from any start (mid-chunk, inside or past the code
+// digits, across chunk boundaries), and the expected reductions of a range are Reduce over the
+// ranks' elements.
+TEST(CollectiveDataTest, RangesAgreeWithSingleElementsFromAnyStart) {
+  for (int world : {2, 3, 7, 128}) {
+    for (int64_t chunk_size : {1, 2, 5, 7, 64}) {
+      if (world == 128 && chunk_size > 7) continue;  // keeps the test fast
+      const ReduceLayout layout{world, chunk_size};
+      const int64_t numel = world * chunk_size + 3;
+      for (int64_t begin : {int64_t{0}, int64_t{1}, chunk_size - 1, chunk_size + 2, numel - 2}) {
+        const int64_t count = numel - begin;
+        for (int r : {0, 1, world - 1}) {
+          const std::vector<double> range = ReduceInputs(layout, r, begin, count);
+          for (int64_t i = 0; i < count; ++i) {
+            ASSERT_EQ(range[i], ReduceInput(layout, r, begin + i))
+                << "world " << world << ", chunk " << chunk_size << ", rank " << r << ", from "
+                << begin << ", element " << begin + i;
+          }
+        }
+        for (ReduceOp op : kOps) {
+          const std::vector<double> expected = ExpectedReductions(op, layout, begin, count);
+          for (int64_t i = 0; i < count; ++i) {
+            std::vector<double> values, factors;
+            for (int r = 0; r < world; ++r) {
+              values.push_back(ReduceInput(layout, r, begin + i));
+              factors.push_back(PremulFactor(r, world));
+            }
+            ASSERT_EQ(expected[i], Reduce(op, values, factors, world))
+                << Name(op) << " world " << world << ", element " << begin + i;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CollectiveDataTest, ReductionIsRejectedOnlyForAvgAndPremulSumOnIntegers) {
   for (DType dtype : kDTypes) {
     for (ReduceOp op : kOps) {
