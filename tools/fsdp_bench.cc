@@ -48,14 +48,13 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "conformance/fsdp1_params.h"
 #include "conformance/model_zoo.h"
@@ -64,21 +63,22 @@
 #include "engine/core/error.h"
 #include "engine/core/rank_context.h"
 #include "engine/distributed/backend_registry.h"
+#include "engine/distributed/device_mesh.h"
 #include "engine/distributed/launch.h"
 #include "engine/fsdp/fully_shard.h"
-#include "engine/distributed/device_mesh.h"
 #include "engine/fsdp/observer.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
 #include "engine/fsdp1/wrap_policy.h"
 #include "engine/nn/layers.h"
+#include "fakes/rank_thread_memory.h"
 #include "fakes/run_ranks.h"
 #include "fakes/threaded_backend.h"
 #include "reference/data_parallel.h"
 #include "tools/bench/table.h"
-#include "tools/launch/local_launcher.h"
 #include "tools/fsdp_bench/flat_param_meter.h"
 #include "tools/fsdp_bench/gather_doubles.h"
 #include "tools/fsdp_bench/param_grad_meter.h"
+#include "tools/launch/local_launcher.h"
 
 namespace fsdp::bench {
 namespace {
@@ -1016,4 +1016,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace fsdp::bench
 
-int main(int argc, char** argv) { return fsdp::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  fsdp::fakes::KeepFreedMemoryInProcess();  // threaded worlds of up to hundreds of ranks
+  return fsdp::bench::Main(argc, argv);
+}

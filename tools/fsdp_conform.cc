@@ -3,7 +3,9 @@
 // catalog; this file only supplies the default one.
 #include "conformance/catalog.h"
 #include "conformance/cli.h"
+#include "fakes/rank_thread_memory.h"
 
 int main(int argc, char** argv) {
+  fsdp::fakes::KeepFreedMemoryInProcess();  // threaded worlds of up to hundreds of ranks
   return fsdp::conformance::CliMain(argc, argv, fsdp::conformance::DefaultCatalog());
 }

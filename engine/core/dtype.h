@@ -3,6 +3,7 @@
 // Thread-safety: value types, stateless functions.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -39,10 +40,76 @@ struct BFloat16 {
   static BFloat16 FromBits(uint16_t b) { BFloat16 h; h.bits = b; return h; }
 };
 
-uint16_t FloatToHalfBits(float value);
-float HalfBitsToFloat(uint16_t bits);
-uint16_t FloatToBFloat16Bits(float value);
-float BFloat16BitsToFloat(uint16_t bits);
+// The conversions, inline: the kernels and collectives call them per element.
+inline uint16_t FloatToHalfBits(float value) {
+  uint32_t x;
+  std::memcpy(&x, &value, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // inf or NaN
+    return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+  }
+  if (abs >= 0x477ff000u) {  // rounds to >= 65520: overflow to inf
+    return static_cast<uint16_t>(sign | 0x7c00u);
+  }
+  if (abs < 0x38800000u) {  // below the smallest normal half (2^-14): subnormal or zero
+    // Scale so that the half subnormal LSB (2^-24) becomes 1, then round to nearest even.
+    float f;
+    std::memcpy(&f, &abs, 4);
+    const float scaled = f * 16777216.0f;    // 2^24, exact
+    const float r = std::nearbyint(scaled);  // default rounding mode: nearest even
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(r));
+  }
+  // Normal: rebias exponent (127 -> 15) and round the 13 dropped mantissa bits to nearest even.
+  uint32_t mant_exp = abs - 0x38000000u;  // exponent rebias: (127-15) << 23
+  const uint32_t lsb = (mant_exp >> 13) & 1u;
+  mant_exp += 0x0fffu + lsb;
+  return static_cast<uint16_t>(sign | (mant_exp >> 13));
+}
+
+inline float HalfBitsToFloat(uint16_t h) {
+  const uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: value = mant * 2^-24
+      float f = static_cast<float>(mant) * 5.9604644775390625e-08f;
+      std::memcpy(&bits, &f, 4);
+      bits |= sign;
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112u) << 23) | (mant << 13);
+  }
+  float out;
+  std::memcpy(&out, &bits, 4);
+  return out;
+}
+
+inline uint16_t FloatToBFloat16Bits(float value) {
+  uint32_t x;
+  std::memcpy(&x, &value, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN
+  const uint32_t lsb = (x >> 16) & 1u;
+  x += 0x7fffu + lsb;
+  return static_cast<uint16_t>(x >> 16);
+}
+
+inline float BFloat16BitsToFloat(uint16_t bits) {
+  const uint32_t x = static_cast<uint32_t>(bits) << 16;
+  float out;
+  std::memcpy(&out, &x, 4);
+  return out;
+}
+
+inline Half::Half(float value) : bits(FloatToHalfBits(value)) {}
+inline Half::operator float() const { return HalfBitsToFloat(bits); }
+inline BFloat16::BFloat16(float value) : bits(FloatToBFloat16Bits(value)) {}
+inline BFloat16::operator float() const { return BFloat16BitsToFloat(bits); }
 
 template <typename T> struct DTypeOf;
 template <> struct DTypeOf<float> { static constexpr DType value = DType::kFloat32; };
