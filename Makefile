@@ -8,7 +8,8 @@ SCENARIOS ?= *
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: setup configure build test conform tsan asan fuzz lint clean validate-pytorch
+.PHONY: setup configure build test conform tsan asan fuzz lint clean validate-pytorch \
+        bench-pytorch-seeds
 
 setup:
 	bash scripts/setup.sh
@@ -91,3 +92,10 @@ VERSION ?= 2.5.1
 FAMILIES ?=
 validate-pytorch: build
 	bash scripts/validate_pytorch.sh $(VERSION) $(BUILD_DIR) $(FAMILIES)
+
+# PyTorch's own threaded run (128 rank threads) of the seed's TestFullyShardCollectiveOps tests
+# against fsdp-conform's, timed in one run (docs/benchmarks.md); uses the venv that
+# `make validate-pytorch VERSION=2.5.1` makes (the test bodies need torch 2.4 or 2.5).
+bench-pytorch-seeds: build
+	PYTHONPATH=python .venv-torch-$(VERSION)/bin/python python/bench/seed_collective_ops.py \
+	  --fsdp-conform $(BUILD_DIR)/tools/fsdp-conform --json $(BUILD_DIR)/bench-pytorch-seeds.json

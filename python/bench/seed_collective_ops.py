@@ -12,6 +12,7 @@ ratio. Each side's time covers the whole test: starting the ranks, the test body
 and ending the ranks (for fsdp-conform, the whole process: its start, every case and the judge).
 
 Usage (the venv's python; the driver package on PYTHONPATH):
+  make bench-pytorch-seeds   (torch 2.5.1's venv from `make validate-pytorch`), or
   PYTHONPATH=python .venv-torch-2.5.1/bin/python python/bench/seed_collective_ops.py \
       --fsdp-conform build/default/tools/fsdp-conform [--world 128] [--rounds 3] [--json FILE]
 
@@ -57,24 +58,22 @@ DEVICE = torch.device("cpu")
 
 
 def _fsdp():
-    """PyTorch's FSDP2 internals the tests call (their module path moved in 2.6)."""
-    try:
-        from torch.distributed.fsdp._fully_shard import (  # noqa: F401
-            _fsdp_collectives as coll,
-            _fsdp_init as init,
-            _fsdp_param_group as group,
-        )
-        from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
-    except ImportError:
-        from torch.distributed._composable.fsdp import (  # noqa: F401
-            _fsdp_collectives as coll,
-            _fsdp_init as init,
-            _fsdp_param_group as group,
-        )
-        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, OffloadPolicy
-    from torch.distributed._composable.fsdp._fsdp_common import FSDPMeshInfo  # noqa: F401
+    """PyTorch's FSDP2 internals the tests call, as the 2.4 and 2.5 releases lay them out (later
+    releases moved them and changed foreach_reduce's parameters)."""
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    if (major, minor) not in ((2, 4), (2, 5)):
+        raise SystemExit(f"seed_collective_ops: torch {torch.__version__} is not supported: the "
+                         "test bodies call FSDP2 internals as torch 2.4 and 2.5 define them")
+    from torch.distributed._composable.fsdp import (
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        _fsdp_collectives as coll,
+        _fsdp_common as common,
+        _fsdp_init as init,
+        _fsdp_param_group as group,
+    )
 
-    return coll, init, group, MixedPrecisionPolicy, OffloadPolicy
+    return coll, common, init, group, MixedPrecisionPolicy, OffloadPolicy
 
 
 def _init_params():
@@ -87,11 +86,9 @@ def _init_params():
 
 
 def _init_fsdp_param_group(params, reshard_after_forward):
-    coll, init, group, MixedPrecisionPolicy, OffloadPolicy = _fsdp()
-    from torch.distributed._composable.fsdp._fsdp_common import FSDPMeshInfo
-
+    _, common, init, group, MixedPrecisionPolicy, OffloadPolicy = _fsdp()
     module = nn.ParameterList([p.detach().clone() for p in params])
-    mesh_info = FSDPMeshInfo(init._init_default_fully_shard_mesh(), shard_mesh_dim=0)
+    mesh_info = common.FSDPMeshInfo(init._init_default_fully_shard_mesh(), shard_mesh_dim=0)
     post_forward_mesh_info = init._get_post_forward_mesh_info(reshard_after_forward, mesh_info)
     fsdp_param_group = group.FSDPParamGroup(
         list(module.parameters()), (module,), mesh_info, post_forward_mesh_info, DEVICE,
@@ -162,7 +159,7 @@ def _test_reduce_scatter(rank, reduce_scatter_dtype):
                       all_reduce_stream=cpu_streams.CpuStream(), all_reduce_grads=True,
                       partial_reduce_output=None)
         if "reduce_scatter_reduce_op" in inspect.signature(coll.foreach_reduce).parameters:
-            kwargs["reduce_scatter_reduce_op"] = None
+            kwargs["reduce_scatter_reduce_op"] = None  # 2.5 (2.4 has no such parameter)
         _, _, post_reduce_event, _ = coll.foreach_reduce(fsdp_params, unsharded_grads, group,
                                                          reduce_scatter_stream, **kwargs)
         torch.cuda.current_stream().wait_event(post_reduce_event)
@@ -239,6 +236,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per test")
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
+    _fsdp()  # refuses an unsupported torch before any thread starts
     cpu_streams.install()
     rows = []
     print(f"# world {args.world}, torch {torch.__version__}, {args.rounds} alternating rounds")
