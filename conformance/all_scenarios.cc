@@ -21,6 +21,7 @@ void RegisterParityFsdp1Scenarios(ScenarioRegistry& registry);
 void RegisterFullyShardStateDictScenarios(ScenarioRegistry& registry);
 void RegisterCheckpointScenarios(ScenarioRegistry& registry);
 void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry);
+void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry);
 void RegisterFsdpTpIntegrationScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardTrainingScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry);
@@ -43,6 +44,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardStateDictScenarios(registry);
   RegisterCheckpointScenarios(registry);
   RegisterFsdpStateDictScenarios(registry);
+  RegisterFsdpUnshardParamsScenarios(registry);
   RegisterFsdpTpIntegrationScenarios(registry);
   RegisterFullyShardTrainingScenarios(registry);
   RegisterFullyShardMixedPrecisionScenarios(registry);

@@ -424,6 +424,7 @@ std::unique_ptr<optim::Optimizer> MakeEngineOptimizer(
     o.lr = config.lr;
     o.momentum = config.momentum;
     o.weight_decay = config.weight_decay;
+    o.nesterov = config.nesterov;
     return std::make_unique<optim::SGD>(std::move(named_params), o);
   }
   if (config.kind == "adam") {
@@ -448,6 +449,7 @@ std::unique_ptr<reference::Optimizer<double>> MakeOracleOptimizer(const OptimCon
     o.lr = config.lr;
     o.momentum = config.momentum;
     o.weight_decay = config.weight_decay;
+    o.nesterov = config.nesterov;
     return std::make_unique<reference::Sgd<double>>(o);
   }
   if (config.kind == "adam" || config.kind == "adamw") {

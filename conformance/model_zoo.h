@@ -131,6 +131,7 @@ struct OptimConfig {
   std::string kind = "sgd";   // Default: "sgd"; or "adam", "adamw"
   double lr = 1e-2;           // Default: 1e-2
   double momentum = 0.9;      // Default: 0.9 (SGD only)
+  bool nesterov = false;      // Default: false (SGD only: g + momentum * buf instead of buf)
   double weight_decay = 0.0;  // Default: 0 (AdamW: decoupled)
 };
 

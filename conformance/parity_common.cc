@@ -15,6 +15,10 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
       ParamSpec::SizeDouble("sgd_lr", "SGD learning rate (ZooModelKind::sgd_lr)", kind.sgd_lr),
       ParamSpec::SizeDouble("adam_lr", "Adam learning rate (the seeds' 1e-2)", 1e-2),
       ParamSpec::SizeDouble("momentum", "SGD momentum", 0.9),
+      ParamSpec::SizeBool("nesterov",
+                          "SGD nesterov: Nesterov momentum (the step uses g + momentum * buf, not "
+                          "buf); needs optim=sgd",
+                          false),
       ParamSpec::SizeDouble("weight_decay",
                             "the optimizer's weight_decay (SGD and Adam: added to the gradient; "
                             "AdamW: decoupled, p *= 1 - lr * weight_decay)",
@@ -25,6 +29,12 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
       ParamSpec::SizeDouble("rtol_float64", "rtol of losses and parameters, float64", 1e-10)};
   params.insert(params.end(), kind.params.begin(), kind.params.end());
   return params;
+}
+
+std::optional<std::string> NesterovNeedsSgd(const CaseParams& params, int /*world*/) {
+  if (!params.GetBool("nesterov") || params.GetString("optim") == "sgd") return std::nullopt;
+  return "nesterov=True is an option of SGD only (torch.optim." +
+         std::string(params.GetString("optim") == "adamw" ? "AdamW" : "Adam") + " has none)";
 }
 
 ParamSpec LossParam(const ZooModelKind& kind) {
@@ -59,6 +69,9 @@ ParityCase DecodeParityCase(const std::string& kind, const CaseParams& params) {
   c.optim.kind = params.GetString("optim");
   c.optim.lr = params.GetDouble(c.optim.kind == "sgd" ? "sgd_lr" : "adam_lr");
   c.optim.momentum = params.GetDouble("momentum");
+  c.optim.nesterov = params.GetBool("nesterov");
+  FSDP_CHECK(!c.optim.nesterov || c.optim.kind == "sgd",
+             "nesterov=True needs optim=sgd, got optim=", c.optim.kind);
   c.optim.weight_decay = params.GetDouble("weight_decay");
   return c;
 }

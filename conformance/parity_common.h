@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,13 @@
 namespace fsdp::conformance {
 
 // The parameters of a parity scenario for zoo model `kind`: optim axis, `dtype_param` (an axis
-// or a size), seed, steps, loss, learning rates, momentum, tolerances, then the model's own knobs.
+// or a size), seed, steps, loss, learning rates, momentum, nesterov, tolerances, then the model's
+// own knobs.
 std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_param);
+
+// Scenario::excluded of a parity family: the reason a case with nesterov=True and an optimizer
+// other than SGD does not run (Adam and AdamW have no Nesterov momentum), else nullopt.
+std::optional<std::string> NesterovNeedsSgd(const CaseParams& params, int world);
 
 // The "loss" parameter of the parity families for `kind`: "squares" or "sum" (the seeds'
 // out.sum()); ZooModel::LossAt. The default is a loss bounded below: "sum" for a model whose
@@ -33,7 +39,7 @@ struct ParityCase {
   uint64_t seed = 0;              // "seed": the zoo's weights and inputs
   DType dtype = DType::kFloat32;  // "dtype": the engine's parameter and input dtype
   int64_t steps = 0;              // "steps": training steps (>= 1)
-  OptimConfig optim;              // "optim", "sgd_lr" / "adam_lr", "momentum"
+  OptimConfig optim;              // "optim", "sgd_lr" / "adam_lr", "momentum", "nesterov"
   Tolerance float_tolerance;      // "atol", "rtol"
   Tolerance float64_tolerance;    // "atol_float64", "rtol_float64"
 

@@ -27,13 +27,12 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
+#include "conformance/fsdp1_flat_params.h"
 #include "conformance/fsdp1_params.h"
 #include "conformance/model_zoo.h"
 #include "conformance/observations.h"
@@ -45,7 +44,6 @@
 #include "engine/distributed/device_mesh.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
 #include "engine/fsdp1/unshard_params.h"
-#include "engine/fsdp1/wrap_policy.h"
 
 namespace fsdp::conformance {
 
@@ -121,8 +119,6 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
     autograd::NoGradGuard no_grad;
     for (Tensor p : module->parameters()) p.zero_();
   }
-  std::set<const nn::Module*> nested;
-  for (const nn::ModulePtr& child : ChildrenToShard(module)) nested.insert(child.get());
   fsdp1::FullyShardedDataParallelOptions options;
   options.sharding_strategy = ParseShardingStrategy(env.params.GetString("sharding_strategy"));
   if (fsdp1::IsHybridStrategy(options.sharding_strategy)) {
@@ -140,9 +136,7 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   options.use_orig_params = env.params.GetBool("use_orig_params");
   options.cpu_offload.offload_params = env.params.GetBool("cpu_offload");
   options.sync_module_states = sync_module_states;
-  options.auto_wrap_policy = std::make_shared<fsdp1::LambdaAutoWrapPolicy>(
-      [nested](const nn::Module& m) { return nested.count(&m) > 0; });
-  auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(module, options);
+  auto fsdp_model = WrapChildrenThenRoot(module, options);
   // use_orig_params: the original parameters are views into this rank's flat shard.
   nlohmann::json local_numels = nlohmann::json::object();
   if (options.use_orig_params) {
@@ -196,33 +190,17 @@ std::vector<reference::Fsdp1FlatParam> Fsdp1FlatParams(const ParityCase& c,
                            !fsdp1::ReshardsAfterForward(strategy);
   const bool full_precision_summon =
       ParseMixedPrecision(params.GetString("mixed_precision")).param_dtype.has_value();
-  const nn::ModulePtr module = c.model.BuildEngine();
-  std::map<const nn::Module*, std::string> fqns;
-  for (const auto& [name, m] : module->named_modules()) fqns[m.get()] = name;
   std::vector<reference::Fsdp1FlatParam> out;
-  std::set<std::string> nested_params;
-  for (const nn::ModulePtr& child : ChildrenToShard(module)) {
+  for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
     reference::Fsdp1FlatParam flat;
-    for (const auto& [name, p] : child->named_parameters(fqns.at(child.get()))) {
-      flat.params.push_back(name);
-      nested_params.insert(name);
-    }
+    flat.params = unit.fqns;
     flat.keeps_unsharded_after_forward =
-        sharded && !fsdp1::ReshardsAfterForward(strategy) && !skips_views;
+        sharded && (unit.root || !fsdp1::ReshardsAfterForward(strategy)) && !skips_views;
     flat.full_precision_summon = full_precision_summon;
     flat.offload_params = offload_params;
     flat.grad_every_backward = !skips_views;
-    if (!flat.params.empty()) out.push_back(std::move(flat));
+    out.push_back(std::move(flat));
   }
-  reference::Fsdp1FlatParam root;
-  for (const auto& [name, p] : module->named_parameters()) {
-    if (nested_params.count(name) == 0) root.params.push_back(name);
-  }
-  root.keeps_unsharded_after_forward = sharded && !skips_views;
-  root.full_precision_summon = full_precision_summon;
-  root.offload_params = offload_params;
-  root.grad_every_backward = !skips_views;
-  if (!root.params.empty()) out.push_back(std::move(root));
   return out;
 }
 
@@ -241,38 +219,17 @@ nlohmann::json ExpectedLocalNumels(const ParityCase& c, const CaseParams& params
                                    int rank) {
   nlohmann::json out = nlohmann::json::object();
   if (!params.GetBool("use_orig_params")) return out;
-  std::map<std::string, int64_t> numels;
-  for (const reference::TensorSpec& spec : c.model.oracle().ParameterSpecs()) {
-    int64_t numel = 1;
-    for (int64_t d : spec.shape) numel *= d;
-    numels[spec.name] = numel;
-  }
   const fsdp1::ShardingStrategy strategy =
       ParseShardingStrategy(params.GetString("sharding_strategy"));
   const int shard_world = ShardWorld(strategy, world);
   const bool sharded = shard_world > 1 && fsdp1::UsesShardedStrategy(strategy);
   const int64_t shard_rank = rank % shard_world;  // the (replicate, shard) mesh is row-major
-  const auto aligned = static_cast<int64_t>(16 / ElementSize(ComputeDType(c, params)));
-  for (const reference::Fsdp1FlatParam& flat : Fsdp1FlatParams(c, params, world)) {
-    std::vector<int64_t> starts;
-    int64_t total = 0;
-    for (const std::string& name : flat.params) {
-      const int64_t pad = aligned - total % aligned;
-      if (pad < aligned) total += pad;
-      starts.push_back(total);
-      total += numels.at(name);
-    }
-    const int64_t pad = shard_world - total % shard_world;
-    if (pad < shard_world) total += pad;
-    const int64_t chunk = total / shard_world;
-    const int64_t begin = shard_rank * chunk;
-    const int64_t end = begin + chunk;
-    for (size_t i = 0; i < flat.params.size(); ++i) {
-      const int64_t numel = numels.at(flat.params[i]);
-      out[flat.params[i]] =
-          sharded
-              ? std::max<int64_t>(0, std::min(starts[i] + numel, end) - std::max(starts[i], begin))
-              : numel;
+  for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
+    const FlatParamLayout layout =
+        LayOutFlatParam(c.model, unit.fqns, ComputeDType(c, params), shard_world);
+    for (size_t i = 0; i < layout.fqns.size(); ++i) {
+      const auto [begin, end] = layout.ParamRangeOnRank(i, shard_rank);
+      out[layout.fqns[i]] = sharded ? end - begin : layout.numels[i];
     }
   }
   return out;

@@ -38,8 +38,11 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.min_world = 1;
   s.info.max_world = 8;
   if (const int uneven = ParityUnevenWorld(kind, s.info.params, s.info.max_world, false)) {
-    s.info.extra_default_runs = {{uneven, {}}};
+    // Also SGD's Nesterov momentum on the sharded parameters, where a shard that steps another
+    // update rule than the full parameter's shows.
+    s.info.extra_default_runs = {{uneven, {}}, {uneven, {{"optim", "sgd"}, {"nesterov", "True"}}}};
   }
+  s.excluded = NesterovNeedsSgd;
   for (int world : {2, 4}) {
     s.info.test_runs.push_back({world, {{kShardPlacementParam, "largest_dim"}}});
   }

@@ -1,12 +1,13 @@
 // Family `parity/single` (scenarios `parity/single/<model>`): the engine on one rank against the
 // oracle (reference/), one scenario per zoo model (conformance/model_zoo.h). Both train the model
 // for `steps` steps from the same weights and inputs: each step a fresh input, forward, the seed's
-// loss, backward, optimizer step (SGD with momentum, Adam or AdamW, each with weight_decay
-// 1e-2: added to the gradient, or AdamW's decoupled decay), then zero_grad with set_to_none
-// alternating (True after even steps, as test_fully_shard_comm.py's prefetch test does). Every
-// step's loss and every parameter after every step must agree within the scenario's tolerance; the
-// report carries the largest absolute and relative errors. The engine computes in `dtype` (weights
-// and inputs rounded to it); the oracle computes in double from the same rounded values.
+// loss, backward, optimizer step (SGD with momentum, with and without nesterov, Adam or AdamW,
+// each with weight_decay 1e-2: added to the gradient, or AdamW's decoupled decay), then zero_grad
+// with set_to_none alternating (True after even steps, as test_fully_shard_comm.py's prefetch test
+// does). Every step's loss and every parameter after every step must agree within the scenario's
+// tolerance; the report carries the largest absolute and relative errors. The engine computes in
+// `dtype` (weights and inputs rounded to it); the oracle computes in double from the same rounded
+// values.
 //
 // Learning rates: Adam and AdamW use the seeds' 1e-2; SGD (momentum 0.9) the zoo's per-model sgd_lr
 // (1e-3, the Transformer 3e-4), small enough that the seeds' unbounded sum losses do not
@@ -98,10 +99,14 @@ Scenario MakeParityScenario(const ZooModelKind& kind) {
     if (p.name == "optim") {
       p = ParamSpec::Axis("optim", "optimizer: SGD with momentum, Adam or AdamW",
                           {"sgd", "adam", "adamw"});
+    } else if (p.name == "nesterov") {
+      // Nesterov momentum is judged here too: SGD runs with and without it.
+      p = ParamSpec::Axis("nesterov", p.description, {"False", "True"});
     } else if (p.name == "weight_decay") {
       p = ParamSpec::SizeDouble("weight_decay", p.description, 1e-2);
     }
   }
+  s.excluded = NesterovNeedsSgd;
   s.info.observations = TrainingSchema("the full parameter", /*with_grads=*/false);
   s.info.deterministic = true;
   s.info.observations.Add(ObservationKey::StringList(

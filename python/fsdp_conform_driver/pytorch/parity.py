@@ -1,7 +1,8 @@
 """parity/single/*, parity/fsdp/*, parity/fsdp1/* and parity/tp/* in PyTorch: the zoo model the case
 names trained for `steps` steps on the case's inputs (step{k}/input), loss out.sum() or
 (out * out).sum() (DoubleLinear's two outputs: (out1 * out2).sum() before loss_switch_step),
-SGD with momentum or Adam, zero_grad(set_to_none=(step % 2 == 0)) as the seeds, reporting every step's loss and parameters (and,
+SGD with momentum (nesterov or not) or Adam, zero_grad(set_to_none=(step % 2 == 0)) as the
+seeds, reporting every step's loss and parameters (and,
 under fully_shard, gradient shards and the final full parameters; under FullyShardedDataParallel,
 the full parameters read in summon_full_params; under tensor parallelism with fully_shard,
 the collectives of every step's forward and backward), as docs/observations.md lists them.
@@ -25,7 +26,7 @@ def _build(kind: str, request):
     from fsdp_conform_driver.pytorch.models import (MLP, DoubleLinear, MLPStack, ModelArgs,
                                                     Transformer)
 
-    dtype = getattr(torch, _DTYPES[request.param("dtype")])
+    dtype = getattr(torch, _DTYPES[request.params.get("dtype", "float32")])
     if kind == "mlp":
         model = MLP(request.int_param("dim"),
                     with_buffer=request.param("with_buffer").lower() == "true",
@@ -67,15 +68,16 @@ def _children_to_shard(root):
 
 
 def _optimizer(request, params):
-    """SGD (momentum), Adam or AdamW (decoupled decay) with the case's weight_decay (0 where the
-    scenario has no such parameter)."""
+    """SGD (momentum, nesterov), Adam or AdamW (decoupled decay) with the case's weight_decay
+    (0 where the scenario has no such parameter; nesterov False likewise)."""
     import torch
 
     decay = float(request.param("weight_decay")) if "weight_decay" in request.params else 0.0
     optim = request.param("optim")
     if optim == "sgd":
         return torch.optim.SGD(params, lr=float(request.param("sgd_lr")),
-                               momentum=float(request.param("momentum")), weight_decay=decay)
+                               momentum=float(request.param("momentum")), weight_decay=decay,
+                               nesterov=request.params.get("nesterov", "False") == "True")
     if optim == "adamw":
         return torch.optim.AdamW(params, lr=float(request.param("adam_lr")), weight_decay=decay)
     return torch.optim.Adam(params, lr=float(request.param("adam_lr")), weight_decay=decay)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from fsdp_conform_driver import ScenarioSkipped, inputs
 from fsdp_conform_driver.pytorch import (fsdp_state_dict, fully_shard_state_dict, grad_acc,
-                                        parity, tp_integration)
+                                        parity, tp_integration, unshard_params)
 from fsdp_conform_driver.recorders import CommCounts
 
 
@@ -149,4 +149,5 @@ SCENARIOS = {
     "fsdp_grad_acc/grad_acc": grad_acc.run,
     "fsdp_grad_acc/grad_acc_cpu_offload": grad_acc.run,
     "fsdp_grad_acc/grad_acc_fully_shard": grad_acc.run,
+    **unshard_params.SCENARIOS,
 }

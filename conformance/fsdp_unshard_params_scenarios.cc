@@ -1,0 +1,365 @@
+// Family `fsdp_unshard_params` (test_fsdp_unshard_params.py): the gradients FSDP1's
+// `summon_full_params(with_grads=True)` exposes (use_orig_params=True, the only configuration
+// PyTorch supports), judged against the float64 oracle.
+//   with_grads_core        TestUnshardParams.test_with_grads_core: sharding_strategy x writeback.
+//                          After forward and backward, every rank reads the full parameters and
+//                          gradients inside summon_full_params(writeback=..., with_grads=True),
+//                          then doubles every gradient there (the seed's WRITEBACK_FACTOR); after
+//                          a second forward without backward it reads them again: the doubled
+//                          gradients persist iff writeback or nothing is sharded (NO_SHARD, or a
+//                          shard group of one rank), as the seed's writeback_persists says.
+//   with_grads_none_grads  TestUnshardParams.test_with_grads_none_grads: sharding_strategy x
+//                          none_grad_ranks. all (the seed): no rank has run backward, so every
+//                          rank's FlatParameter gradient is None and every original parameter
+//                          sees None. odd: every rank runs forward and backward, then the odd
+//                          ranks zero_grad(set_to_none=True) (so their FlatParameter gradient is
+//                          None on entering, _reset_flat_param_grad_info_if_needed): under a
+//                          sharded strategy FlatParamHandle.unshard_grad all-gathers zeros for
+//                          those ranks' shards ("Only some but not all ranks have a `None`
+//                          `FlatParameter` gradient, so FSDP is using zeros"), so every rank sees
+//                          the averaged gradient where an even rank's shard holds it and 0 where
+//                          an odd rank's does (LayOutFlatParam); without sharding each rank sees
+//                          its own: None on the odd ranks, the averaged gradient on the others.
+//
+// Each rank loads the zoo's Transformer (the seed's TransformerWithSharedParams family; tied
+// output and embedding weights by default) from the case's runner-owned weights and wraps it as
+// parity/fsdp1 does (WrapChildrenThenRoot: an instance around every block, then the root). The
+// averaged gradient is the oracle's data-parallel gradient of step 0 (the mean over ranks of each
+// rank's gradient on its own batch, the seed's DDP reference); the parameters are the initial
+// weights. Every rule is computed for any world and size; nothing is tabulated.
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "conformance/fsdp1_flat_params.h"
+#include "conformance/fsdp1_params.h"
+#include "conformance/model_zoo.h"
+#include "conformance/observations.h"
+#include "conformance/parity_common.h"
+#include "conformance/rank_checks.h"
+#include "conformance/scenario_registry.h"
+#include "conformance/sharded_parity.h"
+#include "engine/autograd/grad_mode.h"
+#include "engine/fsdp1/fully_sharded_data_parallel.h"
+#include "engine/fsdp1/unshard_params.h"
+#include "engine/functional/functional.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr const char* kFamily = "fsdp_unshard_params";
+constexpr const char* kSeedFile = "test_fsdp_unshard_params.py::TestUnshardParams::";
+constexpr const char* kKind = "transformer";
+// The seed's WRITEBACK_FACTOR: every gradient is multiplied by it inside the scope.
+constexpr double kWritebackFactor = 2.0;
+// The phases of with_grads_core: after forward and backward; after a second forward only.
+constexpr const char* kAfterBackward = "after_backward/";
+constexpr const char* kAfterForward = "after_forward/";
+
+// A case's parameters, decoded once.
+struct UnshardCase {
+  ZooModel model;
+  uint64_t seed = 0;
+  fsdp1::ShardingStrategy strategy = fsdp1::ShardingStrategy::kFullShard;
+  Tolerance tolerance;
+};
+
+UnshardCase DecodeCase(const CaseParams& params) {
+  return UnshardCase{ZooModel::Make(kKind, params), static_cast<uint64_t>(params.GetInt("seed")),
+                     ParseShardingStrategy(params.GetString("sharding_strategy")),
+                     Tolerance{params.GetDouble("atol"), params.GetDouble("rtol")}};
+}
+
+// Whether the flat parameters are sharded: a sharded strategy over more than one rank (at one
+// rank FSDP runs every strategy as NO_SHARD).
+bool Sharded(const UnshardCase& c, int world) {
+  return world > 1 && fsdp1::UsesShardedStrategy(c.strategy);
+}
+
+// The case's parameters: the seed's axes, the model's seed and knobs, the tolerance.
+std::vector<ParamSpec> UnshardParams(ParamSpec axis) {
+  const ZooModelKind& kind = ZooModel::Kind(kKind);
+  std::vector<ParamSpec> params = {
+      ShardingStrategyAxis(),
+      std::move(axis),
+      ParamSpec::SizeInt("seed", "seed of the zoo's weights and inputs", 0),
+      LossParam(kind),
+      ParamSpec::SizeDouble("atol", "atol of parameters and gradients (float32)", 1e-5),
+      ParamSpec::SizeDouble("rtol", "rtol of parameters and gradients (float32)", 1e-4)};
+  params.insert(params.end(), kind.params.begin(), kind.params.end());
+  return params;
+}
+
+// The runner-owned inputs: the weights and every rank's batches of steps 0 and 1, float32.
+CaseInputs UnshardInputs(const CaseParams& params, int world) {
+  const UnshardCase c = DecodeCase(params);
+  return c.model.MakeCaseInputs(c.seed, DType::kFloat32, /*steps=*/2, world);
+}
+
+// The zoo model on this rank, wrapped as parity/fsdp1 wraps it with the case's strategy and
+// use_orig_params=True.
+std::shared_ptr<fsdp1::FullyShardedDataParallel> BuildWrapped(const UnshardCase& c, RankEnv& env) {
+  nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), DType::kFloat32);
+  module->to(env.device);
+  fsdp1::FullyShardedDataParallelOptions options;
+  options.process_group = env.pg;
+  options.sharding_strategy = c.strategy;
+  options.use_orig_params = true;
+  return WrapChildrenThenRoot(module, options);
+}
+
+// Step `step`'s loss on this rank's batch (forward only).
+Tensor StepLoss(const UnshardCase& c, nn::Module& module, RankEnv& env, int64_t step) {
+  const Tensor input = env.Inputs().Get(StepInputName(step)).to(env.device);
+  return ZooModel::Loss(c.model.Forward(module, input), c.model.LossAt(step));
+}
+
+// Inside summon_full_params(with_grads=True, writeback): every parameter as `prefix`param/<fqn>
+// and its gradient as `prefix`grad/<fqn> (absent when None), by clean FQN, into `tensors`; then,
+// with `scale`, every gradient multiplied by kWritebackFactor (the seed's p2.grad *= 2).
+void ReadWithGrads(fsdp1::FullyShardedDataParallel& model, bool writeback, bool scale,
+                   const std::string& prefix, nlohmann::json& tensors) {
+  fsdp1::SummonFullParams full(model.shared_from_this(),
+                               {.writeback = writeback, .with_grads = true});
+  reference::RefTensorMap params;
+  reference::RefTensorMap grads;
+  for (const auto& [name, param] : model.named_parameters()) {
+    const std::string fqn = fsdp1::CleanTensorName(name);
+    params[fqn] = ToRef(param);
+    Tensor grad = param.grad();
+    if (!grad.defined()) continue;
+    grads[fqn] = ToRef(grad);
+    if (scale) {
+      autograd::NoGradGuard no_grad;
+      grad.copy_(grad * kWritebackFactor);
+    }
+  }
+  tensors.update(MapToJson(params, "float32", prefix + "param/"));
+  tensors.update(MapToJson(grads, "float32", prefix + "grad/"));
+}
+
+nlohmann::json RunWithGradsCoreRank(RankEnv& env) {
+  const UnshardCase c = DecodeCase(env.params);
+  const bool writeback = env.params.GetBool("writeback");
+  auto model = BuildWrapped(c, env);
+  nlohmann::json tensors = nlohmann::json::object();
+  StepLoss(c, *model, env, 0).backward();
+  ReadWithGrads(*model, writeback, /*scale=*/true, kAfterBackward, tensors);
+  // Between forward and backward: the second forward's loss (and its graph) stays alive.
+  const Tensor pending = StepLoss(c, *model, env, 1);
+  ReadWithGrads(*model, writeback, /*scale=*/true, kAfterForward, tensors);
+  nlohmann::json obs;
+  obs[kTensors] = std::move(tensors);
+  return obs;
+}
+
+// Whether rank `rank`'s FlatParameter gradient is None on entering (none_grad_ranks).
+bool GradNoneOn(const CaseParams& params, int rank) {
+  return params.GetString("none_grad_ranks") == "all" || rank % 2 == 1;
+}
+
+nlohmann::json RunWithGradsNoneGradsRank(RankEnv& env) {
+  const UnshardCase c = DecodeCase(env.params);
+  auto model = BuildWrapped(c, env);
+  if (env.params.GetString("none_grad_ranks") != "all") {
+    StepLoss(c, *model, env, 0).backward();
+    if (GradNoneOn(env.params, env.rank)) model->zero_grad(/*set_to_none=*/true);
+  }
+  nlohmann::json tensors = nlohmann::json::object();
+  ReadWithGrads(*model, /*writeback=*/true, /*scale=*/false, "", tensors);
+  nlohmann::json obs;
+  obs[kTensors] = std::move(tensors);
+  return obs;
+}
+
+// The oracle's averaged gradient of step 0 over `world` ranks (each on its own batch).
+reference::RefTensorMap AveragedGradient(const UnshardCase& c, int world) {
+  return TrainOracle(c.model, OptimConfig{}, c.seed, /*steps=*/1, DType::kFloat32, world)
+      .at(0)
+      .grads;
+}
+
+reference::RefTensorMap Scaled(reference::RefTensorMap map, double factor) {
+  for (auto& [name, t] : map) {
+    for (double& v : t.data) v *= factor;
+  }
+  return map;
+}
+
+std::vector<nlohmann::json> ExpectWithGradsCore(const CaseParams& params, int world) {
+  const UnshardCase c = DecodeCase(params);
+  const reference::RefTensorMap weights = c.model.MakeParameters(c.seed, DType::kFloat32);
+  const reference::RefTensorMap grads = AveragedGradient(c, world);
+  // The seed's writeback_persists.
+  const bool persists = params.GetBool("writeback") || !Sharded(c, world);
+  nlohmann::json tensors = nlohmann::json::object();
+  tensors.update(MapToJson(weights, "float32", std::string(kAfterBackward) + "param/"));
+  tensors.update(MapToJson(grads, "float32", std::string(kAfterBackward) + "grad/"));
+  tensors.update(MapToJson(weights, "float32", std::string(kAfterForward) + "param/"));
+  tensors.update(MapToJson(Scaled(grads, persists ? kWritebackFactor : 1.0), "float32",
+                           std::string(kAfterForward) + "grad/"));
+  nlohmann::json obs;
+  obs[kTensors] = std::move(tensors);
+  return std::vector<nlohmann::json>(static_cast<size_t>(world), obs);
+}
+
+// What rank `rank` sees of the averaged gradient `grads` when the ranks GradNoneOn have no
+// FlatParameter gradient: under sharding, every element an odd rank's shard holds is 0 (and
+// every gradient None when all ranks have none); without it, the rank's own (None or not).
+reference::RefTensorMap ExpectedNoneGrads(const UnshardCase& c, const CaseParams& params, int world,
+                                          int rank, const reference::RefTensorMap& grads) {
+  if (params.GetString("none_grad_ranks") == "all") return {};
+  if (!Sharded(c, world)) return GradNoneOn(params, rank) ? reference::RefTensorMap{} : grads;
+  reference::RefTensorMap out = grads;
+  for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
+    const FlatParamLayout layout = LayOutFlatParam(c.model, unit.fqns, DType::kFloat32, world);
+    for (size_t i = 0; i < layout.fqns.size(); ++i) {
+      for (int r = 0; r < world; ++r) {
+        if (!GradNoneOn(params, r)) continue;
+        const auto [begin, end] = layout.ParamRangeOnRank(i, r);
+        std::vector<double>& data = out.at(layout.fqns[i]).data;
+        for (int64_t e = begin; e < end; ++e) data[static_cast<size_t>(e)] = 0.0;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<nlohmann::json> ExpectWithGradsNoneGrads(const CaseParams& params, int world) {
+  const UnshardCase c = DecodeCase(params);
+  const reference::RefTensorMap weights = c.model.MakeParameters(c.seed, DType::kFloat32);
+  const reference::RefTensorMap grads = params.GetString("none_grad_ranks") == "all"
+                                            ? reference::RefTensorMap{}
+                                            : AveragedGradient(c, world);
+  std::vector<nlohmann::json> expected;
+  for (int r = 0; r < world; ++r) {
+    nlohmann::json tensors = MapToJson(weights, "float32", "param/");
+    tensors.update(MapToJson(ExpectedNoneGrads(c, params, world, r, grads), "float32", "grad/"));
+    nlohmann::json obs;
+    obs[kTensors] = std::move(tensors);
+    expected.push_back(std::move(obs));
+  }
+  return expected;
+}
+
+// Every rank's parameters and gradients under each of `prefixes` against `expected`.
+void JudgeAgainst(const std::vector<std::string>& prefixes, const CaseParams& params, int world,
+                  const std::vector<nlohmann::json>& expected,
+                  const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
+  const Tolerance tol = DecodeCase(params).tolerance;
+  ErrorStats param_err;
+  ErrorStats grad_err;
+  for (int r = 0; r < world; ++r) {
+    for (const std::string& prefix : prefixes) {
+      const std::string where = RankName(r) + (prefix.empty() ? "" : " " + prefix);
+      param_err.Merge(CheckMapsClose(checks, where + " full parameters",
+                                     MapFromObservations(expected, r, prefix + "param/"),
+                                     MapFromObservations(per_rank, r, prefix + "param/"), tol));
+      // A gradient element that cancels to near zero carries the rounding of the float32 terms
+      // it sums: atol scales with the tensor's largest expected magnitude (as parity/fsdp's).
+      const reference::RefTensorMap want = MapFromObservations(expected, r, prefix + "grad/");
+      const std::map<std::string, double> scales = MaxAbsByFqn({want});
+      grad_err.Merge(CheckMapsClose(checks, where + " full gradients (with_grads=True)", want,
+                                    MapFromObservations(per_rank, r, prefix + "grad/"), tol,
+                                    &scales));
+    }
+  }
+  checks.SetFigure("param_max_abs_err", param_err.max_abs);
+  checks.SetFigure("grad_max_abs_err", grad_err.max_abs);
+  checks.SetFigure("grad_max_rel_err", grad_err.max_rel);
+  checks.SetFigure("grad_tolerance_used", grad_err.tolerance_used);
+}
+
+// What both scenarios share: parameters, worlds, inputs, an uneven default world.
+Scenario MakeUnshardScenario(const std::string& name, const std::string& description,
+                             ParamSpec axis) {
+  const ZooModelKind& kind = ZooModel::Kind(kKind);
+  Scenario s;
+  s.info.name = std::string(kFamily) + "/" + name;
+  s.info.description = description;
+  s.info.seed_test = std::string(kSeedFile) + "test_" + name;
+  s.info.params = UnshardParams(std::move(axis));
+  s.info.deterministic = true;
+  s.info.inputs = ZooInputsDoc(kind, "float32");
+  s.inputs = UnshardInputs;
+  s.info.default_world = 2;
+  s.info.min_world = 1;
+  s.info.max_world = 8;
+  // An uneven world, where the flat parameters shard unlike a balanced split (the zeros of a
+  // None shard land elsewhere).
+  if (const int uneven = ParityUnevenWorld(kind, s.info.params, s.info.max_world, true)) {
+    s.info.extra_default_runs = {{uneven, {}}};
+  }
+  s.info.requirements.devices = {DeviceType::kCPU};
+  return s;
+}
+
+// The tensors of ReadWithGrads under `prefix`, for the schema; `phase` says when they are read.
+void AddReadSchema(ObservationSchema& schema, const std::string& prefix, const std::string& phase,
+                   const std::string& grads) {
+  schema.AddTensors({prefix + "param/{fqn}", "float32", "the full parameter",
+                     phase + ": every parameter inside summon_full_params(with_grads=True), by "
+                             "clean FQN (named_parameters(), a tied parameter once)"});
+  TensorObservation grad{
+      prefix + "grad/{fqn}", "float32", "the full parameter's",
+      phase + ": each parameter's .grad there, " + grads + " (absent when the .grad is None)"};
+  grad.required = false;
+  schema.AddTensors(grad);
+}
+
+Scenario MakeWithGradsCore() {
+  Scenario s = MakeUnshardScenario(
+      "with_grads_core",
+      "the zoo Transformer under FullyShardedDataParallel(use_orig_params=True): the full "
+      "gradients summon_full_params(with_grads=True) exposes after backward and between forward "
+      "and backward vs the oracle's rank-averaged gradient, and whether doubling them persists",
+      ParamSpec::Axis("writeback", "summon_full_params writeback", {"False", "True"}));
+  AddReadSchema(s.info.observations, kAfterBackward, "after forward and backward",
+                "before it is doubled");
+  AddReadSchema(s.info.observations, kAfterForward, "after a second forward, before its backward",
+                "before it is doubled again (doubled once iff the first doubling persisted)");
+  s.run_rank = RunWithGradsCoreRank;
+  s.expect = ExpectWithGradsCore;
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    JudgeAgainst({kAfterBackward, kAfterForward}, p, world, ExpectWithGradsCore(p, world), per_rank,
+                 checks);
+  };
+  return s;
+}
+
+Scenario MakeWithGradsNoneGrads() {
+  ParamSpec ranks = ParamSpec::Axis(
+      "none_grad_ranks",
+      "the ranks whose FlatParameter gradient is None on entering: all (the seed: no backward "
+      "ran), odd (every rank ran backward, then the odd ranks zero_grad(set_to_none=True))",
+      {"all", "odd"});
+  Scenario s = MakeUnshardScenario(
+      "with_grads_none_grads",
+      "the zoo Transformer under FullyShardedDataParallel(use_orig_params=True): the gradients "
+      "summon_full_params(with_grads=True) exposes when all or some ranks' FlatParameter "
+      "gradients are None (None everywhere; zeros for a None rank's shard)",
+      std::move(ranks));
+  AddReadSchema(s.info.observations, "", "after the backward of every rank but none_grad_ranks",
+                "the averaged gradient with zeros where a None rank's shard lies (sharded), "
+                "else the rank's own");
+  s.run_rank = RunWithGradsNoneGradsRank;
+  s.expect = ExpectWithGradsNoneGrads;
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    JudgeAgainst({""}, p, world, ExpectWithGradsNoneGrads(p, world), per_rank, checks);
+  };
+  return s;
+}
+
+}  // namespace
+
+void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry) {
+  registry.Add(MakeWithGradsCore());
+  registry.Add(MakeWithGradsNoneGrads());
+}
+
+}  // namespace fsdp::conformance

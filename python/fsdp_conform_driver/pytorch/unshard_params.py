@@ -1,0 +1,89 @@
+"""fsdp_unshard_params/* in PyTorch (test_fsdp_unshard_params.py): the zoo Transformer with the
+case's weights under FullyShardedDataParallel(use_orig_params=True), an instance around every
+child the suite nests (parity._children_to_shard), with the case's sharding_strategy; every
+rank reports the full parameters and gradients it sees inside
+FullyShardedDataParallel.summon_full_params(with_grads=True) by clean FQN, as
+docs/observations.md lists them:
+
+  with_grads_core        after forward and backward (after_backward/...), then after a second
+                         forward without backward (after_forward/...), each time doubling every
+                         gradient inside the scope (the seed's WRITEBACK_FACTOR), with the case's
+                         writeback
+  with_grads_none_grads  none_grad_ranks=all: no backward (the seed); odd: every rank's forward
+                         and backward, then zero_grad(set_to_none=True) on the odd ranks
+
+Thread-safety: one case at a time per process, on the main thread.
+"""
+
+from __future__ import annotations
+
+from fsdp_conform_driver import inputs
+
+_KIND = "transformer"
+_WRITEBACK_FACTOR = 2
+
+
+def _wrapped(request):
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    from fsdp_conform_driver.pytorch.fsdp1_api import nest_where
+    from fsdp_conform_driver.pytorch.parity import _build, _children_to_shard
+
+    model, _ = _build(_KIND, request)
+    nested = {id(m) for m in _children_to_shard(model)}
+    return FullyShardedDataParallel(
+        model, sharding_strategy=ShardingStrategy[request.param("sharding_strategy")],
+        use_orig_params=True, auto_wrap_policy=nest_where(lambda m: id(m) in nested),
+        device_id=torch.device("cpu"))
+
+
+def _loss(request, model, step):
+    from fsdp_conform_driver.pytorch.parity import _loss
+
+    return _loss(request, step, model(inputs.step_input(request, step)))
+
+
+def _read_with_grads(model, writeback, scale, prefix, tensors):
+    """Inside summon_full_params(writeback=..., with_grads=True): {prefix}param/{fqn} and
+    {prefix}grad/{fqn} (absent when None); with `scale`, every gradient doubled there."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with FSDP.summon_full_params(model, writeback=writeback, with_grads=True):
+        for name, p in model.named_parameters():
+            name = name.replace("_fsdp_wrapped_module.", "")
+            tensors[f"{prefix}param/{name}"] = p.detach().clone()
+            if p.grad is None:
+                continue
+            tensors[f"{prefix}grad/{name}"] = p.grad.detach().clone()
+            if scale:
+                p.grad *= _WRITEBACK_FACTOR
+
+
+def with_grads_core(request):
+    model = _wrapped(request)
+    writeback = request.param("writeback") == "True"
+    tensors = {}
+    _loss(request, model, 0).backward()
+    _read_with_grads(model, writeback, True, "after_backward/", tensors)
+    pending = _loss(request, model, 1)  # between forward and backward, as the seed
+    _read_with_grads(model, writeback, True, "after_forward/", tensors)
+    del pending
+    return {}, tensors
+
+
+def with_grads_none_grads(request):
+    model = _wrapped(request)
+    if request.param("none_grad_ranks") != "all":
+        _loss(request, model, 0).backward()
+        if request.rank % 2 == 1:
+            model.zero_grad(set_to_none=True)
+    tensors = {}
+    _read_with_grads(model, True, False, "", tensors)
+    return {}, tensors
+
+
+SCENARIOS = {
+    "fsdp_unshard_params/with_grads_core": with_grads_core,
+    "fsdp_unshard_params/with_grads_none_grads": with_grads_none_grads,
+}
