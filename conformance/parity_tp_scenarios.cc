@@ -11,8 +11,9 @@
 // mesh_3d[("dp_replicate", "dp_shard")]; parameters are sharded over dp_shard only.
 //
 // Observations per rank: its losses (under sequence parallelism the output is the rank's
-// Shard(1) piece and its loss a Partial sum: the loss reported is its full_tensor(), all-reduced
-// over tp after training), its local parameter and gradient shards per step (the
+// Shard(1) piece of the sequence and its loss the Partial sum over it, loss.to_local(): the
+// oracle's loss of that torch.chunk piece of the rank's batch, which MLPStack computes position
+// by position), its local parameter and gradient shards per step (the
 // nested torch.chunk of tp_plans.h, over the shard group), the full parameters after the last
 // step (full_tensor(), gathered over the shard group and tp) and the collectives of every
 // step's forward and backward. The counts are derived from the FSDP groups and the placements:
@@ -27,7 +28,9 @@
 // SequenceParallel module one functional all-reduce in backward (its Partial gradient to
 // Replicate).
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "conformance/fsdp_params.h"
 #include "conformance/model_zoo.h"
@@ -40,6 +43,7 @@
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/distributed/device_mesh.h"
 #include "engine/fsdp/fully_shard.h"
+#include "reference/loss.h"
 
 namespace fsdp::conformance {
 
@@ -123,6 +127,13 @@ ObservationSchema TpParitySchema() {
       "the rank's local shard: the TP piece (the style's placement over tp; whole for parameters "
       "no style shards), then torch.chunk(piece, dp, dim=0)[dp index]",
       /*with_grads=*/true);
+  for (ObservationKey& key : schema.keys) {
+    if (key.key != kLosses) continue;
+    key = ObservationKey::Losses(
+        "the rank's loss of every step, in order: of its dp index's batch; where the model's "
+        "output is sequence-sharded (mlp_stack_seq_parallel: Shard(1)), the rank's Partial sum, "
+        "loss.to_local(): the loss of its torch.chunk piece of the batch's sequence (dim 1)");
+  }
   schema.AddTensors({"full/{fqn}", "the case's dtype", "the full parameter",
                      "every parameter after the last step, all-gathered over dp and tp "
                      "(full_tensor())"});
@@ -244,24 +255,33 @@ nlohmann::json RunTpParityRank(const std::string& kind, RankEnv& env) {
         comm_mode.enter();
         return std::nullopt;
       });
-  EngineTrainingRecord record = TrainEngine(
+  const EngineTrainingRecord record = TrainEngine(
       c.model, *module, c.optim, env.Inputs(), c.steps, LocalParameterShards, [&](nn::Module& mod) {
         comm_mode.exit();
         step_counts.push_back(PhaseCommCountsJson(forward, comm_mode.get_comm_counts()));
         return LocalGradientShards(mod);
       });
-  if (ZooTpOutputIsSequenceSharded(kind)) {
-    // Each loss is the rank's Partial sum over its sequence piece: its full_tensor().
-    const Tensor losses =
-        ToTensor(reference::RefTensor({static_cast<int64_t>(record.losses.size())}, record.losses),
-                 DType::kFloat64, env.device);
-    (*mesh)["tp"]->get_group()->all_reduce(losses)->wait();
-    record.losses = ToRef(losses).data;
-  }
   nlohmann::json obs = TrainingObservations(record, c.dtype);
   obs[kTensors].update(MapToJson(FullShardedParameters(*module), DTypeName(c.dtype), "full/"));
   obs[kStepCommCounts] = std::move(step_counts);
   return obs;
+}
+
+// Rank `rank`'s loss of step `step` under sequence parallelism: the model's loss on its
+// torch.chunk piece of the sequence (dim 1) of its dp index's batch, from `params` (those
+// before the step); MLPStack computes position by position, so this is the Partial sum the
+// rank's sequence-sharded output gives.
+double SequencePieceLoss(const ParityCase& c, const reference::RefTensorMap& params, int64_t step,
+                         const MeshShape& m, int rank) {
+  reference::ModelInput<double> input =
+      c.model.MakeInput(c.seed, step, c.dtype, m.dp * c.model.batch())
+          .RankSlice(rank / m.tp, m.dp)
+          .oracle;
+  input.features = NestedShardOf(*input.features, tensor_parallel::Placement::Shard(1),
+                                 /*dp_rank=*/0, /*dp=*/1, rank % m.tp, m.tp);
+  const auto forward =
+      c.model.oracle().Forward(params, c.model.MakeBuffers(c.seed, c.dtype), input);
+  return reference::ComputeLoss(c.model.LossAt(step), forward.outputs).loss;
 }
 
 std::vector<nlohmann::json> ExpectTpParity(const std::string& kind, const CaseParams& params,
@@ -284,6 +304,7 @@ std::vector<nlohmann::json> ExpectTpParity(const std::string& kind, const CasePa
     }
     return out;
   };
+  const reference::RefTensorMap initial = c.model.MakeParameters(c.seed, c.dtype);
   std::vector<nlohmann::json> expected(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     nlohmann::json& e = expected[static_cast<size_t>(r)];
@@ -293,7 +314,12 @@ std::vector<nlohmann::json> ExpectTpParity(const std::string& kind, const CasePa
     e[kStepCommCounts] = nlohmann::json::array();
     for (int64_t k = 0; k < c.steps; ++k) {
       const auto& step = oracle[static_cast<size_t>(k)];
-      e[kLosses].push_back(step.rank_losses.at(r / m.tp));
+      double loss = step.rank_losses.at(r / m.tp);
+      if (ZooTpOutputIsSequenceSharded(kind)) {
+        loss = SequencePieceLoss(c, k == 0 ? initial : oracle[static_cast<size_t>(k - 1)].params, k,
+                                 m, r);
+      }
+      e[kLosses].push_back(loss);
       e[kTensors].update(MapToJson(shards(step.grads, r), dtype, GradPrefix(k)));
       e[kTensors].update(MapToJson(shards(step.params, r), dtype, StepPrefix(k)));
       e[kStepCommCounts].push_back(step_counts);

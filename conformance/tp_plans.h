@@ -52,8 +52,7 @@ void ParallelizeZooModel(const std::string& kind, nn::Module& module,
                          const std::shared_ptr<distributed::DeviceMesh>& tp_mesh);
 
 // Whether zoo model `kind`'s output under its plan is the rank's Shard(1) piece of the sequence
-// (mlp_stack_seq_parallel), so that a loss summed over it is the rank's Partial sum over tp
-// (its full_tensor() the all-reduce over tp).
+// (mlp_stack_seq_parallel), so that a loss summed over it is the rank's Partial sum over tp.
 bool ZooTpOutputIsSequenceSharded(const std::string& kind);
 
 // FQN -> TP placement of every parameter the plan places (others are absent).

@@ -98,9 +98,9 @@ def _local(t):
 
 
 def _value(loss):
-    """The loss's value: of a DTensor loss (a Partial sum over tp when the model's output is
-    sequence-sharded) its full_tensor()'s."""
-    return (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).item()
+    """The rank's loss: of a DTensor loss (the Partial sum over tp of a sequence-sharded output)
+    its local value, to_local() (the rank's sequence piece's loss)."""
+    return _local(loss).item()
 
 
 def _record_params(model, k, tensors):
