@@ -119,6 +119,15 @@ std::vector<ZooModelKind> MakeKinds() {
        "common_fsdp.py::MLPStack",
        {ParamSpec::SizeInt("mlp_dim", "MLPStack mlp_dim", 8, /*minimum=*/1), Batch(2)}});
   kinds.push_back(
+      {"mlp_stack_seq_parallel",
+       "common_fsdp.py MLPStack(mlp_dim, with_seq_parallel=True): the three MLPs, then "
+       "LayerNorm(mlp_dim, bias=False) as module \"3\"; each input row is [seq_len, mlp_dim], so "
+       "dim 1 of a batch is the sequence dim SequenceParallel(sequence_dim=1) shards",
+       "test_fully_shard_training.py::TestFullyShardHSDP3DTraining::test_3d_mlp_with_nd_mesh",
+       {ParamSpec::SizeInt("mlp_dim", "MLPStack mlp_dim", 8, /*minimum=*/1),
+        ParamSpec::SizeInt("seq_len", "sequence positions per input row", 4, /*minimum=*/1),
+        Batch(2)}});
+  kinds.push_back(
       {"double_linear",
        "common_fsdp.py DoubleLinear(dim); two outputs: loss (out1 * "
        "out2).sum() before "
@@ -554,6 +563,15 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
     m.oracle_ = std::make_shared<reference::MlpStack<double>>(c);
     m.build_engine_ = [c] { return std::make_shared<nn::MLPStack>(c.mlp_dim); };
     m.input_row_shape_ = {c.mlp_dim};
+  } else if (kind_name == "mlp_stack_seq_parallel") {
+    reference::MlpStackConfig c;
+    c.mlp_dim = p.GetInt("mlp_dim");
+    c.with_seq_parallel = true;
+    m.oracle_ = std::make_shared<reference::MlpStack<double>>(c);
+    m.build_engine_ = [c] {
+      return std::make_shared<nn::MLPStack>(c.mlp_dim, /*with_seq_parallel=*/true);
+    };
+    m.input_row_shape_ = {p.GetInt("seq_len"), c.mlp_dim};
   } else if (kind_name == "double_linear") {
     reference::DoubleLinearConfig c;
     c.dim = p.GetInt("dim");

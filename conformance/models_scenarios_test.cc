@@ -61,8 +61,9 @@ INSTANTIATE_TEST_SUITE_P(Zoo, ZooScenarioTest, ::testing::ValuesIn(ZooScenarios(
 
 TEST(ZooScenarios, OneOfEachPerZooModel) {
   const std::vector<std::string> names = ZooScenarios();
-  for (const char* model : {"transformer", "mlp", "mlp_stack", "double_linear", "mlp_module",
-                            "mlp_rms_norm", "tp_simple_model", "state_dict_model"}) {
+  for (const char* model :
+       {"transformer", "mlp", "mlp_stack", "mlp_stack_seq_parallel", "double_linear", "mlp_module",
+        "mlp_rms_norm", "tp_simple_model", "state_dict_model"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), std::string("models/") + model), names.end())
         << model;
     EXPECT_NE(std::find(names.begin(), names.end(), std::string("parity/single/") + model),

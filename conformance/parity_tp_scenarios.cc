@@ -1,25 +1,36 @@
 // Family `parity/tp` (issue 16, FSDP2 × TP; extends seed 003's TP integration to FSDP2): the
-// zoo's MLPStack and Transformer parallelised with tensor parallelism over mesh_2d["tp"]
-// (conformance/tp_plans.h), then fully_shard per block and on the root over mesh_2d["dp"]
-// (ShardChildrenThenRoot), trained `steps` steps with the case's optimizer against the
+// zoo's MLPStack (without and with sequence parallelism) and Transformer parallelised with
+// tensor parallelism over mesh_2d["tp"] (conformance/tp_plans.h), then fully_shard per block
+// and on the root over mesh_2d["dp"] (ChildrenToShard, less the norms the plan runs
+// SequenceParallel on, which stay in the root's group as MLPStack.parallelize leaves its
+// LayerNorm), trained `steps` steps with the case's optimizer against the
 // oracle's data-parallel run over dp ranks (reference/, double). Mesh (dp, tp) from the
 // parameters: world = dp * tp, rank r at (r / tp, r % tp) (init_device_mesh's layout); every
 // rank of a TP group gets its dp index's batch. With `replicate` r > 1 the run is HSDP × TP
 // (PyTorch's 3-D recipe): mesh (dp_replicate = r, dp_shard = dp / r, tp), fully_shard over
 // mesh_3d[("dp_replicate", "dp_shard")]; parameters are sharded over dp_shard only.
 //
-// Observations per rank: its losses, its local parameter and gradient shards per step (the
+// Observations per rank: its losses (under sequence parallelism the output is the rank's
+// Shard(1) piece of the sequence and its loss the Partial sum over it, loss.to_local(): the
+// oracle's loss of that torch.chunk piece of the rank's batch, which MLPStack computes position
+// by position), its local parameter and gradient shards per step (the
 // nested torch.chunk of tp_plans.h, over the shard group), the full parameters after the last
 // step (full_tensor(), gathered over the shard group and tp) and the collectives of every
 // step's forward and backward. The counts are derived from the FSDP groups and the placements:
 // per FSDP group with parameters one c10d all-gather in forward, one in backward unless it is
 // the root (kept unsharded after forward) and one reduce-scatter (no all-gathers over a shard
 // group of one rank), plus under HSDP one c10d all-reduce over the replicate group in
-// backward; per RowwiseParallel one functional all-reduce in forward (its Partial output to
-// Replicate); per ColwiseParallel whose input needs a gradient one functional all-reduce in
-// backward (its input's Partial gradient).
+// backward; per RowwiseParallel whose output_layouts is Replicate() one functional all-reduce in
+// forward (its Partial output to Replicate), per one whose output_layouts is Shard(d) one
+// functional reduce-scatter in forward and one functional all-gather in backward (its
+// gradient, Shard(d) to Replicate); per ColwiseParallel whose input needs a gradient one
+// functional all-reduce in backward (its input's Partial gradient); per parameter of a
+// SequenceParallel module one functional all-reduce in backward (its Partial gradient to
+// Replicate).
 #include <optional>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "conformance/fsdp_params.h"
 #include "conformance/model_zoo.h"
@@ -32,6 +43,7 @@
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/distributed/device_mesh.h"
 #include "engine/fsdp/fully_shard.h"
+#include "reference/loss.h"
 
 namespace fsdp::conformance {
 
@@ -73,6 +85,30 @@ std::optional<std::string> SkipMeshNotWorld(const CaseParams& params, int world)
   return std::nullopt;
 }
 
+// The modules fully_shard runs on before the root: ChildrenToShard's, less the norms `plan`
+// runs SequenceParallel on (MLPStack.parallelize: `if isinstance(module, nn.LayerNorm):
+// continue`), whose parameters stay in the root's group.
+std::vector<nn::ModulePtr> TpChildrenToShard(const nn::ModulePtr& root,
+                                             const tensor_parallel::ParallelizePlan& plan) {
+  std::set<const nn::Module*> sequence_parallel;
+  for (const auto& [fqn, style] : plan) {
+    if (dynamic_cast<const tensor_parallel::SequenceParallel*>(style.get()) != nullptr) {
+      sequence_parallel.insert(root->get_submodule(fqn).get());
+    }
+  }
+  std::vector<nn::ModulePtr> out;
+  for (const nn::ModulePtr& child : ChildrenToShard(root)) {
+    if (!sequence_parallel.count(child.get())) out.push_back(child);
+  }
+  return out;
+}
+
+tensor_parallel::ParallelizePlan PlanOf(const std::string& kind, const nn::Module& module) {
+  std::vector<std::string> names;
+  for (const auto& [name, param] : module.named_parameters()) names.push_back(name);
+  return ZooTpPlan(kind, names);
+}
+
 // Every rank of dp index i gets the oracle's dp rank i's batches.
 InputsFn TpInputs(const std::string& kind) {
   return [kind](const CaseParams& params, int world) {
@@ -91,6 +127,13 @@ ObservationSchema TpParitySchema() {
       "the rank's local shard: the TP piece (the style's placement over tp; whole for parameters "
       "no style shards), then torch.chunk(piece, dp, dim=0)[dp index]",
       /*with_grads=*/true);
+  for (ObservationKey& key : schema.keys) {
+    if (key.key != kLosses) continue;
+    key = ObservationKey::Losses(
+        "the rank's loss of every step, in order: of its dp index's batch; where the model's "
+        "output is sequence-sharded (mlp_stack_seq_parallel: Shard(1)), the rank's Partial sum, "
+        "loss.to_local(): the loss of its torch.chunk piece of the batch's sequence (dim 1)");
+  }
   schema.AddTensors({"full/{fqn}", "the case's dtype", "the full parameter",
                      "every parameter after the last step, all-gathered over dp and tp "
                      "(full_tensor())"});
@@ -111,7 +154,7 @@ nlohmann::json ExpectedStepCounts(const std::string& kind, const ParityCase& c,
   int64_t groups = 0;
   int64_t non_root_groups = 0;
   std::set<const TensorImpl*> in_children;
-  for (const nn::ModulePtr& child : ChildrenToShard(module)) {
+  for (const nn::ModulePtr& child : TpChildrenToShard(module, plan)) {
     bool has_params = false;
     for (const auto& [name, param] : child->named_parameters()) {
       has_params = in_children.insert(param.impl()).second || has_params;
@@ -125,9 +168,17 @@ nlohmann::json ExpectedStepCounts(const std::string& kind, const ParityCase& c,
       break;
     }
   }
-  int64_t rowwise = 0;
+  int64_t rowwise_replicate = 0;
+  int64_t rowwise_shard = 0;
+  int64_t sequence_parallel_params = 0;
   for (const auto& [fqn, style] : plan) {
-    rowwise += dynamic_cast<const tensor_parallel::RowwiseParallel*>(style.get()) != nullptr;
+    if (const auto* rowwise = dynamic_cast<const tensor_parallel::RowwiseParallel*>(style.get())) {
+      (rowwise->output_layouts().is_shard() ? rowwise_shard : rowwise_replicate) += 1;
+    }
+    if (dynamic_cast<const tensor_parallel::SequenceParallel*>(style.get()) != nullptr) {
+      sequence_parallel_params +=
+          static_cast<int64_t>(module->get_submodule(fqn)->named_parameters().size());
+    }
   }
   int64_t colwise_with_input_grad = 0;
   for (const std::string& fqn : PlannedModulesWithInputGrad(names, plan)) {
@@ -143,11 +194,15 @@ nlohmann::json ExpectedStepCounts(const std::string& kind, const ParityCase& c,
   // all-reduces each group's gradients over the replicate group.
   const int64_t all_gathers = m.shard() == 1 ? 0 : groups;
   const int64_t backward_all_gathers = m.shard() == 1 ? 0 : non_root_groups;
-  Counts forward{{"c10d._allgather_base_", all_gathers}, {"c10d_functional.all_reduce", rowwise}};
-  Counts backward{{"c10d._allgather_base_", backward_all_gathers},
-                  {"c10d._reduce_scatter_base_", groups},
-                  {"c10d.allreduce_", m.replicate > 1 ? groups : 0},
-                  {"c10d_functional.all_reduce", colwise_with_input_grad}};
+  Counts forward{{"c10d._allgather_base_", all_gathers},
+                 {"c10d_functional.all_reduce", rowwise_replicate},
+                 {"c10d_functional.reduce_scatter_tensor", rowwise_shard}};
+  Counts backward{
+      {"c10d._allgather_base_", backward_all_gathers},
+      {"c10d._reduce_scatter_base_", groups},
+      {"c10d.allreduce_", m.replicate > 1 ? groups : 0},
+      {"c10d_functional.all_gather_into_tensor", rowwise_shard},
+      {"c10d_functional.all_reduce", colwise_with_input_grad + sequence_parallel_params}};
   for (Counts* counts : {&forward, &backward}) {
     for (auto it = counts->begin(); it != counts->end();) {
       it = it->second == 0 ? counts->erase(it) : std::next(it);
@@ -169,11 +224,15 @@ nlohmann::json RunTpParityRank(const std::string& kind, RankEnv& env) {
           : distributed::DeviceMesh::Init(env.pg, device_type, {m.dp, m.tp}, {"dp", "tp"});
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
   module->to(env.device);
+  const tensor_parallel::ParallelizePlan plan = PlanOf(kind, *module);
   ParallelizeZooModel(kind, *module, (*mesh)["tp"]);
   fsdp2::FullyShardOptions options;
   options.mesh = m.replicate > 1 ? mesh->slice({"dp_replicate", "dp_shard"}) : (*mesh)["dp"];
   options.semantics = SemanticsOf(env.params);
-  ShardChildrenThenRoot(module, options);
+  for (const nn::ModulePtr& child : TpChildrenToShard(module, plan)) {
+    fsdp2::fully_shard(child, options);
+  }
+  fsdp2::fully_shard(module, options);
 
   // Each step's forward is counted from the root's first forward pre-hook to its forward hook,
   // its backward from there to the gradient snapshot.
@@ -196,17 +255,33 @@ nlohmann::json RunTpParityRank(const std::string& kind, RankEnv& env) {
         comm_mode.enter();
         return std::nullopt;
       });
-  const EngineTrainingRecord record =
-      TrainEngine(c.model, *module, c.optim, env.Inputs(), c.steps, LocalParameterShards,
-                  [&](nn::Module& mod) {
-                    comm_mode.exit();
-                    step_counts.push_back(PhaseCommCountsJson(forward, comm_mode.get_comm_counts()));
-                    return LocalGradientShards(mod);
-                  });
+  const EngineTrainingRecord record = TrainEngine(
+      c.model, *module, c.optim, env.Inputs(), c.steps, LocalParameterShards, [&](nn::Module& mod) {
+        comm_mode.exit();
+        step_counts.push_back(PhaseCommCountsJson(forward, comm_mode.get_comm_counts()));
+        return LocalGradientShards(mod);
+      });
   nlohmann::json obs = TrainingObservations(record, c.dtype);
   obs[kTensors].update(MapToJson(FullShardedParameters(*module), DTypeName(c.dtype), "full/"));
   obs[kStepCommCounts] = std::move(step_counts);
   return obs;
+}
+
+// Rank `rank`'s loss of step `step` under sequence parallelism: the model's loss on its
+// torch.chunk piece of the sequence (dim 1) of its dp index's batch, from `params` (those
+// before the step); MLPStack computes position by position, so this is the Partial sum the
+// rank's sequence-sharded output gives.
+double SequencePieceLoss(const ParityCase& c, const reference::RefTensorMap& params, int64_t step,
+                         const MeshShape& m, int rank) {
+  reference::ModelInput<double> input =
+      c.model.MakeInput(c.seed, step, c.dtype, m.dp * c.model.batch())
+          .RankSlice(rank / m.tp, m.dp)
+          .oracle;
+  input.features = NestedShardOf(*input.features, tensor_parallel::Placement::Shard(1),
+                                 /*dp_rank=*/0, /*dp=*/1, rank % m.tp, m.tp);
+  const auto forward =
+      c.model.oracle().Forward(params, c.model.MakeBuffers(c.seed, c.dtype), input);
+  return reference::ComputeLoss(c.model.LossAt(step), forward.outputs).loss;
 }
 
 std::vector<nlohmann::json> ExpectTpParity(const std::string& kind, const CaseParams& params,
@@ -229,6 +304,7 @@ std::vector<nlohmann::json> ExpectTpParity(const std::string& kind, const CasePa
     }
     return out;
   };
+  const reference::RefTensorMap initial = c.model.MakeParameters(c.seed, c.dtype);
   std::vector<nlohmann::json> expected(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     nlohmann::json& e = expected[static_cast<size_t>(r)];
@@ -238,7 +314,12 @@ std::vector<nlohmann::json> ExpectTpParity(const std::string& kind, const CasePa
     e[kStepCommCounts] = nlohmann::json::array();
     for (int64_t k = 0; k < c.steps; ++k) {
       const auto& step = oracle[static_cast<size_t>(k)];
-      e[kLosses].push_back(step.rank_losses.at(r / m.tp));
+      double loss = step.rank_losses.at(r / m.tp);
+      if (ZooTpOutputIsSequenceSharded(kind)) {
+        loss = SequencePieceLoss(c, k == 0 ? initial : oracle[static_cast<size_t>(k - 1)].params, k,
+                                 m, r);
+      }
+      e[kLosses].push_back(loss);
       e[kTensors].update(MapToJson(shards(step.grads, r), dtype, GradPrefix(k)));
       e[kTensors].update(MapToJson(shards(step.params, r), dtype, StepPrefix(k)));
       e[kStepCommCounts].push_back(step_counts);
@@ -277,8 +358,11 @@ Scenario MakeScenario(const ZooModelKind& kind) {
                        ": tensor parallel over mesh_2d[\"tp\"], then fully_shard per block and "
                        "root over mesh_2d[\"dp\"], vs the oracle's data-parallel run over dp; "
                        "every rank's shards, losses and per-step collectives";
-  s.info.seed_test = "test_fully_shard_training.py::TestFullyShard2DTraining::test_train_parity_2d_" +
-                     std::string(kind.name == "transformer" ? "transformer" : "mlp");
+  s.info.seed_test =
+      kind.name == "mlp_stack_seq_parallel"
+          ? kind.seed_test
+          : "test_fully_shard_training.py::TestFullyShard2DTraining::test_train_parity_2d_" +
+                std::string(kind.name == "transformer" ? "transformer" : "mlp");
   s.info.params = ParityParams(
       kind, ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float32"));
   s.info.params.push_back(
@@ -315,7 +399,7 @@ Scenario MakeScenario(const ZooModelKind& kind) {
 }  // namespace
 
 void RegisterParityTpScenarios(ScenarioRegistry& registry) {
-  for (const char* kind : {"mlp_stack", "transformer"}) {
+  for (const char* kind : {"mlp_stack", "mlp_stack_seq_parallel", "transformer"}) {
     registry.Add(MakeScenario(ZooModel::Kind(kind)));
   }
 }

@@ -14,6 +14,7 @@ using tensor_parallel::ColwiseParallel;
 using tensor_parallel::ParallelStyle;
 using tensor_parallel::Placement;
 using tensor_parallel::RowwiseParallel;
+using tensor_parallel::SequenceParallel;
 
 // "a.b.weight" -> "a.b"; "weight" -> "".
 std::string ModuleOf(const std::string& fqn) {
@@ -26,12 +27,12 @@ std::string LastName(const std::string& fqn) {
   return dot == std::string::npos ? fqn : fqn.substr(dot + 1);
 }
 
-// The style of a module named `name` in zoo model `kind`'s plan (null: not planned).
+// The style of module `module_fqn` in zoo model `kind`'s plan (null: not planned).
 std::shared_ptr<ParallelStyle> StyleFor(const std::string& kind, const std::string& module_fqn) {
   const std::string name = LastName(module_fqn);
   std::set<std::string> colwise;
   std::set<std::string> rowwise;
-  if (kind == "mlp_stack") {
+  if (kind == "mlp_stack" || kind == "mlp_stack_seq_parallel") {
     colwise = {"in_proj"};
     rowwise = {"out_proj"};
   } else if (kind == "transformer") {
@@ -39,7 +40,18 @@ std::shared_ptr<ParallelStyle> StyleFor(const std::string& kind, const std::stri
     rowwise = {"wo", "w2"};
   } else {
     FSDP_THROW(ErrorCode::kInvalidArgument, "zoo model '", kind,
-               "' has no tensor-parallel plan (planned: mlp_stack, transformer)");
+               "' has no tensor-parallel plan (planned: mlp_stack, mlp_stack_seq_parallel, "
+               "transformer)");
+  }
+  if (kind == "mlp_stack_seq_parallel") {
+    // MLPStack.parallelize(with_seq_parallel=True): the last block's output reduce-scattered
+    // onto the sequence dim, where the norm runs.
+    if (module_fqn == "2.out_proj") {
+      tensor_parallel::ParallelStyleOptions options;
+      options.output_layouts = Placement::Shard(1);
+      return std::make_shared<RowwiseParallel>(options);
+    }
+    if (module_fqn == "3") return std::make_shared<SequenceParallel>(/*sequence_dim=*/1);
   }
   if (colwise.count(name)) return std::make_shared<ColwiseParallel>();
   if (rowwise.count(name)) return std::make_shared<RowwiseParallel>();
@@ -74,6 +86,10 @@ void ParallelizeZooModel(const std::string& kind, nn::Module& module,
     }
   }
   tensor_parallel::parallelize_module(module, tp_mesh, ZooTpPlan(kind, names));
+}
+
+bool ZooTpOutputIsSequenceSharded(const std::string& kind) {
+  return kind == "mlp_stack_seq_parallel";
 }
 
 std::map<std::string, Placement> ZooTpPlacements(const std::string& kind,

@@ -1,9 +1,18 @@
 // The tensor-parallel plans of the zoo models that parity/tp/* trains under FSDP2 × TP, and the
 // oracle-side arithmetic of where each parameter's values land on a (dp, tp) mesh.
 //
-// Plans (PyTorch's MLPStack.parallelize and Transformer.parallelize, restricted to the
-// nn.Linear styles this engine has), derived from the parameter FQNs, any size:
+// Plans (PyTorch's MLPStack.parallelize and Transformer.parallelize, restricted to the styles
+// this engine has: every style returns its local output, use_local_output=True, where
+// MLPStack.parallelize keeps some DTensor outputs; the values are the same), derived from the
+// parameter FQNs, any size:
 //   mlp_stack    every "<i>.in_proj" ColwiseParallel(), every "<i>.out_proj" RowwiseParallel()
+//   mlp_stack_seq_parallel
+//                MLPStack.parallelize with with_seq_parallel=True: as mlp_stack, but
+//                "2.out_proj" RowwiseParallel(output_layouts=Shard(1)) (its output
+//                reduce-scattered onto the sequence dim) and the LayerNorm "3"
+//                SequenceParallel(sequence_dim=1) (its weight Replicate, its gradient a Partial
+//                sum over the rank's sequence piece, all-reduced over tp); the model's output is
+//                the rank's Shard(1) piece, so its loss is a Partial sum over tp
 //   transformer  per block "layers.<i>.attention.{wq,wk,wv}" and "layers.<i>.feed_forward.w1"
 //                ColwiseParallel(), "layers.<i>.attention.wo" and "...feed_forward.w2"
 //                RowwiseParallel(); each Attention then holds n_heads / tp heads (its colwise
@@ -42,7 +51,11 @@ tensor_parallel::ParallelizePlan ZooTpPlan(const std::string& kind,
 void ParallelizeZooModel(const std::string& kind, nn::Module& module,
                          const std::shared_ptr<distributed::DeviceMesh>& tp_mesh);
 
-// FQN -> TP placement of every parameter the plan shards (others are absent).
+// Whether zoo model `kind`'s output under its plan is the rank's Shard(1) piece of the sequence
+// (mlp_stack_seq_parallel), so that a loss summed over it is the rank's Partial sum over tp.
+bool ZooTpOutputIsSequenceSharded(const std::string& kind);
+
+// FQN -> TP placement of every parameter the plan places (others are absent).
 std::map<std::string, tensor_parallel::Placement> ZooTpPlacements(
     const std::string& kind, const std::vector<std::string>& parameter_names);
 

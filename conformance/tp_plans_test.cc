@@ -1,12 +1,14 @@
 // The zoo's tensor-parallel plans (conformance/tp_plans.h): every Linear of the MLPStack and of
 // the Transformer's blocks is planned colwise or rowwise, each planned parameter gets its
-// style's placement, the nested (tp, then dp) shards of a tensor partition it, and a TP size
+// style's placement, MLPStack's sequence-parallel plan adds SequenceParallel on its LayerNorm,
+// the nested (tp, then dp) shards of a tensor partition it, and a TP size
 // that does not divide the Transformer's heads fails naming the attention module.
 #include "conformance/tp_plans.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -50,6 +52,29 @@ TEST(ZooTpPlans, EveryLinearIsPlannedWithItsStylePlacement) {
     const auto with_grad = PlannedModulesWithInputGrad(names, plan);
     EXPECT_EQ(with_grad.size(), plan.size() - (kind == "mlp_stack" ? 1 : 0));
   }
+}
+
+// MLPStack.parallelize(with_seq_parallel=True): the last out_proj reduce-scatters its output
+// onto the sequence dim (RowwiseParallel(output_layouts=Shard(1))), the LayerNorm "3" is
+// SequenceParallel(sequence_dim=1) with its weight Replicate(), and the output is
+// sequence-sharded; every other Linear is planned as in mlp_stack.
+TEST(ZooTpPlans, MlpStackSeqParallelPlansTheNormAndTheLastRowwiseOutput) {
+  const std::string kind = "mlp_stack_seq_parallel";
+  const std::vector<std::string> names = ZooModel::Make(kind, Defaults(kind)).ParameterNames();
+  const auto plan = ZooTpPlan(kind, names);
+  std::map<std::string, std::string> styles;
+  for (const auto& [fqn, style] : plan) styles[fqn] = style->str();
+  std::map<std::string, std::string> plain;
+  for (const auto& [fqn, style] : ZooTpPlan("mlp_stack", names)) plain[fqn] = style->str();
+  ASSERT_EQ(styles.size(), plain.size() + 1);
+  for (const auto& [fqn, str] : plain) {
+    if (fqn != "2.out_proj") EXPECT_EQ(styles.at(fqn), str) << fqn;
+  }
+  EXPECT_THAT(styles.at("2.out_proj"), HasSubstr("output_layouts=Shard(dim=1)"));
+  EXPECT_EQ(styles.at("3"), "SequenceParallel(sequence_dim=1, use_local_output=False)");
+  EXPECT_EQ(ZooTpPlacements(kind, names).at("3.weight"), Placement::Replicate());
+  EXPECT_TRUE(ZooTpOutputIsSequenceSharded(kind));
+  EXPECT_FALSE(ZooTpOutputIsSequenceSharded("mlp_stack"));
 }
 
 // The (dp, tp) shards of a tensor hold every element exactly once, for every placement.

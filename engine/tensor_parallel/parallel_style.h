@@ -87,6 +87,9 @@ class RowwiseParallel : public ParallelStyle {
              const std::string& fqn) const override;
   std::string str() const override;
   std::vector<std::pair<std::string, Placement>> parameter_placements() const override;
+  // The output's placement: Replicate() (all_reduce of the Partial output) or Shard(d)
+  // (reduce_scatter onto dim d).
+  const Placement& output_layouts() const { return output_layout_; }
 
  private:
   Placement input_layout_;

@@ -6,7 +6,7 @@ state_dict() keys are the keys of the suite's weights files:
   MLP                       torch/testing/_internal/common_fsdp.py (in_proj, out_proj,
                             optional buffer)
   MLPStack                  torch/testing/_internal/common_fsdp.py (Sequential of three MLPs,
-                            dim_multiplier 3, 4, 3)
+                            dim_multiplier 3, 4, 3; with_seq_parallel: then a LayerNorm)
   MLPModule / RMSNormPython torch/testing/_internal/distributed/_tensor/common_dtensor.py
   SimpleModel               test_fsdp_tp_integration.py (seed 003: net1, relu, net2, net3)
   TpExtensionModel          test_fsdp_tp_extension_grad's TestModel (mlp = MLPModule,
@@ -139,11 +139,15 @@ class MLP(nn.Module):
 
 
 class MLPStack(nn.Sequential):
-    """common_fsdp.py's MLPStack(mlp_dim) without sequence parallelism."""
+    """common_fsdp.py's MLPStack(mlp_dim, with_seq_parallel=...): with sequence parallelism a
+    LayerNorm(mlp_dim, bias=False) after the three MLPs (module "3")."""
 
-    def __init__(self, mlp_dim: int) -> None:
-        super().__init__(MLP(mlp_dim, dim_multiplier=3), MLP(mlp_dim),
-                         MLP(mlp_dim, dim_multiplier=3))
+    def __init__(self, mlp_dim: int, *, with_seq_parallel: bool = False) -> None:
+        modules = [MLP(mlp_dim, dim_multiplier=3), MLP(mlp_dim), MLP(mlp_dim, dim_multiplier=3)]
+        if with_seq_parallel:
+            modules.append(nn.LayerNorm(mlp_dim, bias=False))
+        super().__init__(*modules)
+        self.with_seq_parallel = with_seq_parallel
 
 
 class MLPModule(nn.Module):

@@ -39,6 +39,8 @@ def _build(kind: str, request):
             weight_tying=request.param("weight_tying").lower() == "true"))
     elif kind == "mlp_stack":
         model = MLPStack(request.int_param("mlp_dim"))
+    elif kind == "mlp_stack_seq_parallel":
+        model = MLPStack(request.int_param("mlp_dim"), with_seq_parallel=True)
     elif kind == "double_linear":
         model = DoubleLinear(request.int_param("dim"),
                              use_second_linear=request.param("use_second_linear") == "True")
@@ -97,6 +99,12 @@ def _local(t):
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def _value(loss):
+    """The rank's loss: of a DTensor loss (the Partial sum over tp of a sequence-sharded output)
+    its local value, to_local() (the rank's sequence piece's loss)."""
+    return _local(loss).item()
+
+
 def _record_params(model, k, tensors):
     for name, p in model.named_parameters():
         tensors[f"step{k}/{name}"] = _local(p).detach().clone()
@@ -125,7 +133,7 @@ def _train(request, model, after_step=_record_params, after_backward=None, step_
         with phase("forward"):
             loss = _loss(request, k, model(rank_inputs[f"step{k}/input"]))
         loss_dtype = str(loss.dtype).replace("torch.", "")
-        losses.append(loss.item())
+        losses.append(_value(loss))
         with phase("backward"):
             loss.backward()
         if step_counts is not None:
@@ -167,8 +175,9 @@ def fsdp(kind: str):
 
 
 def tp(kind: str):
-    """parity/tp/*: tp_plans.plan over the "tp" dim, then fully_shard per block and on the
-    root over the "dp" dim (HSDP x TP with replicate > 1: over ("dp_replicate", "dp_shard"))."""
+    """parity/tp/*: tp_plans.plan over the "tp" dim, then fully_shard per block (less the norms
+    the plan runs SequenceParallel on) and on the root over the "dp" dim (HSDP x TP with
+    replicate > 1: over ("dp_replicate", "dp_shard"))."""
     def run(request):
         from fsdp_conform_driver.pytorch import tp_plans
         from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
@@ -176,7 +185,7 @@ def tp(kind: str):
         model, _ = _build(kind, request)
         mesh, dp_mesh = tp_plans.parity_mesh(request)
         tp_plans.parallelize(kind, model, mesh["tp"])
-        for child in _children_to_shard(model):
+        for child in tp_plans.children_to_shard(kind, model, _children_to_shard(model)):
             fully_shard(child, mesh=dp_mesh)
         fully_shard(model, mesh=dp_mesh)
         step_counts = []

@@ -135,6 +135,7 @@ SCENARIOS = {
     "parity/fsdp1/transformer": parity.fsdp1("transformer"),
     "parity/fsdp1/double_linear": parity.fsdp1("double_linear"),
     "parity/tp/mlp_stack": parity.tp("mlp_stack"),
+    "parity/tp/mlp_stack_seq_parallel": parity.tp("mlp_stack_seq_parallel"),
     "parity/tp/transformer": parity.tp("transformer"),
     "fsdp_tp_integration/fsdp_tp_integration": tp_integration.integration,
     "fsdp_tp_integration/fsdp_tp_extension_grad": tp_integration.extension_grad,

@@ -2,6 +2,11 @@
 models' plans (conformance/tp_plans.h), applied with parallelize_module:
 
   mlp_stack    every "<i>.in_proj" ColwiseParallel(), every "<i>.out_proj" RowwiseParallel()
+  mlp_stack_seq_parallel
+               MLPStack.parallelize's with_seq_parallel=True plan: as mlp_stack, but
+               "2.out_proj" RowwiseParallel(output_layouts=Shard(1)) and "3" (the LayerNorm)
+               SequenceParallel(sequence_dim=1); the LayerNorm stays in the root's
+               fully_shard group (children_to_shard); the output is a Shard(1) DTensor
   transformer  "wq", "wk", "wv", "w1" ColwiseParallel(), "wo", "w2" RowwiseParallel() in every
                block; each Attention then holds n_heads / tp heads (as common_dtensor.py's
                Transformer.parallelize); embeddings, norms and the output stay plain.
@@ -15,8 +20,10 @@ Thread-safety: one case at a time per process, on the main thread.
 
 from __future__ import annotations
 
-_COLWISE = {"mlp_stack": {"in_proj"}, "transformer": {"wq", "wk", "wv", "w1"}}
-_ROWWISE = {"mlp_stack": {"out_proj"}, "transformer": {"wo", "w2"}}
+_COLWISE = {"mlp_stack": {"in_proj"}, "mlp_stack_seq_parallel": {"in_proj"},
+            "transformer": {"wq", "wk", "wv", "w1"}}
+_ROWWISE = {"mlp_stack": {"out_proj"}, "mlp_stack_seq_parallel": {"out_proj"},
+            "transformer": {"wo", "w2"}}
 
 
 def parity_mesh(request):
@@ -36,7 +43,10 @@ def parity_mesh(request):
 
 def plan(kind: str, model):
     """{module FQN: ParallelStyle} of zoo model `kind` (module comment)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel)
+
+    from fsdp_conform_driver.pytorch.dtensor_api import Shard
 
     if kind not in _COLWISE:
         raise ValueError(f"zoo model '{kind}' has no tensor-parallel plan "
@@ -48,7 +58,20 @@ def plan(kind: str, model):
             out[fqn] = ColwiseParallel()
         elif leaf in _ROWWISE[kind]:
             out[fqn] = RowwiseParallel()
+    if kind == "mlp_stack_seq_parallel":
+        out["2.out_proj"] = RowwiseParallel(output_layouts=Shard(1))
+        out["3"] = SequenceParallel(sequence_dim=1)
     return out
+
+
+def children_to_shard(kind: str, model, children):
+    """`children` less the norms plan(kind, model) runs SequenceParallel on (MLPStack.parallelize:
+    `if isinstance(module, nn.LayerNorm): continue`), which stay in the root's group."""
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    norms = {id(model.get_submodule(fqn)) for fqn, style in plan(kind, model).items()
+             if isinstance(style, SequenceParallel)}
+    return [c for c in children if id(c) not in norms]
 
 
 def parallelize(kind: str, model, tp_mesh):
