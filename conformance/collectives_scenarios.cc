@@ -3,7 +3,8 @@
 // test_multi_threaded_pg.py, test_c10d_nccl.py, distributed_test.py):
 //   all_gather_into_tensor   _allgather_base_       dtype x in_place x async_op
 //   reduce_scatter_tensor    _reduce_scatter_base_  dtype x op x in_place x async_op
-//   all_reduce               allreduce_             dtype x op x async_op
+//   all_reduce               allreduce_             dtype x op x async_op x api (c10d or
+//                                                   the functional all_reduce)
 //   broadcast                broadcast_             dtype x async_op, root a size
 //   all_gather               allgather_ (a list)    dtype x counts x in_place x async_op
 //   barrier                  barrier                nobody leaves before the last one entered
@@ -41,6 +42,7 @@
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "engine/core/error.h"
+#include "engine/distributed/functional_collectives.h"
 #include "engine/distributed/process_group.h"
 
 namespace fsdp::conformance {
@@ -400,6 +402,10 @@ Scenario ReduceScatterTensor() {
   return s;
 }
 
+// all_reduce's api=functional: funcol.all_reduce (torch.distributed._functional_collectives),
+// which returns a new tensor and leaves its input unchanged.
+bool IsFunctional(const CaseParams& p) { return p.GetString("api") == "functional"; }
+
 std::vector<nlohmann::json> ExpectAllReduce(const CaseParams& p, int world) {
   const std::string dtype = p.GetString("dtype");
   const distributed::ReduceOp op = ParseReduceOp(p.GetString("op"));
@@ -415,6 +421,8 @@ std::vector<nlohmann::json> ExpectAllReduce(const CaseParams& p, int world) {
     e["error"] = nullptr;
     e["work"] = ExpectedWork(p.GetBool("async_op"));
     e[kTensors]["tensor"] = ValuesJson(ExpectedReductions(op, layout, 0, count), dtype);
+    if (IsFunctional(p))
+      e[kTensors]["input"] = ValuesJson(ReduceInputs(layout, r, 0, count), dtype);
   }
   return expected;
 }
@@ -427,17 +435,34 @@ Scenario AllReduce() {
       "tensor; AVG/PREMUL_SUM on int64 fail on every rank",
       "test_multi_threaded_pg.py::TestCollectivesWithBaseClass::test_all_reduce",
       {DTypeAxis(), ReduceOpAxis(), AsyncAxis(),
+       ParamSpec::Axis("api",
+                       "c10d: dist.all_reduce(tensor) in place; functional: "
+                       "funcol.all_reduce(input) returns the reduction as a new tensor and "
+                       "leaves the input unchanged (no async_op)",
+                       {"c10d", "functional"}),
        CountSize("elements (need not divide by the world)", 7)});
   s.info.observations.Add(ErrorKey())
       .Add(WorkKey(/*can_fail=*/true))
       .AddTensors({"tensor", "the case's dtype", "[count]",
-                   "the tensor after all_reduce(tensor, op): the reduction of every rank's "
+                   "the tensor after all_reduce(tensor, op) (api=functional: the tensor "
+                   "funcol.all_reduce returned): the reduction of every rank's "
                    "tensor, which starts as ReduceInput({world, count}, rank, i) of "
                    "conformance/collective_data.h at element i (premul_sum: rank r's times "
                    "PremulFactor(r, world): 2 for even r, 4 for odd r); absent "
                    "when the call raised",
                    /*required=*/false})
+      .AddTensors({"input", "the case's dtype", "[count]",
+                   "api=functional only (absent for c10d or when the call raised): the input "
+                   "after funcol.all_reduce returned, unchanged: ReduceInput({world, count}, "
+                   "rank, i) of conformance/collective_data.h at element i",
+                   /*required=*/false})
       .AddTensors(AfterRejectionTensor("[count]"));
+  s.skip = [](const CaseParams& p, int) -> std::optional<std::string> {
+    if (IsFunctional(p) && p.GetBool("async_op")) {
+      return "funcol.all_reduce has no async_op (it returns an AsyncCollectiveTensor)";
+    }
+    return std::nullopt;
+  };
   s.run_rank = [](RankEnv& env) {
     const DType dtype = ParseDType(env.params.GetString("dtype"));
     const distributed::ReduceOp op = ParseReduceOp(env.params.GetString("op"));
@@ -447,9 +472,16 @@ Scenario AllReduce() {
     Tensor tensor = MakeTensor(values, dtype, env.device);
     nlohmann::json obs;
     obs["error"] = nullptr;
+    const distributed::ReduceOptions options = ReduceOptionsFor(op, env.rank, env.world);
     try {
-      auto work =
-          env.group().all_reduce(tensor, ReduceOptionsFor(op, env.rank, env.world), async_op);
+      if (IsFunctional(env.params)) {
+        Tensor reduced = distributed::funcol::all_reduce(tensor, options, env.group());
+        obs["work"] = nullptr;
+        obs[kTensors]["tensor"] = TensorToJson(reduced);
+        obs[kTensors]["input"] = TensorToJson(tensor);
+        return obs;
+      }
+      auto work = env.group().all_reduce(tensor, options, async_op);
       obs["work"] = FinishWork(work, async_op);
     } catch (const Error& e) {
       if (!ReductionIsRejected(op, dtype)) throw;
