@@ -149,12 +149,18 @@ Scenario PostAccGradHookRuns() {
   s.info.name = "fully_shard_autograd/post_acc_grad_hook_runs";
   s.info.description =
       "MLP(dim) with in_proj, out_proj and the root sharded: every sharded parameter's "
-      "post-accumulate-grad hook runs exactly once per backward";
+      "post-accumulate-grad hook runs exactly once per backward, also in a backward that "
+      "accumulates into the gradient of an earlier one (backwards before any step)";
   s.info.seed_test =
       "test_fully_shard_autograd.py::TestFullyShardPostAccGradHookMultiThread::"
       "test_post_acc_grad_hook_runs";
   s.info.params = {ParamSpec::SizeInt("dim", "MLP dim", 8, /*minimum=*/1),
                    ParamSpec::SizeInt("seed", "seed of the weights and the input batch", 0),
+                   ParamSpec::SizeInt("backwards",
+                                      "model(inp).sum().backward() calls without a step or "
+                                      "zero_grad in between (after the first, FSDP adds to the "
+                                      "sharded gradients)",
+                                      2, /*minimum=*/1),
                    SemanticsParam()};
   s.info.inputs.weights = "every key of MLP(dim).state_dict() (in_proj, out_proj), float32";
   s.info.inputs.rank_tensors = {
@@ -177,8 +183,9 @@ Scenario PostAccGradHookRuns() {
   s.info.requirements.devices = {DeviceType::kCPU};
   s.info.observations.Add(ObservationKey::StringList(
       "hook_calls",
-      "one entry per call of a post-accumulate-grad hook during model(inp).sum().backward(), in "
-      "call order: the named_parameters() FQN of the parameter it was registered on (one hook "
+      "one entry per call of a post-accumulate-grad hook during the `backwards` calls of "
+      "model(inp).sum().backward(), in call order: the named_parameters() FQN of the parameter it "
+      "was registered on (one hook "
       "per parameter, registered after fully_shard, i.e. on the sharded parameters)"));
   s.run_rank = [](RankEnv& env) {
     const int64_t dim = env.params.GetInt("dim");
@@ -196,18 +203,21 @@ Scenario PostAccGradHookRuns() {
           param, [&calls, name = name](const Tensor&) { calls.push_back(name); }));
     }
     const Tensor inp = env.Inputs().Get(StepInputName(0));
-    sum((*model)(inp).tensor()).backward();
+    for (int64_t k = 0; k < env.params.GetInt("backwards"); ++k) {
+      sum((*model)(inp).tensor()).backward();
+    }
     nlohmann::json obs;
     obs["hook_calls"] = calls;
     return obs;
   };
-  s.judge = [](const CaseParams&, int world, const std::vector<nlohmann::json>& per_rank,
+  s.judge = [](const CaseParams& params, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
     // MLP's parameters, each managed by exactly one group (in_proj, out_proj; the root has
-    // none left), each reduced once in this backward: one call each, in any order.
+    // none left), each reduced once per backward, whether its sharded gradient is assigned or
+    // added to: one call each per backward, in any order.
     std::map<std::string, int64_t> expected;
     for (const char* name : {"in_proj.weight", "in_proj.bias", "out_proj.weight", "out_proj.bias"}) {
-      expected[name] = 1;
+      expected[name] = params.GetInt("backwards");
     }
     for (int r = 0; r < world; ++r) {
       const nlohmann::json& calls = RankObservation(per_rank, r, "hook_calls");

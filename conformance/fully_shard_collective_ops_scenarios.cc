@@ -3,6 +3,7 @@
 //   all_gather_fp32       test_all_gather_fp32
 //   reduce_scatter_fp32   test_reduce_scatter_fp32
 //   reduce_scatter_fp16   test_reduce_scatter_fp16
+//   reduce_scatter_bf16   test_reduce_scatter_fp32 with reduce_dtype bfloat16 (AVG, as float32)
 // Each rank builds the seed's `_init_fsdp_param_group`: an nn.ParameterList of clones of the
 // eight `_get_param_sizes` parameters and one FsdpParamGroup over the world group, then drives
 // foreach_all_gather / foreach_reduce directly. The parameters are the case's runner-owned
@@ -24,7 +25,8 @@
 // rank's rows of, and samples of, the average of every rank's gradient, derived by rule
 // (equal, on these exact data, to the seed's reference: clone, pre-divide, all_reduce AVG or
 // SUM, post-divide); the divide factors must follow docs/fsdp-behaviour.md, "Gradient divide
-// factors", which the judge recomputes from the world size. The seed's gradients are
+// factors", which the judge recomputes from the world size and the force_sum_reduction axis
+// (set_force_sum_reduction_for_comms). The seed's gradients are
 // ones * rank: equal elements (a shard delivered to the wrong rank would pass) and a zero
 // contribution from rank 0 (a lost rank 0 would pass). Here element e of parameter p on rank r
 // is ReduceInput({world, padded shard numel of p}, r, e) ([Note: exact collective data],
@@ -489,6 +491,7 @@ nlohmann::json ReduceScatterRank(RankEnv& env, DType reduce_dtype) {
   options.device = env.device;
   const bool separate = env.params.GetString("reduce_scatter_stream") == "separate";
   options.reduce_scatter_stream = separate ? &ctx.reduce_scatter_stream() : &ctx.current_stream();
+  options.force_sum_reduction_for_comms = env.params.GetBool("force_sum_reduction");
   const fsdp2::ForeachReduceResult result = fsdp2::foreach_reduce(
       g.group->fsdp_param_ptrs(), unsharded_grads, g.group->mesh_info().shard_process_group, options);
   const fsdp2::DivideFactors& f = result.divide_factors;
@@ -508,16 +511,21 @@ nlohmann::json ReduceScatterRank(RankEnv& env, DType reduce_dtype) {
 }
 
 // The divide factors of docs/fsdp-behaviour.md, "Gradient divide factors", recomputed: f32 and
-// bf16 reduce with AVG; f16 sums with the factor world split into pre * post (pre doubles
-// while it divides world and world / pre > pre).
+// bf16 reduce with AVG, or with SUM and a post-divide by world under force_sum_reduction; f16
+// sums with the factor world split into pre * post (pre doubles while it divides world and
+// world / pre > pre).
 struct ExpectedFactors {
   std::string op = "AVG";
   double pre = 1.0;
   double post = 1.0;
 };
 
-ExpectedFactors DivideFactorsFor(DType reduce_dtype, int world) {
+ExpectedFactors DivideFactorsFor(DType reduce_dtype, int world, bool force_sum_reduction) {
   ExpectedFactors f;
+  if (reduce_dtype != DType::kFloat16 && force_sum_reduction && world > 1) {
+    f.op = "SUM";
+    f.post = world;
+  }
   if (reduce_dtype == DType::kFloat16 && world > 1) {
     f.op = "SUM";
     // _get_gradient_divide_factors' loop, quirk included: it tests the current factor, so
@@ -529,6 +537,17 @@ ExpectedFactors DivideFactorsFor(DType reduce_dtype, int world) {
     f.post = world / f.pre;
   }
   return f;
+}
+
+// The smallest world at which f16's split loop stops on world / pre == pre (pre == post, a
+// power of 4), 0 if none up to max_world: there a loop that also doubles pre on equality gives
+// another split, which no other world shows (at 128 and odd worlds the two loops agree).
+int EqualSplitWorld(int max_world) {
+  for (int world = 2; world <= max_world; ++world) {
+    const ExpectedFactors f = DivideFactorsFor(DType::kFloat16, world, false);
+    if (f.pre == f.post) return world;
+  }
+  return 0;
 }
 
 // The average of every rank's gradient of every parameter, exact, named "full_grad/<i>".
@@ -558,7 +577,8 @@ std::vector<ExpectedTensor> GradsOfRank(const std::vector<ExpectedTensor>& full_
 std::vector<nlohmann::json> ExpectReduceScatter(DType reduce_dtype, const CaseParams& params,
                                                 int world) {
   const std::vector<ExpectedTensor> full_grads = ExpectedFullGrads(params, world);
-  const ExpectedFactors f = DivideFactorsFor(reduce_dtype, world);
+  const ExpectedFactors f =
+      DivideFactorsFor(reduce_dtype, world, params.GetBool("force_sum_reduction"));
   std::vector<nlohmann::json> expected(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     nlohmann::json& obs = expected[static_cast<size_t>(r)];
@@ -593,7 +613,7 @@ ObservationSchema ReduceScatterSchema() {
   return schema;
 }
 
-Scenario ReduceScatter(const std::string& test, DType reduce_dtype) {
+Scenario ReduceScatter(const std::string& test, const std::string& seed_test, DType reduce_dtype) {
   Scenario s;
   s.info.name = "fully_shard_comm/" + test;
   s.info.description =
@@ -604,13 +624,22 @@ Scenario ReduceScatter(const std::string& test, DType reduce_dtype) {
       "average by rule, with the divide factors of docs/fsdp-behaviour.md, \"Gradient divide "
       "factors\" (rank r's gradient of parameter i: ReduceInput of conformance/"
       "collective_data.h, layout {world, padded shard numel})";
-  s.info.seed_test = std::string(kSeedClass) + "test_" + test;
+  s.info.seed_test = std::string(kSeedClass) + seed_test;
   s.info.params = {
       ParamSpec::Axis("reduce_scatter_stream", "the current stream or the CommContext's",
                       {"default", "separate"}),
+      ParamSpec::Axis("force_sum_reduction",
+                      "set_force_sum_reduction_for_comms: SUM and a post-divide instead of AVG "
+                      "(float32, bfloat16; float16 sums anyway)",
+                      {"False", "True"}),
   };
   s.info.observations = ReduceScatterSchema();
   AddSeedGroupInfo(s);
+  if (reduce_dtype == DType::kFloat16) {
+    if (const int world = EqualSplitWorld(s.info.max_world)) {
+      s.info.extra_default_runs.push_back({world, {}});
+    }
+  }
   s.run_rank = [reduce_dtype](RankEnv& env) { return ReduceScatterRank(env, reduce_dtype); };
   s.expect = [reduce_dtype](const CaseParams& params, int world) {
     return ExpectReduceScatter(reduce_dtype, params, world);
@@ -618,7 +647,8 @@ Scenario ReduceScatter(const std::string& test, DType reduce_dtype) {
   s.judge = [reduce_dtype](const CaseParams& params, int world,
                            const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
     const std::vector<ExpectedTensor> full_grads = ExpectedFullGrads(params, world);
-    const ExpectedFactors f = DivideFactorsFor(reduce_dtype, world);
+    const ExpectedFactors f =
+        DivideFactorsFor(reduce_dtype, world, params.GetBool("force_sum_reduction"));
     for (int r = 0; r < world; ++r) {
       if (world > 1) {
         CheckRankEqual(checks, per_rank, r, {"divide_op", "divide op", f.op});
@@ -637,8 +667,9 @@ Scenario ReduceScatter(const std::string& test, DType reduce_dtype) {
 
 void RegisterFullyShardCollectiveOpsScenarios(ScenarioRegistry& registry) {
   registry.Add(AllGatherFp32());
-  registry.Add(ReduceScatter("reduce_scatter_fp32", DType::kFloat32));
-  registry.Add(ReduceScatter("reduce_scatter_fp16", DType::kFloat16));
+  registry.Add(ReduceScatter("reduce_scatter_fp32", "test_reduce_scatter_fp32", DType::kFloat32));
+  registry.Add(ReduceScatter("reduce_scatter_fp16", "test_reduce_scatter_fp16", DType::kFloat16));
+  registry.Add(ReduceScatter("reduce_scatter_bf16", "test_reduce_scatter_fp32", DType::kBFloat16));
 }
 
 }  // namespace fsdp::conformance

@@ -134,8 +134,9 @@ bool ReshardsAfterBackward(const FullyShardPlan& plan, const PlanGroup& g, int64
 // after each) and once in backward (the root is kept unsharded after forward; a group of
 // several modules counts as one); a synced backward
 // reduce-scatters the group's gradients (in reduce dtype) and, under HSDP, all-reduces the
-// shard across the replicas; a shard group of one rank all-gathers nothing. Bytes are the
-// collective's full buffer: S * the padded shard.
+// shard across the replicas (with defer_all_reduce, in the last micro-batch of a step only); a
+// shard group of one rank all-gathers nothing. Bytes are the collective's full buffer: S * the
+// padded shard.
 std::pair<nlohmann::json, nlohmann::json> PlanCommCounts(const FullyShardPlan& plan,
                                                          const ZooModel& model, int world,
                                                          int64_t k, int64_t i) {
@@ -163,7 +164,7 @@ std::pair<nlohmann::json, nlohmann::json> PlanCommCounts(const FullyShardPlan& p
       const auto item = static_cast<int64_t>(ElementSize(ReduceDType(plan, g.fqn)));
       backward[kReduceScatter] += 1;
       backward_bytes[kReduceScatter] += numel * item;
-      if (plan.hsdp) {
+      if (plan.hsdp && (!plan.defer_all_reduce || i + 1 == plan.micro_batches)) {
         backward[kAllReduce] += 1;
         backward_bytes[kAllReduce] += numel / shard * item;
       }
@@ -394,6 +395,7 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
         if (plan.no_reshard_after_backward) root.set_reshard_after_backward(last, plan.recurse);
         root.set_is_last_backward(last);
       }
+      if (plan.defer_all_reduce) root.set_requires_all_reduce(i + 1 == plan.micro_batches);
       const int64_t j = ZooStep(plan, k, i);
       const Tensor input = env.Inputs().Get(StepInputName(j)).to(env.device);
       distributed::CommDebugMode forward_mode;

@@ -80,6 +80,10 @@ struct FullyShardPlan {
   // set_gradient_divide_factor(factor) on every FSDP module. Default: unset (the world size).
   std::optional<double> divide_factor;
   bool hsdp = false;  // the 2-D (replicate, shard) mesh of HybridMeshShapeFor(world)
+  // HSDP: every micro-batch but the last of a step runs with set_requires_all_reduce(False)
+  // (on the root, recurse): it reduce-scatters and keeps the partial sums, the last one adds
+  // them and all-reduces. Default: off (every backward all-reduces).
+  bool defer_all_reduce = false;
   fsdp2::MixedPrecisionPolicy mp_policy;  // every fully_shard call's, unless overridden below
   // A group's own MixedPrecisionPolicy by module FQN ("" the root). Default: none.
   std::map<std::string, fsdp2::MixedPrecisionPolicy> group_mp_policies;

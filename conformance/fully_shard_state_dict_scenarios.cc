@@ -1,7 +1,9 @@
 // Family `fully_shard_state_dict` (issue #15, FSDP2 state dicts; test_fully_shard_state_dict.py):
 //   sharded_state_dict  model.state_dict() of a fully_shard-ed MLP: the plain model's keys,
 //                       every parameter as this rank's torch.chunk rows with its global shape
-//                       and offsets (a Shard(0) DTensor), buffers full, no collective
+//                       and offsets (a Shard(0) DTensor), buffers full, no collective; with
+//                       shard_placement=largest_dim (an extra default run at world 4)
+//                       out_proj.weight is a Shard(1) DTensor: piece and offsets along dim 1
 //   load_and_continue   a state dict taken after one SGD step loads (assign False or True)
 //                       into a zero model, and the next step of both models is identical
 //   full_state_dict     get_model_state_dict(full_state_dict) equals the weights on every rank,
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "conformance/fsdp_params.h"
 #include "conformance/observations.h"
 #include "conformance/optimizer_state_dict_scenario.h"
 #include "conformance/rank_checks.h"
@@ -49,6 +52,7 @@ Scenario ShardedStateDict() {
       "torch.chunk rows with global shape and offsets, buffers full, no collective";
   s.info.seed_test = std::string(kSeedFile) + "test_dp_state_dict_save_load";
   s.info.params = StateDictModelParams();
+  s.info.params.push_back(ShardPlacementParam());
   s.info.observations.Add(ObservationKey::StringList("keys", "the state dict's keys, in order"))
       .Add(ObservationKey::Custom(
           "sharding", {{"type", "object"}},
@@ -60,6 +64,9 @@ Scenario ShardedStateDict() {
                    "each value of the state dict (this rank's local tensor)"});
   s.info.default_world = 2;
   s.info.max_world = 8;
+  // A Shard(d > 0) placement (out_proj.weight [dim, 4*dim] on its dim 1 at even worlds): its
+  // piece and offsets are along d, not dim 0.
+  s.info.extra_default_runs = {{4, {{kShardPlacementParam, "largest_dim"}}}};
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
   s.info.inputs = StateDictModelInputsDoc();
   s.inputs = StateDictModelInputs;
@@ -83,10 +90,12 @@ Scenario ShardedStateDict() {
       obs["keys"] = KeysOf(weights);
       obs["sharding"] = nlohmann::json::object();
       for (const auto& [key, t] : weights) {
-        obs["sharding"][key] = IsShardedKey(key) ? ChunkSharding(t, r, world) : nlohmann::json(nullptr);
+        obs["sharding"][key] = IsShardedKey(key)
+                                   ? ChunkSharding(t, r, world, ShardDimOf(p, t.sizes(), world))
+                                   : nlohmann::json(nullptr);
       }
       obs["state_dict_collectives"] = nlohmann::json::object();
-      obs[kTensors] = ExpectedPieces(weights, r, world, "shard/");
+      obs[kTensors] = ExpectedPieces(weights, r, world, "shard/", &p);
       out.push_back(obs);
     }
     return out;

@@ -10,7 +10,10 @@
 //                                set_is_last_backward(False) but the last of a step; mode "sync"
 //                                reduces in every backward (several backwards before one step)
 //   train_parity_hsdp            TestFullyShardHSDPTraining.test_train_parity_hsdp: the 2-D
-//                                (replicate, shard) mesh, reduce-scatter then all-reduce
+//                                (replicate, shard) mesh, reduce-scatter then all-reduce;
+//                                optionally set_requires_all_reduce(False) but for the last
+//                                micro-batch of a step (partial sums kept, then all-reduced),
+//                                and set_gradient_divide_factor (an extra default run)
 //   train_parity_cpu_offload     TestFullyShard1DTrainingCore
 //                                .test_train_parity_multi_group_cpu_offload_eager:
 //                                CPUOffloadPolicy(pin_memory)
@@ -93,16 +96,35 @@ Scenario TrainParityHsdp() {
   Scenario s = MakePlanScenario(
       "fully_shard_training/train_parity_hsdp",
       "MLPStack on the 2-D (replicate, shard) mesh: reduce-scatter in the shard group, "
-      "all-reduce across replicas, gradients divided by the data-parallel size; shards of the "
-      "shard group vs the oracle",
+      "all-reduce across replicas (every micro-batch, or only the last with "
+      "set_requires_all_reduce), gradients divided by the data-parallel size or the "
+      "set_gradient_divide_factor; per micro-batch collective counts, shards of the shard group "
+      "vs the oracle",
       std::string(kTraining) + "TestFullyShardHSDPTraining::test_train_parity_hsdp", kKind,
-      "float64", {MicroBatches(1)}, [](const CaseParams& p, int) {
+      "float64",
+      {ParamSpec::Axis("defer_all_reduce",
+                       "True: set_requires_all_reduce(False) (recurse) but for the last "
+                       "micro-batch of a step (3 by default: two partial sums kept in a row)",
+                       {"False", "True"}),
+       ParamSpec::SizeDouble("divide_factor_multiple",
+                             "set_gradient_divide_factor(multiple * world) on every module; 0: "
+                             "unset (the data-parallel size)",
+                             0.0),
+       MicroBatches(3)},
+      [](const CaseParams& p, int world) {
         FullyShardPlan plan = Base(p);
         plan.hsdp = true;
+        plan.defer_all_reduce = p.GetBool("defer_all_reduce");
+        if (const double multiple = p.GetDouble("divide_factor_multiple"); multiple > 0.0) {
+          plan.divide_factor = multiple * world;
+        }
         return plan;
       });
-  // The smallest (replicate, shard) mesh, 2 x 2, by default; 2 x 4 at world 8.
+  // The smallest (replicate, shard) mesh, 2 x 2, by default; 2 x 4 at world 8, where a default
+  // run also sets a divide factor other than the data-parallel size: the reduce-scatter then
+  // uses PREMUL_SUM, after which the all-reduce across replicas must SUM (not AVG).
   s.info.default_world = 4;
+  s.info.extra_default_runs = {{8, {{"divide_factor_multiple", "2"}}}};
   s.info.test_runs = {{8, {}}};
   return s;
 }

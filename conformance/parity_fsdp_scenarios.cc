@@ -4,7 +4,7 @@
 // every step (conformance/sharded_parity.h). Sharding follows the seeds' usual pattern
 // (ShardChildrenThenRoot); `reshard_after_forward` and `shard_placement` (dim0, largest_dim:
 // fully_shard's shard_placement_fn, conformance/fsdp_params.h) are parameters; ctest also runs
-// largest_dim at worlds 2 and 4 (test_runs).
+// largest_dim at worlds 2 and 4 (test_runs), a default run at world 4 with SGD.
 #include <string>
 
 #include "conformance/model_zoo.h"
@@ -42,6 +42,10 @@ Scenario MakeScenario(const ZooModelKind& kind) {
     // update rule than the full parameter's shows.
     s.info.extra_default_runs = {{uneven, {}}, {uneven, {{"optim", "sgd"}, {"nesterov", "True"}}}};
   }
+  // Shard(d > 0) placements (their gradients chunked along d before the reduce-scatter) in a
+  // default run too, at the largest of ctest's worlds for them (where more dims divide evenly).
+  s.info.extra_default_runs.push_back(
+      {4, {{kShardPlacementParam, "largest_dim"}, {"optim", "sgd"}}});
   s.excluded = NesterovNeedsSgd;
   for (int world : {2, 4}) {
     s.info.test_runs.push_back({world, {{kShardPlacementParam, "largest_dim"}}});

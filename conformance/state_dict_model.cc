@@ -1,5 +1,6 @@
 #include "conformance/state_dict_model.h"
 
+#include "conformance/fsdp_params.h"
 #include "conformance/observations.h"
 #include "conformance/rank_checks.h"
 #include "engine/fsdp/fully_shard.h"
@@ -7,6 +8,7 @@
 #include "engine/functional/functional.h"
 #include "engine/nn/init.h"
 #include "engine/nn/models.h"
+#include "engine/ops/shape_ops.h"
 #include "engine/optim/sgd.h"
 
 namespace fsdp::conformance {
@@ -66,6 +68,7 @@ nn::ModulePtr BuildShardedStateDictModel(RankEnv& env, bool zero_weights) {
   model->to(env.device);
   fsdp2::FullyShardOptions options;
   options.process_group = env.pg;
+  options.shard_placement_fn = ShardPlacementFnOf(env.params, env.pg->size());
   fsdp2::fully_shard(model->child("in_proj"), options);
   fsdp2::fully_shard(model, options);
   return model;
@@ -73,23 +76,24 @@ nn::ModulePtr BuildShardedStateDictModel(RankEnv& env, bool zero_weights) {
 
 bool IsShardedKey(const std::string& key) { return key != "buffer"; }
 
-Tensor ChunkRows(const Tensor& full, int rank, int world) {
-  const fsdp2::ShardInfo info = fsdp2::ComputeShardInfo(full.sizes(), rank, world);
-  return full.narrow(0, info.row_begin, info.rows).clone();
+Tensor ChunkRows(const Tensor& full, int rank, int world, int64_t shard_dim) {
+  const fsdp2::ShardInfo info = fsdp2::ComputeShardInfo(full.sizes(), rank, world, shard_dim);
+  return ops::kernels::Narrow(full, shard_dim, info.row_begin, info.rows).clone();
 }
 
-nlohmann::json ChunkSharding(const Tensor& full, int rank, int world) {
-  const fsdp2::ShardInfo info = fsdp2::ComputeShardInfo(full.sizes(), rank, world);
+nlohmann::json ChunkSharding(const Tensor& full, int rank, int world, int64_t shard_dim) {
+  const fsdp2::ShardInfo info = fsdp2::ComputeShardInfo(full.sizes(), rank, world, shard_dim);
   Shape offsets(full.sizes().size(), 0);
-  offsets[0] = info.row_begin;
+  offsets[shard_dim] = info.row_begin;
   return {{"global_shape", full.sizes()}, {"offsets", offsets}};
 }
 
 nlohmann::json ExpectedPieces(const NamedTensors& weights, int rank, int world,
-                              const std::string& prefix) {
+                              const std::string& prefix, const CaseParams* params) {
   nlohmann::json out = nlohmann::json::object();
   for (const auto& [key, t] : weights) {
-    out[prefix + key] = TensorToJson(IsShardedKey(key) ? ChunkRows(t, rank, world) : t);
+    const int64_t shard_dim = params != nullptr ? ShardDimOf(*params, t.sizes(), world) : 0;
+    out[prefix + key] = TensorToJson(IsShardedKey(key) ? ChunkRows(t, rank, world, shard_dim) : t);
   }
   return out;
 }

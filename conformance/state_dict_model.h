@@ -28,20 +28,23 @@ std::vector<ParamSpec> StateDictModelParams();
 CaseInputs StateDictModelInputs(const CaseParams& params, int world);
 InputsDoc StateDictModelInputsDoc();
 
-// The MLP with the case's weights on env.device, fully_shard-ed over env.pg as above. With
-// `zero_weights`, every parameter is zero instead (a model that has not loaded anything yet).
+// The MLP with the case's weights on env.device, fully_shard-ed over env.pg as above (with the
+// case's shard_placement_fn where the scenario has a shard_placement parameter,
+// conformance/fsdp_params.h). With `zero_weights`, every parameter is zero instead (a model
+// that has not loaded anything yet).
 nn::ModulePtr BuildShardedStateDictModel(RankEnv& env, bool zero_weights = false);
 
 // True for the entries fully_shard manages (parameters), false for buffers.
 bool IsShardedKey(const std::string& key);
-// torch.chunk's rows of `full` (dim >= 1) for `rank` of `world`.
-Tensor ChunkRows(const Tensor& full, int rank, int world);
-// {"global_shape": [...], "offsets": [...]} of those rows.
-nlohmann::json ChunkSharding(const Tensor& full, int rank, int world);
-// What a rank holds of `weights` at `world`: ChunkRows for parameters, the full buffer, each as
+// torch.chunk's piece of `full` (dim >= 1) along `shard_dim` for `rank` of `world`.
+Tensor ChunkRows(const Tensor& full, int rank, int world, int64_t shard_dim = 0);
+// {"global_shape": [...], "offsets": [...]} of that piece.
+nlohmann::json ChunkSharding(const Tensor& full, int rank, int world, int64_t shard_dim = 0);
+// What a rank holds of `weights` at `world`: ChunkRows for parameters (along the dim the case's
+// shard_placement gives each, conformance/fsdp_params.h), the full buffer, each as
 // {prefix + key: TensorToJson}.
 nlohmann::json ExpectedPieces(const NamedTensors& weights, int rank, int world,
-                              const std::string& prefix);
+                              const std::string& prefix, const CaseParams* params = nullptr);
 // The keys of `weights`, in order.
 std::vector<std::string> KeysOf(const NamedTensors& weights);
 // SGD(lr=0.1) step on sum(model(input)).
