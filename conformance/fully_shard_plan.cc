@@ -132,8 +132,8 @@ bool ReshardsAfterBackward(const FullyShardPlan& plan, const PlanGroup& g, int64
 // (always before the first forward; later iff the previous backward resharded it), a non-root
 // group resharding after forward again for each further call in the same forward (it reshards
 // after each) and once in backward (the root is kept unsharded after forward; a group of
-// several modules counts as one); a synced backward
-// reduce-scatters the group's gradients (in reduce dtype) and, under HSDP, all-reduces the
+// several modules counts as one; a group with set_unshard_in_backward(False) not); a synced
+// backward reduce-scatters the group's gradients (in reduce dtype) and, under HSDP, all-reduces the
 // shard across the replicas (with defer_all_reduce, in the last micro-batch of a step only); a
 // shard group of one rank all-gathers nothing. Bytes are the collective's full buffer: S * the
 // padded shard.
@@ -156,7 +156,7 @@ std::pair<nlohmann::json, nlohmann::json> PlanCommCounts(const FullyShardPlan& p
       forward[kAllGather] += forward_gathers;
       forward_bytes[kAllGather] += forward_gathers * ag_bytes;
     }
-    if (shard > 1 && reshards_after_forward) {
+    if (shard > 1 && reshards_after_forward && !plan.no_unshard_in_backward.count(g.fqn)) {
       backward[kAllGather] += 1;
       backward_bytes[kAllGather] += ag_bytes;
     }
@@ -353,6 +353,9 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
       modules.push_back(module->get_submodule(fqn));
     }
     fsdp2::fully_shard(modules, options);
+    if (plan.no_unshard_in_backward.count(group)) {
+      fsdp2::FSDPModule(modules.front()).set_unshard_in_backward(false);
+    }
   }
   options.mp_policy = plan.PolicyOf("");
   fsdp2::FSDPModule root = fsdp2::fully_shard(module, options);

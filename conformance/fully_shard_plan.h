@@ -40,6 +40,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,10 @@ struct FullyShardPlan {
   // Calls of a group's module in one forward, by FQN (a module used twice: 2). Default: one
   // call each. A non-root group reshards after each call, so each further call all-gathers.
   std::map<std::string, int64_t> forward_calls;
+  // `groups` entries whose module gets set_unshard_in_backward(False) (its backward needs no
+  // parameters, an embedding's): a group resharded after forward is not all-gathered in
+  // backward. Default: none.
+  std::set<std::string> no_unshard_in_backward;
   uint64_t seed = 0;
   DType dtype = DType::kFloat64;  // the parameters' (and inputs') dtype
   int64_t steps = 2;              // optimizer steps (>= 1)

@@ -27,7 +27,8 @@
 //                                .test_train_parity_with_activation_checkpointing's module
 //                                groupings on the Transformer: "block" (each block), "mem_eff"
 //                                (layers[0]; the other blocks, the embeddings and (norm,
-//                                output) each one fully_shard([...]) call; untied weights),
+//                                output) each one fully_shard([...]) call, the embeddings'
+//                                with set_unshard_in_backward(False); untied weights),
 //                                "mem_eff_weight_tied" (fully_shard([tok_embeddings, output]),
 //                                which share the tied weight; each block); reshard_after_forward
 //                                True or False: one all-gather and one reduce-scatter per group
@@ -213,7 +214,8 @@ Scenario TrainParityMultiGroup() {
       {ParamSpec::Axis("module_grouping",
                        "block: fully_shard on each block; mem_eff: layers[0], then "
                        "fully_shard([the other blocks]), fully_shard([tok_embeddings, "
-                       "pos_embeddings]), fully_shard([norm, output]); mem_eff_weight_tied: "
+                       "pos_embeddings]) with set_unshard_in_backward(False), "
+                       "fully_shard([norm, output]); mem_eff_weight_tied: "
                        "fully_shard([tok_embeddings, output]), then each block",
                        {"block", "mem_eff", "mem_eff_weight_tied"}),
        ParamSpec::Axis("reshard_after_forward", "every fully_shard call's", {"True", "False"}),
@@ -223,6 +225,10 @@ Scenario TrainParityMultiGroup() {
         plan.micro_batches = p.GetInt("micro_batches");
         plan.groups = ModuleGrouping(p.GetString("module_grouping"), p.GetInt("n_layers"));
         plan.reshard_after_forward = p.GetBool("reshard_after_forward");
+        // As the test: the embeddings' backward needs no weights.
+        if (p.GetString("module_grouping") == "mem_eff") {
+          plan.no_unshard_in_backward = {"tok_embeddings, pos_embeddings"};
+        }
         return plan;
       });
   s.excluded = [](const CaseParams& p, int) -> std::optional<std::string> {
