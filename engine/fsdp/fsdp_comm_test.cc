@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "engine/autograd/engine.h"
+#include "engine/core/bitwise_equal.h"
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/fsdp/fully_shard.h"
 #include "engine/fsdp/observer.h"
@@ -157,6 +158,42 @@ TEST(FsdpCommCountManual, ReshardWithReshardAfterForwardFalse) {
     EXPECT_EQ(bwd_comm_mode.get_comm_counts().size(), 2u);
     EXPECT_EQ(bwd_comm_mode.get_count(kAllGather), num_fsdp_modules);
     EXPECT_EQ(bwd_comm_mode.get_count(kReduceScatter), num_fsdp_modules);
+  });
+  ASSERT_TRUE(results.all_ok()) << results.summary();
+}
+
+TEST(FsdpCommCountUnshardInBackward, EmbeddingsStayShardedAndAreStillReduced) {
+  // test_train_parity_with_activation_checkpointing's mem_eff grouping: fully_shard([
+  // tok_embeddings, pos_embeddings]) with set_unshard_in_backward(False) (an embedding's
+  // backward needs no weights). Backward all-gathers the blocks only, yet reduce-scatters every
+  // group, and the embeddings' gradient shards equal those of a twin without the switch.
+  auto results = RunRanks(2, [](RankEnv& env) {
+    nn::ModelArgs args;
+    args.n_layers = 2;
+    args.weight_tying = false;
+    args.dropout_p = 0.0;
+    auto model = std::make_shared<nn::Transformer>(args);
+    auto twin = std::static_pointer_cast<nn::Transformer>(model->deep_copy());
+    for (const auto& m : {model, twin}) {
+      for (const auto& layer : m->layers()) fsdp2::fully_shard(layer);
+      fsdp2::fully_shard(std::vector<nn::ModulePtr>{m->get_submodule("tok_embeddings"),
+                                                    m->get_submodule("pos_embeddings")});
+      fsdp2::fully_shard(m);
+    }
+    fsdp2::FSDPModule(model->get_submodule("tok_embeddings")).set_unshard_in_backward(false);
+    const Tensor inp = Tokens(args);
+    sum((*twin)(inp).tensor()).backward();
+    Tensor loss = (*model)(inp).tensor();
+    CommDebugMode bwd_comm_mode;
+    sum(loss).backward();
+    bwd_comm_mode.exit();
+    EXPECT_EQ(bwd_comm_mode.get_count(kAllGather), 2);      // the blocks
+    EXPECT_EQ(bwd_comm_mode.get_count(kReduceScatter), 4);  // blocks, embeddings, root
+    for (const char* fqn : {"tok_embeddings.weight", "pos_embeddings.weight"}) {
+      const Tensor grad = model->get_parameter(fqn).grad();
+      ASSERT_TRUE(grad.defined()) << fqn;
+      EXPECT_TRUE(BitwiseEqual(grad, twin->get_parameter(fqn).grad())) << fqn;
+    }
   });
   ASSERT_TRUE(results.all_ok()) << results.summary();
 }
