@@ -19,3 +19,30 @@ def reshard_after_forward_of(request):
     if value == "None":
         return None
     return int(value)
+
+
+def shard_placement_kwargs(request, shard_world):
+    """fully_shard's shard_placement_fn for the case's shard_placement: none for dim0 (Shard(0),
+    fully_shard's default) or a case without the parameter; for largest_dim, Shard of each
+    parameter's largest dim that `shard_world` divides evenly (the first of equal sizes; dim 0
+    when no later dim qualifies), as the suite's expectations assume. Skips the case on a torch
+    whose fully_shard has no shard_placement_fn (before 2.6)."""
+    import inspect
+
+    if request.params.get("shard_placement", "dim0") != "largest_dim":
+        return {}
+    if "shard_placement_fn" not in inspect.signature(fully_shard).parameters:
+        import torch
+
+        from fsdp_conform_driver.driver import ScenarioSkipped
+        raise ScenarioSkipped(f"shard_placement=largest_dim needs fully_shard(shard_placement_fn=...), "
+                              f"which torch {torch.__version__} does not have (2.6 and later do)")
+    from torch.distributed.tensor import Shard
+
+    def largest_even_dim(param):
+        best = 0
+        for d in range(1, param.dim()):
+            if param.shape[d] % shard_world == 0 and param.shape[d] > param.shape[best]:
+                best = d
+        return Shard(best)
+    return {"shard_placement_fn": largest_even_dim}

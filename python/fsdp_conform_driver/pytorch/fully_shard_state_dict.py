@@ -30,7 +30,7 @@ from fsdp_conform_driver.recorders import CommCounts
 def _model(request, zero_weights=False):
     import torch
 
-    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard, shard_placement_kwargs
     from fsdp_conform_driver.pytorch.models import MLP
 
     model = MLP(request.int_param("dim"), with_buffer=True)
@@ -39,8 +39,9 @@ def _model(request, zero_weights=False):
         with torch.no_grad():
             for p in model.parameters():
                 p.zero_()
-    fully_shard(model.in_proj)
-    fully_shard(model)
+    placement = shard_placement_kwargs(request, request.world)
+    fully_shard(model.in_proj, **placement)
+    fully_shard(model, **placement)
     return model
 
 

@@ -160,13 +160,15 @@ def single(kind: str):
 
 def fsdp(kind: str):
     def run(request):
-        from fsdp_conform_driver.pytorch.fsdp_api import fully_shard, reshard_after_forward_of
+        from fsdp_conform_driver.pytorch.fsdp_api import (fully_shard, reshard_after_forward_of,
+                                                          shard_placement_kwargs)
 
         model, _ = _build(kind, request)
         raf = reshard_after_forward_of(request)
+        placement = shard_placement_kwargs(request, request.world)
         for child in _children_to_shard(model):
-            fully_shard(child, reshard_after_forward=raf)
-        fully_shard(model, reshard_after_forward=raf)
+            fully_shard(child, reshard_after_forward=raf, **placement)
+        fully_shard(model, reshard_after_forward=raf, **placement)
         obs, tensors = _train(request, model, after_backward=_record_grad_shards)
         for name, p in model.named_parameters():
             tensors[f"full/{name}"] = p.full_tensor().detach().clone()

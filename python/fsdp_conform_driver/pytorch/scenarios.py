@@ -102,7 +102,8 @@ def post_acc_grad_hook_runs(request):
     calls = []
     for name, param in model.named_parameters():
         param.register_post_accumulate_grad_hook(lambda _p, name=name: calls.append(name))
-    model(inputs.step_input(request, 0)).sum().backward()
+    for _ in range(request.int_param("backwards")):  # no optimizer step in between
+        model(inputs.step_input(request, 0)).sum().backward()
     return {"hook_calls": calls}, None
 
 
