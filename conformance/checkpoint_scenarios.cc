@@ -188,8 +188,8 @@ Scenario RoundTrip() {
       obs[kTensors] = nlohmann::json::object();
       for (int m : LoadWorlds(p)) {
         for (int r = rank; r < m; r += world) {
-          obs[kTensors].update(ExpectedPieces(weights, r, m, LoadName("load", m, r)));
-          obs[kTensors].update(ExpectedPieces(weights, r, m, LoadName("full", m, r)));
+          obs[kTensors].update(ExpectedPieces(weights, r, m, LoadName("load", m, r), p));
+          obs[kTensors].update(ExpectedPieces(weights, r, m, LoadName("full", m, r), p));
         }
       }
       out.push_back(obs);

@@ -522,11 +522,8 @@ struct ExpectedFactors {
 
 ExpectedFactors DivideFactorsFor(DType reduce_dtype, int world, bool force_sum_reduction) {
   ExpectedFactors f;
-  if (reduce_dtype != DType::kFloat16 && force_sum_reduction && world > 1) {
-    f.op = "SUM";
-    f.post = world;
-  }
-  if (reduce_dtype == DType::kFloat16 && world > 1) {
+  if (world == 1) return f;
+  if (reduce_dtype == DType::kFloat16) {
     f.op = "SUM";
     // _get_gradient_divide_factors' loop, quirk included: it tests the current factor, so
     // world 3 gives pre 2, post 1.5.
@@ -535,6 +532,9 @@ ExpectedFactors DivideFactorsFor(DType reduce_dtype, int world, bool force_sum_r
       f.pre *= 2;
     }
     f.post = world / f.pre;
+  } else if (force_sum_reduction) {
+    f.op = "SUM";
+    f.post = world;
   }
   return f;
 }

@@ -95,7 +95,7 @@ Scenario ShardedStateDict() {
                                    : nlohmann::json(nullptr);
       }
       obs["state_dict_collectives"] = nlohmann::json::object();
-      obs[kTensors] = ExpectedPieces(weights, r, world, "shard/", &p);
+      obs[kTensors] = ExpectedPieces(weights, r, world, "shard/", p);
       out.push_back(obs);
     }
     return out;
@@ -199,8 +199,8 @@ Scenario FullStateDict() {
     for (int r = 0; r < world; ++r) {
       nlohmann::json obs;
       obs["rank0_only_size"] = r == 0 ? weights.size() : 0;
-      obs[kTensors] = ExpectedPieces(weights, 0, 1, "full/");
-      obs[kTensors].update(ExpectedPieces(weights, r, world, "loaded/"));
+      obs[kTensors] = ExpectedPieces(weights, 0, 1, "full/", p);
+      obs[kTensors].update(ExpectedPieces(weights, r, world, "loaded/", p));
       out.push_back(obs);
     }
     return out;

@@ -89,11 +89,11 @@ nlohmann::json ChunkSharding(const Tensor& full, int rank, int world, int64_t sh
 }
 
 nlohmann::json ExpectedPieces(const NamedTensors& weights, int rank, int world,
-                              const std::string& prefix, const CaseParams* params) {
+                              const std::string& prefix, const CaseParams& params) {
   nlohmann::json out = nlohmann::json::object();
   for (const auto& [key, t] : weights) {
-    const int64_t shard_dim = params != nullptr ? ShardDimOf(*params, t.sizes(), world) : 0;
-    out[prefix + key] = TensorToJson(IsShardedKey(key) ? ChunkRows(t, rank, world, shard_dim) : t);
+    out[prefix + key] = TensorToJson(
+        IsShardedKey(key) ? ChunkRows(t, rank, world, ShardDimOf(params, t.sizes(), world)) : t);
   }
   return out;
 }

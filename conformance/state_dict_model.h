@@ -44,7 +44,7 @@ nlohmann::json ChunkSharding(const Tensor& full, int rank, int world, int64_t sh
 // shard_placement gives each, conformance/fsdp_params.h), the full buffer, each as
 // {prefix + key: TensorToJson}.
 nlohmann::json ExpectedPieces(const NamedTensors& weights, int rank, int world,
-                              const std::string& prefix, const CaseParams* params = nullptr);
+                              const std::string& prefix, const CaseParams& params);
 // The keys of `weights`, in order.
 std::vector<std::string> KeysOf(const NamedTensors& weights);
 // SGD(lr=0.1) step on sum(model(input)).

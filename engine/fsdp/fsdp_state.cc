@@ -296,13 +296,14 @@ void FsdpState::root_post_backward_final_callback() {
     FsdpParamGroup* group = state->param_group_.get();
     // [Note: end-of-backward sweep] E2 / early E3: only groups still UNSHARDED get the
     // post-backward they missed (inputs without grad, e.g. the root fed token ids). Groups
-    // with only a pending (mistargeted) prefetch, or unused, are skipped. A group with
-    // set_unshard_in_backward(False) stays sharded through a backward it took part in (its
-    // pre-backward ran): its gradients are on the unsharded parameters all the same, so it gets
-    // its post-backward too (PyTorch runs it for every group not yet in POST_BACKWARD).
-    const bool sharded_in_backward = group != nullptr && !group->unshard_in_backward &&
-                                     group->training_state() == TrainingState::kPreBackward;
-    if (group != nullptr && (group->is_unsharded() || sharded_in_backward)) group->post_backward();
+    // with only a pending (mistargeted) prefetch, or unused, are skipped. So is no group whose
+    // pre-backward ran without its post-backward (still PRE_BACKWARD): with
+    // set_unshard_in_backward(False) it stayed sharded, but its gradients are on the unsharded
+    // parameters all the same (PyTorch sweeps every group not yet in POST_BACKWARD).
+    if (group != nullptr &&
+        (group->is_unsharded() || group->training_state() == TrainingState::kPreBackward)) {
+      group->post_backward();
+    }
     state->training_state_ = TrainingState::kIdle;
     if (group != nullptr) group->set_training_state(TrainingState::kIdle);
     if (is_last_backward) state->finalize_backward();
