@@ -123,8 +123,12 @@ std::optional<std::string> SkipIntNotAFactor(const CaseParams& params, int world
   return std::nullopt;
 }
 
+std::map<std::string, std::string> LaterProfile() {
+  return {{kSemanticsParam, fsdp2::SemanticsName(fsdp2::Semantics::kTorch2_8)}};
+}
+
 std::vector<TestRun> LaterProfileTestRuns(int world, std::map<std::string, std::string> fixed) {
-  fixed[kSemanticsParam] = fsdp2::SemanticsName(fsdp2::Semantics::kTorch2_8);
+  fixed[kSemanticsParam] = LaterProfile().at(kSemanticsParam);
   std::map<std::string, std::string> with_none = fixed;
   with_none["reshard_after_forward"] = kNone;
   return {{world, std::move(fixed)}, {world, std::move(with_none)}};

@@ -63,6 +63,9 @@ std::optional<fsdp2::ReshardAfterForward> ReshardAfterForwardOf(const CaseParams
 // runner's plan fails before anything runs.
 std::optional<std::string> SkipIntNotAFactor(const CaseParams& params, int world);
 
+// The axes fixing the later semantics profile (torch-2.8), e.g. for ctest's test_runs.
+std::map<std::string, std::string> LaterProfile();
+
 // ctest's extra runs (ScenarioInfo::test_runs) of a scenario whose expectations depend on the
 // profile: at `world`, with `fixed` and semantics=torch-2.8, once as given and once with
 // reshard_after_forward=None.

@@ -1,8 +1,11 @@
 // Family `fully_shard_comm` (seed 000, test_fully_shard_comm.py), the collective-count part:
 //   communication_count   TestFullyShardCommunication.test_fully_shard_communication_count
-//   manual_reshard_with_reshard_after_forward_false   ...test_manual_reshard_with_reshard_after_forward_false
-//   backward_prefetch_forward_backward   TestFullyShardPrefetch, _test_backward_prefetch_forward_backward
-//   backward_prefetch_multi_forward      TestFullyShardPrefetch, _test_backward_prefetch_multi_forward
+//   manual_reshard_with_reshard_after_forward_false
+//   ...test_manual_reshard_with_reshard_after_forward_false set_reshard_after_forward
+//   ...test_set_reshard_after_forward (PyTorch's later test; not a seed)
+//   backward_prefetch_forward_backward   TestFullyShardPrefetch,
+//   _test_backward_prefetch_forward_backward backward_prefetch_multi_forward
+//   TestFullyShardPrefetch, _test_backward_prefetch_multi_forward
 //   backward_prefetch_unused_in_backward _test_backward_prefetch_unused_in_backward (mistargeted)
 //   unshard_no_param_group, unshard_without_lazy_init   TestFullyShardUnshardMultiThread
 // Each rank shards Transformer(ModelArgs(n_layers)) block by block and then the root, runs one
@@ -263,6 +266,88 @@ Scenario ManualReshard() {
     nlohmann::json expected;
     expected["forward"] = {{kAllGather, num_fsdp_modules}};
     expected["backward"] = {{kAllGather, num_fsdp_modules}, {kReduceScatter, num_fsdp_modules}};
+    return nlohmann::json{{kCommCounts, expected}};
+  });
+  s.judge = JudgeCountsAgainst(s.expect);
+  return s;
+}
+
+constexpr const char* kSetReshardAfterForward = "set_reshard_after_forward";
+constexpr const char* kNotCalled = "None";
+
+// The case's set_reshard_after_forward: True, False, or None (the method is not called).
+std::optional<bool> SetReshardAfterForwardOf(const CaseParams& params) {
+  const std::string value = params.GetString(kSetReshardAfterForward);
+  if (value == kNotCalled) return std::nullopt;
+  return params.GetBool(kSetReshardAfterForward);
+}
+
+// TestFullyShardCommunication.test_set_reshard_after_forward
+// (_test_set_reshard_after_forward_by_communication_count): every module is fully_shard-ed
+// with the opposite of the value later set (initial=not_value, as the test) or with
+// fully_shard's default (initial=default: None under torch-2.8, whose root lazy init keeps
+// unsharded unless a value is set; True under torch-2.4), then the root's
+// set_reshard_after_forward(value, recurse) switches the root, and with recurse every block
+// too. The backward all-gathers show which groups resharded after forward.
+Scenario SetReshardAfterForward() {
+  Scenario s;
+  s.info = CommonInfo(kSetReshardAfterForward,
+                      "fully_shard(reshard_after_forward=not v) on every block and the root, "
+                      "then root.set_reshard_after_forward(v, recurse): the backward all-gathers "
+                      "count the groups that resharded after forward (the root's switch, the "
+                      "blocks' only with recurse; the root never under torch-2.4)");
+  s.info.seed_test = std::string(kSeed000) +
+                     "test_set_reshard_after_forward (_test_set_reshard_after_forward_by_"
+                     "communication_count; PyTorch's later test, not in the seed file)";
+  const std::vector<ParamSpec> axes = {
+      ParamSpec::Axis(kSetReshardAfterForward,
+                      "the value passed to FSDPModule.set_reshard_after_forward on the root "
+                      "(None: not called, every module fully_shard-ed with the default)",
+                      {"True", "False", kNotCalled}),
+      ParamSpec::Axis("recurse", "set_reshard_after_forward(recurse=...)", {"True", "False"}),
+      ParamSpec::Axis("initial",
+                      "fully_shard's reshard_after_forward on every module: not_value (the "
+                      "opposite of the value set; the default when none is) or default (not "
+                      "passed)",
+                      {"not_value", "default"})};
+  s.info.params.insert(s.info.params.begin(), axes.begin(), axes.end());
+  // ctest: the torch-2.8 profile too, where the switch decides the root's resharding.
+  s.info.test_runs = {{3, {}}, {3, LaterProfile()}};
+  s.info.observations = CountsSchema();
+  s.inputs = TransformerInputs;
+  s.run_rank = [](RankEnv& env) {
+    const std::optional<bool> value = SetReshardAfterForwardOf(env.params);
+    std::optional<fsdp2::ReshardAfterForward> initial;
+    if (value && env.params.GetString("initial") == "not_value") initial = !*value;
+    auto model = ShardedTransformer(env, initial);
+    if (value) {
+      fsdp2::FSDPModule(model).set_reshard_after_forward(*value, env.params.GetBool("recurse"));
+    }
+    return ForwardBackwardCounts(*model, TransformerTokens(env), [] {});
+  };
+  // docs/fsdp-behaviour.md, "Runtime switches": the switch replaces the post-forward mesh of
+  // the root (and with recurse of every FSDP module below it) and marks the value as set, so
+  // that lazy init keeps it on the root under torch-2.8; under torch-2.4 lazy init keeps the
+  // root unsharded whatever was set. Unswitched blocks keep their fully_shard value.
+  s.expect = SameOnEveryRank([](const CaseParams& params) {
+    const int64_t n = params.GetInt("n_layers");
+    const std::optional<bool> value = SetReshardAfterForwardOf(params);
+    const bool recurse = params.GetBool("recurse");
+    // The blocks keep their fully_shard value unless switched; a non-root module fully_shard-ed
+    // with the default reshards.
+    bool blocks = true;
+    if (value && recurse) {
+      blocks = *value;
+    } else if (value && params.GetString("initial") == "not_value") {
+      blocks = !*value;
+    }
+    const bool root = SemanticsOf(params) != fsdp2::Semantics::kTorch2_4 && value && *value;
+    const int64_t backward_all_gathers = (blocks ? n : 0) + (root ? 1 : 0);
+    nlohmann::json expected;
+    expected["forward"] = {{kAllGather, n + 1}};
+    expected["backward"] = nlohmann::json::object();
+    if (backward_all_gathers > 0) expected["backward"][kAllGather] = backward_all_gathers;
+    expected["backward"][kReduceScatter] = n + 1;
     return nlohmann::json{{kCommCounts, expected}};
   });
   s.judge = JudgeCountsAgainst(s.expect);
@@ -662,6 +747,7 @@ Scenario UnshardWithoutLazyInit() {
 void RegisterFullyShardCommScenarios(ScenarioRegistry& registry) {
   registry.Add(CommunicationCount());
   registry.Add(ManualReshard());
+  registry.Add(SetReshardAfterForward());
   registry.Add(BackwardPrefetchForwardBackward());
   registry.Add(BackwardPrefetchMultiForward());
   registry.Add(BackwardPrefetchUnusedInBackward());

@@ -16,17 +16,18 @@ from fsdp_conform_driver.pytorch import (fsdp_state_dict, fully_shard_state_dict
 from fsdp_conform_driver.recorders import CommCounts
 
 
-def _sharded_transformer(request, reshard_after_forward):
+def _sharded_transformer(request, **fully_shard_kwargs):
     """Transformer(n_layers, dropout 0) with the case's weights, every block and the root
-    fully_shard-ed (as the seed's test_fully_shard_communication_count)."""
+    fully_shard-ed with `fully_shard_kwargs` (as the seed's
+    test_fully_shard_communication_count)."""
     from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
     from fsdp_conform_driver.pytorch.models import ModelArgs, Transformer
 
     model = Transformer(ModelArgs(n_layers=request.int_param("n_layers"), dropout_p=0.0))
     model.load_state_dict(inputs.weights(request), strict=True)
     for layer in model.layers:
-        fully_shard(layer, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, **fully_shard_kwargs)
+    fully_shard(model, **fully_shard_kwargs)
     return model
 
 
@@ -43,12 +44,35 @@ def _forward_backward_counts(model, tokens, after_forward=lambda: None) -> dict:
 def communication_count(request):
     from fsdp_conform_driver.pytorch.fsdp_api import reshard_after_forward_of
 
-    model = _sharded_transformer(request, reshard_after_forward_of(request))
+    model = _sharded_transformer(request, reshard_after_forward=reshard_after_forward_of(request))
+    return _forward_backward_counts(model, inputs.step_input(request, 0)), None
+
+
+def set_reshard_after_forward(request):
+    """TestFullyShardCommunication.test_set_reshard_after_forward: every module fully_shard-ed
+    with the opposite of the value set (initial=not_value) or fully_shard's default
+    (initial=default), then the root's set_reshard_after_forward(value, recurse)."""
+    from fsdp_conform_driver.pytorch.fsdp_api import FSDPModule
+
+    value = request.param("set_reshard_after_forward")
+    value = None if value == "None" else value == "True"
+    if value is not None and not hasattr(FSDPModule, "set_reshard_after_forward"):
+        import torch
+
+        from fsdp_conform_driver.driver import ScenarioSkipped
+        raise ScenarioSkipped(f"torch {torch.__version__}'s FSDPModule has no "
+                              f"set_reshard_after_forward")
+    kwargs = {}
+    if value is not None and request.param("initial") == "not_value":
+        kwargs["reshard_after_forward"] = not value
+    model = _sharded_transformer(request, **kwargs)
+    if value is not None:
+        model.set_reshard_after_forward(value, recurse=request.param("recurse") == "True")
     return _forward_backward_counts(model, inputs.step_input(request, 0)), None
 
 
 def manual_reshard_with_reshard_after_forward_false(request):
-    model = _sharded_transformer(request, False)
+    model = _sharded_transformer(request, reshard_after_forward=False)
 
     def reshard_all():
         for module in model.modules():
@@ -123,6 +147,7 @@ def checkpoint_layout(request):
 
 SCENARIOS = {
     "fully_shard_comm/communication_count": communication_count,
+    "fully_shard_comm/set_reshard_after_forward": set_reshard_after_forward,
     "fully_shard_comm/manual_reshard_with_reshard_after_forward_false":
         manual_reshard_with_reshard_after_forward_false,
     "fully_shard_comm/unshard_no_param_group": unshard_no_param_group,
