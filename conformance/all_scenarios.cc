@@ -24,6 +24,7 @@ void RegisterFsdpStateDictScenarios(ScenarioRegistry& registry);
 void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry);
 void RegisterFsdpTpIntegrationScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardTrainingScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardFrozenScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardPrefetchScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardOverlapScenarios(ScenarioRegistry& registry);
@@ -47,6 +48,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFsdpUnshardParamsScenarios(registry);
   RegisterFsdpTpIntegrationScenarios(registry);
   RegisterFullyShardTrainingScenarios(registry);
+  RegisterFullyShardFrozenScenarios(registry);
   RegisterFullyShardMixedPrecisionScenarios(registry);
   RegisterFullyShardPrefetchScenarios(registry);
   RegisterFullyShardOverlapScenarios(registry);

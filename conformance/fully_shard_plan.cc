@@ -75,13 +75,13 @@ std::vector<PlanGroup> GroupsOf(const FullyShardPlan& plan, const ZooModel& mode
   return out;
 }
 
-// Elements one rank's padded shard of the group holds: sum of ceil(dim0 / S) * row numel.
-int64_t PaddedShardNumel(const PlanGroup& group, const ZooModel& model, int shard_size) {
+// Elements one rank's padded shard of parameters `names` holds: sum of ceil(dim0 / S) * row
+// numel.
+int64_t PaddedShardNumel(const std::vector<std::string>& names, const ZooModel& model,
+                         int shard_size) {
   int64_t numel = 0;
   for (const reference::TensorSpec& spec : model.oracle().ParameterSpecs()) {
-    if (std::find(group.params.begin(), group.params.end(), spec.name) == group.params.end()) {
-      continue;
-    }
+    if (std::find(names.begin(), names.end(), spec.name) == names.end()) continue;
     int64_t row = 1;
     for (size_t d = 1; d < spec.shape.size(); ++d) row *= spec.shape[d];
     const int64_t dim0 = spec.shape.empty() ? 1 : spec.shape[0];
@@ -142,8 +142,28 @@ std::pair<nlohmann::json, nlohmann::json> PlanCommCounts(const FullyShardPlan& p
                                                          int64_t k, int64_t i) {
   const int shard = plan.ShardSize(world);
   std::map<std::string, int64_t> forward, backward, forward_bytes, backward_bytes;
-  for (const PlanGroup& g : GroupsOf(plan, model)) {
-    const int64_t numel = PaddedShardNumel(g, model, shard) * shard;
+  const std::vector<PlanGroup> groups = GroupsOf(plan, model);
+  // Per group, its trainable parameters (only their gradients are reduce-scattered) and
+  // whether its outputs require a gradient: some parameter of it or of a group before it in
+  // forward order trains (the model's input requires none; the root's output is the model's).
+  std::vector<std::vector<std::string>> trainable(groups.size());
+  std::vector<bool> output_requires_grad(groups.size());
+  for (size_t idx = 0; idx < groups.size(); ++idx) {
+    for (const std::string& name : groups[idx].params) {
+      if (plan.Trains(name, k)) trainable[idx].push_back(name);
+    }
+    output_requires_grad[idx] =
+        !trainable[idx].empty() || (idx > 0 && output_requires_grad[idx - 1]);
+  }
+  for (size_t idx = 0; idx < groups.size(); ++idx) {
+    const PlanGroup& g = groups[idx];
+    const int64_t numel = PaddedShardNumel(g.params, model, shard) * shard;
+    // A group resharded after forward is all-gathered in backward by its own pre-backward
+    // (its outputs require a gradient) or by the implicit prefetch of the next group in
+    // post-forward order (whose pre-backward runs when its outputs do), whether it then takes
+    // part in backward or not.
+    const bool in_backward =
+        idx + 1 < groups.size() ? output_requires_grad[idx + 1] : output_requires_grad[idx];
     const bool first = k == 0 && i == 0;
     const int64_t previous = i == 0 ? plan.micro_batches - 1 : i - 1;
     const bool sharded_at_forward = first || ReshardsAfterBackward(plan, g, previous);
@@ -156,17 +176,19 @@ std::pair<nlohmann::json, nlohmann::json> PlanCommCounts(const FullyShardPlan& p
       forward[kAllGather] += forward_gathers;
       forward_bytes[kAllGather] += forward_gathers * ag_bytes;
     }
-    if (shard > 1 && reshards_after_forward && !plan.no_unshard_in_backward.count(g.fqn)) {
+    if (shard > 1 && reshards_after_forward && in_backward &&
+        !plan.no_unshard_in_backward.count(g.fqn)) {
       backward[kAllGather] += 1;
       backward_bytes[kAllGather] += ag_bytes;
     }
-    if (Syncs(plan, g, i)) {
+    if (Syncs(plan, g, i) && !trainable[idx].empty()) {
       const auto item = static_cast<int64_t>(ElementSize(ReduceDType(plan, g.fqn)));
+      const int64_t reduce_numel = PaddedShardNumel(trainable[idx], model, shard) * shard;
       backward[kReduceScatter] += 1;
-      backward_bytes[kReduceScatter] += numel * item;
+      backward_bytes[kReduceScatter] += reduce_numel * item;
       if (plan.hsdp && (!plan.defer_all_reduce || i + 1 == plan.micro_batches)) {
         backward[kAllReduce] += 1;
-        backward_bytes[kAllReduce] += numel / shard * item;
+        backward_bytes[kAllReduce] += reduce_numel / shard * item;
       }
     }
   }
@@ -345,6 +367,21 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
   const ZooModel model = ZooModel::Make(plan.kind, env.params);
   nn::ModulePtr module = model.BuildEngineFromInputs(env.Inputs(), plan.dtype);
   module->to(env.device);
+  // requires_grad_ on the frozen parameters (the sharded ones once fully_shard ran).
+  auto set_frozen_requires_grad = [&plan, &module, &env](bool requires_grad) {
+    for (const std::string& fqn : plan.frozen_params) {
+      bool found = false;
+      for (const auto& [name, param] : module->named_parameters()) {
+        if (name != fqn) continue;
+        Tensor p = param;
+        p.set_requires_grad(requires_grad);
+        found = true;
+      }
+      FSDP_CHECK(found, env.scenario, ": frozen parameter '", fqn,
+                 "' is not a parameter of the model");
+    }
+  };
+  if (!plan.freeze_after_init) set_frozen_requires_grad(false);
   fsdp2::FullyShardOptions options = PlanOptions(plan, env, *module);
   for (const std::string& group : plan.groups) {
     options.mp_policy = plan.PolicyOf(group);
@@ -359,6 +396,7 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
   }
   options.mp_policy = plan.PolicyOf("");
   fsdp2::FSDPModule root = fsdp2::fully_shard(module, options);
+  if (plan.freeze_after_init) set_frozen_requires_grad(false);
   if (plan.divide_factor) {
     for (const nn::ModulePtr& m : module->modules()) {
       if (fsdp2::IsFsdpModule(*m)) fsdp2::FSDPModule(m).set_gradient_divide_factor(*plan.divide_factor);
@@ -391,6 +429,7 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
   obs[kTensors] = nlohmann::json::object();
   std::string output_dtype;
   for (int64_t k = 0; k < plan.steps; ++k) {
+    if (plan.unfreeze_at_step == k) set_frozen_requires_grad(true);
     for (int64_t i = 0; i < plan.micro_batches; ++i) {
       if (plan.accumulate_without_sync) {
         const bool last = i + 1 == plan.micro_batches;
@@ -484,6 +523,7 @@ PlanOracle RunPlanOracle(const FullyShardPlan& plan, const CaseParams& params, i
         for (const auto& [name, g] : m) names.insert(name);
       }
       for (const std::string& name : names) {
+        if (!plan.Trains(name, k)) continue;  // frozen: no gradient
         if (IsIgnored(plan, name)) {
           for (int r = 0; r < world; ++r) {
             const auto& mine = local[static_cast<size_t>(r)];
@@ -536,6 +576,11 @@ PlanOracle RunPlanOracle(const FullyShardPlan& plan, const CaseParams& params, i
 std::vector<nlohmann::json> ExpectPlan(const FullyShardPlan& plan, const CaseParams& params,
                                        int world) {
   return RunPlanOracle(plan, params, world).expected;
+}
+
+bool FullyShardPlan::Trains(const std::string& fqn, int64_t k) const {
+  if (unfreeze_at_step && k >= *unfreeze_at_step) return true;
+  return std::find(frozen_params.begin(), frozen_params.end(), fqn) == frozen_params.end();
 }
 
 const fsdp2::MixedPrecisionPolicy& FullyShardPlan::PolicyOf(const std::string& fqn) const {

@@ -94,6 +94,16 @@ struct FullyShardPlan {
   std::map<std::string, fsdp2::MixedPrecisionPolicy> group_mp_policies;
   fsdp2::OffloadPolicy offload_policy;
   std::vector<std::string> ignored_params;  // FQNs passed as ignored_params to every call
+  // Frozen parameters (test_fully_shard_frozen.py): requires_grad_(False) on these FQNs before
+  // fully_shard, or on the sharded parameters after it when `freeze_after_init`; from step
+  // `unfreeze_at_step` on they train again (requires_grad_(True) before its first forward).
+  // A frozen parameter gets no gradient, is not reduced and is not stepped. `groups` must list
+  // the modules in forward order when some are frozen: a group whose outputs require no
+  // gradient (no trainable parameter in it or before it) has no pre-backward, and only the
+  // next group's implicit prefetch all-gathers it in backward. Default: none.
+  std::vector<std::string> frozen_params;
+  bool freeze_after_init = false;
+  std::optional<int64_t> unfreeze_at_step;
   Tolerance tolerance;                      // for values without mixed precision
   // For the losses: `tolerance`, or the float32 one when the model's output is float32 whatever
   // the parameters' dtype (ZooModelKind::float32_output, the Transformer).
@@ -107,6 +117,8 @@ struct FullyShardPlan {
   const fsdp2::MixedPrecisionPolicy& PolicyOf(const std::string& fqn) const;
   // Some group's param_dtype or reduce_dtype differs from / is below the parameters' dtype.
   bool UsesMixedPrecision() const;
+  // Whether parameter `fqn` requires a gradient during optimizer step k.
+  bool Trains(const std::string& fqn, int64_t k) const;
 };
 
 // The module FQNs of one `groups` entry ("layers.1, layers.2" -> {"layers.1", "layers.2"}).
