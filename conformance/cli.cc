@@ -77,7 +77,8 @@ run options:
                        environment, so mismatched collectives fail every rank, naming both
                        sides, instead of hanging or computing garbage)
 
-The run table is followed by "semantics: NAME" and ends with the line
+The run table is followed by "semantics: NAME" (the run's profile; without --semantics the
+profile-dependent scenarios also run under torch-2.8, which the line names) and ends with the line
 "N passed, N failed, N skipped".
 Exit status: 0 nothing failed, 1 a case failed, 2 usage or name error, 3 every case was
 skipped (nothing judged), 128+N interrupted by signal N (after the partial report).
@@ -455,7 +456,8 @@ int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostre
   // The driver's session ends while the run's signal handling is still in place.
   runner.EndSessions();
   const Tally tally = CountResults(results);
-  table << SemanticsLine(runner.semantics()) << "\n" << SummaryLine(tally) << "\n";
+  table << SemanticsLine(runner.semantics(), runner.other_semantics()) << "\n"
+        << SummaryLine(tally) << "\n";
   if (RunInterrupt::received() != 0) {
     table << "interrupted by signal " << RunInterrupt::received() << ": " << not_run.size()
           << " case(s) not run\n";

@@ -95,6 +95,10 @@ Scenario ShardedTraining(const std::string& test, const std::string& description
   s.info.default_world = 4;  // min(4, gpus)
   s.info.min_world = 1;
   s.info.max_world = 8;
+  // The later profile's runs are default runs too (the root resharded after forward).
+  for (const TestRun& run : test_runs) {
+    if (run.params.count(kSemanticsParam)) s.info.extra_default_runs.push_back(run);
+  }
   s.info.test_runs = std::move(test_runs);
   s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
     if (!p.has("reshard_after_forward")) return std::nullopt;

@@ -213,6 +213,8 @@ Scenario CommunicationCount() {
   s.info.params.insert(s.info.params.begin(),
                        ReshardAfterForwardAxis(
                            "fully_shard reshard_after_forward (bool, int factor or None)"));
+  // The later profile in a default run too (an explicit value reshards the root).
+  s.info.extra_default_runs = LaterProfileTestRuns(4);
   s.info.test_runs = LaterProfileTestRuns(4);
   s.info.test_runs.push_back({8, {{"reshard_after_forward", "4"}}});
   for (const TestRun& run : LaterProfileTestRuns(8, {{"reshard_after_forward", "4"}})) {
@@ -373,6 +375,7 @@ Scenario BackwardPrefetchMultiForward() {
       "(_test_backward_prefetch_multi_forward; seed body truncated; docs/fsdp-behaviour.md, \"Several forwards before one backward\")";
   s.info.params = PrefetchParams();
   s.info.test_runs = LaterProfileTestRuns(4, {{"checkpoint_impl", "none"}});
+  s.info.extra_default_runs = s.info.test_runs;
   s.skip = SkipIntNotAFactor;
   s.info.observations
       .Add(EventsKey("forward_events", "during both forwards"))
@@ -435,6 +438,7 @@ Scenario BackwardPrefetchForwardBackward() {
   s.info.params.push_back(
       ParamSpec::SizeInt("iterations", "forward/backward/step iterations", 3, /*minimum=*/1));
   s.info.test_runs = LaterProfileTestRuns(4, {{"checkpoint_impl", "none"}});
+  s.info.extra_default_runs = s.info.test_runs;
   s.skip = SkipIntNotAFactor;
   s.info.observations
       .Add(ObservationKey::Custom(
@@ -532,6 +536,7 @@ Scenario BackwardPrefetchUnusedInBackward() {
   s.info.test_runs = {{4, {{"reshard_after_forward", "False"}}},
                       {4, {{"reshard_after_forward", "2"}}}};
   for (const TestRun& run : LaterProfileTestRuns(4)) s.info.test_runs.push_back(run);
+  s.info.extra_default_runs = LaterProfileTestRuns(4);
   s.skip = SkipIntNotAFactor;
   s.info.inputs.weights =
       "every key of Sequential(Linear(dim, dim), DoubleLinear(dim)).state_dict() (0.weight, "

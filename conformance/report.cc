@@ -110,7 +110,13 @@ void TableWriter::Row(const CaseResult& r) {
   out_.flush();
 }
 
-std::string SemanticsLine(const std::string& semantics) { return "semantics: " + semantics; }
+std::string SemanticsLine(const std::string& semantics, const std::set<std::string>& others) {
+  std::string line = "semantics: " + semantics;
+  if (others.empty()) return line;
+  line += " (extra default runs of the profile-dependent scenarios:";
+  for (const std::string& other : others) line += " " + other;
+  return line + ")";
+}
 
 nlohmann::json ResultsJson(const std::vector<CaseResult>& results, const std::string& semantics) {
   const Tally t = CountResults(results);

@@ -7,6 +7,7 @@
 #include <iosfwd>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,8 +23,10 @@ struct Tally {
 Tally CountResults(const std::vector<CaseResult>& results);
 // Exactly "N passed, N failed, N skipped".
 std::string SummaryLine(const Tally& tally);
-// Exactly "semantics: NAME": the run's FSDP semantics profile, printed before the summary.
-std::string SemanticsLine(const std::string& semantics);
+// "semantics: NAME": the run's FSDP semantics profile, printed before the summary; when some
+// cases are judged by other profiles (`others`: the extra default runs of the profile-dependent
+// scenarios), " (extra default runs of the profile-dependent scenarios: NAME ...)" follows.
+std::string SemanticsLine(const std::string& semantics, const std::set<std::string>& others = {});
 
 // Prints one row per case, with column widths fixed from the plan so that rows can stream:
 //   SCENARIO  CASE  BACKEND  WORLD  STATUS  FIGURES  TIME

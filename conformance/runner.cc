@@ -150,7 +150,7 @@ std::vector<PlannedCase> Runner::Plan() {
   } else if (param_semantics != options_.params.end()) {
     semantics_ = fsdp2::SemanticsName(fsdp2::ParseSemantics(param_semantics->second));
   }
-
+  const bool semantics_fixed = options_.semantics || param_semantics != options_.params.end();
 
   std::vector<PlannedCase> plan;
   for (const Scenario* s : scenarios) {
@@ -165,9 +165,14 @@ std::vector<PlannedCase> Runner::Plan() {
     }
     // Without --world: the default world, then the scenario's extra default runs, each with
     // the axes it fixes (the user's --param values win).
+    // A run that fixes the profile judges everything under it: the extra runs that exist to
+    // cover another profile are left out.
     std::vector<TestRun> runs = {TestRun{options_.world.value_or(info.default_world), {}}};
     if (!options_.world) {
-      runs.insert(runs.end(), info.extra_default_runs.begin(), info.extra_default_runs.end());
+      for (const TestRun& run : info.extra_default_runs) {
+        if (semantics_fixed && run.params.count(kSemanticsParam)) continue;
+        runs.push_back(run);
+      }
     }
     for (const TestRun& run : runs) {
       std::map<std::string, std::string> run_fixed = run.params;
@@ -180,8 +185,12 @@ std::vector<PlannedCase> Runner::Plan() {
     }
   }
   max_planned_world_ = 1;
+  other_semantics_.clear();
   for (const PlannedCase& pc : plan) {
     if (!pc.skip_reason) max_planned_world_ = std::max(max_planned_world_, pc.world);
+    if (pc.params.has(kSemanticsParam) && pc.params.GetString(kSemanticsParam) != semantics_) {
+      other_semantics_.insert(pc.params.GetString(kSemanticsParam));
+    }
   }
   planned_ = true;
   return plan;

@@ -16,6 +16,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -124,6 +125,9 @@ class Runner {
   // The run's semantics profile, recorded in the report: --semantics, else --param semantics=,
   // else the default profile. Valid after Plan().
   const std::string& semantics() const { return semantics_; }
+  // The other profiles some planned cases are judged by (the extra default runs of the
+  // profile-dependent scenarios when the run leaves the profile open). Valid after Plan().
+  const std::set<std::string>& other_semantics() const { return other_semantics_; }
   const RunOptions& options() const { return options_; }
   // Ends the external driver's session, if one runs (its ranks exit). RunAll() does it at its
   // end; a caller of RunCase() does it before anything it installed for the run goes away
@@ -151,6 +155,7 @@ class Runner {
   RunOptions options_;
   std::string backend_;
   std::string semantics_;
+  std::set<std::string> other_semantics_;
   std::shared_ptr<Subject> subject_;  // null for the external subject
   bool planned_ = false;
   // The external driver's launcher: a SessionLauncher when the driver serves sessions, else

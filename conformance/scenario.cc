@@ -108,9 +108,11 @@ void ValidateScenario(const Scenario& s) {
              ") <= default_world (", i.default_world, ") <= max_world (", i.max_world, ")");
   for (const TestRun& run : i.extra_default_runs) {
     const int w = run.world;
-    FSDP_CHECK(w >= i.min_world && w <= i.max_world && w != i.default_world, "scenario ", i.name,
-               ": extra default world ", w, " must differ from default_world (", i.default_world,
-               ") and lie in [min_world, max_world] = [", i.min_world, ", ", i.max_world, "]");
+    FSDP_CHECK(
+        w >= i.min_world && w <= i.max_world && (w != i.default_world || !run.params.empty()),
+        "scenario ", i.name, ": extra default world ", w, " must differ from default_world (",
+        i.default_world, ") or fix a parameter, and lie in [min_world, max_world] = [", i.min_world,
+        ", ", i.max_world, "]");
   }
   FSDP_CHECK(!i.requirements.devices.empty(), "scenario ", i.name, ": allows no device");
   ValidateParamSpecs(i.name, i.params);

@@ -134,8 +134,11 @@ struct ScenarioInfo {
   // uneven world at which torch.chunk and a balanced split shard the scenario's parameters
   // differently (DiscriminatingWorld, conformance/uneven_world.h), so that a wrong sharding
   // rule fails a default run, with axes that play no part in the sharding fixed to keep it
-  // cheap (a value the user fixes with --param wins). Each world lies in [min_world,
-  // max_world] and differs from default_world. Default: none.
+  // cheap (a value the user fixes with --param wins); or, at the default world, the later
+  // semantics profile of a scenario whose expectations depend on it (LaterProfileTestRuns),
+  // planned only when the run leaves the profile open (no --semantics or --param semantics=).
+  // Each world lies in [min_world, max_world] and differs from default_world unless the run
+  // fixes a parameter. Default: none.
   std::vector<TestRun> extra_default_runs;
   // What the scenario needs of a backend. Default: nothing (every backend).
   ScenarioRequirements requirements;
