@@ -434,6 +434,7 @@ std::unique_ptr<optim::Optimizer> MakeEngineOptimizer(
     o.momentum = config.momentum;
     o.weight_decay = config.weight_decay;
     o.nesterov = config.nesterov;
+    o.dampening = config.dampening;
     return std::make_unique<optim::SGD>(std::move(named_params), o);
   }
   if (config.kind == "adam") {
@@ -459,6 +460,7 @@ std::unique_ptr<reference::Optimizer<double>> MakeOracleOptimizer(const OptimCon
     o.momentum = config.momentum;
     o.weight_decay = config.weight_decay;
     o.nesterov = config.nesterov;
+    o.dampening = config.dampening;
     return std::make_unique<reference::Sgd<double>>(o);
   }
   if (config.kind == "adam" || config.kind == "adamw") {
