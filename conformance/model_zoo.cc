@@ -441,12 +441,14 @@ std::unique_ptr<optim::Optimizer> MakeEngineOptimizer(
     optim::AdamOptions o;
     o.lr = config.lr;
     o.weight_decay = config.weight_decay;
+    o.amsgrad = config.amsgrad;
     return std::make_unique<optim::Adam>(std::move(named_params), o);
   }
   if (config.kind == "adamw") {
     optim::AdamWOptions o;
     o.lr = config.lr;
     o.weight_decay = config.weight_decay;
+    o.amsgrad = config.amsgrad;
     return std::make_unique<optim::AdamW>(std::move(named_params), o);
   }
   FSDP_THROW(ErrorCode::kInvalidArgument, "unknown optimizer '", config.kind,
@@ -467,6 +469,7 @@ std::unique_ptr<reference::Optimizer<double>> MakeOracleOptimizer(const OptimCon
     reference::AdamOptions o;
     o.lr = config.lr;
     o.weight_decay = config.weight_decay;
+    o.amsgrad = config.amsgrad;
     return std::make_unique<reference::Adam<double>>(o, config.kind == "adamw");
   }
   FSDP_THROW(ErrorCode::kInvalidArgument, "unknown optimizer '", config.kind,

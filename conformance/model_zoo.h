@@ -135,6 +135,7 @@ struct OptimConfig {
   double dampening = 0.0;     // Default: 0 (SGD only: buf = momentum * buf + (1 - dampening) * g
                               // after the first step, whose buf = g undampened)
   double weight_decay = 0.0;  // Default: 0 (AdamW: decoupled)
+  bool amsgrad = false;       // Default: false (Adam and AdamW only: the running max of v)
 };
 
 std::unique_ptr<optim::Optimizer> MakeEngineOptimizer(

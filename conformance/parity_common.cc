@@ -24,6 +24,10 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
                             "first step (whose buf = g, undampened); needs optim=sgd and "
                             "nesterov=False",
                             0.0),
+      ParamSpec::SizeBool("amsgrad",
+                          "Adam/AdamW amsgrad: the denominator uses the running max of exp_avg_sq; "
+                          "needs optim=adam or adamw",
+                          false),
       ParamSpec::SizeDouble("weight_decay",
                             "the optimizer's weight_decay (SGD and Adam: added to the gradient; "
                             "AdamW: decoupled, p *= 1 - lr * weight_decay)",
@@ -44,6 +48,9 @@ std::optional<std::string> NesterovNeedsSgd(const CaseParams& params, int /*worl
   }
   if (params.GetDouble("dampening") != 0.0 && !sgd) {
     return "dampening is an option of SGD only (torch.optim." + other + " has none)";
+  }
+  if (params.GetBool("amsgrad") && sgd) {
+    return "amsgrad is an option of Adam and AdamW only (torch.optim.SGD has none)";
   }
   if (params.GetDouble("dampening") != 0.0 && params.GetBool("nesterov")) {
     return "Nesterov momentum requires zero dampening (torch.optim.SGD raises)";
@@ -87,6 +94,7 @@ ParityCase DecodeParityCase(const std::string& kind, const CaseParams& params) {
   FSDP_CHECK(!c.optim.nesterov || c.optim.kind == "sgd",
              "nesterov=True needs optim=sgd, got optim=", c.optim.kind);
   c.optim.dampening = params.GetDouble("dampening");
+  c.optim.amsgrad = params.GetBool("amsgrad");
   c.optim.weight_decay = params.GetDouble("weight_decay");
   return c;
 }

@@ -25,7 +25,7 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
 
 // Scenario::excluded of a parity family: the reason a case with nesterov=True or a dampening
 // and an optimizer other than SGD does not run (Adam and AdamW have neither), or with both
-// (SGD rejects Nesterov with dampening), else nullopt.
+// (SGD rejects Nesterov with dampening), or with amsgrad=True and SGD, else nullopt.
 std::optional<std::string> NesterovNeedsSgd(const CaseParams& params, int world);
 
 // The "loss" parameter of the parity families for `kind`: "squares" or "sum" (the seeds'
@@ -40,7 +40,8 @@ struct ParityCase {
   uint64_t seed = 0;              // "seed": the zoo's weights and inputs
   DType dtype = DType::kFloat32;  // "dtype": the engine's parameter and input dtype
   int64_t steps = 0;              // "steps": training steps (>= 1)
-  OptimConfig optim;  // "optim", "sgd_lr" / "adam_lr", "momentum", "nesterov", "dampening"
+  OptimConfig
+      optim;  // "optim", "sgd_lr" / "adam_lr", "momentum", "nesterov", "dampening", "amsgrad"
   Tolerance float_tolerance;      // "atol", "rtol"
   Tolerance float64_tolerance;    // "atol_float64", "rtol_float64"
 

@@ -106,6 +106,9 @@ Scenario MakeParityScenario(const ZooModelKind& kind) {
       // And SGD's dampening, whose first step keeps buf = g undampened (cases with Adam or
       // Nesterov momentum are excluded).
       p = ParamSpec::Axis("dampening", p.description, {"0", "0.5"});
+    } else if (p.name == "amsgrad") {
+      // And Adam's and AdamW's amsgrad (SGD cases with it are excluded).
+      p = ParamSpec::Axis("amsgrad", p.description, {"False", "True"});
     } else if (p.name == "weight_decay") {
       p = ParamSpec::SizeDouble("weight_decay", p.description, 1e-2);
     }
