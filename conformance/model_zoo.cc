@@ -433,6 +433,7 @@ std::unique_ptr<optim::Optimizer> MakeEngineOptimizer(
     o.lr = config.lr;
     o.momentum = config.momentum;
     o.weight_decay = config.weight_decay;
+    o.maximize = config.maximize;
     o.nesterov = config.nesterov;
     o.dampening = config.dampening;
     return std::make_unique<optim::SGD>(std::move(named_params), o);
@@ -441,6 +442,7 @@ std::unique_ptr<optim::Optimizer> MakeEngineOptimizer(
     optim::AdamOptions o;
     o.lr = config.lr;
     o.weight_decay = config.weight_decay;
+    o.maximize = config.maximize;
     o.amsgrad = config.amsgrad;
     return std::make_unique<optim::Adam>(std::move(named_params), o);
   }
@@ -448,6 +450,7 @@ std::unique_ptr<optim::Optimizer> MakeEngineOptimizer(
     optim::AdamWOptions o;
     o.lr = config.lr;
     o.weight_decay = config.weight_decay;
+    o.maximize = config.maximize;
     o.amsgrad = config.amsgrad;
     return std::make_unique<optim::AdamW>(std::move(named_params), o);
   }
@@ -461,6 +464,7 @@ std::unique_ptr<reference::Optimizer<double>> MakeOracleOptimizer(const OptimCon
     o.lr = config.lr;
     o.momentum = config.momentum;
     o.weight_decay = config.weight_decay;
+    o.maximize = config.maximize;
     o.nesterov = config.nesterov;
     o.dampening = config.dampening;
     return std::make_unique<reference::Sgd<double>>(o);
@@ -469,6 +473,7 @@ std::unique_ptr<reference::Optimizer<double>> MakeOracleOptimizer(const OptimCon
     reference::AdamOptions o;
     o.lr = config.lr;
     o.weight_decay = config.weight_decay;
+    o.maximize = config.maximize;
     o.amsgrad = config.amsgrad;
     return std::make_unique<reference::Adam<double>>(o, config.kind == "adamw");
   }

@@ -136,6 +136,7 @@ struct OptimConfig {
                               // after the first step, whose buf = g undampened)
   double weight_decay = 0.0;  // Default: 0 (AdamW: decoupled)
   bool amsgrad = false;       // Default: false (Adam and AdamW only: the running max of v)
+  bool maximize = false;      // Default: false (every optimizer: the gradient negated)
 };
 
 std::unique_ptr<optim::Optimizer> MakeEngineOptimizer(

@@ -28,6 +28,7 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
                           "Adam/AdamW amsgrad: the denominator uses the running max of exp_avg_sq; "
                           "needs optim=adam or adamw",
                           false),
+      ParamSpec::SizeBool("maximize", "the optimizer's maximize (the gradient negated)", false),
       ParamSpec::SizeDouble("weight_decay",
                             "the optimizer's weight_decay (SGD and Adam: added to the gradient; "
                             "AdamW: decoupled, p *= 1 - lr * weight_decay)",
@@ -95,6 +96,7 @@ ParityCase DecodeParityCase(const std::string& kind, const CaseParams& params) {
              "nesterov=True needs optim=sgd, got optim=", c.optim.kind);
   c.optim.dampening = params.GetDouble("dampening");
   c.optim.amsgrad = params.GetBool("amsgrad");
+  c.optim.maximize = params.GetBool("maximize");
   c.optim.weight_decay = params.GetDouble("weight_decay");
   return c;
 }

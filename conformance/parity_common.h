@@ -40,8 +40,8 @@ struct ParityCase {
   uint64_t seed = 0;              // "seed": the zoo's weights and inputs
   DType dtype = DType::kFloat32;  // "dtype": the engine's parameter and input dtype
   int64_t steps = 0;              // "steps": training steps (>= 1)
-  OptimConfig
-      optim;  // "optim", "sgd_lr" / "adam_lr", "momentum", "nesterov", "dampening", "amsgrad"
+  OptimConfig optim;  // "optim", "sgd_lr" / "adam_lr", "momentum", "nesterov", "dampening",
+                      // "amsgrad", "maximize"
   Tolerance float_tolerance;      // "atol", "rtol"
   Tolerance float64_tolerance;    // "atol_float64", "rtol_float64"
 

@@ -109,6 +109,9 @@ Scenario MakeParityScenario(const ZooModelKind& kind) {
     } else if (p.name == "amsgrad") {
       // And Adam's and AdamW's amsgrad (SGD cases with it are excluded).
       p = ParamSpec::Axis("amsgrad", p.description, {"False", "True"});
+    } else if (p.name == "maximize" && kind.name == "mlp") {
+      // And every optimizer's maximize, on one model (gradient ascent on the squares loss).
+      p = ParamSpec::Axis("maximize", p.description, {"False", "True"});
     } else if (p.name == "weight_decay") {
       p = ParamSpec::SizeDouble("weight_decay", p.description, 1e-2);
     }

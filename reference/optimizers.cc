@@ -48,6 +48,9 @@ void Sgd<T>::Step(TensorMap<T>* params, const TensorMap<T>& grads) {
   for (const auto& [name, grad] : grads) {
     BasicRefTensor<T>& p = ParamFor(params, name, grad);
     BasicRefTensor<T> g = grad;
+    if (o.maximize) {
+      for (int64_t i = 0; i < g.numel(); ++i) g[i] = -g[i];
+    }
     if (o.weight_decay != 0) {
       for (int64_t i = 0; i < g.numel(); ++i) g[i] = g[i] + T(o.weight_decay) * p[i];
     }
@@ -108,6 +111,9 @@ void Adam<T>::Step(TensorMap<T>* params, const TensorMap<T>& grads) {
     const int64_t t = ++steps_[name];
 
     BasicRefTensor<T> g = grad;
+    if (o.maximize) {
+      for (int64_t i = 0; i < g.numel(); ++i) g[i] = -g[i];
+    }
     if (o.weight_decay != 0) {
       if (decoupled_) {
         for (int64_t i = 0; i < p.numel(); ++i) p[i] = p[i] * T(1 - o.lr * o.weight_decay);

@@ -1,10 +1,11 @@
 // torch.optim's SGD, Adam and AdamW (the documented single-tensor, non-foreach algorithms,
-// maximize=False) and lr_scheduler.StepLR, over FQN-keyed tensor maps.
+// with maximize) and lr_scheduler.StepLR, over FQN-keyed tensor maps.
 //
 // Per step, as torch: a parameter whose gradient is absent from the gradient map (grad None) is
 // skipped entirely (no state created, Adam's step count not advanced). Hyper-parameters are
 // doubles (Python floats); with T = float the tensor arithmetic is done in float as torch does.
 //
+// maximize: g = -grad below, in both.
 // SGD:   g = grad + wd·p; if momentum: buf = g on the first step, else buf = momentum·buf +
 //        (1 - dampening)·g; g = nesterov ? g + momentum·buf : buf. p = p - lr·g.
 // Adam:  t += 1; g = grad + wd·p; m = lerp(m, g, 1 - β1); v = β2·v + (1 - β2)·g²;
@@ -42,6 +43,7 @@ struct SgdOptions {
   double dampening = 0.0;     // Default: 0.
   double weight_decay = 0.0;  // Default: 0.
   bool nesterov = false;      // Default: false (requires momentum > 0 and dampening == 0).
+  bool maximize = false;      // Default: false.
 };
 
 // torch.optim.SGD (algorithm in the file comment). Owns the momentum buffers; not thread-safe.
@@ -68,6 +70,7 @@ struct AdamOptions {
   double eps = 1e-8;          // Default: 1e-8.
   double weight_decay = 0.0;  // Default: 0 for Adam. (AdamW's default 1e-2: see AdamWOptions.)
   bool amsgrad = false;       // Default: false.
+  bool maximize = false;      // Default: false.
 };
 
 // AdamW's defaults differ only in weight_decay.

@@ -19,6 +19,17 @@ TEST(SgdTest, PlainStep) {
   EXPECT_DOUBLE_EQ(p["w"][1], -2.1);
 }
 
+TEST(SgdTest, MaximizeStepsAlongTheGradient) {
+  RefTensorMap p = {{"w", RefTensor({2}, {1.0, -2.0})}};
+  SgdOptions o;
+  o.lr = 0.1;
+  o.maximize = true;
+  Sgd<double> sgd(o);
+  sgd.Step(&p, {{"w", RefTensor({2}, {0.5, 1.0})}});
+  EXPECT_DOUBLE_EQ(p["w"][0], 1.05);
+  EXPECT_DOUBLE_EQ(p["w"][1], -1.9);
+}
+
 TEST(SgdTest, MomentumTwoStepsByHand) {
   RefTensorMap p = {{"w", RefTensor({2}, {1.0, -2.0})}};
   const RefTensorMap g = {{"w", RefTensor({2}, {0.5, 1.0})}};
