@@ -278,6 +278,8 @@ nlohmann::json OptimParityRank(RankEnv& env) {
   const Tensor inp = env.Inputs().Get(StepInputName(0));
   std::vector<double> ref_losses;
   std::vector<double> losses;
+  std::vector<double> ref_lrs;
+  std::vector<double> lrs;
   nlohmann::json tensors = nlohmann::json::object();
   for (int64_t k = 0; k < p.GetInt("iterations"); ++k) {
     Tensor ref_loss = sum((*ref_model)(inp).tensor());
@@ -289,6 +291,8 @@ nlohmann::json OptimParityRank(RankEnv& env) {
     loss.backward();
     ref_losses.push_back(ref_loss.item());
     losses.push_back(loss.item());
+    ref_lrs.push_back(ref_optim.param_groups()[0].lr);
+    lrs.push_back(per_param.front().optim->param_groups()[0].lr);
     for (const auto& [name, param] : ref_model->named_parameters()) {
       tensors[kRefPrefix + IterationPrefix(k) + name] = TensorToJson(param);
     }
@@ -299,6 +303,8 @@ nlohmann::json OptimParityRank(RankEnv& env) {
   nlohmann::json obs;
   obs["ref_losses"] = ref_losses;
   obs[kLosses] = losses;
+  obs["ref_lrs"] = ref_lrs;
+  obs["lrs"] = lrs;
   obs[kTensors] = std::move(tensors);
   return obs;
 }
@@ -336,9 +342,18 @@ Scenario PostAccGradHookOptimParity() {
           "per iteration: model(inp).sum() of the model whose post-accumulate-grad hooks step "
           "one AdamW + StepLR per parameter"))
       .Add(ObservationKey::NumberList(
-          "ref_losses", "per iteration: ref_model(inp).sum() of the reference, a copy of the "
-                        "model (same initial weights, same sharding) trained by one AdamW over "
-                        "all parameters + StepLR stepped after loss.backward()"))
+          "ref_losses",
+          "per iteration: ref_model(inp).sum() of the reference, a copy of the "
+          "model (same initial weights, same sharding) trained by one AdamW over "
+          "all parameters + StepLR stepped after loss.backward()"))
+      .Add(ObservationKey::NumberList(
+          "ref_lrs",
+          "per iteration: the reference optimizer's param_groups[0][\"lr\"] after "
+          "its StepLR step"))
+      .Add(ObservationKey::NumberList(
+          "lrs",
+          "per iteration: the first parameter's hook-stepped optimizer's "
+          "param_groups[0][\"lr\"] after its StepLR step"))
       .AddTensors({"iter{k}/{fqn}", "float32", "the local shard's shape",
                    "after iteration k's backward (whose hooks stepped the optimizers): the "
                    "hook-stepped model's parameter FQN (named_parameters()), its local shard "
@@ -364,6 +379,19 @@ Scenario PostAccGradHookOptimParity() {
                         nlohmann::json({ref_losses.size(), Losses(per_rank, r).size()}));
       checks.CheckClose(who + " losses: hooks vs optimizer loop (exact)", ref_losses,
                         Losses(per_rank, r), Tolerance{0, 0});
+      // StepLR's rule (gamma 0.1): after epoch e, lr = lr * gamma if e % step_size == 0, so
+      // the schedule is judged by rule, not only hooks vs loop (a wrong schedule agrees there).
+      std::vector<double> expected_lrs;
+      double lr = params.GetDouble("lr");
+      for (int64_t epoch = 1; epoch <= iterations; ++epoch) {
+        if (epoch % params.GetInt("step_size") == 0) lr *= 0.1;
+        expected_lrs.push_back(lr);
+      }
+      for (const char* key : {"ref_lrs", "lrs"}) {
+        checks.CheckClose(who + " " + key + " vs StepLR(gamma=0.1)'s schedule", expected_lrs,
+                          RankObservation(per_rank, r, key).get<std::vector<double>>(),
+                          Tolerance{0, 1e-12});
+      }
       reference::RefTensorMap previous;
       for (int64_t k = 0; k < iterations; ++k) {
         const std::string at = who + " iteration " + std::to_string(k);

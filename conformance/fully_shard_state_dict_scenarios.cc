@@ -9,9 +9,13 @@
 //   full_state_dict     get_model_state_dict(full_state_dict) equals the weights on every rank,
 //                       with cpu_offload only rank 0 holds it, and set_model_state_dict with
 //                       broadcast_from_rank0 loads it into a zero model (rank 0 alone passes it)
+//   strict_load         set_model_state_dict's strict (test_state_dict.py's test_strict): an
+//                       unexpected key raises, strict=False returns the missing and unexpected
+//                       keys and loads the rest, a missing key raises
 //   optimizer_state_dict  get/set_optimizer_state_dict
 //   (conformance/optimizer_state_dict_scenario.h)
 // Model and rules: conformance/state_dict_model.h (dim 5: uneven dim 0 at every world > 1).
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -212,12 +216,121 @@ Scenario FullStateDict() {
   return s;
 }
 
+// The message of the error `load` throws, or "" when it returns.
+template <typename Fn>
+std::string ErrorOf(Fn&& load) {
+  try {
+    load();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+constexpr const char* kUnexpectedKey = "abc";
+
+Scenario StrictLoad() {
+  Scenario s;
+  s.info.name = "fully_shard_state_dict/strict_load";
+  s.info.description =
+      "set_model_state_dict(strict): an unexpected key raises; strict=False returns the missing "
+      "and unexpected keys and loads the rest into a zero model; a missing key raises";
+  s.info.seed_test = "test/distributed/checkpoint/test_state_dict.py::TestStateDict::test_strict";
+  s.info.params = StateDictModelParams();
+  s.info.observations
+      .Add(ObservationKey::String("unexpected_error",
+                                  "the error of set_model_state_dict (strict) of the model's state "
+                                  "dict plus \"abc\" (empty when it loads)"))
+      .Add(ObservationKey::StringList(
+          "missing_keys",
+          "set_model_state_dict(strict=False) of that dict without its first "
+          "parameter's key: missing_keys"))
+      .Add(ObservationKey::StringList("unexpected_keys", "the same call's unexpected_keys"))
+      .Add(ObservationKey::String(
+          "missing_error",
+          "the error of set_model_state_dict (strict) of the dict without its "
+          "first parameter's key and without \"abc\" (empty when it loads)"))
+      .AddTensors({"loaded/{fqn}", "float32", "the rank's piece",
+                   "a zero model's state dict after the strict=False load"});
+  s.info.default_world = 2;
+  s.info.max_world = 8;
+  s.info.test_runs = {{1, {}}, {3, {}}};
+  s.info.inputs = StateDictModelInputsDoc();
+  s.inputs = StateDictModelInputs;
+  s.run_rank = [](RankEnv& env) {
+    nn::ModulePtr model = BuildShardedStateDictModel(env);
+    const nn::StateDict sd = ClonedStateDict(checkpoint::get_model_state_dict(*model));
+    std::string first;  // the first parameter's key (a buffer would keep its built value)
+    for (const std::string& key : sd.keys()) {
+      if (first.empty() && IsShardedKey(key)) first = key;
+    }
+    nn::StateDict with_unexpected = sd;
+    with_unexpected.insert(kUnexpectedKey, Tensor::zeros({10}, DType::kFloat32));
+    nlohmann::json obs;
+    obs["unexpected_error"] =
+        ErrorOf([&] { checkpoint::set_model_state_dict(*model, with_unexpected); });
+    nn::StateDict without_first;
+    for (const auto& [key, value] : with_unexpected) {
+      if (key == first) continue;
+      without_first.insert(key, value);
+      if (const nn::ShardedEntry* entry = sd.sharding(key))
+        without_first.sharded.insert(key, *entry);
+    }
+    nn::ModulePtr other = BuildShardedStateDictModel(env, /*zero_weights=*/true);
+    checkpoint::StateDictOptions non_strict;
+    non_strict.strict = false;
+    const nn::IncompatibleKeys keys =
+        checkpoint::set_model_state_dict(*other, without_first, non_strict);
+    obs["missing_keys"] = keys.missing_keys;
+    obs["unexpected_keys"] = keys.unexpected_keys;
+    obs[kTensors] = StateDictPiecesJson(other->state_dict(), "loaded/");
+    nn::StateDict missing_only;
+    for (const auto& [key, value] : without_first) {
+      if (key == kUnexpectedKey) continue;
+      missing_only.insert(key, value);
+      if (const nn::ShardedEntry* entry = sd.sharding(key))
+        missing_only.sharded.insert(key, *entry);
+    }
+    obs["missing_error"] = ErrorOf([&] { checkpoint::set_model_state_dict(*model, missing_only); });
+    return obs;
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    NamedTensors weights = StateDictModelInputs(p, world).weights;
+    // The first parameter is not loaded: the zero model keeps zeros there.
+    auto missing = std::find_if(weights.begin(), weights.end(),
+                                [](const auto& kv) { return IsShardedKey(kv.first); });
+    const std::string first = missing->first;
+    missing->second = Tensor::zeros(missing->second.sizes(), DType::kFloat32);
+    for (int r = 0; r < world; ++r) {
+      const std::string who = RankName(r);
+      const std::string unexpected_error =
+          RankObservation(per_rank, r, "unexpected_error").get<std::string>();
+      checks.CheckTrue(who + " strict load of an unexpected key raises \"Unexpected key\"",
+                       unexpected_error.find("Unexpected key") != std::string::npos,
+                       unexpected_error);
+      CheckRankEqual(checks, per_rank, r,
+                     {"missing_keys", "strict=False missing_keys", nlohmann::json({first})});
+      CheckRankEqual(
+          checks, per_rank, r,
+          {"unexpected_keys", "strict=False unexpected_keys", nlohmann::json({kUnexpectedKey})});
+      const std::string missing_error =
+          RankObservation(per_rank, r, "missing_error").get<std::string>();
+      checks.CheckTrue(who + " strict load without a key raises \"Missing key\"",
+                       missing_error.find("Missing key") != std::string::npos, missing_error);
+      CheckRankTensorsExact(checks, per_rank, r, ExpectedPieces(weights, r, world, "loaded/", p));
+    }
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFullyShardStateDictScenarios(ScenarioRegistry& registry) {
   registry.Add(ShardedStateDict());
   registry.Add(LoadAndContinue());
   registry.Add(FullStateDict());
+  registry.Add(StrictLoad());
   registry.Add(OptimizerStateDictScenario());
 }
 

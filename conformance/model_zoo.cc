@@ -433,19 +433,25 @@ std::unique_ptr<optim::Optimizer> MakeEngineOptimizer(
     o.lr = config.lr;
     o.momentum = config.momentum;
     o.weight_decay = config.weight_decay;
+    o.maximize = config.maximize;
     o.nesterov = config.nesterov;
+    o.dampening = config.dampening;
     return std::make_unique<optim::SGD>(std::move(named_params), o);
   }
   if (config.kind == "adam") {
     optim::AdamOptions o;
     o.lr = config.lr;
     o.weight_decay = config.weight_decay;
+    o.maximize = config.maximize;
+    o.amsgrad = config.amsgrad;
     return std::make_unique<optim::Adam>(std::move(named_params), o);
   }
   if (config.kind == "adamw") {
     optim::AdamWOptions o;
     o.lr = config.lr;
     o.weight_decay = config.weight_decay;
+    o.maximize = config.maximize;
+    o.amsgrad = config.amsgrad;
     return std::make_unique<optim::AdamW>(std::move(named_params), o);
   }
   FSDP_THROW(ErrorCode::kInvalidArgument, "unknown optimizer '", config.kind,
@@ -458,13 +464,17 @@ std::unique_ptr<reference::Optimizer<double>> MakeOracleOptimizer(const OptimCon
     o.lr = config.lr;
     o.momentum = config.momentum;
     o.weight_decay = config.weight_decay;
+    o.maximize = config.maximize;
     o.nesterov = config.nesterov;
+    o.dampening = config.dampening;
     return std::make_unique<reference::Sgd<double>>(o);
   }
   if (config.kind == "adam" || config.kind == "adamw") {
     reference::AdamOptions o;
     o.lr = config.lr;
     o.weight_decay = config.weight_decay;
+    o.maximize = config.maximize;
+    o.amsgrad = config.amsgrad;
     return std::make_unique<reference::Adam<double>>(o, config.kind == "adamw");
   }
   FSDP_THROW(ErrorCode::kInvalidArgument, "unknown optimizer '", config.kind,

@@ -132,7 +132,11 @@ struct OptimConfig {
   double lr = 1e-2;           // Default: 1e-2
   double momentum = 0.9;      // Default: 0.9 (SGD only)
   bool nesterov = false;      // Default: false (SGD only: g + momentum * buf instead of buf)
+  double dampening = 0.0;     // Default: 0 (SGD only: buf = momentum * buf + (1 - dampening) * g
+                              // after the first step, whose buf = g undampened)
   double weight_decay = 0.0;  // Default: 0 (AdamW: decoupled)
+  bool amsgrad = false;       // Default: false (Adam and AdamW only: the running max of v)
+  bool maximize = false;      // Default: false (every optimizer: the gradient negated)
 };
 
 std::unique_ptr<optim::Optimizer> MakeEngineOptimizer(

@@ -19,6 +19,16 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
                           "SGD nesterov: Nesterov momentum (the step uses g + momentum * buf, not "
                           "buf); needs optim=sgd",
                           false),
+      ParamSpec::SizeDouble("dampening",
+                            "SGD dampening: buf = momentum * buf + (1 - dampening) * g after the "
+                            "first step (whose buf = g, undampened); needs optim=sgd and "
+                            "nesterov=False",
+                            0.0),
+      ParamSpec::SizeBool("amsgrad",
+                          "Adam/AdamW amsgrad: the denominator uses the running max of exp_avg_sq; "
+                          "needs optim=adam or adamw",
+                          false),
+      ParamSpec::SizeBool("maximize", "the optimizer's maximize (the gradient negated)", false),
       ParamSpec::SizeDouble("weight_decay",
                             "the optimizer's weight_decay (SGD and Adam: added to the gradient; "
                             "AdamW: decoupled, p *= 1 - lr * weight_decay)",
@@ -32,9 +42,21 @@ std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_pa
 }
 
 std::optional<std::string> NesterovNeedsSgd(const CaseParams& params, int /*world*/) {
-  if (!params.GetBool("nesterov") || params.GetString("optim") == "sgd") return std::nullopt;
-  return "nesterov=True is an option of SGD only (torch.optim." +
-         std::string(params.GetString("optim") == "adamw" ? "AdamW" : "Adam") + " has none)";
+  const bool sgd = params.GetString("optim") == "sgd";
+  const std::string other = params.GetString("optim") == "adamw" ? "AdamW" : "Adam";
+  if (params.GetBool("nesterov") && !sgd) {
+    return "nesterov=True is an option of SGD only (torch.optim." + other + " has none)";
+  }
+  if (params.GetDouble("dampening") != 0.0 && !sgd) {
+    return "dampening is an option of SGD only (torch.optim." + other + " has none)";
+  }
+  if (params.GetBool("amsgrad") && sgd) {
+    return "amsgrad is an option of Adam and AdamW only (torch.optim.SGD has none)";
+  }
+  if (params.GetDouble("dampening") != 0.0 && params.GetBool("nesterov")) {
+    return "Nesterov momentum requires zero dampening (torch.optim.SGD raises)";
+  }
+  return std::nullopt;
 }
 
 ParamSpec LossParam(const ZooModelKind& kind) {
@@ -72,6 +94,9 @@ ParityCase DecodeParityCase(const std::string& kind, const CaseParams& params) {
   c.optim.nesterov = params.GetBool("nesterov");
   FSDP_CHECK(!c.optim.nesterov || c.optim.kind == "sgd",
              "nesterov=True needs optim=sgd, got optim=", c.optim.kind);
+  c.optim.dampening = params.GetDouble("dampening");
+  c.optim.amsgrad = params.GetBool("amsgrad");
+  c.optim.maximize = params.GetBool("maximize");
   c.optim.weight_decay = params.GetDouble("weight_decay");
   return c;
 }

@@ -23,8 +23,9 @@ namespace fsdp::conformance {
 // own knobs.
 std::vector<ParamSpec> ParityParams(const ZooModelKind& kind, ParamSpec dtype_param);
 
-// Scenario::excluded of a parity family: the reason a case with nesterov=True and an optimizer
-// other than SGD does not run (Adam and AdamW have no Nesterov momentum), else nullopt.
+// Scenario::excluded of a parity family: the reason a case with nesterov=True or a dampening
+// and an optimizer other than SGD does not run (Adam and AdamW have neither), or with both
+// (SGD rejects Nesterov with dampening), or with amsgrad=True and SGD, else nullopt.
 std::optional<std::string> NesterovNeedsSgd(const CaseParams& params, int world);
 
 // The "loss" parameter of the parity families for `kind`: "squares" or "sum" (the seeds'
@@ -39,7 +40,8 @@ struct ParityCase {
   uint64_t seed = 0;              // "seed": the zoo's weights and inputs
   DType dtype = DType::kFloat32;  // "dtype": the engine's parameter and input dtype
   int64_t steps = 0;              // "steps": training steps (>= 1)
-  OptimConfig optim;              // "optim", "sgd_lr" / "adam_lr", "momentum", "nesterov"
+  OptimConfig optim;  // "optim", "sgd_lr" / "adam_lr", "momentum", "nesterov", "dampening",
+                      // "amsgrad", "maximize"
   Tolerance float_tolerance;      // "atol", "rtol"
   Tolerance float64_tolerance;    // "atol_float64", "rtol_float64"
 

@@ -102,6 +102,16 @@ Scenario MakeParityScenario(const ZooModelKind& kind) {
     } else if (p.name == "nesterov") {
       // Nesterov momentum is judged here too: SGD runs with and without it.
       p = ParamSpec::Axis("nesterov", p.description, {"False", "True"});
+    } else if (p.name == "dampening") {
+      // And SGD's dampening, whose first step keeps buf = g undampened (cases with Adam or
+      // Nesterov momentum are excluded).
+      p = ParamSpec::Axis("dampening", p.description, {"0", "0.5"});
+    } else if (p.name == "amsgrad") {
+      // And Adam's and AdamW's amsgrad (SGD cases with it are excluded).
+      p = ParamSpec::Axis("amsgrad", p.description, {"False", "True"});
+    } else if (p.name == "maximize" && kind.name == "mlp") {
+      // And every optimizer's maximize, on one model (gradient ascent on the squares loss).
+      p = ParamSpec::Axis("maximize", p.description, {"False", "True"});
     } else if (p.name == "weight_decay") {
       p = ParamSpec::SizeDouble("weight_decay", p.description, 1e-2);
     }

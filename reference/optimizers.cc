@@ -1,5 +1,6 @@
 #include "reference/optimizers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -47,6 +48,9 @@ void Sgd<T>::Step(TensorMap<T>* params, const TensorMap<T>& grads) {
   for (const auto& [name, grad] : grads) {
     BasicRefTensor<T>& p = ParamFor(params, name, grad);
     BasicRefTensor<T> g = grad;
+    if (o.maximize) {
+      for (int64_t i = 0; i < g.numel(); ++i) g[i] = -g[i];
+    }
     if (o.weight_decay != 0) {
       for (int64_t i = 0; i < g.numel(); ++i) g[i] = g[i] + T(o.weight_decay) * p[i];
     }
@@ -100,12 +104,16 @@ void Adam<T>::Step(TensorMap<T>* params, const TensorMap<T>& grads) {
       steps_[name] = 0;
       m_it = exp_avg_.emplace(name, BasicRefTensor<T>(p.shape)).first;
       exp_avg_sq_.emplace(name, BasicRefTensor<T>(p.shape));
+      if (o.amsgrad) max_exp_avg_sq_.emplace(name, BasicRefTensor<T>(p.shape));
     }
     BasicRefTensor<T>& m = m_it->second;
     BasicRefTensor<T>& v = exp_avg_sq_.at(name);
     const int64_t t = ++steps_[name];
 
     BasicRefTensor<T> g = grad;
+    if (o.maximize) {
+      for (int64_t i = 0; i < g.numel(); ++i) g[i] = -g[i];
+    }
     if (o.weight_decay != 0) {
       if (decoupled_) {
         for (int64_t i = 0; i < p.numel(); ++i) p[i] = p[i] * T(1 - o.lr * o.weight_decay);
@@ -121,8 +129,11 @@ void Adam<T>::Step(TensorMap<T>* params, const TensorMap<T>& grads) {
     const double bias_correction2 = 1 - std::pow(o.beta2, static_cast<double>(t));
     const double step_size = o.lr / bias_correction1;
     const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+    BasicRefTensor<T>* vmax = o.amsgrad ? &max_exp_avg_sq_.at(name) : nullptr;
     for (int64_t i = 0; i < p.numel(); ++i) {
-      const T denom = std::sqrt(v[i]) / T(bias_correction2_sqrt) + T(o.eps);
+      if (vmax != nullptr) (*vmax)[i] = std::max((*vmax)[i], v[i]);
+      const T v_used = vmax != nullptr ? (*vmax)[i] : v[i];
+      const T denom = std::sqrt(v_used) / T(bias_correction2_sqrt) + T(o.eps);
       p[i] = p[i] + T(-step_size) * m[i] / denom;
     }
   }

@@ -1,15 +1,17 @@
 // torch.optim's SGD, Adam and AdamW (the documented single-tensor, non-foreach algorithms,
-// maximize=False, amsgrad=False) and lr_scheduler.StepLR, over FQN-keyed tensor maps.
+// with maximize) and lr_scheduler.StepLR, over FQN-keyed tensor maps.
 //
 // Per step, as torch: a parameter whose gradient is absent from the gradient map (grad None) is
 // skipped entirely (no state created, Adam's step count not advanced). Hyper-parameters are
 // doubles (Python floats); with T = float the tensor arithmetic is done in float as torch does.
 //
+// maximize: g = -grad below, in both.
 // SGD:   g = grad + wd·p; if momentum: buf = g on the first step, else buf = momentum·buf +
 //        (1 - dampening)·g; g = nesterov ? g + momentum·buf : buf. p = p - lr·g.
 // Adam:  t += 1; g = grad + wd·p; m = lerp(m, g, 1 - β1); v = β2·v + (1 - β2)·g²;
 //        step_size = lr / (1 - β1^t); denom = sqrt(v) / sqrt(1 - β2^t) + eps;
-//        p = p - step_size · m / denom.
+//        p = p - step_size · m / denom. amsgrad: vmax = max(vmax, v) (state, from 0), used
+//        instead of v in denom.
 // AdamW: p = p·(1 - lr·wd), then the Adam update without weight decay in g.
 //
 // Thread-safety: an optimizer is mutable state; use one per thread. Ownership: the optimizer
@@ -41,6 +43,7 @@ struct SgdOptions {
   double dampening = 0.0;     // Default: 0.
   double weight_decay = 0.0;  // Default: 0.
   bool nesterov = false;      // Default: false (requires momentum > 0 and dampening == 0).
+  bool maximize = false;      // Default: false.
 };
 
 // torch.optim.SGD (algorithm in the file comment). Owns the momentum buffers; not thread-safe.
@@ -66,6 +69,8 @@ struct AdamOptions {
   double beta2 = 0.999;       // Default: 0.999.
   double eps = 1e-8;          // Default: 1e-8.
   double weight_decay = 0.0;  // Default: 0 for Adam. (AdamW's default 1e-2: see AdamWOptions.)
+  bool amsgrad = false;       // Default: false.
+  bool maximize = false;      // Default: false.
 };
 
 // AdamW's defaults differ only in weight_decay.
@@ -93,6 +98,7 @@ class Adam : public Optimizer<T> {
   std::map<std::string, int64_t> steps_;
   TensorMap<T> exp_avg_;
   TensorMap<T> exp_avg_sq_;
+  TensorMap<T> max_exp_avg_sq_;  // amsgrad only
 };
 
 // torch.optim.AdamW: Adam with decoupled weight decay. Same ownership/thread-safety as Adam.

@@ -19,6 +19,17 @@ TEST(SgdTest, PlainStep) {
   EXPECT_DOUBLE_EQ(p["w"][1], -2.1);
 }
 
+TEST(SgdTest, MaximizeStepsAlongTheGradient) {
+  RefTensorMap p = {{"w", RefTensor({2}, {1.0, -2.0})}};
+  SgdOptions o;
+  o.lr = 0.1;
+  o.maximize = true;
+  Sgd<double> sgd(o);
+  sgd.Step(&p, {{"w", RefTensor({2}, {0.5, 1.0})}});
+  EXPECT_DOUBLE_EQ(p["w"][0], 1.05);
+  EXPECT_DOUBLE_EQ(p["w"][1], -1.9);
+}
+
 TEST(SgdTest, MomentumTwoStepsByHand) {
   RefTensorMap p = {{"w", RefTensor({2}, {1.0, -2.0})}};
   const RefTensorMap g = {{"w", RefTensor({2}, {0.5, 1.0})}};
@@ -86,6 +97,21 @@ TEST(AdamTest, TwoStepsByHand) {
   EXPECT_NEAR(adam.exp_avg().at("w")[0], 0.07, 1e-16);
   EXPECT_NEAR(adam.exp_avg_sq().at("w")[0], 0.00031225, 1e-18);
   EXPECT_NEAR(p["w"][0], 0.8067820404774623, 1e-14);
+}
+
+TEST(AdamTest, AmsgradUsesTheRunningMaxOfTheSecondMoment) {
+  AdamOptions o;
+  o.lr = 0.1;
+  o.amsgrad = true;
+  RefTensorMap p = One(1.0);
+  Adam<double> adam(o);
+  adam.Step(&p, One(0.5));  // v = 0.00025 = vmax; the step of TwoStepsByHand
+  EXPECT_NEAR(p["w"][0], 0.900000002, 1e-15);
+  // Step 2 (g = 0): m = 0.045, v = 0.999 * 0.00025 drops, vmax stays 0.00025.
+  adam.Step(&p, One(0.0));
+  EXPECT_NEAR(adam.exp_avg_sq().at("w")[0], 0.00024975, 1e-18);
+  const double denom = std::sqrt(0.00025) / std::sqrt(1 - 0.999 * 0.999) + 1e-8;
+  EXPECT_NEAR(p["w"][0], 0.900000002 - (0.1 / 0.19) * 0.045 / denom, 1e-14);
 }
 
 TEST(AdamTest, CoupledVersusDecoupledWeightDecay) {

@@ -12,6 +12,9 @@ over the whole world (conformance/state_dict_model.h):
   full_state_dict     get_model_state_dict(full_state_dict=True) on every rank; with
                       cpu_offload=True (rank 0 only) its size; set_model_state_dict(
                       broadcast_from_rank0=True) of that dict into a zero model
+  strict_load         set_model_state_dict of the state dict plus "abc" (strict: its error),
+                      without its first parameter's key into a zero model (strict=False: the
+                      returned keys and the loaded values), and without both (strict: its error)
   optimizer_state_dict  the zoo's MLP sharded as parity/fsdp shards it, trained `steps` steps
                       (parity.py's model, optimizer and loss): get_optimizer_state_dict(
                       full_state_dict=...) observed under flattened keys ("state.<fqn>.<name>",
@@ -112,6 +115,39 @@ def full_state_dict(request):
         full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True))
     tensors.update(_pieces(other.state_dict(), "loaded/"))
     return {"rank0_only_size": len(on_rank0)}, tensors
+
+
+def _error_of(load):
+    """The message of the error `load()` raises, or "" when it returns."""
+    try:
+        load()
+    except Exception as e:  # noqa: BLE001 - any error is the observation
+        return str(e)
+    return ""
+
+
+def strict_load(request):
+    import torch
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         set_model_state_dict)
+
+    model = _model(request)
+    sd = {k: v.detach().clone() for k, v in get_model_state_dict(model).items()}
+    first = next(k for k, v in sd.items() if hasattr(v, "device_mesh"))
+    with_unexpected = dict(sd)
+    with_unexpected["abc"] = torch.zeros(10)
+    obs = {"unexpected_error": _error_of(
+        lambda: set_model_state_dict(model, dict(with_unexpected)))}
+    without_first = {k: v for k, v in with_unexpected.items() if k != first}
+    other = _model(request, zero_weights=True)
+    keys = set_model_state_dict(other, dict(without_first),
+                                options=StateDictOptions(strict=False))
+    obs["missing_keys"] = list(keys.missing_keys)
+    obs["unexpected_keys"] = list(keys.unexpected_keys)
+    tensors = _pieces(other.state_dict(), "loaded/")
+    missing_only = {k: v for k, v in without_first.items() if k != "abc"}
+    obs["missing_error"] = _error_of(lambda: set_model_state_dict(model, dict(missing_only)))
+    return obs, tensors
 
 
 def optimizer_state_dict(request):

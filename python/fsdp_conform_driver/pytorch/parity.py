@@ -70,19 +70,26 @@ def _children_to_shard(root):
 
 
 def _optimizer(request, params):
-    """SGD (momentum, nesterov), Adam or AdamW (decoupled decay) with the case's weight_decay
-    (0 where the scenario has no such parameter; nesterov False likewise)."""
+    """SGD (momentum, nesterov, dampening), Adam or AdamW (decoupled decay, amsgrad), each with
+    maximize and the case's weight_decay (0 where the scenario has no such parameter; nesterov,
+    amsgrad and maximize False and dampening 0 likewise)."""
     import torch
 
     decay = float(request.param("weight_decay")) if "weight_decay" in request.params else 0.0
     optim = request.param("optim")
+    amsgrad = request.params.get("amsgrad", "False") == "True"
+    maximize = request.params.get("maximize", "False") == "True"
     if optim == "sgd":
         return torch.optim.SGD(params, lr=float(request.param("sgd_lr")),
                                momentum=float(request.param("momentum")), weight_decay=decay,
-                               nesterov=request.params.get("nesterov", "False") == "True")
+                               nesterov=request.params.get("nesterov", "False") == "True",
+                               dampening=float(request.params.get("dampening", "0")),
+                               maximize=maximize)
     if optim == "adamw":
-        return torch.optim.AdamW(params, lr=float(request.param("adam_lr")), weight_decay=decay)
-    return torch.optim.Adam(params, lr=float(request.param("adam_lr")), weight_decay=decay)
+        return torch.optim.AdamW(params, lr=float(request.param("adam_lr")), weight_decay=decay,
+                                 amsgrad=amsgrad, maximize=maximize)
+    return torch.optim.Adam(params, lr=float(request.param("adam_lr")), weight_decay=decay,
+                            amsgrad=amsgrad, maximize=maximize)
 
 
 def _loss(request, k, out):

@@ -169,6 +169,7 @@ SCENARIOS = {
     "fully_shard_state_dict/sharded_state_dict": fully_shard_state_dict.sharded_state_dict,
     "fully_shard_state_dict/load_and_continue": fully_shard_state_dict.load_and_continue,
     "fully_shard_state_dict/full_state_dict": fully_shard_state_dict.full_state_dict,
+    "fully_shard_state_dict/strict_load": fully_shard_state_dict.strict_load,
     "fully_shard_state_dict/optimizer_state_dict": fully_shard_state_dict.optimizer_state_dict,
     **fsdp_state_dict.SCENARIOS,
     "checkpoint/round_trip": checkpoint_layout,
