@@ -28,10 +28,21 @@ ParamSpec UseOrigParamsAxis() {
 }
 
 ParamSpec MixedPrecisionAxis() {
-  return ParamSpec::Axis("mixed_precision",
-                         "MixedPrecision: None, param/reduce/buffer dtypes all bfloat16 or all "
-                         "float16, or reduce_dtype=bfloat16 only",
-                         {"None", "bfloat16", "float16", "reduce_bfloat16"});
+  ParamSpec p = ParamSpec::Axis("mixed_precision",
+                                "MixedPrecision: None, param/reduce/buffer dtypes all bfloat16 or "
+                                "all float16, reduce_dtype=bfloat16 only, or (accepted when fixed) "
+                                "param_bfloat16: param_dtype=bfloat16 only (the reduce dtype "
+                                "follows it)",
+                                {"None", "bfloat16", "float16", "reduce_bfloat16"});
+  p.domain = ParamDomain{"None, bfloat16, float16, reduce_bfloat16 or param_bfloat16",
+                         [](const std::string& v) -> std::optional<std::string> {
+                           for (const char* known : {"None", "bfloat16", "float16",
+                                                     "reduce_bfloat16", "param_bfloat16"}) {
+                             if (v == known) return v;
+                           }
+                           return std::nullopt;
+                         }};
+  return p;
 }
 
 fsdp1::MixedPrecision ParseMixedPrecision(const std::string& name) {
@@ -41,11 +52,22 @@ fsdp1::MixedPrecision ParseMixedPrecision(const std::string& name) {
     mp.reduce_dtype = DType::kBFloat16;
     return mp;
   }
+  if (name == "param_bfloat16") {
+    mp.param_dtype = DType::kBFloat16;
+    return mp;
+  }
   FSDP_CHECK(name == "bfloat16" || name == "float16", "unknown mixed_precision '", name,
-             "' (None, bfloat16, float16 or reduce_bfloat16)");
+             "' (None, bfloat16, float16, reduce_bfloat16 or param_bfloat16)");
   const DType low = name == "bfloat16" ? DType::kBFloat16 : DType::kFloat16;
   mp.param_dtype = mp.reduce_dtype = mp.buffer_dtype = low;
   return mp;
+}
+
+// FSDP1's reduce dtype (_FlatParamHandle._init_param_reduce_dtypes): reduce_dtype, else
+// param_dtype (a low-precision param_dtype alone reduces in it too), else the parameters' own.
+DType Fsdp1ReduceDType(const fsdp1::MixedPrecision& mp, DType param_dtype) {
+  if (mp.reduce_dtype) return *mp.reduce_dtype;
+  return mp.param_dtype.value_or(param_dtype);
 }
 
 std::optional<HybridMeshShape> HybridMeshShapeFor(int world) {

@@ -25,10 +25,12 @@ ParamSpec UseOrigParamsAxis();
 
 // {None, bfloat16, float16, reduce_bfloat16}: no MixedPrecision; MixedPrecision(param_dtype,
 // reduce_dtype, buffer_dtype) all bfloat16 / all float16; MixedPrecision(reduce_dtype=bfloat16)
-// only.
+// only. Also accepts, when fixed, param_bfloat16: MixedPrecision(param_dtype=bfloat16) only.
 ParamSpec MixedPrecisionAxis();
 // A MixedPrecisionAxis value as the engine's MixedPrecision; InvalidArgument otherwise.
 fsdp1::MixedPrecision ParseMixedPrecision(const std::string& name);
+// The dtype FSDP1 reduces gradients in under `mp` for parameters of `param_dtype`.
+DType Fsdp1ReduceDType(const fsdp1::MixedPrecision& mp, DType param_dtype);
 
 // The (replicate, shard) mesh shape a hybrid strategy uses at `world` ranks: replicate = the
 // smallest prime factor of `world`, shard = the rest; nullopt when either would be 1 (a world

@@ -15,7 +15,12 @@
 // With sync_module_states, ranks other than 0 zero their parameters before wrapping, so the run
 // matches the oracle only if FSDP broadcasts rank 0's (over both groups of a hybrid strategy).
 // Under use_orig_params each rank also reports its original parameters' numels after wrapping,
-// judged against the flat-parameter layout rule (ExpectedLocalNumels).
+// judged against the flat-parameter layout rule (ExpectedLocalNumels), and, after one more
+// forward at the end, the numels named_parameters() lists before its backward (the whole
+// unsharded views where SHARD_GRAD_OP / _HYBRID_SHARD_ZERO2 keep them until backward). Every rank
+// also reports the dtypes of its gradients before every optimizer step (the parameters' dtype:
+// keep_low_precision_grads is off) and of the reduce-scatters and all-reduces its backwards
+// issue (FSDP1's reduce dtype, Fsdp1ReduceDType; an extra default run sets param_dtype alone).
 //
 // A flat parameter that gets no gradient in a backward (DoubleLinear's lin2 once the loss is
 // out1.sum()) behaves unlike a plain model's parameters, and the oracle models it
@@ -29,6 +34,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,6 +47,7 @@
 #include "conformance/scenario_registry.h"
 #include "conformance/sharded_parity.h"
 #include "engine/autograd/grad_mode.h"
+#include "engine/distributed/comm_debug_mode.h"
 #include "engine/distributed/device_mesh.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
 #include "engine/fsdp1/unshard_params.h"
@@ -146,17 +153,42 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   }
   const std::optional<reference::GradClip> clip = ClipOf(env.params);
   std::vector<double> grad_norms;
-  std::function<void()> clip_step;
-  if (clip) {
-    clip_step = [&] {
+  std::set<std::string> grad_dtypes;
+  const std::function<void()> before_step = [&] {
+    for (const Tensor& p : fsdp_model->parameters()) {
+      if (p.grad().defined()) grad_dtypes.insert(DTypeName(p.grad().dtype()));
+    }
+    if (clip) {
       grad_norms.push_back(fsdp_model->clip_grad_norm_(clip->max_norm, clip->norm_type).item());
-    };
-  }
+    }
+  };
+  distributed::CommDebugMode comm_mode;
   const EngineTrainingRecord record = TrainEngine(c.model, *fsdp_model, c.optim, env.Inputs(),
-                                                  c.steps, FullParameters, {}, clip_step);
+                                                  c.steps, FullParameters, {}, before_step);
+  comm_mode.exit();
+  std::set<std::string> reduce_dtypes;
+  for (const distributed::CommRecord& comm : comm_mode.records()) {
+    const bool reduces = comm.op.find("reduce_scatter") != std::string::npos ||
+                         comm.op.find("allreduce") != std::string::npos;
+    if (reduces && comm.phase == distributed::CommPhase::kBackward) {
+      reduce_dtypes.insert(DTypeName(comm.info.dtype));
+    }
+  }
   nlohmann::json obs = TrainingObservations(record, c.dtype);
   obs["grad_norms"] = grad_norms;
   obs["local_numels"] = std::move(local_numels);
+  obs["grad_dtypes"] = grad_dtypes;
+  obs["reduce_dtypes"] = reduce_dtypes;
+  // use_orig_params: one more forward (of step 0's input), and the original parameters' numels
+  // before its backward.
+  nlohmann::json numels_after_forward = nlohmann::json::object();
+  if (options.use_orig_params) {
+    c.model.Forward(*fsdp_model, env.Inputs().Get(StepInputName(0)).to(env.device));
+    for (const auto& [name, param] : fsdp_model->named_parameters()) {
+      numels_after_forward[fsdp1::CleanTensorName(name)] = param.numel();
+    }
+  }
+  obs["numels_after_forward"] = std::move(numels_after_forward);
   return obs;
 }
 
@@ -215,21 +247,31 @@ DType ComputeDType(const ParityCase& c, const CaseParams& params) {
 // total is padded to a multiple of the shard group's size, and the shard group's rank r holds
 // [r * c, (r + 1) * c) of it, c the total over the group size); its whole numel where nothing
 // is sharded. Empty without use_orig_params (the module exposes the flat parameters).
+// `after_forward`: the numels after a forward, before its backward, where a sharded
+// SHARD_GRAD_OP / _HYBRID_SHARD_ZERO2 instance that ran forward lists its whole unsharded views.
 nlohmann::json ExpectedLocalNumels(const ParityCase& c, const CaseParams& params, int world,
-                                   int rank) {
+                                   int rank, bool after_forward) {
   nlohmann::json out = nlohmann::json::object();
   if (!params.GetBool("use_orig_params")) return out;
   const fsdp1::ShardingStrategy strategy =
       ParseShardingStrategy(params.GetString("sharding_strategy"));
   const int shard_world = ShardWorld(strategy, world);
   const bool sharded = shard_world > 1 && fsdp1::UsesShardedStrategy(strategy);
+  // After a forward (grad enabled), a sharded strategy that keeps the unsharded flat parameter
+  // skips the sharded views (_use_sharded_flat_param): until backward, the original parameters
+  // listed are the unsharded views the forward set (`module._parameters[name] = view`).
+  const bool skips_views = after_forward && sharded && !fsdp1::ReshardsAfterForward(strategy);
+  // DoubleLinear(use_second_linear=False) never calls lin2: its instance keeps the sharded views.
+  const bool lin2_unused = params.has("use_second_linear") && !params.GetBool("use_second_linear");
   const int64_t shard_rank = rank % shard_world;  // the (replicate, shard) mesh is row-major
   for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
+    const bool runs_forward = !(lin2_unused && unit.fqns.front().rfind("lin2.", 0) == 0);
     const FlatParamLayout layout =
         LayOutFlatParam(c.model, unit.fqns, ComputeDType(c, params), shard_world);
     for (size_t i = 0; i < layout.fqns.size(); ++i) {
       const auto [begin, end] = layout.ParamRangeOnRank(i, shard_rank);
-      out[layout.fqns[i]] = sharded ? end - begin : layout.numels[i];
+      out[layout.fqns[i]] =
+          sharded && !(skips_views && runs_forward) ? end - begin : layout.numels[i];
     }
   }
   return out;
@@ -276,7 +318,13 @@ std::vector<nlohmann::json> ExpectFsdp1Parity(const std::string& kind, const Cas
     e["loss_dtype"] = DTypeName(ZooModel::Kind(kind).LossDType(ComputeDType(c, params)));
     e[kTensors] = nlohmann::json::object();
     e["grad_norms"] = nlohmann::json::array();
-    e["local_numels"] = ExpectedLocalNumels(c, params, world, r);
+    e["local_numels"] = ExpectedLocalNumels(c, params, world, r, /*after_forward=*/false);
+    e["numels_after_forward"] = ExpectedLocalNumels(c, params, world, r, /*after_forward=*/true);
+    // Gradients reach the optimizer in the parameters' dtype (keep_low_precision_grads=False),
+    // after reductions in FSDP1's reduce dtype.
+    e["grad_dtypes"] = {DTypeName(c.dtype)};
+    e["reduce_dtypes"] = {DTypeName(
+        Fsdp1ReduceDType(ParseMixedPrecision(params.GetString("mixed_precision")), c.dtype))};
     for (int64_t k = 0; k < c.steps; ++k) {
       const auto& step = oracle[static_cast<size_t>(k)];
       if (clipped) e["grad_norms"].push_back(step.grad_norm);
@@ -344,6 +392,15 @@ void JudgeFsdp1Parity(const std::string& kind, const CaseParams& params, int wor
     checks.CheckEqual(who + " use_orig_params parameter numels (flat-parameter layout)",
                       RankObservation(expected, r, "local_numels"),
                       RankObservation(per_rank, r, "local_numels"));
+    checks.CheckEqual(who + " use_orig_params parameter numels after forward",
+                      RankObservation(expected, r, "numels_after_forward"),
+                      RankObservation(per_rank, r, "numels_after_forward"));
+    checks.CheckEqual(who + " gradient dtypes before the optimizer step",
+                      RankObservation(expected, r, "grad_dtypes"),
+                      RankObservation(per_rank, r, "grad_dtypes"));
+    checks.CheckEqual(who + " dtypes of the backward's reduce-scatters and all-reduces",
+                      RankObservation(expected, r, "reduce_dtypes"),
+                      RankObservation(per_rank, r, "reduce_dtypes"));
     // clip_grad_norm_'s total norm: a sum over every gradient element, computed in the
     // gradients' dtype (plus mixed precision's error).
     checks.CheckClose(
@@ -398,6 +455,19 @@ Scenario MakeScenario(const ZooModelKind& kind) {
       "local_numels",
       "use_orig_params: every original parameter's numel after wrapping (its part of the rank's "
       "flat shard), by clean FQN; empty without use_orig_params"));
+  s.info.observations.Add(ObservationKey::IntegerMap(
+      "numels_after_forward",
+      "use_orig_params: after training, one more forward (step 0's input), then the numel of "
+      "every parameter named_parameters() lists before its backward, by clean FQN; empty "
+      "without use_orig_params"));
+  s.info.observations.Add(ObservationKey::StringList(
+      "grad_dtypes",
+      "the distinct dtypes of the parameters' gradients between backward and the optimizer "
+      "step, over every step, sorted"));
+  s.info.observations.Add(ObservationKey::StringList(
+      "reduce_dtypes",
+      "the distinct dtypes of the gradient reduce-scatters and all-reduces issued in backward, "
+      "over every step, sorted"));
   s.info.deterministic = true;
   s.info.inputs = ZooInputsDoc(kind, "the case's dtype");
   s.info.default_world = 2;
@@ -423,6 +493,13 @@ Scenario MakeScenario(const ZooModelKind& kind) {
                                           {"mixed_precision", "None"},
                                           {"sync_module_states", world == 4 ? "True" : "False"}}});
   }
+  // MixedPrecision(param_dtype=bfloat16) alone: FSDP1 reduces in the param dtype (FSDP2 would
+  // reduce in float32), every sharding strategy (the hybrid ones on a 2 x 2 mesh).
+  s.info.extra_default_runs.push_back({4,
+                                       {{"mixed_precision", "param_bfloat16"},
+                                        {"backward_prefetch", "BACKWARD_PRE"},
+                                        {"use_orig_params", "False"},
+                                        {"cpu_offload", "False"}}});
   s.info.requirements.devices = {DeviceType::kCPU};
   // The hybrid strategies on a real 2 x 2 (replicate, shard) mesh.
   for (const char* hybrid : {"HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"}) {

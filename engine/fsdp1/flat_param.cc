@@ -612,6 +612,12 @@ void FlatParamHandle::use_unsharded_views(bool as_params) {
       }
       setattr_tensor(info.module, info.param_name, param_var);
       if (extension) PostUnflattenTransform(*info.module, info.param_name, param_var, *extension);
+      // In forward the views are also listed as parameters (`module._parameters[name] =
+      // param_var`): named_parameters() shows them until the post-forward reshard (and, where
+      // SHARD_GRAD_OP skips the sharded views, until backward).
+      if (options_.use_orig_params && training_state == HandleTrainingState::kForward) {
+        info.module->set_parameter_slot(info.param_name, info.module->parameter(info.param_name));
+      }
     }
   }
   for (size_t i = 0; i < shared_param_infos_.size(); ++i) {
@@ -624,6 +630,9 @@ void FlatParamHandle::use_unsharded_views(bool as_params) {
       setattr_param(info.module, info.param_name, prim_param);
     } else {
       setattr_tensor(info.module, info.param_name, prim_param);
+      if (options_.use_orig_params && training_state == HandleTrainingState::kForward) {
+        info.module->set_parameter_slot(info.param_name, prim_param);
+      }
     }
   }
 }

@@ -131,6 +131,38 @@ TEST(Fsdp1Structure, UseOrigParamsKeepsTheOriginalParameters) {
   ASSERT_TRUE(results.all_ok()) << results.summary();
 }
 
+// use_orig_params in forward: the unsharded views are listed among the parameters
+// (`module._parameters[name] = view`); after the forward SHARD_GRAD_OP keeps listing them whole
+// until backward, FULL_SHARD lists the sharded views again.
+TEST(Fsdp1Structure, UseOrigParamsListsTheUnshardedViewsAfterForward) {
+  for (ShardingStrategy strategy : {ShardingStrategy::kShardGradOp, ShardingStrategy::kFullShard}) {
+    auto results = RunRanks(2, [strategy](RankEnv& env) {
+      auto model = std::make_shared<TransformerWithSharedParams>(0, false, true);
+      std::map<std::string, int64_t> numels;
+      for (const auto& [name, p] : model->named_parameters()) numels[name] = p.numel();
+      auto fsdp_model =
+          std::make_shared<FullyShardedDataParallel>(model, TransformerOptions(strategy, true));
+      fsdp_model->forward(TransformerInput());
+      const std::vector<nn::NamedTensor> params = fsdp_model->named_parameters();
+      ASSERT_EQ(params.size(), numels.size());
+      for (const auto& [name, p] : params) {
+        const std::string clean = fsdp1::CleanTensorName(name);
+        // The root never frees its unsharded flat parameter after forward, but only the
+        // strategies that keep it skip the sharded views.
+        if (strategy == ShardingStrategy::kShardGradOp) {
+          EXPECT_EQ(p.numel(), numels.at(clean)) << clean;
+        } else {
+          EXPECT_EQ(p.dim(), 1) << clean;
+          EXPECT_EQ(fsdp2::AllReduceSum(*env.pg, static_cast<double>(p.numel())),
+                    static_cast<double>(numels.at(clean)))
+              << clean;
+        }
+      }
+    });
+    ASSERT_TRUE(results.all_ok()) << results.summary();
+  }
+}
+
 TEST(Fsdp1Structure, FlatParameterIsTheChunkOfTheConcatenation) {
   // World 3 (uneven chunks), both views, every strategy: the flat layout (managed parameters
   // in pre-order, the tied weight once) and this rank's shard against a replicated copy.

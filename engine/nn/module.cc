@@ -241,6 +241,10 @@ void Module::set_parameter(const std::string& name, Tensor value) {
   *t = std::move(value);
 }
 
+void Module::set_parameter_slot(const std::string& name, Tensor value) {
+  parameters_.insert(name, std::move(value));
+}
+
 void Module::remove_parameter(const std::string& name) {
   FSDP_CHECK_CODE(ErrorCode::kNotFound, parameters_.erase(name), "'", type_name_,
                   "' object has no parameter '", name, "'");

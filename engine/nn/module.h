@@ -196,6 +196,10 @@ class Module : public std::enable_shared_from_this<Module> {
   // Replaces the tensor in an existing parameter slot without any check, keeping its position
   // (`module._parameters[name] = value`). FSDP's sharded ↔ unsharded swap.
   void set_parameter(const std::string& name, Tensor value);
+  // `module._parameters[name] = value` for any tensor, a non-leaf included: sets the slot (a
+  // new name at the end), leaving a plain tensor attribute of that name in place. FSDP1 under
+  // use_orig_params lists its unsharded views among the parameters this way during forward.
+  void set_parameter_slot(const std::string& name, Tensor value);
   // Removes a parameter slot (delattr).
   void remove_parameter(const std::string& name);
   // ---- Plain tensor attributes ----------------------------------------------------------------

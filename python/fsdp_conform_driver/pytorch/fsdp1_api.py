@@ -35,7 +35,8 @@ def hybrid_mesh_shape(world: int):
 
 
 def mixed_precision(name: str):
-    """The case's MixedPrecision: None, all-bfloat16, all-float16 or reduce_dtype=bfloat16."""
+    """The case's MixedPrecision: None, all-bfloat16, all-float16, reduce_dtype=bfloat16 or
+    param_dtype=bfloat16 (param_bfloat16)."""
     import torch
     from torch.distributed.fsdp import MixedPrecision
 
@@ -43,6 +44,8 @@ def mixed_precision(name: str):
         return None
     if name == "reduce_bfloat16":
         return MixedPrecision(reduce_dtype=torch.bfloat16)
+    if name == "param_bfloat16":
+        return MixedPrecision(param_dtype=torch.bfloat16)
     dtype = getattr(torch, name)
     return MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
 

@@ -124,10 +124,11 @@ def _record_grad_shards(model, k, tensors):
 
 
 def _train(request, model, after_step=_record_params, after_backward=None, step_counts=None,
-           before_step=None):
+           before_step=None, backward_context=contextlib.nullcontext):
     """Trains `steps` steps; after_backward(model, k, tensors) and after_step(model, k, tensors)
     record what the scenario observes; before_step(model, obs) runs between them, before the
-    optimizer step (clip_grad_norm_); with a list `step_counts`, each step's collectives
+    optimizer step (clip_grad_norm_); every backward runs inside backward_context(); with a
+    list `step_counts`, each step's collectives
     {"forward": {op: n}, "backward": {op: n}} are appended to it (CommCounts: the forward with
     its loss, the backward up to the gradient snapshot)."""
     opt = _optimizer(request, model.parameters())
@@ -141,7 +142,7 @@ def _train(request, model, after_step=_record_params, after_backward=None, step_
             loss = _loss(request, k, model(rank_inputs[f"step{k}/input"]))
         loss_dtype = str(loss.dtype).replace("torch.", "")
         losses.append(_value(loss))
-        with phase("backward"):
+        with phase("backward"), backward_context():
             loss.backward()
         if step_counts is not None:
             step_counts.append(counts.by_phase("forward", "backward"))
@@ -238,12 +239,64 @@ def fsdp1(kind: str):
         local_numels = ({name.replace("_fsdp_wrapped_module.", ""): p.numel()
                          for name, p in fsdp_model.named_parameters()}
                         if request.param("use_orig_params") == "True" else {})
+        clip = _clip_grad_norm(request)
+        grad_dtypes, reduce_dtypes = set(), set()
+
+        def before_step(model, obs):
+            grad_dtypes.update(_dtype_name(p.grad) for p in model.parameters()
+                               if p.grad is not None)
+            if clip is not None:
+                clip(model, obs)
+
         obs, tensors = _train(request, fsdp_model, after_step=record_full_params,
-                              before_step=_clip_grad_norm(request))
+                              before_step=before_step,
+                              backward_context=lambda: _recording_reduce_dtypes(reduce_dtypes))
         obs.setdefault("grad_norms", [])
         obs["local_numels"] = local_numels
+        obs["grad_dtypes"] = sorted(grad_dtypes)
+        obs["reduce_dtypes"] = sorted(reduce_dtypes)
+        # use_orig_params: one more forward, then the parameters named_parameters() lists before
+        # its backward (SHARD_GRAD_OP keeps listing the unsharded views the forward set).
+        numels_after_forward = {}
+        if request.param("use_orig_params") == "True":
+            fsdp_model(inputs.rank_tensors(request)["step0/input"])
+            numels_after_forward = {name.replace("_fsdp_wrapped_module.", ""): p.numel()
+                                    for name, p in fsdp_model.named_parameters()}
+        obs["numels_after_forward"] = numels_after_forward
         return obs, tensors
     return run
+
+
+def _dtype_name(tensor):
+    return str(tensor.dtype).replace("torch.", "")
+
+
+@contextlib.contextmanager
+def _recording_reduce_dtypes(dtypes):
+    """Adds to `dtypes` the dtype of every reduce-scatter (torch.distributed.reduce_scatter_tensor,
+    or reduce_scatter_single, which newer releases' FSDP1 calls) and all_reduce issued inside
+    (FSDP1's gradient reductions call them through the module), as test_fsdp_mixed_precision.py
+    patches them to check the reduce dtype."""
+    import torch.distributed as dist
+
+    saved = {name: getattr(dist, name)
+             for name in ("reduce_scatter_tensor", "reduce_scatter_single", "all_reduce")
+             if hasattr(dist, name)}
+
+    def recording(original, index):
+        def call(*args, **kwargs):
+            dtypes.add(_dtype_name(args[index]))
+            return original(*args, **kwargs)
+        return call
+
+    for name, original in saved.items():
+        # (output, input, ...) for the reduce-scatters, (tensor, ...) for all_reduce
+        setattr(dist, name, recording(original, 0 if name == "all_reduce" else 1))
+    try:
+        yield
+    finally:
+        for name, original in saved.items():
+            setattr(dist, name, original)
 
 
 def _clip_grad_norm(request):
