@@ -129,14 +129,18 @@ std::vector<ZooModelKind> MakeKinds() {
         Batch(2)}});
   kinds.push_back(
       {"double_linear",
-       "common_fsdp.py DoubleLinear(dim); two outputs: loss (out1 * "
-       "out2).sum() before "
-       "loss_switch_step, out1.sum() from it on",
+       "common_fsdp.py DoubleLinear(dim); two outputs: loss (out1 * out2).sum() before "
+       "loss_switch_step, then of output switched_output only (out1, the seed's)",
        "test_fully_shard_autograd.py::TestFullyShardAutograd::test_unused_"
        "forward_output",
        {ParamSpec::Axis("use_second_linear", "DoubleLinear use_second_linear", {"True", "False"}),
         ParamSpec::SizeInt("dim", "DoubleLinear dim", 24, /*minimum=*/1),
-        ParamSpec::SizeInt("loss_switch_step", "first step whose loss is out1.sum()", 3),
+        ParamSpec::SizeInt("loss_switch_step",
+                           "first step whose loss reads one output (switched_output)", 3),
+        ParamSpec::SizeInt("switched_output",
+                           "the output the loss reads from loss_switch_step on: 0 (out1, the "
+                           "seed's) or 1 (out2; the other output's hooks alone see a gradient)",
+                           0, /*minimum=*/0),
         Batch(2)}});
   kinds.push_back({"nontensor_activations",
                    "test_nontensor_activations' Sequential(ToContainerType, Module(dim) "
@@ -591,7 +595,12 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
       return std::make_shared<nn::DoubleLinear>(c.dim, c.use_second_linear);
     };
     m.input_row_shape_ = {c.dim};
-    if (c.use_second_linear) m.loss_switch_step_ = p.GetInt("loss_switch_step");
+    if (c.use_second_linear) {
+      m.loss_switch_step_ = p.GetInt("loss_switch_step");
+      m.switched_output_ = static_cast<int>(p.GetInt("switched_output"));
+      FSDP_CHECK(m.switched_output_ <= 1, "switched_output must be 0 or 1, got ",
+                 m.switched_output_);
+    }
   } else if (kind_name == "nontensor_activations") {
     const int64_t dim = p.GetInt("dim");
     const nn::ContainerType type = ParseContainerType(p.GetString("container_type"));
@@ -736,13 +745,14 @@ ZooInput ZooModel::MakeInput(uint64_t seed, int64_t step, DType dtype, int64_t r
 }
 
 reference::LossSpec ZooModel::LossAt(int64_t step) const {
-  const reference::LossSpec of_first_output =
-      squares_loss_ ? reference::ProductSumLoss(0, 0) : reference::SumLoss({0});
+  auto of_output = [this](int i) {
+    return squares_loss_ ? reference::ProductSumLoss(i, i) : reference::SumLoss({i});
+  };
   if (oracle_->NumOutputs() == 2) {
-    if (loss_switch_step_ >= 0 && step >= loss_switch_step_) return of_first_output;
+    if (loss_switch_step_ >= 0 && step >= loss_switch_step_) return of_output(switched_output_);
     return reference::ProductSumLoss(0, 1);
   }
-  return of_first_output;
+  return of_output(0);
 }
 
 std::vector<Tensor> ZooModel::Forward(nn::Module& module, const Tensor& input) const {

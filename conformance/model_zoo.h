@@ -259,6 +259,7 @@ class ZooModel {
   reference::Shape input_row_shape_;  // the shape of one row of features / tokens
   int64_t batch_ = 2;
   int64_t loss_switch_step_ = -1;  // -1: the loss never switches
+  int switched_output_ = 0;        // the output the loss reads from loss_switch_step_ on
   bool squares_loss_ = false;      // the case's "loss" is "squares"
   std::string fd_output_module_;
 };

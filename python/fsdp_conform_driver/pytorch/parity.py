@@ -94,11 +94,12 @@ def _optimizer(request, params):
 
 def _loss(request, k, out):
     """The loss of step k (ZooModel::LossAt): of a two-output model (DoubleLinear),
-    (out1 * out2).sum() before loss_switch_step and of its first output from it on."""
+    (out1 * out2).sum() before loss_switch_step and of output switched_output (default 0) from
+    it on."""
     if isinstance(out, tuple):
         if k < request.int_param("loss_switch_step"):
             return (out[0] * out[1]).sum()
-        out = out[0]
+        out = out[int(request.params.get("switched_output", "0"))]
     return (out * out).sum() if request.param("loss") == "squares" else out.sum()
 
 
