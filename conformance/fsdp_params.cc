@@ -127,7 +127,7 @@ std::map<std::string, std::string> LaterProfile() {
   return {{kSemanticsParam, fsdp2::SemanticsName(fsdp2::Semantics::kTorch2_8)}};
 }
 
-std::vector<TestRun> LaterProfileTestRuns(int world, std::map<std::string, std::string> fixed) {
+std::vector<TestRun> LaterProfileRuns(int world, std::map<std::string, std::string> fixed) {
   fixed[kSemanticsParam] = LaterProfile().at(kSemanticsParam);
   std::map<std::string, std::string> with_none = fixed;
   with_none["reshard_after_forward"] = kNone;

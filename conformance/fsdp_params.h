@@ -66,10 +66,10 @@ std::optional<std::string> SkipIntNotAFactor(const CaseParams& params, int world
 // The axes fixing the later semantics profile (torch-2.8), e.g. for ctest's test_runs.
 std::map<std::string, std::string> LaterProfile();
 
-// ctest's extra runs (ScenarioInfo::test_runs) of a scenario whose expectations depend on the
-// profile: at `world`, with `fixed` and semantics=torch-2.8, once as given and once with
-// reshard_after_forward=None.
-std::vector<TestRun> LaterProfileTestRuns(int world, std::map<std::string, std::string> fixed = {});
+// The runs under the later profile of a scenario whose expectations depend on it (its extra
+// default runs, or ctest's test_runs at another world): at `world`, with `fixed` and
+// semantics=torch-2.8, once as given and once with reshard_after_forward=None.
+std::vector<TestRun> LaterProfileRuns(int world, std::map<std::string, std::string> fixed = {});
 
 // The judges' rule (docs/fsdp-behaviour.md, "Semantics profiles"): whether a module that
 // fully_shard was applied to with the case's `reshard_after_forward` reshards its parameters

@@ -60,12 +60,12 @@ std::vector<ParamSpec> Override(std::vector<ParamSpec> params, ParamSpec spec) {
   FSDP_THROW(ErrorCode::kInternal, "no parameter '", spec.name, "' to override");
 }
 
-// A sharded-parity scenario of zoo model `kind` under `plan`, with the seeds' Adam and the
-// given overrides of the kind's parameters.
+// A sharded-parity scenario of zoo model `kind` under `plan`, with the seeds' Adam, the given
+// overrides of the kind's parameters and `extra_default_runs` (the later profile's).
 Scenario ShardedTraining(const std::string& test, const std::string& description,
                          const std::string& kind, ShardPlan plan,
                          const std::vector<ParamSpec>& overrides,
-                         std::vector<TestRun> test_runs = {}) {
+                         std::vector<TestRun> extra_default_runs = {}) {
   Scenario s;
   s.info.name = "fully_shard_autograd/" + test;
   s.info.description = description;
@@ -95,11 +95,7 @@ Scenario ShardedTraining(const std::string& test, const std::string& description
   s.info.default_world = 4;  // min(4, gpus)
   s.info.min_world = 1;
   s.info.max_world = 8;
-  // The later profile's runs are default runs too (the root resharded after forward).
-  for (const TestRun& run : test_runs) {
-    if (run.params.count(kSemanticsParam)) s.info.extra_default_runs.push_back(run);
-  }
-  s.info.test_runs = std::move(test_runs);
+  s.info.extra_default_runs = std::move(extra_default_runs);
   s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
     if (!p.has("reshard_after_forward")) return std::nullopt;
     return SkipIntNotAFactor(p, world);
@@ -119,7 +115,7 @@ Scenario UnusedForwardOutput() {
   // Beyond the seed: from loss_switch_step on the loss reads out2 only (lin2, in the root's
   // group), so only the hook on the root's second output sees a gradient; under torch-2.8 with
   // an explicit True the root was resharded after forward and must be unsharded by it.
-  std::vector<TestRun> runs = LaterProfileTestRuns(4, {{"reshard_after_forward", "True"}});
+  std::vector<TestRun> runs = LaterProfileRuns(4, {{"reshard_after_forward", "True"}});
   std::map<std::string, std::string> second = LaterProfile();
   second["reshard_after_forward"] = "True";
   second["switched_output"] = "1";
@@ -145,7 +141,7 @@ Scenario UnusedForwardModule() {
       "double_linear", ShardSubmodulesThenRoot({"lin1", "lin2"}),
       {ParamSpec::SizeBool("use_second_linear", "DoubleLinear use_second_linear", false),
        ReshardAfterForwardAxis()},
-      LaterProfileTestRuns(4, {{"reshard_after_forward", "True"}}));
+      LaterProfileRuns(4, {{"reshard_after_forward", "True"}}));
 }
 
 Scenario NontensorActivations() {

@@ -133,6 +133,19 @@ Resharded ReshardedOf(const CaseParams& params) {
           ReshardsAfterForward(params, /*is_root=*/true)};
 }
 
+// docs/fsdp-behaviour.md, "Collective counts": the sharded Transformer's n blocks and root each
+// all-gather once in forward; in backward a group all-gathers iff it was resharded after
+// forward; every group reduce-scatters once.
+nlohmann::json ExpectedCommCounts(int64_t n, const Resharded& resharded) {
+  const int64_t backward_all_gathers = (resharded.blocks ? n : 0) + (resharded.root ? 1 : 0);
+  nlohmann::json expected;
+  expected["forward"] = {{kAllGather, n + 1}};
+  expected["backward"] = nlohmann::json::object();
+  if (backward_all_gathers > 0) expected["backward"][kAllGather] = backward_all_gathers;
+  expected["backward"][kReduceScatter] = n + 1;
+  return nlohmann::json{{kCommCounts, expected}};
+}
+
 ScenarioInfo CommonInfo(const std::string& case_name, const std::string& description) {
   ScenarioInfo info;
   info.name = "fully_shard_comm/" + case_name;
@@ -214,10 +227,9 @@ Scenario CommunicationCount() {
                        ReshardAfterForwardAxis(
                            "fully_shard reshard_after_forward (bool, int factor or None)"));
   // The later profile in a default run too (an explicit value reshards the root).
-  s.info.extra_default_runs = LaterProfileTestRuns(4);
-  s.info.test_runs = LaterProfileTestRuns(4);
-  s.info.test_runs.push_back({8, {{"reshard_after_forward", "4"}}});
-  for (const TestRun& run : LaterProfileTestRuns(8, {{"reshard_after_forward", "4"}})) {
+  s.info.extra_default_runs = LaterProfileRuns(4);
+  s.info.test_runs = {{8, {{"reshard_after_forward", "4"}}}};
+  for (const TestRun& run : LaterProfileRuns(8, {{"reshard_after_forward", "4"}})) {
     s.info.test_runs.push_back(run);
   }
   s.skip = SkipIntNotAFactor;
@@ -227,19 +239,9 @@ Scenario CommunicationCount() {
     auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params));
     return ForwardBackwardCounts(*model, TransformerTokens(env), [] {});
   };
-  // docs/fsdp-behaviour.md, "Collective counts": every group all-gathers once in forward; in
-  // backward a group all-gathers iff it was resharded after forward (the root per the profile,
-  // "Semantics profiles"); every group reduce-scatters once.
+  // The root resharded after forward per the profile ("Semantics profiles").
   s.expect = SameOnEveryRank([](const CaseParams& params) {
-    const int64_t n = params.GetInt("n_layers");
-    const Resharded resharded = ReshardedOf(params);
-    const int64_t backward_all_gathers = (resharded.blocks ? n : 0) + (resharded.root ? 1 : 0);
-    nlohmann::json expected;
-    expected["forward"] = {{kAllGather, n + 1}};
-    expected["backward"] = nlohmann::json::object();
-    if (backward_all_gathers > 0) expected["backward"][kAllGather] = backward_all_gathers;
-    expected["backward"][kReduceScatter] = n + 1;
-    return nlohmann::json{{kCommCounts, expected}};
+    return ExpectedCommCounts(params.GetInt("n_layers"), ReshardedOf(params));
   });
   s.judge = JudgeCountsAgainst(s.expect);
   return s;
@@ -261,14 +263,10 @@ Scenario ManualReshard() {
       }
     });
   };
-  // docs/fsdp-behaviour.md, "Manual unshard and reshard": num_fsdp_modules = the blocks plus
-  // the root.
+  // docs/fsdp-behaviour.md, "Manual unshard and reshard": every FSDP module (the blocks and the
+  // root) was resharded by hand, so each all-gathers again in backward.
   s.expect = SameOnEveryRank([](const CaseParams& params) {
-    const int64_t num_fsdp_modules = params.GetInt("n_layers") + 1;
-    nlohmann::json expected;
-    expected["forward"] = {{kAllGather, num_fsdp_modules}};
-    expected["backward"] = {{kAllGather, num_fsdp_modules}, {kReduceScatter, num_fsdp_modules}};
-    return nlohmann::json{{kCommCounts, expected}};
+    return ExpectedCommCounts(params.GetInt("n_layers"), {/*blocks=*/true, /*root=*/true});
   });
   s.judge = JudgeCountsAgainst(s.expect);
   return s;
@@ -344,13 +342,7 @@ Scenario SetReshardAfterForward() {
       blocks = !*value;
     }
     const bool root = SemanticsOf(params) != fsdp2::Semantics::kTorch2_4 && value && *value;
-    const int64_t backward_all_gathers = (blocks ? n : 0) + (root ? 1 : 0);
-    nlohmann::json expected;
-    expected["forward"] = {{kAllGather, n + 1}};
-    expected["backward"] = nlohmann::json::object();
-    if (backward_all_gathers > 0) expected["backward"][kAllGather] = backward_all_gathers;
-    expected["backward"][kReduceScatter] = n + 1;
-    return nlohmann::json{{kCommCounts, expected}};
+    return ExpectedCommCounts(n, {blocks, root});
   });
   s.judge = JudgeCountsAgainst(s.expect);
   return s;
@@ -374,8 +366,7 @@ Scenario BackwardPrefetchMultiForward() {
       "test_fully_shard_comm.py::TestFullyShardPrefetch::test_fully_shard_backward_prefetch "
       "(_test_backward_prefetch_multi_forward; seed body truncated; docs/fsdp-behaviour.md, \"Several forwards before one backward\")";
   s.info.params = PrefetchParams();
-  s.info.test_runs = LaterProfileTestRuns(4, {{"checkpoint_impl", "none"}});
-  s.info.extra_default_runs = s.info.test_runs;
+  s.info.extra_default_runs = LaterProfileRuns(4, {{"checkpoint_impl", "none"}});
   s.skip = SkipIntNotAFactor;
   s.info.observations
       .Add(EventsKey("forward_events", "during both forwards"))
@@ -437,8 +428,7 @@ Scenario BackwardPrefetchForwardBackward() {
   s.info.params = PrefetchParams();
   s.info.params.push_back(
       ParamSpec::SizeInt("iterations", "forward/backward/step iterations", 3, /*minimum=*/1));
-  s.info.test_runs = LaterProfileTestRuns(4, {{"checkpoint_impl", "none"}});
-  s.info.extra_default_runs = s.info.test_runs;
+  s.info.extra_default_runs = LaterProfileRuns(4, {{"checkpoint_impl", "none"}});
   s.skip = SkipIntNotAFactor;
   s.info.observations
       .Add(ObservationKey::Custom(
@@ -535,8 +525,7 @@ Scenario BackwardPrefetchUnusedInBackward() {
       ParamSpec::SizeInt("seed", "seed of the weights and the input batch", 0), SemanticsParam()};
   s.info.test_runs = {{4, {{"reshard_after_forward", "False"}}},
                       {4, {{"reshard_after_forward", "2"}}}};
-  for (const TestRun& run : LaterProfileTestRuns(4)) s.info.test_runs.push_back(run);
-  s.info.extra_default_runs = LaterProfileTestRuns(4);
+  s.info.extra_default_runs = LaterProfileRuns(4);
   s.skip = SkipIntNotAFactor;
   s.info.inputs.weights =
       "every key of Sequential(Linear(dim, dim), DoubleLinear(dim)).state_dict() (0.weight, "

@@ -151,8 +151,7 @@ Scenario StreamOrder() {
   info.min_world = 2;
   info.max_world = 8;
   info.test_runs = {{2, {}}, {3, {}}};
-  for (const TestRun& run : LaterProfileTestRuns(4)) info.test_runs.push_back(run);
-  info.extra_default_runs = LaterProfileTestRuns(4);
+  info.extra_default_runs = LaterProfileRuns(4);
   info.inputs = TransformerInputsDoc(TokenBatches::kPerRank);
   info.observations.Add(StreamTraceKey());
   s.skip = [](const CaseParams& params, int world) -> std::optional<std::string> {

@@ -289,8 +289,7 @@ ScenarioInfo CommonInfo(const std::string& case_name, const std::string& descrip
   info.min_world = 1;
   info.max_world = 8;
   info.test_runs = {{2, {}}, {3, {}}, {8, {}}, {8, {{"reshard_after_forward", "4"}}}};
-  for (const TestRun& run : LaterProfileTestRuns(4)) info.test_runs.push_back(run);
-  info.extra_default_runs = LaterProfileTestRuns(4);
+  info.extra_default_runs = LaterProfileRuns(4);
   info.inputs = InputsDocumentation();
   for (const auto& [point, meaning] : std::vector<std::pair<std::string, std::string>>{
            {"after_forward", "after forward"},

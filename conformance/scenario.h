@@ -135,7 +135,7 @@ struct ScenarioInfo {
   // differently (DiscriminatingWorld, conformance/uneven_world.h), so that a wrong sharding
   // rule fails a default run, with axes that play no part in the sharding fixed to keep it
   // cheap (a value the user fixes with --param wins); or, at the default world, the later
-  // semantics profile of a scenario whose expectations depend on it (LaterProfileTestRuns),
+  // semantics profile of a scenario whose expectations depend on it (LaterProfileRuns),
   // planned only when the run leaves the profile open (no --semantics or --param semantics=).
   // Each world lies in [min_world, max_world] and differs from default_world unless the run
   // fixes a parameter. Default: none.
