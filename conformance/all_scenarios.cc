@@ -29,6 +29,7 @@ void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardPrefetchScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardOverlapScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardRegisteredParamsScenarios(ScenarioRegistry& registry);
+void RegisterFsdpPrefetchScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -53,6 +54,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardPrefetchScenarios(registry);
   RegisterFullyShardOverlapScenarios(registry);
   RegisterFullyShardRegisteredParamsScenarios(registry);
+  RegisterFsdpPrefetchScenarios(registry);
 }
 
 }  // namespace fsdp::conformance

@@ -100,8 +100,9 @@ def check_sync_module_states():
 
 
 def wrap(request, model, auto_wrap_policy, sync_module_states=False):
-    """FullyShardedDataParallel(model) with the case's options (mixed_precision where the
-    scenario has that parameter, else none), `auto_wrap_policy` and `sync_module_states`."""
+    """FullyShardedDataParallel(model) with the case's options (mixed_precision and
+    forward_prefetch where the scenario has those parameters, else none and False),
+    `auto_wrap_policy` and `sync_module_states`."""
     import torch
     from torch.distributed.fsdp import (BackwardPrefetch, FullyShardedDataParallel,
                                         ShardingStrategy)
@@ -124,6 +125,7 @@ def wrap(request, model, auto_wrap_policy, sync_module_states=False):
         model,
         sharding_strategy=ShardingStrategy[strategy],
         backward_prefetch=None if prefetch == "None" else BackwardPrefetch[prefetch],
+        forward_prefetch=request.params.get("forward_prefetch", "False") == "True",
         use_orig_params=request.param("use_orig_params") == "True",
         cpu_offload=cpu_offload(request),
         mixed_precision=mixed_precision(precision),

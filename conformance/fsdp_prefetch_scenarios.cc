@@ -1,0 +1,425 @@
+// Family `fsdp_prefetch`: where FullyShardedDataParallel (FSDP1) issues its all-gathers,
+// reshards and gradient reductions under BackwardPrefetch and forward_prefetch
+// (test_fsdp_backward_prefetch.py, which patches `_get_handle_to_prefetch` to see which flat
+// parameter each hook prefetches, and test_fsdp_core.py's forward_prefetch parity runs).
+//
+// The zoo's Transformer is wrapped as parity/fsdp1 wraps it (an instance around each child it
+// nests: pos_embeddings, every block, norm; the root's holds the rest) and trains `steps` steps.
+// Each rank reports every step's events in order: each unshard that all-gathers a flat parameter
+// and each reshard that frees one, as [kind, FQN of its instance (root ""), HandleTrainingState],
+// and each collective FSDP issues, as [collective] ("all_gather", "reduce_scatter", "all_reduce").
+// The collectives place every prefetch relative to the gradient reductions, which is what tells
+// BACKWARD_POST (the next block's all-gather issued in the post-backward hook, before this block's
+// reduce-scatter) from no prefetch (after it), and BACKWARD_PRE (in the pre-backward hook, before
+// this block reshards) from both.
+//
+// Rules (PyTorch's _runtime_utils.py and _exec_order_utils.py, 2.4 to 2.15), for the nested
+// instances U0..U(m-1) in forward order (pos_embeddings, the blocks, norm; with untied
+// weights also tok_embeddings first and output last) and the root R, whose flat parameter
+// (the tied embedding) exists only when some parameter is left to it:
+//  * Forward. The pre-forward order is R's flat parameter, then U0..U(m-1). Each pre-forward
+//    unshards its own flat parameter unless prefetched; with forward_prefetch, from the second
+//    iteration on (the order is recorded in the first), it then prefetches the next one of
+//    that order, in FORWARD state. A strategy that reshards after forward (FULL_SHARD) frees
+//    each Ui in its post-forward; R never frees after forward.
+//  * Backward (sharded strategies). R's pre-backward comes first (its output's gradient).
+//    Each pre-backward (BACKWARD_PRE) unshards unless prefetched or kept unsharded since
+//    forward (SHARD_GRAD_OP); each post-backward (BACKWARD_POST) frees and then reduces. The
+//    backward prefetch targets the flat parameter before the current one in post-forward
+//    order (U0..U(m-1), R) if its pre-backward has not run and it is not prefetched: under
+//    BACKWARD_PRE from the pre-backward, under BACKWARD_POST from the post-backward between
+//    the free and the reduce-scatter, in BACKWARD_PRE state either way.
+//  * Autograd's order. Ui's post-backward follows its own pre-backward, except when a forward
+//    prefetch made Ui's unsharded views in U(i-1)'s pre-forward: those views are older than
+//    U(i-1)'s operations, and autograd runs the younger node first, so Ui's post-backward
+//    comes after U(i-1)'s pre-backward. R's post-backward is last (the embedding is used
+//    first).
+//  * NO_SHARD: nothing to unshard or free; one all-reduce per flat parameter in post-backward
+//    order.
+// ExpectedStep plays these rules hook by hook over each flat parameter's state.
+// Stateless; thread-safe.
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "conformance/fsdp1_flat_params.h"
+#include "conformance/fsdp1_params.h"
+#include "conformance/model_zoo.h"
+#include "conformance/observations.h"
+#include "conformance/parity_common.h"
+#include "conformance/rank_checks.h"
+#include "conformance/scenario_registry.h"
+#include "engine/distributed/comm_debug_mode.h"
+#include "engine/fsdp/observer.h"
+#include "engine/fsdp1/fully_sharded_data_parallel.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr const char* kFamily = "fsdp_prefetch";
+constexpr const char* kKind = "transformer";
+constexpr const char* kEvents = "fsdp1_events";
+
+// The FQN of the module a nested instance wraps: the longest common module path of its
+// parameters ("layers.0" for layers.0.attention.wq.weight, ...; "norm" for norm.weight).
+std::string UnitFqn(const std::vector<std::string>& fqns) {
+  auto modules = [](const std::string& fqn) {
+    std::vector<std::string> parts;
+    size_t begin = 0;
+    for (size_t dot = fqn.find('.'); dot != std::string::npos; dot = fqn.find('.', begin)) {
+      parts.push_back(fqn.substr(begin, dot - begin));
+      begin = dot + 1;
+    }
+    return parts;  // the parameter's own name dropped
+  };
+  std::vector<std::string> common = modules(fqns.front());
+  for (const std::string& fqn : fqns) {
+    const std::vector<std::string> parts = modules(fqn);
+    size_t n = 0;
+    while (n < common.size() && n < parts.size() && common[n] == parts[n]) ++n;
+    common.resize(n);
+  }
+  std::string out;
+  for (const std::string& part : common) out += (out.empty() ? "" : ".") + part;
+  return out;
+}
+
+// The FSDP1 instances of one model: the nested ones in forward order, then the root's, which
+// holds a flat parameter only when some parameter is left outside the nested instances.
+struct Instances {
+  std::vector<std::string> nested;
+  bool root_has_params = false;
+};
+
+Instances InstancesOf(const ZooModel& model) {
+  Instances out;
+  for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(model)) {
+    if (unit.root) {
+      out.root_has_params = true;
+    } else {
+      out.nested.push_back(UnitFqn(unit.fqns));
+    }
+  }
+  return out;
+}
+
+// What one step's events should be: the file comment's rules, played hook by hook over the
+// flat parameters' state (unsharded, prefetched, needs a pre-backward unshard), as
+// _runtime_utils.py keeps it. Index m is the root's flat parameter, 0..m-1 the nested ones.
+class ExpectedStep {
+ public:
+  ExpectedStep(const Instances& instances, fsdp1::ShardingStrategy strategy,
+               std::optional<fsdp1::BackwardPrefetch> backward_prefetch, bool world_shards)
+      : instances_(instances),
+        m_(static_cast<int64_t>(instances.nested.size())),
+        sharded_(world_shards && fsdp1::UsesShardedStrategy(strategy)),
+        frees_after_forward_(sharded_ && fsdp1::ReshardsAfterForward(strategy)),
+        backward_prefetch_(backward_prefetch),
+        unsharded_(static_cast<size_t>(m_ + 1), false),
+        prefetched_(static_cast<size_t>(m_ + 1), false),
+        needs_pre_backward_unshard_(static_cast<size_t>(m_ + 1), true) {}
+
+  // `forward_prefetch`: in effect this step (forward_prefetch=True after the first iteration).
+  nlohmann::json Build(bool forward_prefetch) {
+    if (!sharded_) {
+      // NO_SHARD (or one rank): one all-reduce per flat parameter, in post-backward order.
+      for (int64_t i = m_ - 1; i >= 0; --i) Collective("all_reduce");
+      if (instances_.root_has_params) Collective("all_reduce");
+      return std::move(events_);
+    }
+    // Forward: the pre-forward order is the root's flat parameter (if any), then the nested
+    // ones; each pre-forward unshards its own unless prefetched, then (forward_prefetch)
+    // the next of that order.
+    std::vector<int64_t> order;
+    if (instances_.root_has_params) order.push_back(m_);
+    for (int64_t i = 0; i < m_; ++i) order.push_back(i);
+    for (size_t k = 0; k < order.size(); ++k) {
+      const int64_t x = order[k];
+      if (!prefetched_[At(x)]) Unshard(x, "FORWARD");
+      if (forward_prefetch && k + 1 < order.size()) {
+        Unshard(order[k + 1], "FORWARD");
+        prefetched_[At(order[k + 1])] = true;
+      }
+      // The post-forward reshard of a nested instance (the root's comes after the blocks',
+      // and never frees).
+      if (x != m_) PostForwardReshard(x);
+    }
+    if (instances_.root_has_params) PostForwardReshard(m_);
+    // Backward. The root's pre-backward (its output's gradient) comes first. A nested
+    // instance's post-backward follows its pre-backward at once, unless its unsharded views
+    // were made by a forward prefetch in the previous instance's pre-forward: then autograd
+    // runs that previous instance's backward first (its nodes are younger than the views), so
+    // the post-backward follows the previous instance's pre-backward.
+    if (instances_.root_has_params) PreBackward(m_);
+    for (int64_t i = m_ - 1; i >= 0; --i) {
+      PreBackward(i);
+      if (!forward_prefetch) {
+        PostBackward(i);
+      } else if (i + 1 < m_) {
+        PostBackward(i + 1);
+      }
+    }
+    if (forward_prefetch && m_ > 0) PostBackward(0);
+    if (instances_.root_has_params) PostBackward(m_);
+    return std::move(events_);
+  }
+
+ private:
+  size_t At(int64_t x) const { return static_cast<size_t>(x); }
+  std::string Fqn(int64_t x) const { return x == m_ ? "" : instances_.nested[At(x)]; }
+
+  // `_unshard`: an event and an all-gather only when the flat parameter is not unsharded.
+  void Unshard(int64_t x, const char* state) {
+    if (unsharded_[At(x)]) return;
+    unsharded_[At(x)] = true;
+    events_.push_back(EventJson("unshard", Fqn(x), state));
+    Collective("all_gather");
+  }
+  // `_reshard` freeing the unsharded flat parameter; any `_reshard` clears `_prefetched`.
+  void Reshard(int64_t x, bool free, const char* state) {
+    prefetched_[At(x)] = false;
+    if (!free) return;
+    unsharded_[At(x)] = false;
+    events_.push_back(EventJson("reshard", Fqn(x), state));
+  }
+  void PostForwardReshard(int64_t x) { Reshard(x, x != m_ && frees_after_forward_, "FORWARD"); }
+  // `_prefetch_handle` in backward: the flat parameter before x in post-forward order (the
+  // nested ones, then the root's), if it still needs its pre-backward unshard and is not
+  // prefetched.
+  void PrefetchBackward(int64_t x) {
+    const int64_t target = x == m_ ? m_ - 1 : x - 1;
+    if (target < 0 || !needs_pre_backward_unshard_[At(target)] || prefetched_[At(target)]) return;
+    Unshard(target, "BACKWARD_PRE");
+    prefetched_[At(target)] = true;
+  }
+  void PreBackward(int64_t x) {
+    if (needs_pre_backward_unshard_[At(x)] && !prefetched_[At(x)]) Unshard(x, "BACKWARD_PRE");
+    needs_pre_backward_unshard_[At(x)] = false;
+    if (backward_prefetch_ == fsdp1::BackwardPrefetch::kBackwardPre) PrefetchBackward(x);
+  }
+  // `_post_backward_hook`: free (every sharded strategy frees in backward when gradients
+  // sync), prefetch under BACKWARD_POST, reduce-scatter.
+  void PostBackward(int64_t x) {
+    Reshard(x, true, "BACKWARD_POST");
+    if (backward_prefetch_ == fsdp1::BackwardPrefetch::kBackwardPost) PrefetchBackward(x);
+    Collective("reduce_scatter");
+  }
+  void Collective(const char* name) { events_.push_back(nlohmann::json::array({name})); }
+
+  const Instances& instances_;
+  const int64_t m_;
+  const bool sharded_;
+  const bool frees_after_forward_;
+  const std::optional<fsdp1::BackwardPrefetch> backward_prefetch_;
+  std::vector<bool> unsharded_;
+  std::vector<bool> prefetched_;
+  std::vector<bool> needs_pre_backward_unshard_;
+  nlohmann::json events_ = nlohmann::json::array();
+};
+
+nlohmann::json ExpectedEvents(const CaseParams& p, int world) {
+  const Instances instances = InstancesOf(DecodeParityCase(kKind, p).model);
+  nlohmann::json steps = nlohmann::json::array();
+  for (int64_t k = 0; k < p.GetInt("steps"); ++k) {
+    ExpectedStep step(instances, ParseShardingStrategy(p.GetString("sharding_strategy")),
+                      ParseBackwardPrefetch(p.GetString("backward_prefetch")), world > 1);
+    steps.push_back(step.Build(p.GetBool("forward_prefetch") && k >= 1));
+  }
+  return steps;
+}
+
+// What every rank should report: the oracle's data-parallel losses (rank r's own) and the
+// events of ExpectedEvents.
+std::vector<nlohmann::json> ExpectPrefetch(const CaseParams& p, int world) {
+  const ParityCase c = DecodeParityCase(kKind, p);
+  const auto oracle = TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, world);
+  const nlohmann::json events = ExpectedEvents(p, world);
+  std::vector<nlohmann::json> expected(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    nlohmann::json& e = expected[static_cast<size_t>(r)];
+    e[kLosses] = nlohmann::json::array();
+    for (const auto& step : oracle) e[kLosses].push_back(step.rank_losses.at(r));
+    e["loss_dtype"] = DTypeName(ZooModel::Kind(kKind).LossDType(c.dtype));
+    e[kEvents] = events;
+  }
+  return expected;
+}
+
+// A CommDebugMode op key as the events name it: "all_gather", "reduce_scatter", "all_reduce"
+// (the key itself for any other collective).
+std::string CollectiveName(const std::string& op) {
+  if (op.find("allgather") != std::string::npos || op.find("all_gather") != std::string::npos) {
+    return "all_gather";
+  }
+  if (op.find("reduce_scatter") != std::string::npos) return "reduce_scatter";
+  if (op.find("allreduce") != std::string::npos || op.find("all_reduce") != std::string::npos) {
+    return "all_reduce";
+  }
+  return op;
+}
+
+// PyTorch's HandleTrainingState name of the state an FSDP1 event carries.
+std::string HandleStateName(fsdp2::TrainingState state) {
+  switch (state) {
+    case fsdp2::TrainingState::kForward:
+      return "FORWARD";
+    case fsdp2::TrainingState::kPreBackward:
+      return "BACKWARD_PRE";
+    case fsdp2::TrainingState::kPostBackward:
+      return "BACKWARD_POST";
+    default:
+      return fsdp2::TrainingStateName(state);
+  }
+}
+
+// Records FSDP1's unshard and reshard events interleaved with the collectives `comm_mode`
+// records: each event notes how many collectives preceded it. Owned by the rank's body; called
+// on the rank's thread only.
+class InterleavingObserver : public fsdp2::Observer {
+ public:
+  explicit InterleavingObserver(const distributed::CommDebugMode& comm_mode)
+      : comm_mode_(comm_mode) {}
+
+  void unshard(const std::string& fqn, fsdp2::TrainingState state) override {
+    Add("unshard", fqn, state);
+  }
+  void reshard(const std::string& fqn, fsdp2::TrainingState state) override {
+    Add("reshard", fqn, state);
+  }
+
+  // Everything recorded since the last call, in order, collectives included.
+  nlohmann::json Take() {
+    const std::vector<distributed::CommRecord>& records = comm_mode_.records();
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& [collectives_before, event] : pending_) {
+      for (; taken_ < collectives_before; ++taken_) {
+        out.push_back(nlohmann::json::array({CollectiveName(records[taken_].op)}));
+      }
+      out.push_back(event);
+    }
+    for (; taken_ < records.size(); ++taken_) {
+      out.push_back(nlohmann::json::array({CollectiveName(records[taken_].op)}));
+    }
+    pending_.clear();
+    return out;
+  }
+
+ private:
+  void Add(const char* kind, const std::string& fqn, fsdp2::TrainingState state) {
+    pending_.emplace_back(comm_mode_.records().size(),
+                          EventJson(kind, fqn, HandleStateName(state)));
+  }
+
+  const distributed::CommDebugMode& comm_mode_;
+  std::vector<std::pair<size_t, nlohmann::json>> pending_;
+  size_t taken_ = 0;
+};
+
+nlohmann::json RunPrefetchRank(RankEnv& env) {
+  const ParityCase c = DecodeParityCase(kKind, env.params);
+  nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
+  module->to(env.device);
+  fsdp1::FullyShardedDataParallelOptions options;
+  options.process_group = env.pg;
+  options.sharding_strategy = ParseShardingStrategy(env.params.GetString("sharding_strategy"));
+  options.backward_prefetch = ParseBackwardPrefetch(env.params.GetString("backward_prefetch"));
+  options.forward_prefetch = env.params.GetBool("forward_prefetch");
+  options.use_orig_params = env.params.GetBool("use_orig_params");
+  auto fsdp_model = WrapChildrenThenRoot(module, options);
+  distributed::CommDebugMode comm_mode;
+  InterleavingObserver observer(comm_mode);
+  nlohmann::json steps = nlohmann::json::array();
+  EngineTrainingRecord record;
+  {
+    fsdp2::ScopedObserver install(observer);
+    // Each step's events are taken after its optimizer step (which communicates nothing).
+    record = TrainEngine(c.model, *fsdp_model, c.optim, env.Inputs(), c.steps, [&](nn::Module&) {
+      steps.push_back(observer.Take());
+      return reference::RefTensorMap{};
+    });
+  }
+  comm_mode.exit();
+  nlohmann::json obs;
+  obs[kLosses] = record.losses;
+  obs["loss_dtype"] = DTypeName(record.loss_dtype);
+  obs[kEvents] = std::move(steps);
+  return obs;
+}
+
+Scenario MakeScenario(bool forward_prefetch) {
+  Scenario s;
+  const std::string name = forward_prefetch ? "forward_prefetch" : "backward_prefetch";
+  s.info.name = std::string(kFamily) + "/" + name;
+  s.info.description =
+      std::string("Transformer under FullyShardedDataParallel (an instance per block), ") +
+      (forward_prefetch ? "forward_prefetch=True" : "forward_prefetch=False") +
+      ", every BackwardPrefetch: every step's unshards, reshards and collectives in order";
+  s.info.seed_test = forward_prefetch ? "test_fsdp_core.py (forward_prefetch parity runs)"
+                                      : "test_fsdp_backward_prefetch.py::TestBackwardPrefetch";
+  s.info.params = ParityParams(
+      ZooModel::Kind(kKind),
+      ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float32"));
+  for (ParamSpec& p : s.info.params) {
+    if (p.name == "n_layers") p = ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 3, 1);
+    if (p.name == "steps") p = ParamSpec::SizeInt("steps", "training steps", 3, 1);
+    if (p.name == "optim") p = ParamSpec::SizeString("optim", "optimizer: sgd or adam", "sgd");
+  }
+  s.info.params.push_back(ShardingStrategyAxis());
+  s.info.params.push_back(BackwardPrefetchAxis());
+  s.info.params.push_back(ParamSpec::SizeBool(
+      "forward_prefetch", "FullyShardedDataParallel forward_prefetch", forward_prefetch));
+  s.info.params.push_back(
+      ParamSpec::SizeBool("use_orig_params", "FullyShardedDataParallel use_orig_params", false));
+  s.info.observations.Add(ObservationKey::Losses("the rank's loss at every step"));
+  s.info.observations.Add(ObservationKey::String("loss_dtype", "the dtype of the losses"));
+  // [[event, ...] per step], an event being 1 to 3 strings.
+  const nlohmann::json event = {
+      {"type", "array"}, {"items", {{"type", "string"}}}, {"minItems", 1}, {"maxItems", 3}};
+  const nlohmann::json step = {{"type", "array"}, {"items", event}};
+  s.info.observations.Add(ObservationKey::Custom(
+      kEvents, {{"type", "array"}, {"items", step}},
+      "every step's events in order: each unshard that all-gathers a flat parameter and each "
+      "reshard that frees one as [kind, FQN of its FullyShardedDataParallel instance (root \"\"), "
+      "HandleTrainingState], each collective FSDP issues as [\"all_gather\" | "
+      "\"reduce_scatter\" | \"all_reduce\"]"));
+  s.info.deterministic = true;
+  s.info.inputs = ZooInputsDoc(ZooModel::Kind(kKind), "the case's dtype");
+  s.info.default_world = 2;
+  s.info.min_world = 2;
+  s.info.max_world = 8;
+  // An uneven world: the same events, whatever the shard sizes.
+  s.info.extra_default_runs = {{3, {{"sharding_strategy", "FULL_SHARD"}}}};
+  s.info.requirements.devices = {DeviceType::kCPU};
+  s.inputs = ParityInputs(kKind);
+  s.run_rank = [](RankEnv& env) { return RunPrefetchRank(env); };
+  s.expect = [](const CaseParams& p, int world) { return ExpectPrefetch(p, world); };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const ParityCase c = DecodeParityCase(kKind, p);
+    const std::vector<nlohmann::json> expected = ExpectPrefetch(p, world);
+    for (int r = 0; r < world; ++r) {
+      // Prefetching moves collectives, never values: the losses are the oracle's.
+      CheckRankLosses(checks, c, expected, per_rank, r);
+      const nlohmann::json& want = expected[static_cast<size_t>(r)][kEvents];
+      const nlohmann::json& got = RankObservation(per_rank, r, kEvents);
+      checks.CheckEqual(RankName(r) + " steps reported", want.size(), got.size());
+      for (size_t k = 0; k < want.size() && k < got.size(); ++k) {
+        checks.CheckEqual(RankName(r) + " step " + std::to_string(k) +
+                              " unshards, reshards and collectives in order",
+                          want[k], got[k]);
+      }
+    }
+  };
+  return s;
+}
+
+}  // namespace
+
+void RegisterFsdpPrefetchScenarios(ScenarioRegistry& registry) {
+  registry.Add(MakeScenario(/*forward_prefetch=*/false));
+  registry.Add(MakeScenario(/*forward_prefetch=*/true));
+}
+
+}  // namespace fsdp::conformance
