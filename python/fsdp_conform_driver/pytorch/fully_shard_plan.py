@@ -148,8 +148,9 @@ def shard(request, plan: Plan, model):
         if "ignored_params" not in inspect.signature(fully_shard).parameters:
             import torch
 
-            raise ScenarioSkipped(f"fully_shard(ignored_params=...) does not exist in torch "
-                                  f"{torch.__version__} (2.6 and later have it)")
+            raise ScenarioSkipped(f"fully_shard has no ignored_params argument in torch "
+                                  f"{torch.__version__} (FSDP2 gained it with "
+                                  f"pytorch/pytorch#146631, in 2025)")
         params = dict(model.named_parameters())
         missing = [fqn for fqn in plan.ignored_params if fqn not in params]
         if missing:
