@@ -95,12 +95,10 @@ def _offload_policy(plan: Plan):
     accelerator (pin_memory() of the CPU shard raises without one)."""
     import torch
 
+    from fsdp_conform_driver.pytorch.fsdp_api import CPUOffloadPolicy
+
     if plan.cpu_offload_pin_memory is None:
         return None
-    try:
-        from torch.distributed.fsdp import CPUOffloadPolicy
-    except ImportError:  # torch 2.4 / 2.5
-        from torch.distributed._composable.fsdp import CPUOffloadPolicy
     if plan.cpu_offload_pin_memory and not torch.cuda.is_available():
         raise ScenarioSkipped(
             "CPUOffloadPolicy(pin_memory=True) needs an accelerator, and none is visible: "
@@ -197,10 +195,6 @@ def _record_mixed_dtype_linears(model, names: Set[str]):
             module.register_forward_pre_hook(hook(fqn))
 
 
-def _dtype_name(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
 def _one(values: Set[str]) -> str:
     """The single value, "none" when empty, "mixed" when several (GradPlacement)."""
     return "none" if not values else next(iter(values)) if len(values) == 1 else "mixed"
@@ -238,7 +232,7 @@ def run(request, plan: Plan):
             counts = CommCounts(track_modules=False, with_bytes=True)
             with counts.phase("forward"):
                 out = model(rank_inputs[f"step{j}/input"])
-            output_dtype = _dtype_name((out[0] if isinstance(out, tuple) else out).dtype)
+            output_dtype = parity._dtype_name(out[0] if isinstance(out, tuple) else out)
             loss = parity._loss(request, j, out)
             with counts.phase("backward"):
                 loss.backward()
@@ -247,7 +241,7 @@ def run(request, plan: Plan):
             obs["micro_batch_comm_bytes"].append(counts.bytes_by_phase("forward", "backward"))
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         obs["grad_devices"].append(_one({str(parity._local(g).device) for g in grads}))
-        obs["grad_dtypes"].append(_one({_dtype_name(g.dtype) for g in grads}))
+        obs["grad_dtypes"].append(_one({parity._dtype_name(g) for g in grads}))
         parity._record_grad_shards(model, k, tensors)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
