@@ -4,7 +4,8 @@
                  torch's CommDebugMode (its keys, str(op packet), are the suite's op keys:
                  "c10d._allgather_base_", "c10d._reduce_scatter_base_", ...);
                  CommCounts(track_modules=False) counts without CommDebugMode's per-module
-                 tracker (see _NoModuleTracker)
+                 tracker (see _NoModuleTracker); CommCounts(with_bytes=True) also sums each
+                 collective's payload bytes by phase and op key (_CommBytesMode)
   FsdpEvents     every call of FSDP2's unshard / reshard / post_backward as the suite's events
                  [kind, module FQN (root ""), the group's training state as the call begins]
                  (calls that find the group already unsharded included), by wrapping FSDPParamGroup's
@@ -42,12 +43,60 @@ class _NoModuleTracker:
         pass
 
 
-class CommCounts:
-    """Counts the collectives of named phases: `with counts.phase("forward"): ...`."""
+def _comm_bytes_mode_class():
+    """_CommBytesMode, defined on first use (importing torch only then)."""
+    global _CommBytesMode
+    if _CommBytesMode is not None:
+        return _CommBytesMode
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __init__(self, track_modules: bool = True) -> None:
+    class CommBytesMode(TorchDispatchMode):
+        """The payload bytes of every c10d collective dispatched while active, by op key
+        (str(op packet), CommDebugMode's keys): the full buffer, as the suite counts it
+        (docs/observations.md): an all-gather's output (c10d._allgather_base_'s first argument,
+        allgather_'s output lists), a reduce-scatter's input (c10d._reduce_scatter_base_'s
+        second argument, reduce_scatter_'s input lists), any other collective's tensors
+        (allreduce_'s list, broadcast_'s...)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.bytes: Dict[str, int] = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            packet = func._overloadpacket
+            key = str(packet)
+            if key.startswith("c10d."):
+                name = key[len("c10d."):]
+                payload = args[1] if "reduce_scatter" in name and len(args) > 1 \
+                    else args[0] if args else ()
+                self.bytes[key] = self.bytes.get(key, 0) + _nbytes(payload)
+            return func(*args, **(kwargs or {}))
+
+    _CommBytesMode = CommBytesMode
+    return _CommBytesMode
+
+
+_CommBytesMode = None
+
+
+def _nbytes(value) -> int:
+    """numel * element size of a tensor, summed over (nested) lists of tensors."""
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    if hasattr(value, "numel") and hasattr(value, "element_size"):
+        return int(value.numel()) * int(value.element_size())
+    return 0
+
+
+class CommCounts:
+    """Counts the collectives of named phases: `with counts.phase("forward"): ...`; with
+    `with_bytes`, also their payload bytes (bytes_by_phase)."""
+
+    def __init__(self, track_modules: bool = True, with_bytes: bool = False) -> None:
         self.counts: Dict[str, Dict[str, int]] = {}
+        self.bytes: Dict[str, Dict[str, int]] = {}
         self.track_modules = track_modules
+        self.with_bytes = with_bytes
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -59,16 +108,26 @@ class CommCounts:
         mode = CommDebugMode()
         if not self.track_modules and hasattr(mode, "advanced_module_tracker"):
             mode.advanced_module_tracker = _NoModuleTracker()
-        with mode:
+        bytes_mode = _comm_bytes_mode_class()() if self.with_bytes else contextlib.nullcontext()
+        with mode, bytes_mode:
             yield
         phase = self.counts.setdefault(name, {})
         for op, n in mode.get_comm_counts().items():
             key = str(op)
             phase[key] = phase.get(key, 0) + int(n)
+        if self.with_bytes:
+            phase_bytes = self.bytes.setdefault(name, {})
+            for key, n in bytes_mode.bytes.items():
+                if key in phase:  # the collectives CommDebugMode counts, only
+                    phase_bytes[key] = phase_bytes.get(key, 0) + n
 
     def by_phase(self, *names: str) -> Dict[str, Dict[str, int]]:
         """{name: {op key: n}} for each of `names` ({} for a phase with no collective)."""
         return {name: dict(self.counts.get(name, {})) for name in names}
+
+    def bytes_by_phase(self, *names: str) -> Dict[str, Dict[str, int]]:
+        """{name: {op key: payload bytes}} for each of `names` (with_bytes only)."""
+        return {name: dict(self.bytes.get(name, {})) for name in names}
 
 
 def _fsdp_param_group_class():

@@ -292,6 +292,12 @@ class KnownDefectsTest(unittest.TestCase):
             self.assertIn("pytorch/pytorch#150336", self.defect(uneven, version))
         even = dict(uneven, params=dict(uneven["params"], tp="2"))
         self.assertIsNone(self.defect(even, "2.15.0"))
+        frozen = {"name": "fully_shard_frozen/train_mixed_requires_grad_across_groups",
+                  "params": {"reshard_after_forward": "True", "unfreeze_params": "False"}}
+        self.assertIn("pytorch/pytorch#137348", self.defect(frozen, "2.5.1"))
+        self.assertIsNone(self.defect(frozen, "2.15.0"))
+        self.assertIsNone(self.defect(
+            dict(frozen, params={"reshard_after_forward": "False"}), "2.5.1"))
 
 
 if __name__ == "__main__":

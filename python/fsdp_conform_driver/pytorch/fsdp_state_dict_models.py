@@ -45,15 +45,18 @@ class Options:
 
 
 class Model(nn.Module):
-    """The seed's Model(wrap_fsdp, register_buffers=True) unwrapped."""
+    """The seed's Model(wrap_fsdp, register_buffers) unwrapped: outer(inner(x) + inner(x)) (also
+    the zoo's state_dict_model, whose register_buffers defaults to False)."""
 
-    def __init__(self) -> None:
+    def __init__(self, register_buffers: bool = True) -> None:
         super().__init__()
         self.inner = nn.Linear(4, 4)
         self.outer = nn.Linear(4, 5)
-        for lin in (self.inner, self.outer):
-            lin.register_buffer("buffer", torch.randn((5, 5)))
-            lin.register_buffer("non_persistent_buffer", torch.randn((5, 5)), persistent=False)
+        if register_buffers:
+            for lin in (self.inner, self.outer):
+                lin.register_buffer("buffer", torch.randn((5, 5)))
+                lin.register_buffer("non_persistent_buffer", torch.randn((5, 5)),
+                                    persistent=False)
 
     def forward(self, x):
         i = self.inner(x)

@@ -44,6 +44,10 @@ def _build(kind: str, request):
     elif kind == "double_linear":
         model = DoubleLinear(request.int_param("dim"),
                              use_second_linear=request.param("use_second_linear") == "True")
+    elif kind == "state_dict_model":
+        from fsdp_conform_driver.pytorch.fsdp_state_dict_models import Model
+
+        model = Model(register_buffers=request.param("register_buffers") == "True")
     else:
         raise ScenarioSkipped(f"no PyTorch model for zoo kind '{kind}' in this driver")
     model.to(dtype)
@@ -95,15 +99,17 @@ def _optimizer(request, params):
 def _loss(request, k, out):
     """The loss of step k (ZooModel::LossAt): of a two-output model (DoubleLinear),
     (out1 * out2).sum() before loss_switch_step and of output switched_output (default 0) from
-    it on."""
+    it on; (out * out).sum() where the case's `loss` is "squares", else out.sum() (a scenario
+    without that parameter)."""
     if isinstance(out, tuple):
         if k < request.int_param("loss_switch_step"):
             return (out[0] * out[1]).sum()
         out = out[int(request.params.get("switched_output", "0"))]
-    return (out * out).sum() if request.param("loss") == "squares" else out.sum()
+    return (out * out).sum() if request.params.get("loss") == "squares" else out.sum()
 
 
 def _local(t):
+    """A DTensor's local tensor (to_local()); any other tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from fsdp_conform_driver import ScenarioSkipped, inputs
 from fsdp_conform_driver.pytorch import (fsdp_prefetch, fsdp_state_dict, fully_shard_state_dict,
-                                        grad_acc, parity, tp_integration, unshard_params)
+                                        fully_shard_training, grad_acc, parity, tp_integration,
+                                        unshard_params)
 from fsdp_conform_driver.recorders import CommCounts
 
 
@@ -179,4 +180,5 @@ SCENARIOS = {
     "fsdp_grad_acc/grad_acc_fully_shard": grad_acc.run,
     **unshard_params.SCENARIOS,
     **fsdp_prefetch.SCENARIOS,
+    **fully_shard_training.SCENARIOS,
 }
