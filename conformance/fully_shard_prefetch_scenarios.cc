@@ -115,6 +115,9 @@ Scenario MakePrefetchScenario(Direction direction) {
   s.info.min_world = 1;
   s.info.max_world = 8;
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {{"num_to_prefetch", "2"}}}};
+  // Blocks called as layer(x=h): FSDP must register its post-backward on keyword tensors too,
+  // or each block's reshard moves to the end of backward.
+  s.info.extra_default_runs = {{3, {{"block_kwargs", "True"}}}};
   s.inputs = ParityInputs(kKind);
   s.expect = [direction](const CaseParams& p, int world) {
     std::vector<nlohmann::json> expected = ExpectShardedParity(kKind, p, world);

@@ -100,6 +100,10 @@ std::vector<ZooModelKind> MakeKinds() {
         ParamSpec::SizeInt("dim", "ModelArgs.dim", 16, /*minimum=*/1),
         ParamSpec::SizeInt("n_heads", "ModelArgs.n_heads", 4, /*minimum=*/1),
         ParamSpec::SizeBool("weight_tying", "ModelArgs.weight_tying", true),
+        ParamSpec::SizeBool("block_kwargs",
+                            "the Transformer calls each block as layer(x=h), its input a keyword "
+                            "argument (FSDP must hook and cast keyword tensors as positional ones)",
+                            false),
         ParamSpec::SizeInt("seq_len", "tokens per input row (<= max_seq_len)", 16, /*minimum=*/1),
         Batch(2)},
        /*sgd_lr=*/3e-4,
@@ -543,6 +547,7 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
     args.n_heads = p.GetInt("n_heads");
     args.dropout_p = 0.0;
     args.weight_tying = p.GetBool("weight_tying");
+    args.block_kwargs = p.GetBool("block_kwargs");
     reference::ModelArgs rargs;
     rargs.n_layers = args.n_layers;
     rargs.vocab_size = args.vocab_size;

@@ -234,6 +234,16 @@ Value TransformerBlock::forward(const Value& input) {
   return out;
 }
 
+Value TransformerBlock::forward_with_kwargs(const Value& args, const Value& kwargs) {
+  if (kwargs.is_dict() && kwargs.contains("x")) {
+    FSDP_CHECK(kwargs.size() == 1 && (args.is_none() || (args.is_tuple() && args.size() == 0)),
+               "TransformerBlock.forward() takes one input x; got args ", args.str(),
+               " and kwargs ", kwargs.str());
+    return forward(kwargs.at("x"));
+  }
+  return Module::forward_with_kwargs(args, kwargs);
+}
+
 Transformer::Transformer(const ModelArgs& args)
     : Cloneable<Transformer>("Transformer"), args_(args) {
   FSDP_CHECK(args.vocab_size > 0 && args.max_seq_len > 0, "Transformer: vocab_size (",
@@ -272,6 +282,8 @@ Value Transformer::forward(const Value& input) {
   for (const ModulePtr& layer : layers()) {
     if (args_.checkpoint_activations) {
       h = CheckpointModuleCall(layer, h).tensor();
+    } else if (args_.block_kwargs) {
+      h = layer->call(Value::Tuple({}), Value::Dict({{"x", h}})).tensor();
     } else {
       h = (*layer)(h).tensor();
     }

@@ -135,6 +135,7 @@ struct ModelArgs {
   bool use_attn_mask = true;            // Default: true (causal attention)
   bool weight_tying = true;             // Default: true (output.weight IS tok_embeddings.weight)
   bool checkpoint_activations = false;  // Default: false (per-block non-reentrant checkpoint)
+  bool block_kwargs = false;            // Default: false (blocks called as layer(x=h) when true)
 };
 
 // Children: resid_dropout, wq, wk, wv, wo (Linear(dim, dim, bias=False)). Forward on
@@ -167,12 +168,15 @@ class TransformerBlock : public Cloneable<TransformerBlock> {
  public:
   explicit TransformerBlock(const ModelArgs& args);
   Value forward(const Value& x) override;
+  // forward(x) called as block(x=h): no positional input, the keyword argument "x".
+  Value forward_with_kwargs(const Value& args, const Value& kwargs) override;
 };
 
 // tok_embeddings, pos_embeddings, dropout, layers (ModuleList of TransformerBlock), norm,
 // output (Linear(dim, vocab, bias=False), weight tied to tok_embeddings.weight). Forward on
 // int64 tokens [bsz, seq]: embeddings + positions, dropout, blocks (each under non-reentrant
-// activation checkpointing when checkpoint_activations), norm, output, cast to float32.
+// activation checkpointing when checkpoint_activations; called as layer(x=h) when
+// block_kwargs), norm, output, cast to float32.
 class Transformer : public Cloneable<Transformer> {
  public:
   explicit Transformer(const ModelArgs& args);

@@ -39,6 +39,9 @@ class ModelArgs:
     use_attn_mask: bool = True
     weight_tying: bool = True
     checkpoint_activations: bool = False
+    # Not in common_dtensor.py: the Transformer calls each block as layer(x=h) (the zoo's
+    # block_kwargs), so FSDP sees the block's input as a keyword argument.
+    block_kwargs: bool = False
 
 
 class Attention(nn.Module):
@@ -106,6 +109,7 @@ class Transformer(nn.Module):
         if args.weight_tying:
             self.output.weight = self.tok_embeddings.weight
         self.checkpoint_activations = args.checkpoint_activations
+        self.block_kwargs = args.block_kwargs
 
     def forward(self, tokens):
         _bsz, seq_len = tokens.size()
@@ -115,6 +119,8 @@ class Transformer(nn.Module):
         for layer in self.layers:
             if self.checkpoint_activations:
                 h = torch.utils.checkpoint.checkpoint(layer, h, use_reentrant=False)
+            elif self.block_kwargs:
+                h = layer(x=h)
             else:
                 h = layer(h)
         return self.output(self.norm(h)).float()

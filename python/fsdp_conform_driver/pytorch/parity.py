@@ -36,7 +36,8 @@ def _build(kind: str, request):
             n_layers=request.int_param("n_layers"), vocab_size=request.int_param("vocab_size"),
             max_seq_len=request.int_param("max_seq_len"), dim=request.int_param("dim"),
             n_heads=request.int_param("n_heads"), dropout_p=0.0,
-            weight_tying=request.param("weight_tying").lower() == "true"))
+            weight_tying=request.param("weight_tying").lower() == "true",
+            block_kwargs=request.params.get("block_kwargs", "False") == "True"))
     elif kind == "mlp_stack":
         model = MLPStack(request.int_param("mlp_dim"))
     elif kind == "mlp_stack_seq_parallel":
