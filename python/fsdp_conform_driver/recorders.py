@@ -4,7 +4,8 @@
                  torch's CommDebugMode (its keys, str(op packet), are the suite's op keys:
                  "c10d._allgather_base_", "c10d._reduce_scatter_base_", ...);
                  CommCounts(track_modules=False) counts without CommDebugMode's per-module
-                 tracker (see _NoModuleTracker)
+                 tracker (see _NoModuleTracker); CommCounts(with_bytes=True) also sums each
+                 op's payload bytes by phase (bytes_by_phase; _CommBytesMode)
   FsdpEvents     every call of FSDP2's unshard / reshard / post_backward as the suite's events
                  [kind, module FQN (root ""), the group's training state as the call begins]
                  (calls that find the group already unsharded included), by wrapping FSDPParamGroup's
@@ -42,12 +43,65 @@ class _NoModuleTracker:
         pass
 
 
-class CommCounts:
-    """Counts the collectives of named phases: `with counts.phase("forward"): ...`."""
+def _comm_bytes_mode_class():
+    """_CommBytesMode, defined on first use (torch is imported lazily)."""
+    global _CommBytesMode
+    if _CommBytesMode is not None:
+        return _CommBytesMode
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __init__(self, track_modules: bool = True) -> None:
+    try:  # torch >= 2.5
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch 2.4
+        from torch.distributed._tensor import DTensor
+
+    def payload(packet: str, args) -> int:
+        """The full buffer of one c10d op, as the suite counts it: the all-gather's output, the
+        reduce-scatter's input, the all-reduce's tensors."""
+        if packet == "c10d._allgather_base_":
+            tensors = [args[0]]
+        elif packet == "c10d._reduce_scatter_base_":
+            tensors = [args[1]]
+        elif packet == "c10d.allreduce_":
+            tensors = list(args[0])
+        else:
+            return 0
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    class Mode(TorchDispatchMode):
+        """Sums the payload bytes of the c10d collectives dispatched inside, by op key."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.bytes: Dict[str, int] = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if any(t is DTensor for t in types):
+                return NotImplemented  # let DTensor desugar into plain ops first (as CommDebugMode)
+            packet = str(func._overloadpacket)
+            if packet.startswith("c10d."):
+                n = payload(packet, args)
+                if n:
+                    self.bytes[packet] = self.bytes.get(packet, 0) + n
+            return func(*args, **kwargs)
+
+    _CommBytesMode = Mode
+    return Mode
+
+
+_CommBytesMode = None
+
+
+class CommCounts:
+    """Counts the collectives of named phases: `with counts.phase("forward"): ...`; with
+    `with_bytes`, also their payload bytes (bytes_by_phase)."""
+
+    def __init__(self, track_modules: bool = True, with_bytes: bool = False) -> None:
         self.counts: Dict[str, Dict[str, int]] = {}
+        self.bytes: Dict[str, Dict[str, int]] = {}
         self.track_modules = track_modules
+        self.with_bytes = with_bytes
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -59,16 +113,25 @@ class CommCounts:
         mode = CommDebugMode()
         if not self.track_modules and hasattr(mode, "advanced_module_tracker"):
             mode.advanced_module_tracker = _NoModuleTracker()
-        with mode:
+        bytes_mode = _comm_bytes_mode_class()() if self.with_bytes else contextlib.nullcontext()
+        with mode, bytes_mode:
             yield
         phase = self.counts.setdefault(name, {})
         for op, n in mode.get_comm_counts().items():
             key = str(op)
             phase[key] = phase.get(key, 0) + int(n)
+        if self.with_bytes:
+            phase_bytes = self.bytes.setdefault(name, {})
+            for key, n in bytes_mode.bytes.items():
+                phase_bytes[key] = phase_bytes.get(key, 0) + n
 
     def by_phase(self, *names: str) -> Dict[str, Dict[str, int]]:
         """{name: {op key: n}} for each of `names` ({} for a phase with no collective)."""
         return {name: dict(self.counts.get(name, {})) for name in names}
+
+    def bytes_by_phase(self, *names: str) -> Dict[str, Dict[str, int]]:
+        """{name: {op key: payload bytes}} for each of `names` (with_bytes only)."""
+        return {name: dict(self.bytes.get(name, {})) for name in names}
 
 
 def _fsdp_param_group_class():

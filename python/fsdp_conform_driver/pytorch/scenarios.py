@@ -11,8 +11,9 @@ Thread-safety: one case per process, on the main thread.
 from __future__ import annotations
 
 from fsdp_conform_driver import ScenarioSkipped, inputs
-from fsdp_conform_driver.pytorch import (fsdp_state_dict, fully_shard_state_dict, grad_acc,
-                                        parity, tp_integration, unshard_params)
+from fsdp_conform_driver.pytorch import (fsdp_state_dict, fully_shard_collective_ops,
+                                        fully_shard_mixed_precision, fully_shard_state_dict,
+                                        grad_acc, parity, tp_integration, unshard_params)
 from fsdp_conform_driver.recorders import CommCounts
 
 
@@ -178,4 +179,6 @@ SCENARIOS = {
     "fsdp_grad_acc/grad_acc_cpu_offload": grad_acc.run,
     "fsdp_grad_acc/grad_acc_fully_shard": grad_acc.run,
     **unshard_params.SCENARIOS,
+    **fully_shard_collective_ops.SCENARIOS,
+    **fully_shard_mixed_precision.SCENARIOS,
 }
