@@ -252,13 +252,16 @@ def _recording_divide(collectives, record: dict):
     """Records the reduce op of every reduce-scatter (torch.distributed.reduce_scatter_tensor /
     reduce_scatter_single, through which every release's foreach_reduce reduce-scatters) and
     the factor of every _div_if_needed call foreach_reduce makes (the pre-divide on the
-    reduce-scatter input, then the post-divide on its output), for the case's duration."""
+    reduce-scatter input, then the post-divide on its output), for the case's duration; and
+    the reduce-scatter op _get_gradient_divide_factors chose where it returns one (2.6 and
+    later, whose foreach_reduce issues no reduce-scatter at world size 1)."""
     import torch.distributed as dist
 
     saved = {name: getattr(dist, name)
              for name in ("reduce_scatter_tensor", "reduce_scatter_single")
              if hasattr(dist, name)}
     saved_div = collectives._div_if_needed
+    saved_factors = collectives._get_gradient_divide_factors
 
     def recording(original):
         def call(*args, **kwargs):
@@ -270,15 +273,23 @@ def _recording_divide(collectives, record: dict):
         record["factors"].append(div_factor)
         return saved_div(tensor, div_factor)
 
+    def factors(*args, **kwargs):
+        result = saved_factors(*args, **kwargs)
+        if len(result) == 4:  # (pre, post, reduce_scatter_op, all_reduce_op)
+            record["chosen_ops"].append(result[2])
+        return result
+
     for name, original in saved.items():
         setattr(dist, name, recording(original))
     collectives._div_if_needed = div
+    collectives._get_gradient_divide_factors = factors
     try:
         yield
     finally:
         for name, original in saved.items():
             setattr(dist, name, original)
         collectives._div_if_needed = saved_div
+        collectives._get_gradient_divide_factors = saved_factors
 
 
 def _op_name(op) -> str:
@@ -330,11 +341,12 @@ def reduce_scatter(reduce_dtype_name: str):
             "force_sum_reduction_for_comms": force_sum}
         if hasattr(collectives, "DefaultReduceScatter"):
             known["reduce_scatter_comm"] = collectives.DefaultReduceScatter()
-        record = {"ops": [], "factors": []}
+        record = {"ops": [], "factors": [], "chosen_ops": []}
         with _recording_divide(collectives, record):
             _call(collectives.foreach_reduce, known)
         factors = [1.0 if f is None else float(f) for f in record["factors"]]
-        obs = {"divide_op": _op_name(record["ops"][0]) if record["ops"] else "none",
+        ops = record["ops"] or record["chosen_ops"]
+        obs = {"divide_op": _op_name(ops[0]) if ops else "none",
                "pre_divide": factors[0] if factors else 1.0,
                "post_divide": factors[-1] if len(factors) > 1 else 1.0}
         tensors = {}
