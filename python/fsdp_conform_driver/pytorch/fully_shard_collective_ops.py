@@ -82,10 +82,12 @@ class _SeedGroup:
 
         (_, fsdp_init, fsdp_common, FSDPParamGroup, MixedPrecisionPolicy,
          OffloadPolicy) = _fsdp_modules()
+        # The seed's device: the accelerator where there is one (NCCL), else the CPU (Gloo).
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if torch.cuda.is_available() else torch.device("cpu"))
         weights = inputs.weights(request)
-        self.orig_params = [weights[str(i)] for i in range(len(weights))]
+        self.orig_params = [weights[str(i)].to(self.device) for i in range(len(weights))]
         self.module = nn.ParameterList([p.detach().clone() for p in self.orig_params])
-        self.device = torch.device("cpu")
         mesh_info = fsdp_common.FSDPMeshInfo(fsdp_init._init_default_fully_shard_mesh(),
                                              shard_mesh_dim=0)
         post_forward_mesh_info = fsdp_init._get_post_forward_mesh_info(
@@ -104,6 +106,7 @@ class _SeedGroup:
         self.comm_ctx = comm_ctx
 
     def registered(self, i: int):
+        """The parameter the module registers under "i" (sharded or unsharded)."""
         return self.module._parameters[str(i)]
 
     def current_stream(self):
@@ -119,7 +122,7 @@ class _SeedGroup:
 
 def _sample(t, rank: int, world: int):
     """[Note: sampled full tensors]: t.flatten()[rank % s::s], s = min(world, t.numel())."""
-    flat = t.detach().flatten()
+    flat = t.detach().flatten().cpu()
     if flat.numel() == 0:
         return flat.clone()
     s = min(world, flat.numel())
@@ -152,7 +155,7 @@ def all_gather_fp32(request):
     obs["sharded_param_registered"] = [
         g.registered(i) is p.sharded_param for i, p in enumerate(fsdp_params)]
     for i, p in enumerate(fsdp_params):
-        tensors[f"sharded/{i}"] = p.sharded_param.to_local().detach().clone()
+        tensors[f"sharded/{i}"] = p.sharded_param.to_local().detach().cpu().clone()
         tensors[f"full_tensor/{i}"] = _sample(p.sharded_param.full_tensor(), rank, world)
     if request.param("streams") == "separate":
         streams = (g.comm_ctx.all_gather_copy_in_stream, g.comm_ctx.all_gather_stream)
@@ -324,7 +327,7 @@ def reduce_scatter(reduce_dtype_name: str):
         g.group.reshard()
         unsharded_grads = [
             torch.tensor(reduce_inputs(world, _grad_chunk_size(p.shape, world), rank,
-                                       p.numel()), dtype=p.dtype).view(p.shape)
+                                       p.numel()), dtype=p.dtype, device=g.device).view(p.shape)
             for p in g.orig_params]
         reduce_dtype = getattr(torch, reduce_dtype_name)
         stream = (g.comm_ctx.reduce_scatter_stream
@@ -354,7 +357,7 @@ def reduce_scatter(reduce_dtype_name: str):
             grad = p.sharded_param.grad
             if grad is None:
                 raise RuntimeError(f"parameter {i} has no sharded gradient after foreach_reduce")
-            tensors[f"grad/{i}"] = grad.to_local().detach().clone()
+            tensors[f"grad/{i}"] = grad.to_local().detach().cpu().clone()
             tensors[f"full_grad/{i}"] = _sample(grad.full_tensor(), rank, world)
         return obs, tensors
     return run
