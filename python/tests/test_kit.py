@@ -299,6 +299,19 @@ class KnownDefectsTest(unittest.TestCase):
         self.assertIsNone(self.defect(
             dict(frozen, params={"reshard_after_forward": "False"}), "2.5.1"))
 
+    def test_mixed_precision_blames_gloo_only_where_fsdp2_reduces_with_avg(self):
+        def case(name, **params):
+            return {"name": "fully_shard_mixed_precision/" + name, "params": params}
+        for c in (case("compute_dtype", param_dtype="bfloat16"),
+                  case("float16_on_one_submodule", param_dtype="float16"),
+                  case("reduce_dtype", param_dtype="float32", reduce_dtype="bfloat16")):
+            self.assertIn("reduce_scatter_tensor", self.defect(c, "2.5.1"))
+            self.assertIsNone(self.defect(c, "2.15.0"))
+        # float16 everywhere reduces with SUM and pre/post divides
+        self.assertIsNone(self.defect(case("compute_dtype", param_dtype="float16"), "2.5.1"))
+        self.assertIn("set_reduce_scatter_divide_factor", self.defect(
+            {"name": "fully_shard_comm/set_reduce_scatter_divide_factor", "params": {}}, "2.5.1"))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -26,6 +26,15 @@ def _uneven_mlp_stack_tp(params: dict) -> bool:
         return False
 
 
+# Gloo's reduce-scatter summing whatever op FSDP2 asks for: (what is wrong, where it is tracked).
+_GLOO_REDUCE_SCATTER_AVG = (
+    "Gloo's reduce_scatter_tensor ignores the reduce op (it always sums), so FSDP2's "
+    "ReduceOp.AVG gradient reduce-scatter (float32 and bfloat16) on CPU returns the sum: "
+    "gradients come out the shard group's size (`world`; dp under tensor parallelism) times too "
+    "large",
+    "pytorch/pytorch Gloo ProcessGroupGloo::_reduce_scatter_base")
+
+
 # PyTorch defects a case can fail by: (scenario globs, the case parameters they need
 # ({name: value or predicate of the value}, {} for any case, or a predicate of all the case's
 # parameters), releases it affects (prefix of torch.__version__), what is wrong, where it is
@@ -42,12 +51,23 @@ KNOWN_DEFECTS = [
      "Gloo's allreduce refuses (\"Cannot use ReduceOp.AVG with Gloo\"): HSDP cannot train on "
      "a CPU", "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py "
      "foreach_reduce"),
-    (("parity/fsdp/*", "parity/tp/*", "fully_shard_state_dict/optimizer_state_dict"), {},
-     ("2.4", "2.5"),
-     "Gloo's reduce_scatter_tensor ignores the reduce op (it always sums), so FSDP2's "
-     "ReduceOp.AVG gradient reduce-scatter on CPU returns the sum: gradients come out the "
-     "shard group's size (`world`; dp under tensor parallelism) times too large",
-     "pytorch/pytorch Gloo ProcessGroupGloo::_reduce_scatter_base"),
+    (("fully_shard_comm/set_reduce_scatter_divide_factor",), {}, ("2.4", "2.5"),
+     "Gloo's reduce_scatter_tensor ignores the reduce op (it always sums), and these releases' "
+     "set_reduce_scatter_divide_factor(factor) is only that op (a PREMUL_SUM(1 / factor) made "
+     "by _make_nccl_premul_sum): the float64 gradients come out divided by the world size "
+     "(foreach_reduce's own pre/post divide) instead of by the factor",
+     "pytorch/pytorch Gloo ProcessGroupGloo::_reduce_scatter_base; torch/distributed/"
+     "_composable/fsdp/fully_shard.py set_reduce_scatter_divide_factor"),
+    (("parity/fsdp/*", "parity/tp/*", "fully_shard_state_dict/optimizer_state_dict",
+      "fully_shard_comm/reduce_scatter_fp32", "fully_shard_comm/reduce_scatter_bf16",
+      "fully_shard_mixed_precision/reduce_dtype",
+      "fully_shard_mixed_precision/grad_acc_with_reduce_dtype",
+      "fully_shard_mixed_precision/output_dtype",
+      "fully_shard_mixed_precision/float16_on_one_submodule"), {}, ("2.4", "2.5"),
+     *_GLOO_REDUCE_SCATTER_AVG),
+    # compute_dtype with param_dtype float16 reduces with SUM (and pre/post divides): unaffected.
+    (("fully_shard_mixed_precision/compute_dtype",), {"param_dtype": "bfloat16"}, ("2.4", "2.5"),
+     *_GLOO_REDUCE_SCATTER_AVG),
     (("fully_shard_frozen/train_mixed_requires_grad_across_groups",),
      {"reshard_after_forward": "True"}, ("2.4", "2.5"),
      "a mistargeted backward prefetch is never cleared: block 1's implicit prefetch "

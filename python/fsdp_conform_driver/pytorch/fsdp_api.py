@@ -6,10 +6,11 @@ Thread-safety: import-time only.
 """
 
 try:  # torch >= 2.6
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard, FSDPModule  # noqa: F401
+    from torch.distributed.fsdp import (CPUOffloadPolicy, fully_shard, FSDPModule,  # noqa: F401
+                                        MixedPrecisionPolicy)
 except ImportError:  # torch 2.4 / 2.5
     from torch.distributed._composable.fsdp import (CPUOffloadPolicy, fully_shard,  # noqa: F401
-                                                    FSDPModule)
+                                                    FSDPModule, MixedPrecisionPolicy)
 
 
 def reshard_after_forward_of(request):

@@ -1,16 +1,19 @@
 """A training plan under FSDP2's policies and runtime switches, run by PyTorch: the driver's side
 of conformance/fully_shard_plan.h, which the families judged by a plan share
-(fully_shard_training/*, fully_shard_frozen/*; fully_shard_training.py decodes their cases).
+(fully_shard_training/*, fully_shard_frozen/*, fully_shard_mixed_precision/*,
+fully_shard_comm/set_reduce_scatter_divide_factor; fully_shard_training.py,
+fully_shard_mixed_precision.py and fully_shard_collective_ops.py decode their cases).
 
 A plan trains zoo model `kind` (parity._build: the case's weights and dtype) for `steps`
 optimizer steps of `micro_batches` micro-batches each, micro-batch i of step k reading the
 rank's input step{j}/input, j = k * micro_batches + i, with the zoo's loss of step j
 (parity._loss). Each rank applies fully_shard to the plan's `groups` in order (an entry of
 several modules, "a, b", is one fully_shard([a, b]) call), then to the root, over the world or
-HSDP's (replicate, shard) mesh, with the plan's reshard_after_forward, CPUOffloadPolicy and
-ignored_params; set_unshard_in_backward(False) on the groups that say so; requires_grad_(False)
+HSDP's (replicate, shard) mesh, with the plan's reshard_after_forward, CPUOffloadPolicy,
+ignored_params and MixedPrecisionPolicy (the group's own, if it has one); set_unshard_in_backward(False) on the groups that say so; requires_grad_(False)
 on the frozen parameters before fully_shard or, with freeze_after_init, on the sharded ones
-after it; set_gradient_divide_factor on every FSDP module. Per micro-batch, as
+after it; set_gradient_divide_factor on every FSDP module (2.4 and 2.5, which have none:
+set_reduce_scatter_divide_factor, a PREMUL_SUM(1 / factor) reduce-scatter op). Per micro-batch, as
 test_fully_shard_training.py's test_gradient_accumulation, the root's
 set_requires_gradient_sync / set_reshard_after_backward (recurse as the plan says) and
 set_is_last_backward are False but for the last micro-batch of a step, and under HSDP
@@ -61,6 +64,14 @@ class Plan:
     frozen: Callable[[str], bool] = lambda fqn: False
     freeze_after_init: bool = False
     unfreeze_at_step: Optional[int] = None
+    # MixedPrecisionPolicy keyword arguments (dtype names, "None" for None) of every
+    # fully_shard call, and by group ("" the root) those of a group with its own policy.
+    mp_policy: Dict[str, object] = dataclasses.field(default_factory=dict)
+    group_mp_policies: Dict[str, Dict[str, object]] = dataclasses.field(default_factory=dict)
+
+    def policy_of(self, group: str) -> Dict[str, object]:
+        """The MixedPrecisionPolicy keyword arguments of `group` ("" the root)."""
+        return self.group_mp_policies.get(group, self.mp_policy)
 
 
 def plan_base(request, kind: str) -> Plan:
@@ -106,6 +117,49 @@ def _offload_policy(plan: Plan):
             "(RuntimeError 'Cannot access accelerator device when none is available' in 2.5.1, "
             "'Found no NVIDIA driver on your system' in 2.15.0)")
     return CPUOffloadPolicy(pin_memory=plan.cpu_offload_pin_memory)
+
+
+def _mp_policy(kwargs: Dict[str, object]):
+    """MixedPrecisionPolicy from dtype names ("None": None) and booleans."""
+    import torch
+
+    from fsdp_conform_driver.pytorch.fsdp_api import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(**{
+        key: (None if value == "None" else getattr(torch, value)) if isinstance(value, str)
+        else value for key, value in kwargs.items()})
+
+
+def _skip_reduce_dtype_unset_since_2_15(plan: Plan, dtype_name: str) -> None:
+    """Skips a plan with a group whose policy sets param_dtype (another dtype than the
+    parameters') but leaves reduce_dtype None, on torch 2.15 and later: the suite's profiles
+    (torch-2.4, torch-2.8) expect such a group to reduce in param_dtype, which 2.15 changed."""
+    import torch
+
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    if (major, minor) < (2, 15):
+        return
+    for group in plan.groups + [""]:
+        policy = plan.policy_of(group)
+        param_dtype = policy.get("param_dtype", "None")
+        if param_dtype not in ("None", dtype_name) and policy.get("reduce_dtype", "None") == "None":
+            raise ScenarioSkipped(
+                f"group '{group}' has MixedPrecisionPolicy(param_dtype={param_dtype}, "
+                f"reduce_dtype=None), which the suite's semantics profiles (torch-2.4, "
+                f"torch-2.8) reduce in param_dtype; torch {torch.__version__} reduces it in "
+                f"the parameters' dtype ({dtype_name}) instead (MixedPrecisionPolicy "
+                f"docstring, 'versionchanged:: 2.15': 'With reduce_dtype=None, gradients were "
+                f"previously reduced in param_dtype when it was set'), so the reduce-scatter "
+                f"bytes differ by a release change no profile models yet")
+
+
+def _set_divide_factor(module, factor: float) -> None:
+    """set_gradient_divide_factor (2.6 and later) or, before it, set_reduce_scatter_divide_factor
+    (2.4, 2.5: a PREMUL_SUM(1 / factor) reduce-scatter op, which Gloo ignores)."""
+    if hasattr(module, "set_gradient_divide_factor"):
+        module.set_gradient_divide_factor(factor)
+    else:
+        module.set_reduce_scatter_divide_factor(factor)
 
 
 def _require(obj, method: str, what: str) -> None:
@@ -156,25 +210,27 @@ def shard(request, plan: Plan, model):
         kwargs["ignored_params"] = {params[fqn] for fqn in plan.ignored_params}
     if plan.no_unshard_in_backward:
         _require(FSDPModule, "set_unshard_in_backward", "set_unshard_in_backward(False)")
-    if plan.divide_factor is not None:
-        _require(FSDPModule, "set_gradient_divide_factor", "a gradient divide factor "
-                 "(set_reduce_scatter_divide_factor, its older form, makes an NCCL PREMUL_SUM "
-                 "reduce op that Gloo does not have)")
     if not plan.freeze_after_init:
         _set_frozen_requires_grad(model, plan, False)
     for group in plan.groups:
         modules = [model.get_submodule(fqn) for fqn in group_modules(group)]
-        fully_shard(modules if len(modules) > 1 else modules[0], **kwargs)
+        fully_shard(modules if len(modules) > 1 else modules[0],
+                    **_with_policy(kwargs, plan.policy_of(group)))
         if group in plan.no_unshard_in_backward:
             modules[0].set_unshard_in_backward(False)
-    fully_shard(model, **kwargs)
+    fully_shard(model, **_with_policy(kwargs, plan.policy_of("")))
     if plan.freeze_after_init:
         _set_frozen_requires_grad(model, plan, False)
     if plan.divide_factor is not None:
         for module in model.modules():
             if isinstance(module, FSDPModule):
-                module.set_gradient_divide_factor(plan.divide_factor)
+                _set_divide_factor(module, plan.divide_factor)
     return model
+
+
+def _with_policy(kwargs, policy: Dict[str, object]):
+    """fully_shard's keyword arguments plus mp_policy where the plan sets one."""
+    return dict(kwargs, mp_policy=_mp_policy(policy)) if policy else kwargs
 
 
 def _record_mixed_dtype_linears(model, names: Set[str]):
@@ -204,6 +260,7 @@ def run(request, plan: Plan):
     """One rank's run of `plan` (module comment): (observations, tensors)."""
     import torch
 
+    _skip_reduce_dtype_unset_since_2_15(plan, request.params.get("dtype", "float32"))
     model, _ = parity._build(plan.kind, request)
     shard(request, plan, model)
     mixed_dtype_linears: Set[str] = set()

@@ -11,7 +11,8 @@ Thread-safety: one case per process, on the main thread.
 from __future__ import annotations
 
 from fsdp_conform_driver import ScenarioSkipped, inputs
-from fsdp_conform_driver.pytorch import (fsdp_prefetch, fsdp_state_dict, fully_shard_state_dict,
+from fsdp_conform_driver.pytorch import (fsdp_prefetch, fsdp_state_dict, fully_shard_collective_ops,
+                                        fully_shard_mixed_precision, fully_shard_state_dict,
                                         fully_shard_training, grad_acc, parity, tp_integration,
                                         unshard_params)
 from fsdp_conform_driver.recorders import CommCounts
@@ -181,4 +182,6 @@ SCENARIOS = {
     **unshard_params.SCENARIOS,
     **fsdp_prefetch.SCENARIOS,
     **fully_shard_training.SCENARIOS,
+    **fully_shard_collective_ops.SCENARIOS,
+    **fully_shard_mixed_precision.SCENARIOS,
 }
