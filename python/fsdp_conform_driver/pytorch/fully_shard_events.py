@@ -72,6 +72,29 @@ def multi_forward(request):
             "events": forward + backward}, None
 
 
+def _skip_sweep_of_post_forward_prefetch(raf, world) -> None:
+    """Skips a case PyTorch 2.7 and later cannot run: with an int reshard_after_forward k
+    (1 < k < world), lin2's pre-backward prefetches lin1 from its post-forward shards; the
+    end-of-backward callback (every group not in POST_BACKWARD since pytorch/pytorch#144781)
+    runs lin1's post_backward, whose reshard() switches lin1 to SHARDED under that pending
+    all-gather, and the second backward's copy-out fails."""
+    import torch
+
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    if isinstance(raf, bool) or not isinstance(raf, int) or not 1 < raf < world:
+        return
+    if (major, minor) >= (2, 7):
+        from fsdp_conform_driver import ScenarioSkipped
+        raise ScenarioSkipped(
+            f"torch {torch.__version__} fails this case (a PyTorch defect): the end-of-backward "
+            f"callback runs post_backward() on 1.lin1, whose all-gather (a mistargeted prefetch "
+            f"from its reshard_after_forward={raf} post-forward shards) is still pending, and "
+            f"its reshard() switches 1.lin1 to SHARDED under it; the second backward's "
+            f"foreach_all_gather_copy_out then views the output over the {world}-rank shard "
+            f"group with the post-forward shards' split sizes and raises \"split_with_sizes "
+            f"expects split_sizes to sum exactly to ...\"")
+
+
 def unused_in_backward(request):
     """_test_backward_prefetch_unused_in_backward: out = model(inp); set_is_last_backward(False);
     out[1].sum().backward(retain_graph=True); set_is_last_backward(True); out[0].sum()
@@ -81,10 +104,11 @@ def unused_in_backward(request):
     from fsdp_conform_driver.pytorch.fsdp_api import fully_shard, reshard_after_forward_of
     from fsdp_conform_driver.pytorch.models import DoubleLinear
 
+    raf = reshard_after_forward_of(request)
+    _skip_sweep_of_post_forward_prefetch(raf, request.world)
     dim = request.int_param("dim")
     model = torch.nn.Sequential(torch.nn.Linear(dim, dim), DoubleLinear(dim))
     model.load_state_dict(inputs.weights(request), strict=True)
-    raf = reshard_after_forward_of(request)
     for module in (model[0], model[1].lin1, model[1].lin2, model):
         fully_shard(module, reshard_after_forward=raf)
     inp = inputs.step_input(request, 0)
