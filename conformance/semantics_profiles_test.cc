@@ -48,7 +48,8 @@ bool PassesJudgeOf(const ProfileRun& run, const std::string& semantics) {
 TEST(SemanticsProfiles, ObservationsPassOnlyTheirOwnProfilesJudge) {
   const std::vector<std::string> profiles = fsdp2::SemanticsNames();
   for (const char* scenario :
-       {"fully_shard_comm/communication_count", "fully_shard_comm/backward_prefetch_forward_backward",
+       {"fully_shard_comm/communication_count",
+        "fully_shard_comm/backward_prefetch_forward_backward",
         "fully_shard_comm/backward_prefetch_multi_forward",
         // the end-of-backward sweep (unused and prefetch-only groups swept under torch-2.8)
         "fully_shard_comm/backward_prefetch_unused_in_backward"}) {
