@@ -151,8 +151,8 @@ def explicit_prefetch(direction: str):
     def run(request):
         plan = _prefetch_plan(direction, request.int_param("num_to_prefetch"))
         recorder = FsdpEvents(("unshard", "reshard"))
-        obs, tensors, _ = parity.train_sharded(request, "transformer", plan,
-                                               train_context=lambda: recorder)
+        obs, tensors = parity.train_sharded(request, "transformer", plan,
+                                            train_context=lambda: recorder)
         obs["fsdp_events"] = recorder.take()
         return obs, tensors
     return run

@@ -6,6 +6,9 @@ seeds, reporting every step's loss and parameters (and,
 under fully_shard, gradient shards and the final full parameters; under FullyShardedDataParallel,
 the full parameters read in summon_full_params; under tensor parallelism with fully_shard,
 the collectives of every step's forward and backward), as docs/observations.md lists them.
+train_sharded and the shard plans (shard_children_then_root, shard_submodules_then_root,
+shard_every_child_then_root) are the sharded parity the other FSDP2 families train with
+(conformance/sharded_parity.h).
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -223,13 +226,12 @@ def train_sharded(request, kind, plan, train_context=contextlib.nullcontext):
         obs, tensors = _train(request, model, after_backward=_record_grad_shards)
     for name, p in model.named_parameters():
         tensors[f"full/{name}"] = p.full_tensor().detach().clone()
-    return obs, tensors, model
+    return obs, tensors
 
 
 def fsdp(kind: str):
     def run(request):
-        obs, tensors, _ = train_sharded(request, kind, shard_children_then_root)
-        return obs, tensors
+        return train_sharded(request, kind, shard_children_then_root)
     return run
 
 
