@@ -23,9 +23,10 @@ constexpr const char* kFamily = "parity/fsdp";
 
 // DoubleLinear's lin2 takes no part in backward from loss_switch_step on. Resharded after
 // forward to a sub-mesh (an int 1 < k < W), its group then stays registered as its post-forward
-// shard after backward under the end-of-backward rule this engine and PyTorch 2.4-2.7 follow
-// (only unsharded groups are swept); later releases sweep it back to the full shard. Its
-// registered parameter differs by release, so such a case is skipped.
+// shard after backward under the end-of-backward rule of PyTorch 2.4-2.6 and the torch-2.4
+// profile (only unsharded groups are swept); later releases (from pytorch/pytorch#144781) and
+// the torch-2.8 profile sweep it back to the full shard. Its registered parameter differs by
+// release, so such a case is skipped.
 std::optional<std::string> UnusedGroupKeepsPostForwardShard(const CaseParams& p, int world) {
   if (!p.has("use_second_linear") || !p.GetBool("use_second_linear") ||
       p.GetInt("loss_switch_step") >= p.GetInt("steps")) {
@@ -38,7 +39,7 @@ std::optional<std::string> UnusedGroupKeepsPostForwardShard(const CaseParams& p,
          "(reshard_after_forward=" +
          std::to_string(*k) +
          ") after backward under PyTorch "
-         "2.4-2.7's end-of-backward rule and the full shard under later releases'";
+         "2.4-2.6's end-of-backward rule and the full shard under later releases'";
 }
 
 Scenario MakeScenario(const ZooModelKind& kind) {

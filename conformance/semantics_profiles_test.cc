@@ -1,7 +1,8 @@
 // The semantics profiles tell implementations apart: the engine's observations under one
 // profile pass that profile's judge and fail the other's, for the count and event scenarios
-// whose expectations depend on the root's reshard-after-forward rule (docs/scenarios.md,
-// "Semantics profiles"). An explicit reshard_after_forward=True is where the profiles differ.
+// whose expectations depend on the root's reshard-after-forward rule or on the end-of-backward
+// sweep (docs/scenarios.md, "Semantics profiles"). An explicit reshard_after_forward=True is
+// where the profiles differ.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -25,7 +26,8 @@ ProfileRun RunUnder(const std::string& scenario, const std::string& semantics) {
   options.backend = kBackendThreaded;
   options.semantics = semantics;
   options.params = {{"reshard_after_forward", "True"}};
-  if (scenario != "fully_shard_comm/communication_count") {
+  if (scenario == "fully_shard_comm/backward_prefetch_forward_backward" ||
+      scenario == "fully_shard_comm/backward_prefetch_multi_forward") {
     options.params["checkpoint_impl"] = "none";
   }
   Runner runner(DefaultCatalog(), options);
@@ -46,8 +48,11 @@ bool PassesJudgeOf(const ProfileRun& run, const std::string& semantics) {
 TEST(SemanticsProfiles, ObservationsPassOnlyTheirOwnProfilesJudge) {
   const std::vector<std::string> profiles = fsdp2::SemanticsNames();
   for (const char* scenario :
-       {"fully_shard_comm/communication_count", "fully_shard_comm/backward_prefetch_forward_backward",
-        "fully_shard_comm/backward_prefetch_multi_forward"}) {
+       {"fully_shard_comm/communication_count",
+        "fully_shard_comm/backward_prefetch_forward_backward",
+        "fully_shard_comm/backward_prefetch_multi_forward",
+        // the end-of-backward sweep (unused and prefetch-only groups swept under torch-2.8)
+        "fully_shard_comm/backward_prefetch_unused_in_backward"}) {
     for (const std::string& ran : profiles) {
       const ProfileRun run = RunUnder(scenario, ran);
       ASSERT_EQ(run.result.status, CaseStatus::kPassed) << scenario << " " << ran << "\n"

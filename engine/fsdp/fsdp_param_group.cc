@@ -212,6 +212,13 @@ void FsdpParamGroup::reshard() {
 
 void FsdpParamGroup::to_sharded() {
   if (sharded_state_ == ShardedState::kSharded) return;
+  // A pending all-gather issued from the post-forward shards (a mistargeted backward prefetch)
+  // is copied out with the post-forward layout: resharding under it would mismatch the
+  // copy-out. The torch-2.8 end-of-backward sweep gives such a group its post_backward; it
+  // stays SHARDED_POST_FORWARD until the all-gather is consumed or dropped. (PyTorch 2.7 and
+  // later do switch to SHARDED here, and their copy-out then views the output over the shard
+  // group with the post-forward split sizes and fails in split_with_sizes_copy.)
+  if (sharded_state_ == ShardedState::kShardedPostForward && all_gather_result_ != nullptr) return;
   for (auto& p : fsdp_params_) p->to_sharded();
   sharded_state_ = ShardedState::kSharded;
 }

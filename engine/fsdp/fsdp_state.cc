@@ -294,14 +294,18 @@ void FsdpState::root_post_backward_final_callback() {
   const bool is_last_backward = state_ctx_->is_last_backward;
   for (FsdpState* state : state_ctx_->all_states) {
     FsdpParamGroup* group = state->param_group_.get();
-    // [Note: end-of-backward sweep] E2 / early E3: only groups still UNSHARDED get the
-    // post-backward they missed (inputs without grad, e.g. the root fed token ids). Groups
-    // with only a pending (mistargeted) prefetch, or unused, are skipped. So is no group whose
-    // pre-backward ran without its post-backward (still PRE_BACKWARD): with
+    // [Note: end-of-backward sweep] torch-2.4 (E2 / early E3): only groups still UNSHARDED
+    // get the post-backward they missed (inputs without grad, e.g. the root fed token ids).
+    // Groups with only a pending (mistargeted) prefetch, or unused, are skipped. So is no group
+    // whose pre-backward ran without its post-backward (still PRE_BACKWARD): with
     // set_unshard_in_backward(False) it stayed sharded, but its gradients are on the unsharded
-    // parameters all the same (PyTorch sweeps every group not yet in POST_BACKWARD).
-    if (group != nullptr &&
-        (group->is_unsharded() || group->training_state() == TrainingState::kPreBackward)) {
+    // parameters all the same. torch-2.8 sweeps every group not yet in POST_BACKWARD.
+    const bool swept =
+        group != nullptr &&
+        (EndOfBackwardSweepsEveryGroup(state->semantics())
+             ? group->training_state() != TrainingState::kPostBackward
+             : group->is_unsharded() || group->training_state() == TrainingState::kPreBackward);
+    if (swept) {
       group->post_backward();
     }
     state->training_state_ = TrainingState::kIdle;

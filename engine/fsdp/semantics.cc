@@ -48,6 +48,10 @@ bool HasReshardAfterForwardNone(Semantics semantics) {
   return semantics != Semantics::kTorch2_4;
 }
 
+bool EndOfBackwardSweepsEveryGroup(Semantics semantics) {
+  return semantics != Semantics::kTorch2_4;
+}
+
 bool LazyInitKeepsRootUnsharded(Semantics semantics, bool auto_reshard_after_forward) {
   if (semantics == Semantics::kTorch2_4) return true;
   return auto_reshard_after_forward;

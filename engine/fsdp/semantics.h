@@ -8,7 +8,12 @@
 //              False for the root. Lazy init clears the root's post-forward mesh only when the
 //              root's value was left None (neither fully_shard nor set_reshard_after_forward
 //              set it), so an explicit True or int reshards the root too (PyTorch 2.8 and
-//              later).
+//              later). The end-of-backward callback runs post_backward() on every group not
+//              yet in POST_BACKWARD (unused and prefetch-only groups included), where torch-2.4
+//              sweeps only groups still UNSHARDED (PyTorch 2.5.1's
+//              _root_post_backward_final_callback tests `is_unsharded`; from pull request
+//              144781, i.e. 2.7 on, `_training_state != TrainingState.POST_BACKWARD`, so 2.7
+//              has the torch-2.4 root rule and the torch-2.8 sweep).
 //
 // The profile is a fully_shard option (FullyShardOptions::semantics), kept by each FsdpState.
 // Everything else the engine does is the same under both profiles.
@@ -47,5 +52,11 @@ bool HasReshardAfterForwardNone(Semantics semantics);
 // set_reshard_after_forward was not called. torch-2.4: always; torch-2.8: only when
 // `auto_reshard_after_forward`.
 bool LazyInitKeepsRootUnsharded(Semantics semantics, bool auto_reshard_after_forward);
+
+// Whether the end-of-backward callback gives post_backward() to every group not yet in
+// POST_BACKWARD (torch-2.8) rather than only to the groups still UNSHARDED (torch-2.4; either
+// profile also sweeps a group left in PRE_BACKWARD, docs/fsdp.md "[Note: end-of-backward
+// sweep]").
+bool EndOfBackwardSweepsEveryGroup(Semantics semantics);
 
 }  // namespace fsdp::fsdp2

@@ -6,10 +6,15 @@
                  CommCounts(track_modules=False) counts without CommDebugMode's per-module
                  tracker (see _NoModuleTracker); CommCounts(with_bytes=True) also sums each
                  collective's payload bytes by phase and op key (_CommBytesMode)
-  FsdpEvents     every call of FSDP2's unshard / reshard / post_backward as the suite's events
-                 [kind, module FQN (root ""), the group's training state as the call begins]
-                 (calls that find the group already unsharded included), by wrapping FSDPParamGroup's
-                 methods of those names for the recorder's lifetime
+  FsdpEvents     FSDP2's unshard / reshard / post_backward calls as the suite's events
+                 [kind, module FQN (root ""), training state], recorded as the seeds' patches
+                 record them (test_fully_shard_comm.py's unshard_with_record,
+                 reshard_with_record, post_backward_with_record): no-op calls are left out (an
+                 unshard finding the group unsharded or its all-gather pending; a reshard in
+                 FORWARD of a group that does not reshard after forward), unshard and reshard
+                 carry the state as the call begins, post_backward the state it leaves
+                 (POST_BACKWARD); by wrapping FSDPParamGroup's methods of those names for the
+                 recorder's lifetime
 
 Ownership: a recorder owns the lists it fills; FsdpEvents restores FSDPParamGroup's methods
 on exit. Thread-safety: one recorder per rank process, used from the main (autograd) thread.
@@ -139,12 +144,28 @@ def _fsdp_param_group_class():
 
 
 class FsdpEvents:
-    """Records FSDP2's group events while active (`with FsdpEvents(kinds) as events:`)."""
+    """Records FSDP2's group events while active (`with FsdpEvents(kinds) as events:`), as the
+    seeds' patched FSDPParamGroup methods do (see the module comment)."""
 
     def __init__(self, kinds=("unshard", "reshard", "post_backward")) -> None:
         self.kinds = tuple(kinds)
         self.events: List[List[str]] = []
         self._saved = {}
+
+    def _record(self, kind, group) -> None:
+        self.events.append([kind, group._module_fqn or "", group._training_state.name])
+
+    @staticmethod
+    def _is_noop(kind, group) -> bool:
+        if kind == "unshard":
+            # 2.9+ also returns early from a PRE_BACKWARD unshard when unshard_in_backward is off
+            return (group._all_gather_result is not None or group.is_unsharded
+                    or (not getattr(group, "unshard_in_backward", True)
+                        and group._training_state.name == "PRE_BACKWARD"))
+        if kind == "reshard":
+            return (group._training_state.name == "FORWARD"
+                    and not group._reshard_after_forward)
+        return False
 
     def __enter__(self):
         cls = _fsdp_param_group_class()
@@ -153,9 +174,13 @@ class FsdpEvents:
             self._saved[kind] = original
 
             def wrapper(group, *args, __kind=kind, __original=original, **kwargs):
-                self.events.append([__kind, group._module_fqn or "",
-                                    group._training_state.name])
-                return __original(group, *args, **kwargs)
+                record = not self._is_noop(__kind, group)
+                if record and __kind != "post_backward":
+                    self._record(__kind, group)
+                out = __original(group, *args, **kwargs)
+                if record and __kind == "post_backward":
+                    self._record(__kind, group)
+                return out
 
             setattr(cls, kind, wrapper)
         return self

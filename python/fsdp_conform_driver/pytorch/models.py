@@ -12,6 +12,8 @@ state_dict() keys are the keys of the suite's weights files:
   TpExtensionModel          test_fsdp_tp_extension_grad's TestModel (mlp = MLPModule,
                             mlp_norm = RMSNormPython(10))
   DoubleLinear              torch/testing/_internal/common_fsdp.py (lin1, lin2)
+  NontensorActivations      test_fully_shard_autograd.py's test_nontensor_activations:
+                            Sequential(ToContainerType, Module(dim) x3, FromContainerType)
   TransformerWithSharedParams
                             torch/testing/_internal/common_fsdp.py (nn.Transformer, output
                             projection tied to the embedding, vocab_bias, long_buffer, bn)
@@ -21,6 +23,7 @@ Ownership: plain nn.Modules. Thread-safety: as any nn.Module.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import torch
@@ -222,6 +225,79 @@ class DoubleLinear(nn.Module):
         if self.use_second_linear:
             return self.relu(self.lin1(x)), self.relu(self.lin2(x))
         return self.relu(self.lin1(x))
+
+
+_NT = collections.namedtuple("NT", "x y")
+
+
+def _is_namedtuple(value) -> bool:
+    return isinstance(value, tuple) and hasattr(value, "_fields")
+
+
+class ContainerModule(nn.Module):
+    """test_nontensor_activations' local `Module(dim)`: relu(lin2(relu(lin1(t)))) of the
+    container's first tensor (dict: "x"), returned in the same container type."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(dim, dim)
+        self.lin2 = nn.Linear(dim, dim)
+        self.relu = nn.ReLU()
+
+    def forward(self, inp):
+        if isinstance(inp, list):
+            return [self._forward(inp[0])]
+        if _is_namedtuple(inp):
+            return type(inp)(*([self._forward(inp[0])] + list(inp[1:])))
+        if isinstance(inp, tuple):
+            return (self._forward(inp[0]),)
+        if isinstance(inp, dict):
+            return {"x": self._forward(inp["x"])}
+        return self._forward(inp)
+
+    def _forward(self, x):
+        return self.relu(self.lin2(self.relu(self.lin1(x))))
+
+
+class ToContainerType(nn.Module):
+    """Packs the input: [x], (x,), NT(x, ones_like(x)) or {"x": x}."""
+
+    def __init__(self, container_type: str) -> None:
+        super().__init__()
+        self.container_type = container_type
+
+    def forward(self, inp):
+        if self.container_type == "list":
+            return [inp]
+        if self.container_type == "tuple":
+            return (inp,)
+        if self.container_type == "namedtuple":
+            return _NT(inp, torch.ones_like(inp))
+        return {"x": inp}
+
+
+class FromContainerType(nn.Module):
+    """Unpacks the tensor: inp[0] (list, tuple, named tuple) or inp["x"] (dict)."""
+
+    def __init__(self, container_type: str) -> None:
+        super().__init__()
+        self.container_type = container_type
+
+    def forward(self, inp):
+        return inp["x"] if self.container_type == "dict" else inp[0]
+
+
+class NontensorActivations(nn.Sequential):
+    """Sequential(ToContainerType(t), Module(dim) x3, FromContainerType(t)); container_type t
+    is list, tuple, namedtuple or dict."""
+
+    def __init__(self, container_type: str, dim: int) -> None:
+        if container_type not in ("list", "tuple", "namedtuple", "dict"):
+            raise ValueError(f"container_type must be list, tuple, namedtuple or dict, got "
+                             f"{container_type}")
+        super().__init__(ToContainerType(container_type), ContainerModule(dim),
+                         ContainerModule(dim), ContainerModule(dim),
+                         FromContainerType(container_type))
 
 
 class TransformerWithSharedParams(nn.Module):

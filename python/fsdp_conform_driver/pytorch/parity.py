@@ -6,6 +6,9 @@ seeds, reporting every step's loss and parameters (and,
 under fully_shard, gradient shards and the final full parameters; under FullyShardedDataParallel,
 the full parameters read in summon_full_params; under tensor parallelism with fully_shard,
 the collectives of every step's forward and backward), as docs/observations.md lists them.
+train_sharded and the shard plans (shard_children_then_root, shard_submodules_then_root,
+shard_every_child_then_root) are the sharded parity the other FSDP2 families train with
+(conformance/sharded_parity.h).
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -24,7 +27,7 @@ def _build(kind: str, request):
     import torch
 
     from fsdp_conform_driver.pytorch.models import (MLP, DoubleLinear, MLPStack, ModelArgs,
-                                                    Transformer)
+                                                    NontensorActivations, Transformer)
 
     dtype = getattr(torch, _DTYPES[request.params.get("dtype", "float32")])
     if kind == "mlp":
@@ -42,6 +45,8 @@ def _build(kind: str, request):
         model = MLPStack(request.int_param("mlp_dim"))
     elif kind == "mlp_stack_seq_parallel":
         model = MLPStack(request.int_param("mlp_dim"), with_seq_parallel=True)
+    elif kind == "nontensor_activations":
+        model = NontensorActivations(request.param("container_type"), request.int_param("dim"))
     elif kind == "double_linear":
         model = DoubleLinear(request.int_param("dim"),
                              use_second_linear=request.param("use_second_linear") == "True")
@@ -174,21 +179,66 @@ def single(kind: str):
     return run
 
 
+def fully_shard_kwargs(request):
+    """fully_shard's options of the case: its reshard_after_forward (when the scenario has that
+    parameter) and its shard_placement_fn (shard_placement_kwargs)."""
+    from fsdp_conform_driver.pytorch.fsdp_api import (reshard_after_forward_of,
+                                                      shard_placement_kwargs)
+
+    kwargs = dict(shard_placement_kwargs(request, request.world))
+    if "reshard_after_forward" in request.params:
+        kwargs["reshard_after_forward"] = reshard_after_forward_of(request)
+    return kwargs
+
+
+def shard_children_then_root(model, **kwargs):
+    """The suite's usual plan (ShardChildrenThenRoot): _children_to_shard, then the root."""
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+
+    for child in _children_to_shard(model):
+        fully_shard(child, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def shard_submodules_then_root(*fqns):
+    """A plan (ShardSubmodulesThenRoot): fully_shard on the submodules `fqns` in order, then
+    the root."""
+    def plan(model, **kwargs):
+        from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+
+        for fqn in fqns:
+            fully_shard(model.get_submodule(fqn), **kwargs)
+        fully_shard(model, **kwargs)
+    return plan
+
+
+def shard_every_child_then_root(model, **kwargs):
+    """A plan (ShardEveryChildThenRoot): fully_shard on every direct child, parameter-less ones
+    included (the seed's `for module in model: fully_shard(module)`), then the root."""
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+
+    for child in model.children():
+        fully_shard(child, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def train_sharded(request, kind, plan, train_context=contextlib.nullcontext):
+    """Sharded parity (conformance/sharded_parity.h, RunShardedParityRank): zoo model `kind`
+    with the case's weights, plan(model, **fully_shard_kwargs(request)), `steps` steps of
+    _train inside train_context() recording gradient and parameter shards, then the full
+    parameters (full_tensor(), outside train_context)."""
+    model, _ = _build(kind, request)
+    plan(model, **fully_shard_kwargs(request))
+    with train_context():
+        obs, tensors = _train(request, model, after_backward=_record_grad_shards)
+    for name, p in model.named_parameters():
+        tensors[f"full/{name}"] = p.full_tensor().detach().clone()
+    return obs, tensors
+
+
 def fsdp(kind: str):
     def run(request):
-        from fsdp_conform_driver.pytorch.fsdp_api import (fully_shard, reshard_after_forward_of,
-                                                          shard_placement_kwargs)
-
-        model, _ = _build(kind, request)
-        raf = reshard_after_forward_of(request)
-        placement = shard_placement_kwargs(request, request.world)
-        for child in _children_to_shard(model):
-            fully_shard(child, reshard_after_forward=raf, **placement)
-        fully_shard(model, reshard_after_forward=raf, **placement)
-        obs, tensors = _train(request, model, after_backward=_record_grad_shards)
-        for name, p in model.named_parameters():
-            tensors[f"full/{name}"] = p.full_tensor().detach().clone()
-        return obs, tensors
+        return train_sharded(request, kind, shard_children_then_root)
     return run
 
 

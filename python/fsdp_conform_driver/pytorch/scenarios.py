@@ -11,26 +11,13 @@ Thread-safety: one case per process, on the main thread.
 from __future__ import annotations
 
 from fsdp_conform_driver import ScenarioSkipped, inputs
-from fsdp_conform_driver.pytorch import (fsdp_prefetch, fsdp_state_dict, fully_shard_collective_ops,
-                                        fully_shard_mixed_precision, fully_shard_state_dict,
-                                        fully_shard_training, grad_acc, parity, tp_integration,
-                                        unshard_params)
+from fsdp_conform_driver.pytorch import (fsdp_prefetch, fsdp_state_dict, fully_shard_autograd,
+                                        fully_shard_collective_ops, fully_shard_events,
+                                        fully_shard_mixed_precision, fully_shard_registered_params,
+                                        fully_shard_state_dict, fully_shard_training, grad_acc,
+                                        parity, tp_integration, unshard_params)
+from fsdp_conform_driver.pytorch.sharded_transformer import sharded_transformer
 from fsdp_conform_driver.recorders import CommCounts
-
-
-def _sharded_transformer(request, **fully_shard_kwargs):
-    """Transformer(n_layers, dropout 0) with the case's weights, every block and the root
-    fully_shard-ed with `fully_shard_kwargs` (as the seed's
-    test_fully_shard_communication_count)."""
-    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
-    from fsdp_conform_driver.pytorch.models import ModelArgs, Transformer
-
-    model = Transformer(ModelArgs(n_layers=request.int_param("n_layers"), dropout_p=0.0))
-    model.load_state_dict(inputs.weights(request), strict=True)
-    for layer in model.layers:
-        fully_shard(layer, **fully_shard_kwargs)
-    fully_shard(model, **fully_shard_kwargs)
-    return model
 
 
 def _forward_backward_counts(model, tokens, after_forward=lambda: None) -> dict:
@@ -46,7 +33,7 @@ def _forward_backward_counts(model, tokens, after_forward=lambda: None) -> dict:
 def communication_count(request):
     from fsdp_conform_driver.pytorch.fsdp_api import reshard_after_forward_of
 
-    model = _sharded_transformer(request, reshard_after_forward=reshard_after_forward_of(request))
+    model = sharded_transformer(request, reshard_after_forward=reshard_after_forward_of(request))
     return _forward_backward_counts(model, inputs.step_input(request, 0)), None
 
 
@@ -67,14 +54,14 @@ def set_reshard_after_forward(request):
     kwargs = {}
     if value is not None and request.param("initial") == "not_value":
         kwargs["reshard_after_forward"] = not value
-    model = _sharded_transformer(request, **kwargs)
+    model = sharded_transformer(request, **kwargs)
     if value is not None:
         model.set_reshard_after_forward(value, recurse=request.param("recurse") == "True")
     return _forward_backward_counts(model, inputs.step_input(request, 0)), None
 
 
 def manual_reshard_with_reshard_after_forward_false(request):
-    model = _sharded_transformer(request, reshard_after_forward=False)
+    model = sharded_transformer(request, reshard_after_forward=False)
 
     def reshard_all():
         for module in model.modules():
@@ -184,4 +171,7 @@ SCENARIOS = {
     **fully_shard_training.SCENARIOS,
     **fully_shard_collective_ops.SCENARIOS,
     **fully_shard_mixed_precision.SCENARIOS,
+    **fully_shard_events.SCENARIOS,
+    **fully_shard_autograd.SCENARIOS,
+    **fully_shard_registered_params.SCENARIOS,
 }
