@@ -11,9 +11,9 @@ Thread-safety: one case per process, on the main thread.
 from __future__ import annotations
 
 from fsdp_conform_driver import ScenarioSkipped, inputs
-from fsdp_conform_driver.pytorch import (fsdp_prefetch, fsdp_state_dict, fully_shard_state_dict,
-                                        fully_shard_training, grad_acc, parity, tp_integration,
-                                        unshard_params)
+from fsdp_conform_driver.pytorch import (fsdp_prefetch, fsdp_state_dict, fsdp_wrap,
+                                        fully_shard_state_dict, fully_shard_training, grad_acc,
+                                        parity, tp_integration, unshard_params)
 from fsdp_conform_driver.recorders import CommCounts
 
 
@@ -180,5 +180,6 @@ SCENARIOS = {
     "fsdp_grad_acc/grad_acc_fully_shard": grad_acc.run,
     **unshard_params.SCENARIOS,
     **fsdp_prefetch.SCENARIOS,
+    **fsdp_wrap.SCENARIOS,
     **fully_shard_training.SCENARIOS,
 }

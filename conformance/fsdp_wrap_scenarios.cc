@@ -1,0 +1,400 @@
+// Family `fsdp_wrap`: which FullyShardedDataParallel (FSDP1) instances an auto_wrap_policy makes,
+// what each instance's flat parameter holds, and that the wrapped model still trains like the
+// oracle (test_wrap.py: TestAutoWrap's size_based_auto_wrap_policy tests with min_num_params,
+// force_leaf_modules and exclude_wrap_modules, and the ModuleWrapPolicy tests).
+//
+// The zoo's Transformer is wrapped by FullyShardedDataParallel(model, auto_wrap_policy=...) and
+// trains `steps` steps. Each rank reports the instances in named_modules() order, each as
+// [clean FQN (root ""), [clean FQNs of the original parameters its flat parameter holds, in flat
+// order]], and its losses.
+//
+// The judge derives the instances from the model's module tree by its own play of PyTorch's rules
+// (torch/distributed/fsdp/wrap.py and _wrap_utils.py, 2.4 to 2.15), never by the engine's:
+//  * `_recursive_wrap(module)`: nonwrapped_numel is the numel of module.parameters() (a shared
+//    parameter once); if policy(module, recurse=True, nonwrapped_numel), each child is wrapped
+//    recursively in named_children() order, and the module itself is wrapped when
+//    policy(module, recurse=False, remainder) with remainder = nonwrapped_numel minus what the
+//    children wrapped (a wrapped module reports its whole nonwrapped_numel, an unwrapped one what
+//    its descendants wrapped, a module not recursed into 0). The root is recursed into
+//    (only_wrap_children=True) but never wrapped by the policy; it is always an instance.
+//  * `size_based_auto_wrap_policy`: is_large = nonwrapped_numel >= min_num_params; recurse when
+//    large and the module is not an instance of force_leaf_modules; wrap when large and the
+//    module is not an instance of exclude_wrap_modules.
+//  * `ModuleWrapPolicy`: every module but the root whose class is listed (children first).
+//  * The flat parameter of an instance (_flat_param.py, `_init_flat_param_and_metadata`): the
+//    parameters of its module's named_modules() walk, each module's own parameters in
+//    registration order, skipping the nested instances' and shared ones after their first use.
+// The module tree and the shapes come from the oracle's ParameterSpecs (their FQNs are module
+// paths) and the Transformer's class layout (ZooTransformerClass), the tied output.weight added
+// as the root's last child.
+// Stateless; thread-safe.
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "conformance/fsdp1_params.h"
+#include "conformance/model_zoo.h"
+#include "conformance/observations.h"
+#include "conformance/parity_common.h"
+#include "conformance/rank_checks.h"
+#include "conformance/scenario_registry.h"
+#include "engine/fsdp1/api.h"
+#include "engine/fsdp1/fully_sharded_data_parallel.h"
+#include "engine/fsdp1/wrap_policy.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr const char* kFamily = "fsdp_wrap";
+constexpr const char* kKind = "transformer";
+constexpr const char* kInstances = "fsdp1_instances";
+// The tied output.weight's FQN in named_parameters() (registered first by tok_embeddings).
+constexpr const char* kTiedWeight = "tok_embeddings.weight";
+
+std::vector<std::string> SplitNames(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string part; std::getline(in, part, sep);) {
+    if (!part.empty()) out.push_back(part);
+  }
+  return out;
+}
+
+// The class of the zoo Transformer's module at `path` (common_dtensor.py's layout).
+std::string ZooTransformerClass(const std::vector<std::string>& path) {
+  if (path.empty()) return "Transformer";
+  const std::string& name = path.back();
+  if (path.size() == 1 && name == "layers") return "ModuleList";
+  if (path.size() == 2 && path[0] == "layers") return "TransformerBlock";
+  if (name == "attention") return "Attention";
+  if (name == "feed_forward") return "FeedForward";
+  if (name == "tok_embeddings" || name == "pos_embeddings") return "Embedding";
+  if (name.size() >= 4 && name.compare(name.size() - 4, 4, "norm") == 0) return "LayerNorm";
+  return "Linear";  // wq, wk, wv, wo, w1, w2, output
+}
+
+// One module of the judge's tree: its clean FQN, class, own parameters (as named_parameters()
+// names them: a tied weight under its first FQN) and children in registration order. Modules
+// without parameters (dropout, gelu) are left out: with min_num_params >= 1 and class-based
+// policies over parameterised classes they are never wrapped and hold nothing.
+struct ModuleNode {
+  std::string fqn;
+  std::string cls;
+  std::vector<std::string> params;
+  std::vector<std::unique_ptr<ModuleNode>> children;
+  bool wrapped = false;  // an instance of its own (the policy's choice)
+
+  ModuleNode* Child(const std::string& name, const std::vector<std::string>& path) {
+    const std::string child_fqn = fqn.empty() ? name : fqn + "." + name;
+    for (auto& child : children) {
+      if (child->fqn == child_fqn) return child.get();
+    }
+    children.push_back(std::make_unique<ModuleNode>());
+    children.back()->fqn = child_fqn;
+    children.back()->cls = ZooTransformerClass(path);
+    return children.back().get();
+  }
+};
+
+struct ModuleTree {
+  std::unique_ptr<ModuleNode> root;
+  std::map<std::string, int64_t> numels;  // by named_parameters() FQN
+};
+
+// The Transformer's module tree from the oracle's parameters (pre-order, registration order);
+// with weight tying, `output` is the root's last child and holds tok_embeddings.weight.
+ModuleTree TransformerTree(const ZooModel& model, bool weight_tying) {
+  ModuleTree tree;
+  tree.root = std::make_unique<ModuleNode>();
+  tree.root->cls = ZooTransformerClass({});
+  for (const reference::TensorSpec& spec : model.oracle().ParameterSpecs()) {
+    int64_t numel = 1;
+    for (int64_t d : spec.shape) numel *= d;
+    tree.numels[spec.name] = numel;
+    const std::vector<std::string> parts = SplitNames(spec.name, '.');
+    ModuleNode* node = tree.root.get();
+    std::vector<std::string> path;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      path.push_back(parts[i]);
+      node = node->Child(parts[i], path);
+    }
+    node->params.push_back(spec.name);
+  }
+  if (weight_tying) tree.root->Child("output", {"output"})->params.push_back(kTiedWeight);
+  return tree;
+}
+
+// policy(module, recurse, nonwrapped_numel), PyTorch's callable protocol.
+using Policy = std::function<bool(const ModuleNode& module, bool recurse, int64_t numel)>;
+
+// `_recursive_wrap`: marks the modules to wrap; returns the numel wrapped (file comment).
+int64_t RecursiveWrap(ModuleNode& node, const ModuleTree& tree, const Policy& policy,
+                      bool only_wrap_children) {
+  std::set<std::string> unique;
+  std::function<void(const ModuleNode&)> collect = [&](const ModuleNode& m) {
+    unique.insert(m.params.begin(), m.params.end());
+    for (const auto& child : m.children) collect(*child);
+  };
+  collect(node);
+  int64_t nonwrapped = 0;
+  for (const std::string& p : unique) nonwrapped += tree.numels.at(p);
+  if (!policy(node, /*recurse=*/true, nonwrapped)) return 0;
+  int64_t wrapped = 0;
+  for (auto& child : node.children) wrapped += RecursiveWrap(*child, tree, policy, false);
+  if (!only_wrap_children && policy(node, /*recurse=*/false, nonwrapped - wrapped)) {
+    node.wrapped = true;
+    return nonwrapped;
+  }
+  return wrapped;
+}
+
+// The instances in named_modules() order (a pre-order walk), each as [FQN, [its flat
+// parameter's FQNs]].
+nlohmann::json InstancesJson(const ModuleTree& tree) {
+  nlohmann::json out = nlohmann::json::array();
+  // The flat parameter of `instance`: its walk, stopping at nested instances, a shared parameter
+  // once.
+  auto flat_params = [](const ModuleNode& instance) {
+    std::set<std::string> seen;
+    nlohmann::json params = nlohmann::json::array();
+    std::function<void(const ModuleNode&)> flatten = [&](const ModuleNode& m) {
+      for (const std::string& p : m.params) {
+        if (seen.insert(p).second) params.push_back(p);
+      }
+      for (const auto& child : m.children) {
+        if (!child->wrapped) flatten(*child);
+      }
+    };
+    flatten(instance);
+    return params;
+  };
+  std::function<void(const ModuleNode&, bool)> visit = [&](const ModuleNode& m, bool is_root) {
+    if (is_root || m.wrapped) out.push_back(nlohmann::json::array({m.fqn, flat_params(m)}));
+    for (const auto& child : m.children) visit(*child, false);
+  };
+  visit(*tree.root, true);
+  return out;
+}
+
+// Which policy a scenario applies.
+enum class PolicyKind { kSizeBased, kModuleWrap };
+
+std::set<std::string> ClassSet(const CaseParams& p, const char* name) {
+  const std::vector<std::string> names = SplitNames(p.GetString(name), '+');
+  return {names.begin(), names.end()};
+}
+
+Policy JudgePolicy(PolicyKind kind, const CaseParams& p) {
+  if (kind == PolicyKind::kModuleWrap) {
+    const std::set<std::string> classes = ClassSet(p, "module_classes");
+    return [classes](const ModuleNode& m, bool recurse, int64_t) {
+      return recurse || classes.count(m.cls) > 0;
+    };
+  }
+  const int64_t min_num_params = p.GetInt("min_num_params");
+  const std::set<std::string> force_leaf = ClassSet(p, "force_leaf_modules");
+  const std::set<std::string> exclude = ClassSet(p, "exclude_wrap_modules");
+  return [=](const ModuleNode& m, bool recurse, int64_t numel) {
+    const bool is_large = numel >= min_num_params;
+    return is_large && (recurse ? force_leaf.count(m.cls) == 0 : exclude.count(m.cls) == 0);
+  };
+}
+
+// The judge's tree after the policy ran.
+ModuleTree WrappedTree(PolicyKind kind, const CaseParams& p) {
+  const ParityCase c = DecodeParityCase(kKind, p);
+  ModuleTree tree = TransformerTree(c.model, p.GetBool("weight_tying"));
+  RecursiveWrap(*tree.root, tree, JudgePolicy(kind, p), /*only_wrap_children=*/true);
+  return tree;
+}
+
+// Excluded: a case wrapping `output` apart from the root while its weight is tok_embeddings'
+// (FSDP1 cannot shard one parameter in two instances: the tie would be broken), or wrapping a
+// ModuleList (whose forward never runs, so its flat parameter would never be unsharded).
+std::optional<std::string> Unsupported(PolicyKind kind, const CaseParams& p) {
+  const ModuleTree tree = WrappedTree(kind, p);
+  for (const auto& child : tree.root->children) {
+    if (child->wrapped && child->cls == "ModuleList") {
+      return "the policy wraps the ModuleList `" + child->fqn +
+             "`, whose forward never runs (FSDP1 never unshards its flat parameter)";
+    }
+    if (child->wrapped && p.GetBool("weight_tying") &&
+        (child->fqn == "output" || child->fqn == "tok_embeddings")) {
+      return "the policy wraps `" + child->fqn +
+             "` apart from the root while output.weight is tok_embeddings.weight (FSDP1 cannot "
+             "flatten one parameter into two instances)";
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<nlohmann::json> ExpectWrap(PolicyKind kind, const CaseParams& p, int world) {
+  const ParityCase c = DecodeParityCase(kKind, p);
+  const auto oracle = TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, world);
+  const nlohmann::json instances = InstancesJson(WrappedTree(kind, p));
+  std::vector<nlohmann::json> expected(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    nlohmann::json& e = expected[static_cast<size_t>(r)];
+    e[kLosses] = nlohmann::json::array();
+    for (const auto& step : oracle) e[kLosses].push_back(step.rank_losses.at(r));
+    e["loss_dtype"] = DTypeName(ZooModel::Kind(kKind).LossDType(c.dtype));
+    e[kInstances] = instances;
+  }
+  return expected;
+}
+
+std::shared_ptr<const fsdp1::AutoWrapPolicy> EnginePolicy(PolicyKind kind, const CaseParams& p) {
+  if (kind == PolicyKind::kModuleWrap) {
+    return std::make_shared<fsdp1::ModuleWrapPolicy>(ClassSet(p, "module_classes"));
+  }
+  return std::make_shared<fsdp1::SizeBasedAutoWrapPolicy>(p.GetInt("min_num_params"),
+                                                          ClassSet(p, "force_leaf_modules"),
+                                                          ClassSet(p, "exclude_wrap_modules"));
+}
+
+// The engine's instances in named_modules() order, as the observation spells them.
+nlohmann::json EngineInstances(const std::shared_ptr<fsdp1::FullyShardedDataParallel>& root) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [name, module] : root->named_modules()) {
+    const fsdp1::FullyShardedDataParallel* fsdp = fsdp1::AsFsdp(*module);
+    if (fsdp == nullptr) continue;
+    std::string fqn = fsdp1::CleanTensorName(name);
+    if (fqn == fsdp1::kFsdpWrappedModule) fqn.clear();
+    nlohmann::json params = nlohmann::json::array();
+    if (fsdp->handle != nullptr) {
+      for (const std::string& p : fsdp->handle->fqns()) {
+        params.push_back(fqn.empty() ? p : fqn + "." + p);
+      }
+    }
+    out.push_back(nlohmann::json::array({fqn, params}));
+  }
+  return out;
+}
+
+nlohmann::json RunWrapRank(PolicyKind kind, RankEnv& env) {
+  const ParityCase c = DecodeParityCase(kKind, env.params);
+  nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
+  module->to(env.device);
+  fsdp1::FullyShardedDataParallelOptions options;
+  options.process_group = env.pg;
+  options.sharding_strategy = ParseShardingStrategy(env.params.GetString("sharding_strategy"));
+  options.backward_prefetch = ParseBackwardPrefetch(env.params.GetString("backward_prefetch"));
+  options.use_orig_params = env.params.GetBool("use_orig_params");
+  options.auto_wrap_policy = EnginePolicy(kind, env.params);
+  auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(module, options);
+  nlohmann::json obs;
+  obs[kInstances] = EngineInstances(fsdp_model);
+  const EngineTrainingRecord record =
+      TrainEngine(c.model, *fsdp_model, c.optim, env.Inputs(), c.steps);
+  obs[kLosses] = record.losses;
+  obs["loss_dtype"] = DTypeName(record.loss_dtype);
+  return obs;
+}
+
+Scenario MakeScenario(PolicyKind kind) {
+  Scenario s;
+  const bool size_based = kind == PolicyKind::kSizeBased;
+  s.info.name = std::string(kFamily) + "/" +
+                (size_based ? "size_based_auto_wrap_policy" : "module_wrap_policy");
+  s.info.description =
+      size_based
+          ? "Transformer under FullyShardedDataParallel(auto_wrap_policy=partial("
+            "size_based_auto_wrap_policy, min_num_params, force_leaf_modules, "
+            "exclude_wrap_modules)): the instances, their flat parameters, and 2 steps' losses"
+          : "Transformer under FullyShardedDataParallel(auto_wrap_policy=ModuleWrapPolicy("
+            "module_classes)): the instances, their flat parameters, and 2 steps' losses";
+  s.info.seed_test =
+      size_based
+          ? "test_wrap.py::TestAutoWrap (test_auto_wrap_api, test_auto_wrap_preset_exclude_wrap, "
+            "test_auto_wrap_preset_force_leaf, test_auto_wrap_preset_force_leaf_custom)"
+          : "test_wrap.py::TestAutoWrap::test_module_wrap_policy";
+  s.info.params = ParityParams(
+      ZooModel::Kind(kKind),
+      ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float32"));
+  for (ParamSpec& p : s.info.params) {
+    if (p.name == "steps") p = ParamSpec::SizeInt("steps", "training steps", 2, 1);
+    if (p.name == "optim") p = ParamSpec::SizeString("optim", "optimizer: sgd or adam", "sgd");
+  }
+  if (size_based) {
+    // The default Transformer (dim 16, 2 layers) has blocks of 3216 parameters: attention 1024
+    // (wq..wo 256 each), feed_forward 2128 (w1 1088, w2 1040), two norms of 32. 1024 wraps each
+    // attention (exactly its size) and w1, w2; 1040 wraps w1, w2 (w2 exactly) and each block
+    // around the remaining 1088; 3216 wraps each block (exactly its size). A `>` for `>=`
+    // changes every one of them.
+    s.info.params.push_back(ParamSpec::Axis(
+        "min_num_params", "size_based_auto_wrap_policy min_num_params", {"1024", "1040", "3216"}));
+    s.info.params.push_back(ParamSpec::Axis("force_leaf_modules",
+                                            "size_based_auto_wrap_policy force_leaf_modules, class "
+                                            "names joined by + (MultiheadAttention: "
+                                            "PyTorch's FORCE_LEAF_MODULES)",
+                                            {"MultiheadAttention", "FeedForward"}));
+    s.info.params.push_back(
+        ParamSpec::Axis("exclude_wrap_modules",
+                        "size_based_auto_wrap_policy exclude_wrap_modules, class names joined by + "
+                        "(ModuleList+ModuleDict: "
+                        "PyTorch's EXCLUDE_WRAP_MODULES)",
+                        {"ModuleList+ModuleDict", "ModuleList+ModuleDict+Linear"}));
+  } else {
+    s.info.params.push_back(ParamSpec::Axis(
+        "module_classes", "ModuleWrapPolicy module classes, class names joined by +",
+        {"TransformerBlock", "Attention+FeedForward", "TransformerBlock+FeedForward"}));
+  }
+  s.info.params.push_back(ParamSpec::SizeString(
+      "sharding_strategy", "FullyShardedDataParallel sharding_strategy", "FULL_SHARD"));
+  s.info.params.push_back(ParamSpec::SizeString(
+      "backward_prefetch", "FullyShardedDataParallel backward_prefetch", "BACKWARD_PRE"));
+  s.info.params.push_back(
+      ParamSpec::SizeBool("use_orig_params", "FullyShardedDataParallel use_orig_params", false));
+  s.info.observations.Add(ObservationKey::Losses("the rank's loss at every step"));
+  s.info.observations.Add(ObservationKey::String("loss_dtype", "the dtype of the losses"));
+  const nlohmann::json instance = {
+      {"type", "array"},
+      {"prefixItems",
+       nlohmann::json::array(
+           {{{"type", "string"}}, {{"type", "array"}, {"items", {{"type", "string"}}}}})},
+      {"minItems", 2},
+      {"maxItems", 2}};
+  s.info.observations.Add(ObservationKey::Custom(
+      kInstances, {{"type", "array"}, {"items", instance}},
+      "the FullyShardedDataParallel instances in named_modules() order, each as [clean FQN "
+      "(root \"\"), [clean FQNs of the original parameters its flat parameter holds "
+      "(_handle.flat_param._fqns under the instance's FQN), in flat order]], after construction"));
+  s.info.deterministic = true;
+  s.info.inputs = ZooInputsDoc(ZooModel::Kind(kKind), "the case's dtype");
+  s.info.default_world = 2;
+  s.info.min_world = 1;
+  s.info.max_world = 8;
+  s.info.requirements.devices = {DeviceType::kCPU};
+  s.inputs = ParityInputs(kKind);
+  s.excluded = [kind](const CaseParams& p, int) { return Unsupported(kind, p); };
+  s.run_rank = [kind](RankEnv& env) { return RunWrapRank(kind, env); };
+  s.expect = [kind](const CaseParams& p, int world) { return ExpectWrap(kind, p, world); };
+  s.judge = [kind](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+                   CheckList& checks) {
+    const ParityCase c = DecodeParityCase(kKind, p);
+    const std::vector<nlohmann::json> expected = ExpectWrap(kind, p, world);
+    for (int r = 0; r < world; ++r) {
+      checks.CheckEqual(RankName(r) + " instances and their flat parameters",
+                        expected[static_cast<size_t>(r)][kInstances],
+                        RankObservation(per_rank, r, kInstances));
+      // Wrapping moves parameters between flat parameters, never values.
+      CheckRankLosses(checks, c, expected, per_rank, r);
+    }
+  };
+  return s;
+}
+
+}  // namespace
+
+void RegisterFsdpWrapScenarios(ScenarioRegistry& registry) {
+  registry.Add(MakeScenario(PolicyKind::kSizeBased));
+  registry.Add(MakeScenario(PolicyKind::kModuleWrap));
+}
+
+}  // namespace fsdp::conformance
