@@ -21,7 +21,8 @@ if [ ${#families[@]} -eq 0 ]; then
   families=('fully_shard_comm/*' 'fully_shard_autograd/*' 'parity/single/*' 'parity/fsdp/*'
             'parity/fsdp1/*' 'fsdp_grad_acc/*' 'fsdp_tp_integration/*' 'parity/tp/*'
             'fully_shard_state_dict/*' 'fsdp_state_dict/*' 'fsdp_unshard_params/*' 'checkpoint/*'
-            'fully_shard_training/*' 'fully_shard_frozen/*' 'fsdp_prefetch/*')
+            'fully_shard_training/*' 'fully_shard_frozen/*' 'fsdp_prefetch/*'
+            'fsdp_wrap/*')
 fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.venv-torch-$version"
