@@ -52,7 +52,6 @@ namespace fsdp::conformance {
 namespace {
 
 constexpr const char* kFamily = "fsdp_wrap";
-constexpr const char* kKind = "transformer";
 constexpr const char* kInstances = "fsdp1_instances";
 // The tied output.weight's FQN in named_parameters() (registered first by tok_embeddings).
 constexpr const char* kTiedWeight = "tok_embeddings.weight";
@@ -66,8 +65,43 @@ std::vector<std::string> SplitNames(const std::string& text, char sep) {
   return out;
 }
 
-// The class of the zoo Transformer's module at `path` (common_dtensor.py's layout).
-std::string ZooTransformerClass(const std::vector<std::string>& path) {
+// An axis whose listed values are the defaults while --param accepts any value of `domain`.
+ParamSpec OpenAxis(std::string name, std::string description, std::vector<std::string> values,
+                   ParamDomain domain) {
+  ParamSpec p = ParamSpec::Axis(std::move(name), std::move(description), std::move(values));
+  p.domain = std::move(domain);
+  return p;
+}
+
+// min_num_params: any int >= 1 (0 would wrap every parameterless module too).
+ParamDomain MinNumParamsDomain() {
+  return {"an int >= 1", [](const std::string& v) -> std::optional<std::string> {
+            if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) {
+              return std::nullopt;
+            }
+            const int64_t n = std::stoll(v);
+            if (n < 1) return std::nullopt;
+            return std::to_string(n);
+          }};
+}
+
+// Class names joined by "+", each a Python identifier.
+ParamDomain ClassNamesDomain() {
+  return {"class names joined by +", [](const std::string& v) -> std::optional<std::string> {
+            if (v.empty() || v.front() == '+' || v.back() == '+' ||
+                v.find("++") != std::string::npos ||
+                v.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                    "0123456789_+") != std::string::npos) {
+              return std::nullopt;
+            }
+            return v;
+          }};
+}
+
+// The class of the module at `path` of zoo model `model`: the Transformer's
+// (common_dtensor.py's layout) or MLP's (common_fsdp.py: in_proj, out_proj).
+std::string ZooModuleClass(const std::string& model, const std::vector<std::string>& path) {
+  if (model == "mlp") return path.empty() ? "MLP" : "Linear";
   if (path.empty()) return "Transformer";
   const std::string& name = path.back();
   if (path.size() == 1 && name == "layers") return "ModuleList";
@@ -90,14 +124,15 @@ struct ModuleNode {
   std::vector<std::unique_ptr<ModuleNode>> children;
   bool wrapped = false;  // an instance of its own (the policy's choice)
 
-  ModuleNode* Child(const std::string& name, const std::vector<std::string>& path) {
+  ModuleNode* Child(const std::string& model, const std::string& name,
+                    const std::vector<std::string>& path) {
     const std::string child_fqn = fqn.empty() ? name : fqn + "." + name;
     for (auto& child : children) {
       if (child->fqn == child_fqn) return child.get();
     }
     children.push_back(std::make_unique<ModuleNode>());
     children.back()->fqn = child_fqn;
-    children.back()->cls = ZooTransformerClass(path);
+    children.back()->cls = ZooModuleClass(model, path);
     return children.back().get();
   }
 };
@@ -107,12 +142,13 @@ struct ModuleTree {
   std::map<std::string, int64_t> numels;  // by named_parameters() FQN
 };
 
-// The Transformer's module tree from the oracle's parameters (pre-order, registration order);
-// with weight tying, `output` is the root's last child and holds tok_embeddings.weight.
-ModuleTree TransformerTree(const ZooModel& model, bool weight_tying) {
+// The module tree of `model` from the oracle's parameters (pre-order, registration order);
+// with weight tying, the Transformer's `output` is the root's last child and holds
+// tok_embeddings.weight.
+ModuleTree ZooModuleTree(const ZooModel& model, bool weight_tying) {
   ModuleTree tree;
   tree.root = std::make_unique<ModuleNode>();
-  tree.root->cls = ZooTransformerClass({});
+  tree.root->cls = ZooModuleClass(model.kind(), {});
   for (const reference::TensorSpec& spec : model.oracle().ParameterSpecs()) {
     int64_t numel = 1;
     for (int64_t d : spec.shape) numel *= d;
@@ -122,11 +158,13 @@ ModuleTree TransformerTree(const ZooModel& model, bool weight_tying) {
     std::vector<std::string> path;
     for (size_t i = 0; i + 1 < parts.size(); ++i) {
       path.push_back(parts[i]);
-      node = node->Child(parts[i], path);
+      node = node->Child(model.kind(), parts[i], path);
     }
     node->params.push_back(spec.name);
   }
-  if (weight_tying) tree.root->Child("output", {"output"})->params.push_back(kTiedWeight);
+  if (weight_tying) {
+    tree.root->Child(model.kind(), "output", {"output"})->params.push_back(kTiedWeight);
+  }
   return tree;
 }
 
@@ -182,8 +220,15 @@ nlohmann::json InstancesJson(const ModuleTree& tree) {
   return out;
 }
 
-// Which policy a scenario applies.
+// Which policy a scenario applies, to which zoo model.
 enum class PolicyKind { kSizeBased, kModuleWrap };
+struct WrapScenario {
+  PolicyKind policy;
+  std::string model;  // the zoo kind: "transformer" or "mlp"
+};
+
+// The case's ModelArgs.weight_tying (false for a model without it).
+bool WeightTying(const CaseParams& p) { return p.has("weight_tying") && p.GetBool("weight_tying"); }
 
 std::set<std::string> ClassSet(const CaseParams& p, const char* name) {
   const std::vector<std::string> names = SplitNames(p.GetString(name), '+');
@@ -207,43 +252,46 @@ Policy JudgePolicy(PolicyKind kind, const CaseParams& p) {
 }
 
 // The judge's tree after the policy ran.
-ModuleTree WrappedTree(PolicyKind kind, const CaseParams& p) {
-  const ParityCase c = DecodeParityCase(kKind, p);
-  ModuleTree tree = TransformerTree(c.model, p.GetBool("weight_tying"));
-  RecursiveWrap(*tree.root, tree, JudgePolicy(kind, p), /*only_wrap_children=*/true);
+ModuleTree WrappedTree(const WrapScenario& w, const CaseParams& p) {
+  const ParityCase c = DecodeParityCase(w.model, p);
+  ModuleTree tree = ZooModuleTree(c.model, WeightTying(p));
+  RecursiveWrap(*tree.root, tree, JudgePolicy(w.policy, p), /*only_wrap_children=*/true);
   return tree;
 }
 
-// Excluded: a case wrapping `output` apart from the root while its weight is tok_embeddings'
-// (FSDP1 cannot shard one parameter in two instances: the tie would be broken), or wrapping a
-// ModuleList (whose forward never runs, so its flat parameter would never be unsharded).
-std::optional<std::string> Unsupported(PolicyKind kind, const CaseParams& p) {
-  const ModuleTree tree = WrappedTree(kind, p);
+// Excluded: a case wrapping `output` or `tok_embeddings` apart from the root while output.weight
+// is tok_embeddings.weight (PyTorch then flattens the shared parameter into both instances' flat
+// parameters, two independent copies, so the tie is broken and the model no longer trains like
+// the tied oracle), or wrapping a ModuleList (whose forward never runs, so its flat parameter
+// would never be unsharded).
+std::optional<std::string> Unsupported(const WrapScenario& w, const CaseParams& p) {
+  const ModuleTree tree = WrappedTree(w, p);
   for (const auto& child : tree.root->children) {
     if (child->wrapped && child->cls == "ModuleList") {
       return "the policy wraps the ModuleList `" + child->fqn +
              "`, whose forward never runs (FSDP1 never unshards its flat parameter)";
     }
-    if (child->wrapped && p.GetBool("weight_tying") &&
+    if (child->wrapped && WeightTying(p) &&
         (child->fqn == "output" || child->fqn == "tok_embeddings")) {
       return "the policy wraps `" + child->fqn +
-             "` apart from the root while output.weight is tok_embeddings.weight (FSDP1 cannot "
-             "flatten one parameter into two instances)";
+             "` apart from the root while output.weight is tok_embeddings.weight: FSDP1 "
+             "flattens the shared parameter into both instances (two independent copies), "
+             "breaking the tie the oracle trains with";
     }
   }
   return std::nullopt;
 }
 
-std::vector<nlohmann::json> ExpectWrap(PolicyKind kind, const CaseParams& p, int world) {
-  const ParityCase c = DecodeParityCase(kKind, p);
+std::vector<nlohmann::json> ExpectWrap(const WrapScenario& w, const CaseParams& p, int world) {
+  const ParityCase c = DecodeParityCase(w.model, p);
   const auto oracle = TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, world);
-  const nlohmann::json instances = InstancesJson(WrappedTree(kind, p));
+  const nlohmann::json instances = InstancesJson(WrappedTree(w, p));
   std::vector<nlohmann::json> expected(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     nlohmann::json& e = expected[static_cast<size_t>(r)];
     e[kLosses] = nlohmann::json::array();
     for (const auto& step : oracle) e[kLosses].push_back(step.rank_losses.at(r));
-    e["loss_dtype"] = DTypeName(ZooModel::Kind(kKind).LossDType(c.dtype));
+    e["loss_dtype"] = DTypeName(ZooModel::Kind(w.model).LossDType(c.dtype));
     e[kInstances] = instances;
   }
   return expected;
@@ -277,8 +325,8 @@ nlohmann::json EngineInstances(const std::shared_ptr<fsdp1::FullyShardedDataPara
   return out;
 }
 
-nlohmann::json RunWrapRank(PolicyKind kind, RankEnv& env) {
-  const ParityCase c = DecodeParityCase(kKind, env.params);
+nlohmann::json RunWrapRank(const WrapScenario& w, RankEnv& env) {
+  const ParityCase c = DecodeParityCase(w.model, env.params);
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
   module->to(env.device);
   fsdp1::FullyShardedDataParallelOptions options;
@@ -286,7 +334,7 @@ nlohmann::json RunWrapRank(PolicyKind kind, RankEnv& env) {
   options.sharding_strategy = ParseShardingStrategy(env.params.GetString("sharding_strategy"));
   options.backward_prefetch = ParseBackwardPrefetch(env.params.GetString("backward_prefetch"));
   options.use_orig_params = env.params.GetBool("use_orig_params");
-  options.auto_wrap_policy = EnginePolicy(kind, env.params);
+  options.auto_wrap_policy = EnginePolicy(w.policy, env.params);
   auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(module, options);
   nlohmann::json obs;
   obs[kInstances] = EngineInstances(fsdp_model);
@@ -297,53 +345,65 @@ nlohmann::json RunWrapRank(PolicyKind kind, RankEnv& env) {
   return obs;
 }
 
-Scenario MakeScenario(PolicyKind kind) {
+Scenario MakeScenario(const WrapScenario& w) {
   Scenario s;
-  const bool size_based = kind == PolicyKind::kSizeBased;
+  const bool size_based = w.policy == PolicyKind::kSizeBased;
+  const bool mlp = w.model == "mlp";
   s.info.name = std::string(kFamily) + "/" +
-                (size_based ? "size_based_auto_wrap_policy" : "module_wrap_policy");
+                (size_based ? "size_based_auto_wrap_policy" : "module_wrap_policy") +
+                (mlp ? "_mlp" : "");
   s.info.description =
-      size_based
-          ? "Transformer under FullyShardedDataParallel(auto_wrap_policy=partial("
-            "size_based_auto_wrap_policy, min_num_params, force_leaf_modules, "
-            "exclude_wrap_modules)): the instances, their flat parameters, and 2 steps' losses"
-          : "Transformer under FullyShardedDataParallel(auto_wrap_policy=ModuleWrapPolicy("
-            "module_classes)): the instances, their flat parameters, and 2 steps' losses";
+      std::string(mlp ? "MLP" : "Transformer") + " under FullyShardedDataParallel(" +
+      (size_based ? "auto_wrap_policy=partial(size_based_auto_wrap_policy, min_num_params, "
+                    "force_leaf_modules, exclude_wrap_modules))"
+                  : "auto_wrap_policy=ModuleWrapPolicy(module_classes))") +
+      ": the instances, their flat parameters, and 2 steps' losses";
   s.info.seed_test =
       size_based
           ? "test_wrap.py::TestAutoWrap (test_auto_wrap_api, test_auto_wrap_preset_exclude_wrap, "
             "test_auto_wrap_preset_force_leaf, test_auto_wrap_preset_force_leaf_custom)"
           : "test_wrap.py::TestAutoWrap::test_module_wrap_policy";
   s.info.params = ParityParams(
-      ZooModel::Kind(kKind),
+      ZooModel::Kind(w.model),
       ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float32"));
   for (ParamSpec& p : s.info.params) {
     if (p.name == "steps") p = ParamSpec::SizeInt("steps", "training steps", 2, 1);
     if (p.name == "optim") p = ParamSpec::SizeString("optim", "optimizer: sgd or adam", "sgd");
   }
-  if (size_based) {
+  const std::string force_leaf_doc =
+      "size_based_auto_wrap_policy force_leaf_modules, class names joined by + "
+      "(MultiheadAttention: PyTorch's FORCE_LEAF_MODULES)";
+  const std::string exclude_doc =
+      "size_based_auto_wrap_policy exclude_wrap_modules, class names joined by + "
+      "(ModuleList+ModuleDict: PyTorch's EXCLUDE_WRAP_MODULES)";
+  if (size_based && !mlp) {
     // The default Transformer (dim 16, 2 layers) has blocks of 3216 parameters: attention 1024
     // (wq..wo 256 each), feed_forward 2128 (w1 1088, w2 1040), two norms of 32. 1024 wraps each
     // attention (exactly its size) and w1, w2; 1040 wraps w1, w2 (w2 exactly) and each block
     // around the remaining 1088; 3216 wraps each block (exactly its size). A `>` for `>=`
     // changes every one of them.
-    s.info.params.push_back(ParamSpec::Axis(
-        "min_num_params", "size_based_auto_wrap_policy min_num_params", {"1024", "1040", "3216"}));
-    s.info.params.push_back(ParamSpec::Axis("force_leaf_modules",
-                                            "size_based_auto_wrap_policy force_leaf_modules, class "
-                                            "names joined by + (MultiheadAttention: "
-                                            "PyTorch's FORCE_LEAF_MODULES)",
-                                            {"MultiheadAttention", "FeedForward"}));
+    s.info.params.push_back(OpenAxis("min_num_params", "size_based_auto_wrap_policy min_num_params",
+                                     {"1024", "1040", "3216"}, MinNumParamsDomain()));
+    s.info.params.push_back(OpenAxis("force_leaf_modules", force_leaf_doc,
+                                     {"MultiheadAttention", "FeedForward"}, ClassNamesDomain()));
+    s.info.params.push_back(OpenAxis("exclude_wrap_modules", exclude_doc,
+                                     {"ModuleList+ModuleDict", "ModuleList+ModuleDict+Linear"},
+                                     ClassNamesDomain()));
+  } else if (size_based) {
+    // The default MLP (dim 8, dim_multiplier 4): in_proj 288, out_proj 264. 264 wraps both
+    // (out_proj exactly), leaving the root without a flat parameter; 288 wraps in_proj alone
+    // (exactly); 289 neither (the root recursed into, 552 >= 289, but no child large enough).
+    s.info.params.push_back(OpenAxis("min_num_params", "size_based_auto_wrap_policy min_num_params",
+                                     {"264", "288", "289"}, MinNumParamsDomain()));
     s.info.params.push_back(
-        ParamSpec::Axis("exclude_wrap_modules",
-                        "size_based_auto_wrap_policy exclude_wrap_modules, class names joined by + "
-                        "(ModuleList+ModuleDict: "
-                        "PyTorch's EXCLUDE_WRAP_MODULES)",
-                        {"ModuleList+ModuleDict", "ModuleList+ModuleDict+Linear"}));
+        ParamSpec::SizeString("force_leaf_modules", force_leaf_doc, "MultiheadAttention"));
+    s.info.params.push_back(
+        ParamSpec::SizeString("exclude_wrap_modules", exclude_doc, "ModuleList+ModuleDict"));
   } else {
-    s.info.params.push_back(ParamSpec::Axis(
-        "module_classes", "ModuleWrapPolicy module classes, class names joined by +",
-        {"TransformerBlock", "Attention+FeedForward", "TransformerBlock+FeedForward"}));
+    s.info.params.push_back(
+        OpenAxis("module_classes", "ModuleWrapPolicy module classes, class names joined by +",
+                 {"TransformerBlock", "Attention+FeedForward", "TransformerBlock+FeedForward"},
+                 ClassNamesDomain()));
   }
   s.info.params.push_back(ParamSpec::SizeString(
       "sharding_strategy", "FullyShardedDataParallel sharding_strategy", "FULL_SHARD"));
@@ -366,19 +426,19 @@ Scenario MakeScenario(PolicyKind kind) {
       "(root \"\"), [clean FQNs of the original parameters its flat parameter holds "
       "(_handle.flat_param._fqns under the instance's FQN), in flat order]], after construction"));
   s.info.deterministic = true;
-  s.info.inputs = ZooInputsDoc(ZooModel::Kind(kKind), "the case's dtype");
+  s.info.inputs = ZooInputsDoc(ZooModel::Kind(w.model), "the case's dtype");
   s.info.default_world = 2;
   s.info.min_world = 1;
   s.info.max_world = 8;
   s.info.requirements.devices = {DeviceType::kCPU};
-  s.inputs = ParityInputs(kKind);
-  s.excluded = [kind](const CaseParams& p, int) { return Unsupported(kind, p); };
-  s.run_rank = [kind](RankEnv& env) { return RunWrapRank(kind, env); };
-  s.expect = [kind](const CaseParams& p, int world) { return ExpectWrap(kind, p, world); };
-  s.judge = [kind](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
-                   CheckList& checks) {
-    const ParityCase c = DecodeParityCase(kKind, p);
-    const std::vector<nlohmann::json> expected = ExpectWrap(kind, p, world);
+  s.inputs = ParityInputs(w.model);
+  s.excluded = [w](const CaseParams& p, int) { return Unsupported(w, p); };
+  s.run_rank = [w](RankEnv& env) { return RunWrapRank(w, env); };
+  s.expect = [w](const CaseParams& p, int world) { return ExpectWrap(w, p, world); };
+  s.judge = [w](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+                CheckList& checks) {
+    const ParityCase c = DecodeParityCase(w.model, p);
+    const std::vector<nlohmann::json> expected = ExpectWrap(w, p, world);
     for (int r = 0; r < world; ++r) {
       checks.CheckEqual(RankName(r) + " instances and their flat parameters",
                         expected[static_cast<size_t>(r)][kInstances],
@@ -393,8 +453,9 @@ Scenario MakeScenario(PolicyKind kind) {
 }  // namespace
 
 void RegisterFsdpWrapScenarios(ScenarioRegistry& registry) {
-  registry.Add(MakeScenario(PolicyKind::kSizeBased));
-  registry.Add(MakeScenario(PolicyKind::kModuleWrap));
+  registry.Add(MakeScenario({PolicyKind::kSizeBased, "transformer"}));
+  registry.Add(MakeScenario({PolicyKind::kSizeBased, "mlp"}));
+  registry.Add(MakeScenario({PolicyKind::kModuleWrap, "transformer"}));
 }
 
 }  // namespace fsdp::conformance

@@ -1,5 +1,6 @@
-"""fsdp_wrap/size_based_auto_wrap_policy and fsdp_wrap/module_wrap_policy in PyTorch: the zoo's
-Transformer under FullyShardedDataParallel(model, auto_wrap_policy=...) with
+"""fsdp_wrap/size_based_auto_wrap_policy, fsdp_wrap/size_based_auto_wrap_policy_mlp and
+fsdp_wrap/module_wrap_policy in PyTorch: the zoo's Transformer (MLP for the _mlp scenario) under
+FullyShardedDataParallel(model, auto_wrap_policy=...) with
 functools.partial(size_based_auto_wrap_policy, min_num_params, force_leaf_modules,
 exclude_wrap_modules) or ModuleWrapPolicy(module_classes), as test_wrap.py's TestAutoWrap builds
 them, then trained `steps` steps (parity._train).
@@ -20,17 +21,24 @@ from __future__ import annotations
 
 import functools
 
+from fsdp_conform_driver import ScenarioSkipped
 from fsdp_conform_driver.pytorch import parity
 
 
 def _classes(request, name):
-    """The module classes the case's parameter `name` names ("ModuleList+ModuleDict")."""
+    """The module classes the case's parameter `name` names ("ModuleList+ModuleDict"); raises
+    ScenarioSkipped for a name that is neither a zoo model class nor in torch.nn."""
     import torch
 
     from fsdp_conform_driver.pytorch import models
 
-    return {getattr(models, n, None) or getattr(torch.nn, n)
-            for n in request.param(name).split("+") if n}
+    out = set()
+    for n in request.param(name).split("+"):
+        cls = getattr(models, n, None) or getattr(torch.nn, n, None)
+        if not isinstance(cls, type):
+            raise ScenarioSkipped(f"{name}: no module class '{n}' in torch.nn or models.py")
+        out.add(cls)
+    return out
 
 
 def _policy(request):
@@ -62,18 +70,22 @@ def instances(root):
     return out
 
 
-def run(request):
-    from fsdp_conform_driver.pytorch.fsdp1_api import wrap
+def run(kind: str):
+    """The scenario function for zoo model `kind`: wrap, report the instances, train."""
+    def run_kind(request):
+        from fsdp_conform_driver.pytorch.fsdp1_api import wrap
 
-    model, _ = parity._build("transformer", request)
-    fsdp_model = wrap(request, model, _policy(request))
-    wrapped = instances(fsdp_model)
-    obs, tensors = parity._train(request, fsdp_model, after_step=lambda *args: None)
-    obs["fsdp1_instances"] = wrapped
-    return obs, tensors
+        model, _ = parity._build(kind, request)
+        fsdp_model = wrap(request, model, _policy(request))
+        wrapped = instances(fsdp_model)
+        obs, tensors = parity._train(request, fsdp_model, after_step=lambda *args: None)
+        obs["fsdp1_instances"] = wrapped
+        return obs, tensors
+    return run_kind
 
 
 SCENARIOS = {
-    "fsdp_wrap/size_based_auto_wrap_policy": run,
-    "fsdp_wrap/module_wrap_policy": run,
+    "fsdp_wrap/size_based_auto_wrap_policy": run("transformer"),
+    "fsdp_wrap/size_based_auto_wrap_policy_mlp": run("mlp"),
+    "fsdp_wrap/module_wrap_policy": run("transformer"),
 }
