@@ -3,10 +3,10 @@
 // oracle (test_wrap.py: TestAutoWrap's size_based_auto_wrap_policy tests with min_num_params,
 // force_leaf_modules and exclude_wrap_modules, and the ModuleWrapPolicy tests).
 //
-// The zoo's Transformer is wrapped by FullyShardedDataParallel(model, auto_wrap_policy=...) and
-// trains `steps` steps. Each rank reports the instances in named_modules() order, each as
-// [clean FQN (root ""), [clean FQNs of the original parameters its flat parameter holds, in flat
-// order]], and its losses.
+// The zoo's Transformer (MLP for size_based_auto_wrap_policy_mlp) is wrapped by
+// FullyShardedDataParallel(model, auto_wrap_policy=...) and trains `steps` steps. Each rank reports
+// the instances in named_modules() order, each as [clean FQN (root ""), [clean FQNs of the original
+// parameters its flat parameter holds, in flat order]], and its losses.
 //
 // The judge derives the instances from the model's module tree by its own play of PyTorch's rules
 // (torch/distributed/fsdp/wrap.py and _wrap_utils.py, 2.4 to 2.15), never by the engine's:
@@ -19,14 +19,16 @@
 //    (only_wrap_children=True) but never wrapped by the policy; it is always an instance.
 //  * `size_based_auto_wrap_policy`: is_large = nonwrapped_numel >= min_num_params; recurse when
 //    large and the module is not an instance of force_leaf_modules; wrap when large and the
-//    module is not an instance of exclude_wrap_modules.
+//    module is not an instance of exclude_wrap_modules. So a forced leaf is neither recursed
+//    into nor wrapped itself (its parameters stay with the enclosing instance).
 //  * `ModuleWrapPolicy`: every module but the root whose class is listed (children first).
 //  * The flat parameter of an instance (_flat_param.py, `_init_flat_param_and_metadata`): the
 //    parameters of its module's named_modules() walk, each module's own parameters in
 //    registration order, skipping the nested instances' and shared ones after their first use.
 // The module tree and the shapes come from the oracle's ParameterSpecs (their FQNs are module
-// paths) and the Transformer's class layout (ZooTransformerClass), the tied output.weight added
-// as the root's last child.
+// paths) and the models' class layouts (ZooModuleClass), the Transformer's tied output.weight
+// added as the root's last child. Classes are matched by name, exactly (PyTorch's isinstance
+// also matches subclasses; the zoo models have none).
 // Stateless; thread-safe.
 #include <functional>
 #include <map>
