@@ -30,6 +30,7 @@
 // added as the root's last child. Classes are matched by name, exactly (PyTorch's isinstance
 // also matches subclasses; the zoo models have none).
 // Stateless; thread-safe.
+#include <cstddef>
 #include <functional>
 #include <map>
 #include <memory>
@@ -77,14 +78,15 @@ ParamSpec OpenAxis(std::string name, std::string description, std::vector<std::s
 
 // min_num_params: any int >= 1 (0 would wrap every parameterless module too).
 ParamDomain MinNumParamsDomain() {
-  return {"an int >= 1", [](const std::string& v) -> std::optional<std::string> {
-            if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos) {
-              return std::nullopt;
-            }
-            const int64_t n = std::stoll(v);
-            if (n < 1) return std::nullopt;
-            return std::to_string(n);
-          }};
+  return {
+      "an int >= 1", [](const std::string& v) -> std::optional<std::string> {
+        if (v.empty() || v.size() > 18 || v.find_first_not_of("0123456789") != std::string::npos) {
+          return std::nullopt;
+        }
+        const int64_t n = std::stoll(v);
+        if (n < 1) return std::nullopt;
+        return std::to_string(n);
+      }};
 }
 
 // Class names joined by "+", each a Python identifier.
@@ -116,9 +118,7 @@ std::string ZooModuleClass(const std::string& model, const std::vector<std::stri
 }
 
 // One module of the judge's tree: its clean FQN, class, own parameters (as named_parameters()
-// names them: a tied weight under its first FQN) and children in registration order. Modules
-// without parameters (dropout, gelu) are left out: with min_num_params >= 1 and class-based
-// policies over parameterised classes they are never wrapped and hold nothing.
+// names them: a tied weight under its first FQN) and children in registration order.
 struct ModuleNode {
   std::string fqn;
   std::string cls;
@@ -137,7 +137,39 @@ struct ModuleNode {
     children.back()->cls = ZooModuleClass(model, path);
     return children.back().get();
   }
+  // Inserts a module without parameters (`cls`) as child number `index`.
+  void InsertParameterless(size_t index, const std::string& name, const std::string& cls) {
+    auto node = std::make_unique<ModuleNode>();
+    node->fqn = fqn.empty() ? name : fqn + "." + name;
+    node->cls = cls;
+    children.insert(children.begin() + static_cast<std::ptrdiff_t>(index), std::move(node));
+  }
+  size_t IndexOf(const std::string& name) const {
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (children[i]->fqn == (fqn.empty() ? name : fqn + "." + name)) return i;
+    }
+    return children.size();
+  }
 };
+
+// The Transformer's modules without parameters, which the oracle's parameters do not show
+// (never wrapped by a size policy, as their numel 0 is below any min_num_params >= 1; a
+// ModuleWrapPolicy naming their class wraps them): the root's `dropout` after pos_embeddings,
+// each Attention's `resid_dropout` before wq, each FeedForward's `gelu` after w1 and
+// `resid_dropout` last. MLP has none (its ReLUs are functional).
+void AddTransformerParameterless(ModuleNode& node) {
+  if (node.cls == "Transformer") {
+    node.InsertParameterless(node.IndexOf("pos_embeddings") + 1, "dropout", "Dropout");
+  } else if (node.cls == "Attention") {
+    node.InsertParameterless(0, "resid_dropout", "Dropout");
+  } else if (node.cls == "FeedForward") {
+    node.InsertParameterless(node.IndexOf("w1") + 1, "gelu", "GELU");
+    node.InsertParameterless(node.children.size(), "resid_dropout", "Dropout");
+  }
+  for (auto& child : node.children) {
+    if (child->cls != "Dropout" && child->cls != "GELU") AddTransformerParameterless(*child);
+  }
+}
 
 struct ModuleTree {
   std::unique_ptr<ModuleNode> root;
@@ -167,6 +199,7 @@ ModuleTree ZooModuleTree(const ZooModel& model, bool weight_tying) {
   if (weight_tying) {
     tree.root->Child(model.kind(), "output", {"output"})->params.push_back(kTiedWeight);
   }
+  if (model.kind() == "transformer") AddTransformerParameterless(*tree.root);
   return tree;
 }
 
