@@ -30,6 +30,7 @@ void RegisterFullyShardPrefetchScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardOverlapScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardRegisteredParamsScenarios(ScenarioRegistry& registry);
 void RegisterFsdpPrefetchScenarios(ScenarioRegistry& registry);
+void RegisterFsdpWrapScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -55,6 +56,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardOverlapScenarios(registry);
   RegisterFullyShardRegisteredParamsScenarios(registry);
   RegisterFsdpPrefetchScenarios(registry);
+  RegisterFsdpWrapScenarios(registry);
 }
 
 }  // namespace fsdp::conformance

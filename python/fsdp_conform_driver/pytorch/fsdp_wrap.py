@@ -1,0 +1,91 @@
+"""fsdp_wrap/size_based_auto_wrap_policy, fsdp_wrap/size_based_auto_wrap_policy_mlp and
+fsdp_wrap/module_wrap_policy in PyTorch: the zoo's Transformer (MLP for the _mlp scenario) under
+FullyShardedDataParallel(model, auto_wrap_policy=...) with
+functools.partial(size_based_auto_wrap_policy, min_num_params, force_leaf_modules,
+exclude_wrap_modules) or ModuleWrapPolicy(module_classes), as test_wrap.py's TestAutoWrap builds
+them, then trained `steps` steps (parity._train).
+
+Each rank reports `fsdp1_instances`: the FullyShardedDataParallel instances in named_modules()
+order, each as [FQN, [FQNs of its flat parameter's original parameters]], FQNs without
+`_fsdp_wrapped_module` (the root's ""), a parameter's FQN being its instance's FQN joined to
+`_handle.flat_param._fqns` (relative to the instance's module, in flat order; the same
+attributes in 2.5.1 and 2.15.0).
+
+Class names in the case's parameters are joined by "+"; torch.nn's classes and the zoo
+Transformer's (models.py: Attention, FeedForward, TransformerBlock) are known.
+
+Thread-safety: one case at a time per process, on the main thread.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from fsdp_conform_driver import ScenarioSkipped
+from fsdp_conform_driver.pytorch import parity
+
+
+def _classes(request, name):
+    """The module classes the case's parameter `name` names ("ModuleList+ModuleDict"); raises
+    ScenarioSkipped for a name that is neither a zoo model class nor in torch.nn."""
+    import torch
+
+    from fsdp_conform_driver.pytorch import models
+
+    out = set()
+    for n in request.param(name).split("+"):
+        cls = getattr(models, n, None) or getattr(torch.nn, n, None)
+        if not isinstance(cls, type):
+            raise ScenarioSkipped(f"{name}: no module class '{n}' in torch.nn or models.py")
+        out.add(cls)
+    return out
+
+
+def _policy(request):
+    """The case's auto_wrap_policy: ModuleWrapPolicy where the scenario has module_classes,
+    else size_based_auto_wrap_policy with the case's min_num_params, force_leaf_modules and
+    exclude_wrap_modules."""
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+
+    if "module_classes" in request.params:
+        return ModuleWrapPolicy(_classes(request, "module_classes"))
+    return functools.partial(size_based_auto_wrap_policy,
+                             min_num_params=request.int_param("min_num_params"),
+                             force_leaf_modules=_classes(request, "force_leaf_modules"),
+                             exclude_wrap_modules=_classes(request, "exclude_wrap_modules"))
+
+
+def instances(root):
+    """[[instance FQN, [parameter FQNs in flat order]], ...] in named_modules() order."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    out = []
+    for name, module in root.named_modules():
+        if not isinstance(module, FSDP):
+            continue
+        fqn = name.replace("_fsdp_wrapped_module.", "").replace("_fsdp_wrapped_module", "")
+        handle = module._handle
+        fqns = list(handle.flat_param._fqns) if handle is not None else []
+        out.append([fqn, [f"{fqn}.{p}" if fqn else p for p in fqns]])
+    return out
+
+
+def run(kind: str):
+    """The scenario function for zoo model `kind`: wrap, report the instances, train."""
+    def run_kind(request):
+        from fsdp_conform_driver.pytorch.fsdp1_api import wrap
+
+        model, _ = parity._build(kind, request)
+        fsdp_model = wrap(request, model, _policy(request))
+        wrapped = instances(fsdp_model)
+        obs, tensors = parity._train(request, fsdp_model, after_step=lambda *args: None)
+        obs["fsdp1_instances"] = wrapped
+        return obs, tensors
+    return run_kind
+
+
+SCENARIOS = {
+    "fsdp_wrap/size_based_auto_wrap_policy": run("transformer"),
+    "fsdp_wrap/size_based_auto_wrap_policy_mlp": run("mlp"),
+    "fsdp_wrap/module_wrap_policy": run("transformer"),
+}
