@@ -52,9 +52,9 @@ run options:
   --world N            world size instead of each scenario's default (scenarios whose
                        range excludes N are skipped)
   --param KEY=VALUE    fix a parameter (repeatable); KEY must belong to a matched scenario
-  --semantics NAME     FSDP semantics profile the run is judged by: torch-2.4 (default) or
-                       torch-2.8 (sets the `semantics` parameter of every scenario that
-                       declares it)
+  --semantics NAME     FSDP semantics profile the run is judged by: torch-2.4 (default),
+                       torch-2.8 or torch-2.15 (sets the `semantics` parameter of every
+                       scenario that declares it)
   --json FILE|-        write the results as JSON to FILE, or to stdout with '-' (the table
                        then goes to stderr)
   --timeout SECONDS    deadline per case (default 300); stragglers are stopped

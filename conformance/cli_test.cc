@@ -121,10 +121,11 @@ TEST(Cli, RunRecordsTheSemanticsProfile) {
   EXPECT_THAT(json.err, HasSubstr("\nsemantics: torch-2.8\n"));
   EXPECT_EQ(nlohmann::json::parse(json.out)["semantics"], "torch-2.8");
   const CliResult list = Cli({"list"});
-  EXPECT_THAT(list.out, HasSubstr("semantics: torch-2.4, torch-2.8 (default torch-2.4)"));
+  EXPECT_THAT(list.out,
+              HasSubstr("semantics: torch-2.4, torch-2.8, torch-2.15 (default torch-2.4)"));
   const CliResult list_json = Cli({"list", "--json"});
   EXPECT_EQ(nlohmann::json::parse(list_json.out)["semantics"],
-            nlohmann::json::array({"torch-2.4", "torch-2.8"}));
+            nlohmann::json::array({"torch-2.4", "torch-2.8", "torch-2.15"}));
   const CliResult unknown = Cli({"run", "toy/sum", "--semantics", "torch-2.6"});
   EXPECT_EQ(unknown.code, kExitUsage);
   EXPECT_THAT(unknown.err, HasSubstr("unknown FSDP semantics 'torch-2.6'"));

@@ -84,7 +84,7 @@ fsdp2::ShardPlacementFn ShardPlacementFnOf(const CaseParams& params, int shard_w
 
 ParamSpec ReshardAfterForwardAxis(const std::string& description) {
   ParamSpec spec = ParamSpec::Axis("reshard_after_forward", description, {"True", "False", "2"});
-  spec.domain = ParamDomain{"True, False, None under torch-2.8, or an int >= 1",
+  spec.domain = ParamDomain{"True, False, None from torch-2.8 on, or an int >= 1",
                             CanonicalReshardAfterForward};
   return spec;
 }

@@ -35,7 +35,8 @@ TEST(SemanticsParam, IsAFixedValueOverTheKnownProfiles) {
   EXPECT_EQ(spec.default_value(), kTorch24);
   for (const std::string& name : fsdp2::SemanticsNames()) EXPECT_EQ(spec.Canonicalize(name), name);
   EXPECT_THAT(ErrorOf([&] { spec.Canonicalize("torch-2.6"); }),
-              HasSubstr("parameter 'semantics' takes torch-2.4 or torch-2.8; got 'torch-2.6'"));
+              HasSubstr("parameter 'semantics' takes torch-2.4, torch-2.8 or torch-2.15; got "
+                        "'torch-2.6'"));
   EXPECT_NO_THROW(ValidateParamSpecs("f/c", {spec}));
   EXPECT_EQ(SemanticsOf(CaseParams()), fsdp2::kDefaultSemantics);  // not declared
   EXPECT_EQ(SemanticsOf(CaseParams({{kSemanticsParam, kTorch28}})), fsdp2::Semantics::kTorch2_8);
@@ -100,6 +101,15 @@ TEST(ReshardsAfterForward, FollowsTheProfiles) {
         << raf;
   }
   EXPECT_FALSE(ReshardsAfterForward(Case(kTorch28, "None"), true));
+  // torch-2.15 has torch-2.8's rule.
+  const std::string torch215 = fsdp2::SemanticsName(fsdp2::Semantics::kTorch2_15);
+  for (const char* raf : {"True", "2", "False", "1", "None"}) {
+    for (const bool is_root : {false, true}) {
+      EXPECT_EQ(ReshardsAfterForward(Case(torch215, raf), is_root),
+                ReshardsAfterForward(Case(kTorch28, raf), is_root))
+          << raf << " root " << is_root;
+    }
+  }
 }
 
 }  // namespace

@@ -4,8 +4,12 @@
 // case runs one optimizer step; gradients, parameters and losses are judged against the
 // float64 oracle within the bound derived from finfo(dtype).eps and the model's size
 // (PlanMixedPrecisionRtol), and the collectives exactly: all-gathers carry param_dtype bytes,
-// reduce-scatters reduce_dtype bytes (else param_dtype's), the gradients come back in the
-// parameters' dtype, and the model's output has output_dtype (else param_dtype).
+// reduce-scatters reduce_dtype bytes (else param_dtype's, or the parameters' under torch-2.15),
+// the gradients come back in the parameters' dtype, and the model's output has output_dtype
+// (else param_dtype). Each scenario has a `semantics` parameter: with param_dtype set and
+// reduce_dtype None, torch-2.4 and torch-2.8 reduce in param_dtype, torch-2.15 in the
+// parameters' dtype (fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset); ctest also runs each at
+// world 2 under torch-2.15.
 //   compute_dtype                TestFullyShardMixedPrecisionTraining.test_compute_dtype:
 //                                param_dtype bfloat16 / float16
 //   reduce_dtype                 TestFullyShardMixedPrecisionTraining.test_reduce_dtype:
@@ -25,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "conformance/fsdp_params.h"
 #include "conformance/fully_shard_plan.h"
 #include "conformance/scenario_registry.h"
 
@@ -59,13 +64,18 @@ FullyShardPlan MixedPrecisionPlan(const CaseParams& p) {
   return plan;
 }
 
-// Mixed precision is judged over one optimizer step: `steps` defaults to 1.
-void OneStep(Scenario& s) {
+// What every scenario of the family shares: mixed precision is judged over one optimizer step
+// (`steps` defaults to 1); the reduce dtype depends on the semantics profile (a `semantics`
+// parameter, and a ctest run under torch-2.15, whose rule differs).
+void FinishMixedPrecision(Scenario& s) {
   for (ParamSpec& spec : s.info.params) {
     if (spec.name == "steps") {
       spec = ParamSpec::SizeInt("steps", "optimizer steps (mixed precision: 1)", 1, 1);
     }
   }
+  s.info.params.push_back(SemanticsParam());
+  s.info.test_runs.push_back(
+      {2, {{kSemanticsParam, fsdp2::SemanticsName(fsdp2::Semantics::kTorch2_15)}}});
 }
 
 Scenario Make(const std::string& test, const std::string& description,
@@ -79,7 +89,7 @@ Scenario Make(const std::string& test, const std::string& description,
         plan.accumulate_without_sync = accumulate;
         return plan;
       });
-  OneStep(s);
+  FinishMixedPrecision(s);
   return s;
 }
 
@@ -91,7 +101,8 @@ Scenario LowPrecisionSubmodules() {
       "fully_shard_mixed_precision/float16_on_one_submodule",
       "MLPStack in float32, blocks 0 and 1 with param_dtype float16 / bfloat16, "
       "cast_forward_inputs and output_dtype float32, the root without mixed precision: each "
-      "block's collectives in its own dtype, values vs the oracle",
+      "block's collectives in its own dtype (torch-2.15: reduce-scatters in float32), values "
+      "vs the oracle",
       "test_fully_shard_mixed_precision.py::TestFullyShardMixedPrecisionCasts::"
       "test_float16_on_one_submodule",
       kKind, "float32",
@@ -106,20 +117,20 @@ Scenario LowPrecisionSubmodules() {
         for (const std::string& fqn : plan.groups) plan.group_mp_policies[fqn] = low;
         return plan;
       });
-  OneStep(s);
+  FinishMixedPrecision(s);
   return s;
 }
 
 }  // namespace
 
 void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry) {
-  registry.Add(Make("compute_dtype",
-                    "MLPStack with param_dtype bfloat16 / float16: all-gathers in param_dtype, "
-                    "compute and reduce-scatter in it, float32 gradients; vs the oracle within "
-                    "u * sqrt(N)",
-                    {ParamSpec::Axis("param_dtype", "MixedPrecisionPolicy.param_dtype",
-                                     {"bfloat16", "float16"})},
-                    /*accumulate=*/false));
+  registry.Add(Make(
+      "compute_dtype",
+      "MLPStack with param_dtype bfloat16 / float16: all-gathers and compute in "
+      "param_dtype, reduce-scatter in it (torch-2.15: in float32), float32 "
+      "gradients; vs the oracle within u * sqrt(N)",
+      {ParamSpec::Axis("param_dtype", "MixedPrecisionPolicy.param_dtype", {"bfloat16", "float16"})},
+      /*accumulate=*/false));
   registry.Add(Make("reduce_dtype",
                     "MLPStack with reduce_dtype bfloat16 under param_dtype float32, or float32 "
                     "under param_dtype bfloat16: the reduce-scatter's dtype and bytes, gradients "

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "conformance/fsdp1_params.h"
+#include "conformance/fsdp_params.h"
 #include "conformance/model_zoo.h"
 #include "conformance/observations.h"
 #include "conformance/parity_common.h"
@@ -91,12 +92,17 @@ int64_t PaddedShardNumel(const std::vector<std::string>& names, const ZooModel& 
 }
 
 // The dtypes of a group's collectives (its MixedPrecisionPolicy): all-gather in param_dtype,
-// the reduction in reduce_dtype, else in the gradient's dtype (param_dtype when set).
+// the reduction in reduce_dtype, else in the gradient's dtype, param_dtype when set (torch-2.4,
+// torch-2.8), or in the parameters' dtype (torch-2.15, which accumulates and reduces gradients
+// in the original dtype: fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset).
 DType AllGatherDType(const FullyShardPlan& plan, const std::string& fqn) {
   return plan.PolicyOf(fqn).param_dtype.value_or(plan.dtype);
 }
 DType ReduceDType(const FullyShardPlan& plan, const std::string& fqn) {
-  return plan.PolicyOf(fqn).reduce_dtype.value_or(AllGatherDType(plan, fqn));
+  const DType unset = fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset(plan.semantics)
+                          ? AllGatherDType(plan, fqn)
+                          : plan.dtype;
+  return plan.PolicyOf(fqn).reduce_dtype.value_or(unset);
 }
 // The model's output: cast by the root's post-forward to output_dtype, else computed in the
 // root's param_dtype (float32 for a model whose forward ends with `.float()`).
@@ -223,6 +229,7 @@ fsdp2::FullyShardOptions PlanOptions(const FullyShardPlan& plan, const RankEnv& 
     options.process_group = env.pg;
   }
   options.offload_policy = plan.offload_policy;
+  options.semantics = plan.semantics;
   if (!plan.reshard_after_forward) options.reshard_after_forward = false;  // else the default
   for (const std::string& fqn : plan.ignored_params) {
     bool found = false;
@@ -298,6 +305,7 @@ FullyShardPlan DecodePlanBase(const std::string& kind, const CaseParams& params)
   plan.steps = params.GetInt("steps");
   FSDP_CHECK(plan.steps >= 1, "steps must be >= 1, got ", plan.steps);
   plan.lr = params.GetDouble("lr");
+  plan.semantics = SemanticsOf(params);
   plan.dtype = ParseDType(params.GetString("dtype"));
   FSDP_CHECK(plan.dtype == DType::kFloat32 || plan.dtype == DType::kFloat64,
              "dtype must be float32 or float64, got ", params.GetString("dtype"));

@@ -49,6 +49,7 @@
 #include "conformance/scenario.h"
 #include "engine/core/dtype.h"
 #include "engine/fsdp/fsdp_api.h"
+#include "engine/fsdp/semantics.h"
 
 namespace fsdp::conformance {
 
@@ -89,6 +90,10 @@ struct FullyShardPlan {
   // (on the root, recurse): it reduce-scatters and keeps the partial sums, the last one adds
   // them and all-reduces. Default: off (every backward all-reduces).
   bool defer_all_reduce = false;
+  // Every fully_shard call's semantics profile: the case's `semantics` (the default profile
+  // for a family without that parameter). It decides the reduce dtype of a group with
+  // param_dtype and no reduce_dtype (fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset).
+  fsdp2::Semantics semantics = fsdp2::kDefaultSemantics;
   fsdp2::MixedPrecisionPolicy mp_policy;  // every fully_shard call's, unless overridden below
   // A group's own MixedPrecisionPolicy by module FQN ("" the root). Default: none.
   std::map<std::string, fsdp2::MixedPrecisionPolicy> group_mp_policies;
@@ -131,7 +136,8 @@ using PlanDecoder = std::function<FullyShardPlan(const CaseParams& params, int w
 // (atol/rtol for float32 runs, atol_float64/rtol_float64 for float64 ones), plus zoo model
 // `kind`'s own knobs.
 std::vector<ParamSpec> PlanParams(const std::string& kind, const std::string& default_dtype);
-// A plan with those parameters decoded (the family fills in the rest).
+// A plan with those parameters decoded, and the case's semantics profile (SemanticsOf; the
+// family fills in the rest).
 FullyShardPlan DecodePlanBase(const std::string& kind, const CaseParams& params);
 
 // The runner-owned inputs: the zoo's weights and, per rank, the input of every micro-batch

@@ -297,7 +297,8 @@ TEST(Runner, SemanticsErrorsNameTheProblem) {
   RunOptions unknown = Options({"fully_shard_comm/communication_count"});
   unknown.semantics = "torch-2.6";
   EXPECT_THAT(PlanDefaultError(unknown),
-              HasSubstr("unknown FSDP semantics 'torch-2.6'; known profiles: torch-2.4, torch-2.8"));
+              HasSubstr("unknown FSDP semantics 'torch-2.6'; known profiles: torch-2.4, "
+                        "torch-2.8, torch-2.15"));
   RunOptions disagree = unknown;
   disagree.semantics = "torch-2.8";
   disagree.params = {{"semantics", "torch-2.4"}};

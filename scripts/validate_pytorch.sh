@@ -4,7 +4,8 @@
 #      numpy from PyPI (reused when it already holds torch V);
 #   2. `fsdp-conform run FAMILIES --subject external --driver python/fsdp-conform-pytorch
 #      --backend gloo --semantics S --max-driver-ranks M --json build/validate-pytorch/V/run.json`,
-#      S being the profile of V's release (torch-2.8 from 2.8 on, torch-2.4 before), M the most
+#      S being the profile of V's release (torch-2.15 from 2.15 on, torch-2.8 from 2.8 on,
+#      torch-2.4 before), M the most
 #      Python ranks at once (MAX_DRIVER_RANKS, default 8: each is an interpreter with torch,
 #      a few hundred MB), CASE_TIMEOUT (default 120 s) the deadline of each case; the driver
 #      serves sessions (one process per rank for the whole run);
@@ -37,7 +38,8 @@ torch_version=$("$python" -c "import torch; print(torch.__version__)")
 semantics=$("$python" -c "
 import torch
 major, minor = (int(x) for x in torch.__version__.split('.')[:2])
-print('torch-2.8' if (major, minor) >= (2, 8) else 'torch-2.4')")
+print('torch-2.15' if (major, minor) >= (2, 15) else
+      'torch-2.8' if (major, minor) >= (2, 8) else 'torch-2.4')")
 out="$root/build/validate-pytorch/$version"
 mkdir -p "$out"
 command=(fsdp-conform run "${families[@]}" --subject external

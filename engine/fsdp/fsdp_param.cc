@@ -204,12 +204,19 @@ void FsdpParam::reset_sharded_param() {
   orig_dtype_ = sharded_param_.dtype();
 }
 
-void FsdpParam::init_dtype_attrs(const MixedPrecisionPolicy& mp_policy) {
+void FsdpParam::init_dtype_attrs(const MixedPrecisionPolicy& mp_policy, Semantics semantics) {
   orig_dtype_ = sharded_param_.dtype();
   std::optional<DType> param_dtype = mp_policy.param_dtype;
   std::optional<DType> reduce_dtype = mp_policy.reduce_dtype;
-  if (reduce_dtype == param_dtype) reduce_dtype.reset();
+  const bool reduces_in_param_dtype = ReducesInParamDtypeWhenReduceDtypeUnset(semantics);
+  // Gradients are computed in param_dtype, so a reduce_dtype equal to it needs no cast; unset
+  // then means the same (not under torch-2.15, where unset means the original dtype).
+  if (reduces_in_param_dtype && reduce_dtype == param_dtype) reduce_dtype.reset();
   if (param_dtype == orig_dtype_ || !IsFloatingPoint(orig_dtype_)) param_dtype.reset();
+  // torch-2.15: an unset reduce_dtype is the original dtype (PyTorch 2.15's
+  // FSDPParam.unsharded_grad_dtype): gradients computed in param_dtype are upcast to it to
+  // accumulate across backwards without sync and to be reduced.
+  if (!reduces_in_param_dtype && !reduce_dtype && param_dtype) reduce_dtype = orig_dtype_;
   param_dtype_ = param_dtype;
   reduce_dtype_ = reduce_dtype;
 }

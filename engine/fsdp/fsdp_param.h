@@ -47,6 +47,7 @@
 #include "engine/fsdp/comm_context.h"
 #include "engine/fsdp/fsdp_api.h"
 #include "engine/fsdp/mesh_info.h"
+#include "engine/fsdp/semantics.h"
 #include "engine/fsdp/shard_layout.h"
 #include "engine/fsdp/tp_sharding.h"
 #include "engine/fsdp/training_state.h"
@@ -146,11 +147,15 @@ class FsdpParam {
   void reset_sharded_param();
 
   // ---- Dtypes (docs/fsdp-behaviour.md, "Dtypes"; computed at lazy init) ----
-  void init_dtype_attrs(const MixedPrecisionPolicy& mp_policy);
+  // `semantics` decides what an unset reduce_dtype means (ReducesInParamDtypeWhenReduceDtypeUnset).
+  void init_dtype_attrs(const MixedPrecisionPolicy& mp_policy, Semantics semantics);
   DType orig_dtype() const { return orig_dtype_; }
   // Unset when equal to the original dtype or when the parameter is not floating point.
   const std::optional<DType>& param_dtype() const { return param_dtype_; }
-  // Unset when equal to param_dtype.
+  // The dtype gradients are accumulated (without sync) and reduced in; unset: the gradient's
+  // own, param_dtype when set. torch-2.4 / torch-2.8: the policy's reduce_dtype, unset when
+  // equal to the policy's param_dtype. torch-2.15: the policy's reduce_dtype, else the
+  // original dtype when param_dtype is set (unset otherwise: gradients have that dtype).
   const std::optional<DType>& reduce_dtype() const { return reduce_dtype_; }
   DType unsharded_dtype() const { return param_dtype_.value_or(orig_dtype_); }
 

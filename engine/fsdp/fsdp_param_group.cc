@@ -40,13 +40,15 @@ std::string DTypesStr(const std::set<std::optional<DType>>& dtypes) {
 FsdpParamGroup::FsdpParamGroup(std::vector<ParamToShard> params, std::vector<nn::Module*> modules,
                                FsdpMeshInfo mesh_info,
                                std::optional<FsdpMeshInfo> post_forward_mesh_info, Device device,
-                               MixedPrecisionPolicy mp_policy, OffloadPolicy offload_policy)
+                               MixedPrecisionPolicy mp_policy, OffloadPolicy offload_policy,
+                               Semantics semantics)
     : modules_(std::move(modules)),
       mesh_info_(std::move(mesh_info)),
       post_forward_mesh_info_(std::move(post_forward_mesh_info)),
       device_(device),
       mp_policy_(mp_policy),
       offload_policy_(offload_policy),
+      semantics_(semantics),
       comm_ctx_(std::make_shared<CommContext>()) {
   for (ParamToShard& p : params) {
     fsdp_params_.push_back(std::make_unique<FsdpParam>(p.param, std::move(p.module_info),
@@ -130,7 +132,7 @@ void FsdpParamGroup::init_mixed_precision() {
   std::set<std::optional<DType>> orig_dtypes;
   std::set<std::optional<DType>> reduce_dtypes;
   for (auto& p : fsdp_params_) {
-    p->init_dtype_attrs(mp_policy_);
+    p->init_dtype_attrs(mp_policy_, semantics_);
     if (!p->sharded_param().requires_grad()) continue;
     orig_dtypes.insert(p->orig_dtype());
     reduce_dtypes.insert(p->reduce_dtype());

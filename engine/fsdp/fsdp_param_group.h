@@ -35,6 +35,7 @@
 #include "engine/fsdp/fsdp_collectives.h"
 #include "engine/fsdp/fsdp_param.h"
 #include "engine/fsdp/mesh_info.h"
+#include "engine/fsdp/semantics.h"
 #include "engine/fsdp/training_state.h"
 #include "engine/nn/value.h"
 
@@ -56,9 +57,12 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
  public:
   // Shards every parameter immediately (each FsdpParam registers its sharded parameter).
   // `modules`: the modules fully_shard was given (one, or several for fully_shard([m1, m2])).
+  // `semantics`: the fully_shard call's profile (semantics.h), which decides the mixed-precision
+  // dtypes.
   FsdpParamGroup(std::vector<ParamToShard> params, std::vector<nn::Module*> modules,
                  FsdpMeshInfo mesh_info, std::optional<FsdpMeshInfo> post_forward_mesh_info,
-                 Device device, MixedPrecisionPolicy mp_policy, OffloadPolicy offload_policy);
+                 Device device, MixedPrecisionPolicy mp_policy, OffloadPolicy offload_policy,
+                 Semantics semantics = kDefaultSemantics);
   FsdpParamGroup(const FsdpParamGroup&) = delete;
   FsdpParamGroup& operator=(const FsdpParamGroup&) = delete;
 
@@ -120,6 +124,7 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
   bool use_post_forward_mesh() const;
   Device device() const { return device_; }
   const MixedPrecisionPolicy& mp_policy() const { return mp_policy_; }
+  Semantics semantics() const { return semantics_; }
   const std::shared_ptr<CommContext>& comm_ctx() const { return comm_ctx_; }
   void set_comm_ctx(std::shared_ptr<CommContext> comm_ctx) { comm_ctx_ = std::move(comm_ctx); }
   // The group the current all-gather runs over (post-forward group in SHARDED_POST_FORWARD).
@@ -149,6 +154,7 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
   Device device_;
   MixedPrecisionPolicy mp_policy_;
   OffloadPolicy offload_policy_;
+  Semantics semantics_;
   std::vector<std::unique_ptr<FsdpParam>> fsdp_params_;
   std::optional<std::string> module_fqn_;
   std::shared_ptr<CommContext> comm_ctx_;

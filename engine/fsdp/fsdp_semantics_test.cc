@@ -2,12 +2,14 @@
 // "Semantics profiles"): the profile names, and the root's reshard-after-forward rule under
 // each profile, observed the way the seeds observe it (the root group's state after forward,
 // CommDebugMode's backward all-gathers, the unshard events), on a Transformer with its blocks
-// and the root sharded, over the threaded process group at world 4.
+// and the root sharded, over the threaded process group at world 4; and the reduce dtype of a
+// MixedPrecisionPolicy without reduce_dtype under each profile (an MLP at world 2).
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <memory>
-#include <ostream>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -35,7 +37,7 @@ constexpr int kWorld = 4;
 
 TEST(FsdpSemanticsNames, RoundTripAndUnknownNames) {
   const std::vector<std::string> names = fsdp2::SemanticsNames();
-  ASSERT_EQ(names.size(), 2u);
+  ASSERT_EQ(names, (std::vector<std::string>{"torch-2.4", "torch-2.8", "torch-2.15"}));
   for (const std::string& name : names) {
     EXPECT_EQ(fsdp2::SemanticsName(fsdp2::ParseSemantics(name)), name);
   }
@@ -46,8 +48,9 @@ TEST(FsdpSemanticsNames, RoundTripAndUnknownNames) {
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_EQ(e.message(), "unknown FSDP semantics 'torch-2.6'; known profiles: " + names[0] +
-                               ", " + names[1]);
+    EXPECT_EQ(e.message(),
+              "unknown FSDP semantics 'torch-2.6'; known profiles: torch-2.4, torch-2.8, "
+              "torch-2.15");
   }
 }
 
@@ -68,7 +71,11 @@ std::string Name(const RootCase& c) {
       raf = "Int" + std::to_string(std::get<int>(*c.raf));
     }
   }
-  return std::string(c.semantics == Semantics::kTorch2_4 ? "Torch24" : "Torch28") + "Raf" + raf;
+  std::string profile;  // "torch-2.15" -> "torch215"
+  for (const char* p = fsdp2::SemanticsName(c.semantics); *p != '\0'; ++p) {
+    if (std::isalnum(static_cast<unsigned char>(*p))) profile += *p;
+  }
+  return profile + "Raf" + raf;
 }
 
 std::string CaseName(const ::testing::TestParamInfo<RootCase>& info) { return Name(info.param); }
@@ -138,6 +145,7 @@ TEST_P(FsdpRootReshard, AfterForwardAndInBackward) {
 std::vector<RootCase> RootCases() {
   const Semantics v24 = Semantics::kTorch2_4;
   const Semantics v28 = Semantics::kTorch2_8;
+  const Semantics v215 = Semantics::kTorch2_15;
   return {
       // torch-2.4: the root never reshards after forward; unset is the default True.
       {v24, std::nullopt, false, true},
@@ -151,6 +159,9 @@ std::vector<RootCase> RootCases() {
       {v28, 2, true, true},
       {v28, kWorld, true, true},  // int W means True
       {v28, 1, false, false},     // int 1 means False
+      // torch-2.15 has torch-2.8's root rule.
+      {v215, std::nullopt, false, true},
+      {v215, true, true, true},
   };
 }
 
@@ -189,6 +200,67 @@ TEST(FsdpRootReshardSetter, AfterLazyInitTheSetterReshardsTheRootUnderBothProfil
       sum(loss).backward();
     });
     ASSERT_TRUE(results.all_ok()) << results.summary();
+  }
+}
+
+// MixedPrecisionPolicy(param_dtype=bfloat16) on a float32 MLP at world 2: a backward without
+// gradient sync, then a synced one. With reduce_dtype None, torch-2.4 and torch-2.8 keep the
+// gradients in bfloat16 (accumulated by autograd) and reduce-scatter them in bfloat16;
+// torch-2.15 upcasts them to float32 to accumulate and reduce-scatters in float32
+// (ReducesInParamDtypeWhenReduceDtypeUnset). An explicit reduce_dtype=bfloat16 reduces in
+// bfloat16 under every profile. The sharded gradients are float32 either way.
+TEST(FsdpReduceDtype, UnsetReduceDtypeFollowsTheProfile) {
+  constexpr const char* kReduceScatter = "c10d._reduce_scatter_base_";
+  constexpr int kMpWorld = 2;
+  for (Semantics semantics : {Semantics::kTorch2_4, Semantics::kTorch2_8, Semantics::kTorch2_15}) {
+    for (const std::optional<DType> reduce_dtype :
+         {std::optional<DType>(), std::optional(DType::kBFloat16)}) {
+      const bool in_param_dtype =
+          reduce_dtype || fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset(semantics);
+      EXPECT_EQ(in_param_dtype, reduce_dtype || semantics != Semantics::kTorch2_15);
+      const DType reduced = in_param_dtype ? DType::kBFloat16 : DType::kFloat32;
+      const std::string what = std::string(fsdp2::SemanticsName(semantics)) +
+                               (reduce_dtype ? " reduce_dtype=bfloat16" : " reduce_dtype=None");
+      auto results = RunRanks(kMpWorld, [&](RankEnv& env) {
+        auto model = std::make_shared<nn::MLP>(8);
+        fsdp2::FullyShardOptions options;
+        options.semantics = semantics;
+        options.mp_policy.param_dtype = DType::kBFloat16;
+        options.mp_policy.reduce_dtype = reduce_dtype;
+        fsdp2::FSDPModule root = fsdp2::fully_shard(model, options);
+        const Tensor input = Tensor::randn({2, 8});
+        // Without sync: no reduce-scatter; the unsharded gradients wait in the reduce dtype.
+        root.set_requires_gradient_sync(false);
+        CommDebugMode no_sync;
+        sum((*model)(input).tensor()).backward();
+        no_sync.exit();
+        EXPECT_EQ(no_sync.get_count(kReduceScatter), 0) << what;
+        int64_t numel = 0;
+        for (const auto& p : root.param_group()->fsdp_params()) {
+          EXPECT_EQ(p->reduce_dtype().value_or(DType::kBFloat16), reduced) << what;
+          const Tensor waiting = p->unsharded_accumulated_grad().defined()
+                                     ? p->unsharded_accumulated_grad()
+                                     : p->unsharded_grad();
+          ASSERT_TRUE(waiting.defined()) << what << " " << p->fqn();
+          EXPECT_EQ(waiting.dtype(), reduced) << what << " " << p->fqn();
+          numel += Numel(p->padded_sharded_size()) * kMpWorld;
+        }
+        // Synced: one reduce-scatter of every padded gradient in the reduce dtype.
+        root.set_requires_gradient_sync(true);
+        CommDebugMode synced;
+        sum((*model)(input).tensor()).backward();
+        synced.exit();
+        EXPECT_EQ(synced.get_count(kReduceScatter), 1) << what;
+        EXPECT_EQ(synced.get_comm_bytes()[kReduceScatter],
+                  numel * static_cast<int64_t>(ElementSize(reduced)))
+            << what;
+        for (const auto& [name, p] : model->named_parameters()) {
+          ASSERT_TRUE(p.grad().defined()) << what << " " << name;
+          EXPECT_EQ(p.grad().dtype(), DType::kFloat32) << what << " " << name;
+        }
+      });
+      ASSERT_TRUE(results.all_ok()) << what << "\n" << results.summary();
+    }
   }
 }
 

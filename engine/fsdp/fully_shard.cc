@@ -147,7 +147,7 @@ std::vector<FSDPModule> fully_shard(const std::vector<nn::ModulePtr>& modules,
     }
     auto group = std::make_shared<FsdpParamGroup>(std::move(to_shard), roots, mesh_info,
                                                   post_forward_mesh_info, device, options.mp_policy,
-                                                  options.offload_policy);
+                                                  options.offload_policy, options.semantics);
     RegisterStateDictHooks(group);
     state->set_param_group(std::move(group));
   }

@@ -6,7 +6,7 @@ namespace fsdp::fsdp2 {
 
 namespace {
 
-constexpr Semantics kAll[] = {Semantics::kTorch2_4, Semantics::kTorch2_8};
+constexpr Semantics kAll[] = {Semantics::kTorch2_4, Semantics::kTorch2_8, Semantics::kTorch2_15};
 
 }  // namespace
 
@@ -16,6 +16,8 @@ const char* SemanticsName(Semantics semantics) {
       return "torch-2.4";
     case Semantics::kTorch2_8:
       return "torch-2.8";
+    case Semantics::kTorch2_15:
+      return "torch-2.15";
   }
   return "?";
 }
@@ -50,6 +52,10 @@ bool HasReshardAfterForwardNone(Semantics semantics) {
 
 bool EndOfBackwardSweepsEveryGroup(Semantics semantics) {
   return semantics != Semantics::kTorch2_4;
+}
+
+bool ReducesInParamDtypeWhenReduceDtypeUnset(Semantics semantics) {
+  return semantics != Semantics::kTorch2_15;
 }
 
 bool LazyInitKeepsRootUnsharded(Semantics semantics, bool auto_reshard_after_forward) {

@@ -1,5 +1,5 @@
 // Semantics: the PyTorch release whose FSDP2 rules fully_shard follows where releases differ
-// observably (docs/fsdp-behaviour.md, "Semantics profiles"). Two profiles:
+// observably (docs/fsdp-behaviour.md, "Semantics profiles"). Three profiles:
 //
 //   torch-2.4  (default) reshard_after_forward is a bool or an int, default True, and lazy init
 //              clears the root's post-forward mesh whatever was passed: the root never reshards
@@ -14,9 +14,15 @@
 //              _root_post_backward_final_callback tests `is_unsharded`; from pull request
 //              144781, i.e. 2.7 on, `_training_state != TrainingState.POST_BACKWARD`, so 2.7
 //              has the torch-2.4 root rule and the torch-2.8 sweep).
+//   torch-2.15 torch-2.8's rules, and with MixedPrecisionPolicy(param_dtype=X,
+//              reduce_dtype=None) the gradients are accumulated and reduced in the parameters'
+//              own dtype, where the earlier profiles reduce them in X, the dtype autograd
+//              computes them in (PyTorch 2.15 and later: MixedPrecisionPolicy's docstring,
+//              "versionchanged:: 2.15"; FSDPParam.unsharded_grad_dtype is reduce_dtype, else
+//              the original dtype, and FSDPParamGroup._get_reduce_dtype promotes over it).
 //
-// The profile is a fully_shard option (FullyShardOptions::semantics), kept by each FsdpState.
-// Everything else the engine does is the same under both profiles.
+// The profile is a fully_shard option (FullyShardOptions::semantics), kept by each FsdpState
+// and each FsdpParamGroup. Everything else the engine does is the same under every profile.
 //
 // Value types and stateless functions; thread-safe.
 #pragma once
@@ -28,13 +34,14 @@
 namespace fsdp::fsdp2 {
 
 enum class Semantics {
-  kTorch2_4,  // "torch-2.4"
-  kTorch2_8,  // "torch-2.8"
+  kTorch2_4,   // "torch-2.4"
+  kTorch2_8,   // "torch-2.8"
+  kTorch2_15,  // "torch-2.15"
 };
 
 inline constexpr Semantics kDefaultSemantics = Semantics::kTorch2_4;
 
-// "torch-2.4", "torch-2.8".
+// "torch-2.4", "torch-2.8", "torch-2.15".
 const char* SemanticsName(Semantics semantics);
 // Every profile's name, oldest first.
 std::vector<std::string> SemanticsNames();
@@ -58,5 +65,13 @@ bool LazyInitKeepsRootUnsharded(Semantics semantics, bool auto_reshard_after_for
 // profile also sweeps a group left in PRE_BACKWARD, docs/fsdp.md "[Note: end-of-backward
 // sweep]").
 bool EndOfBackwardSweepsEveryGroup(Semantics semantics);
+
+// Whether a group whose MixedPrecisionPolicy sets param_dtype but leaves reduce_dtype None
+// reduces its gradients in param_dtype, the dtype autograd computes them in (torch-2.4,
+// torch-2.8: PyTorch 2.14 and earlier, foreach_reduce's `reduce_dtype or grad_dtype`), rather
+// than accumulating them across backwards without sync and reducing them in the parameters'
+// original dtype, as an explicit reduce_dtype equal to it would (torch-2.15). Either way the
+// reduced gradient is cast to the original dtype.
+bool ReducesInParamDtypeWhenReduceDtypeUnset(Semantics semantics);
 
 }  // namespace fsdp::fsdp2

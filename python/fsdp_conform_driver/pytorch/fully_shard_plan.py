@@ -130,29 +130,6 @@ def _mp_policy(kwargs: Dict[str, object]):
         else value for key, value in kwargs.items()})
 
 
-def _skip_reduce_dtype_unset_since_2_15(plan: Plan, dtype_name: str) -> None:
-    """Skips a plan with a group whose policy sets param_dtype (another dtype than the
-    parameters') but leaves reduce_dtype None, on torch 2.15 and later: the suite's profiles
-    (torch-2.4, torch-2.8) expect such a group to reduce in param_dtype, which 2.15 changed."""
-    import torch
-
-    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-    if (major, minor) < (2, 15):
-        return
-    for group in plan.groups + [""]:
-        policy = plan.policy_of(group)
-        param_dtype = policy.get("param_dtype", "None")
-        if param_dtype not in ("None", dtype_name) and policy.get("reduce_dtype", "None") == "None":
-            raise ScenarioSkipped(
-                f"group '{group}' has MixedPrecisionPolicy(param_dtype={param_dtype}, "
-                f"reduce_dtype=None), which the suite's semantics profiles (torch-2.4, "
-                f"torch-2.8) reduce in param_dtype; torch {torch.__version__} reduces it in "
-                f"the parameters' dtype ({dtype_name}) instead (MixedPrecisionPolicy "
-                f"docstring, 'versionchanged:: 2.15': 'With reduce_dtype=None, gradients were "
-                f"previously reduced in param_dtype when it was set'), so the reduce-scatter "
-                f"bytes differ by a release change no profile models yet")
-
-
 def _set_divide_factor(module, factor: float) -> None:
     """set_gradient_divide_factor (2.6 and later) or, before it, set_reduce_scatter_divide_factor
     (2.4, 2.5: a PREMUL_SUM(1 / factor) reduce-scatter op, which Gloo ignores)."""
@@ -260,7 +237,6 @@ def run(request, plan: Plan):
     """One rank's run of `plan` (module comment): (observations, tensors)."""
     import torch
 
-    _skip_reduce_dtype_unset_since_2_15(plan, request.params.get("dtype", "float32"))
     model, _ = parity._build(plan.kind, request)
     shard(request, plan, model)
     mixed_dtype_linears: Set[str] = set()
