@@ -1,5 +1,5 @@
 """Tests of the PyTorch driver's port of the suite's exact reduction inputs
-(fully_shard_collective_ops.reduce_inputs, after conformance/collective_data.h): the properties
+(collective_data.reduce_inputs, after conformance/collective_data.h): the properties
 the reduce_scatter_* judges rely on. Torch-free. Run:
 python3 -m unittest discover -s python/tests (ctest: python_driver_kit)."""
 
@@ -9,7 +9,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from fsdp_conform_driver.pytorch.fully_shard_collective_ops import reduce_inputs  # noqa: E402
+from fsdp_conform_driver.pytorch.collective_data import reduce_inputs  # noqa: E402
 
 
 class ReduceInputsTest(unittest.TestCase):
