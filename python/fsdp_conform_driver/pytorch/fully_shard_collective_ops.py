@@ -9,7 +9,7 @@ test_fully_shard_comm.py TestFullyShardCollectiveOps), and set_reduce_scatter_di
                         post-forward group after _to_sharded_post_forward
   reduce_scatter_fp32 / _bf16 / _fp16
                         foreach_reduce of the suite's exact per-rank gradients (ReduceInput of
-                        conformance/collective_data.h, ported below) in the reduce dtype, with
+                        conformance/collective_data.h, collective_data.py) in the reduce dtype, with
                         the divide op and the pre/post divide factors PyTorch applied, observed
                         on its calls (the reduce-scatter's op, _div_if_needed's factors)
   set_reduce_scatter_divide_factor
