@@ -81,7 +81,7 @@ def _reduce_op(request):
 
 def _unsupported(request, error: Exception):
     """ScenarioSkipped for a reduction the backend refuses whatever the dtype: Gloo has no
-    PREMUL_SUM, and before 2.6 no AVG either (ProcessGroupGloo raises "Cannot use
+    PREMUL_SUM, and 2.4 / 2.5's no AVG either (2.15.0's has; ProcessGroupGloo raises "Cannot use
     ReduceOp.PREMUL_SUM with Gloo" / "Cannot use ReduceOp.AVG with Gloo"); any other error is
     the case's."""
     op = request.param("op")
