@@ -312,6 +312,17 @@ class KnownDefectsTest(unittest.TestCase):
         self.assertIn("set_reduce_scatter_divide_factor", self.defect(
             {"name": "fully_shard_comm/set_reduce_scatter_divide_factor", "params": {}}, "2.5.1"))
 
+    def test_collectives_blame_gloo_reduce_scatter_only_for_ops_other_than_sum(self):
+        def case(op):
+            return {"name": "collectives/reduce_scatter_tensor",
+                    "params": {"op": op, "dtype": "int64", "in_place": "False"}}
+        for op in ("avg", "min", "max", "premul_sum"):
+            self.assertIn("reduce_scatter_tensor_coalesced", self.defect(case(op), "2.5.1"))
+            self.assertIsNone(self.defect(case(op), "2.15.0"))
+        self.assertIsNone(self.defect(case("sum"), "2.5.1"))
+        self.assertIsNone(self.defect(
+            {"name": "collectives/all_reduce", "params": {"op": "min"}}, "2.5.1"))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -77,6 +77,14 @@ KNOWN_DEFECTS = [
      "(one all-gather fewer in the next step's forward; had the parameters changed in between, "
      "the forward would run on the stale ones)",
      "pytorch/pytorch#137348, merged in October 2024 after the 2.5 branch; 2.15.0 has the fix"),
+    (("collectives/reduce_scatter_tensor",), {"op": lambda v: v != "sum"}, ("2.4", "2.5"),
+     "Gloo's reduce_scatter_tensor ignores the reduce op: ProcessGroupGloo::"
+     "reduce_scatter_tensor_coalesced builds AllreduceOptions with opts.reduceOp but calls "
+     "allreduce(inp) without them, so every op sums (AVG, MIN and MAX return the SUM; "
+     "PREMUL_SUM neither applies its factors nor raises, and on int64 AVG / PREMUL_SUM are not "
+     "rejected)",
+     "pytorch/pytorch torch/csrc/distributed/c10d/ProcessGroupGloo.cpp "
+     "reduce_scatter_tensor_coalesced; 2.15.0 honours the op"),
     (("fsdp_state_dict/*",), {"state_dict_type": "state_dict",
                               "state_dict_rank0_and_offload": "True"}, ("2.5",),
      "FULL_STATE_DICT with offload_to_cpu=True on a CPU-resident FSDP1 model: "

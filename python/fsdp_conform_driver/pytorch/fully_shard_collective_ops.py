@@ -9,7 +9,7 @@ test_fully_shard_comm.py TestFullyShardCollectiveOps), and set_reduce_scatter_di
                         post-forward group after _to_sharded_post_forward
   reduce_scatter_fp32 / _bf16 / _fp16
                         foreach_reduce of the suite's exact per-rank gradients (ReduceInput of
-                        conformance/collective_data.h, ported below) in the reduce dtype, with
+                        conformance/collective_data.h, collective_data.py) in the reduce dtype, with
                         the divide op and the pre/post divide factors PyTorch applied, observed
                         on its calls (the reduce-scatter's op, _div_if_needed's factors)
   set_reduce_scatter_divide_factor
@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import List
-
 from fsdp_conform_driver import ScenarioSkipped, inputs
+from fsdp_conform_driver.pytorch.collective_data import reduce_inputs
 
 
 def _fsdp_modules():
@@ -188,57 +187,6 @@ def all_gather_fp32(request):
         all_gather(post.shard_process_group)
         report("post_forward")
     return obs, tensors
-
-
-# ---- the suite's exact reduction inputs (conformance/collective_data.{h,cc}) -------------------
-
-
-def _balanced_ternary_digit(value: int, digit: int) -> int:
-    for _ in range(digit):
-        d = ((value % 3) + 4) % 3 - 1
-        value = (value - d) // 3
-    return ((value % 3) + 4) % 3 - 1
-
-
-def _rank_code(rank: int, world: int) -> int:
-    if rank >= world - world % 2:
-        return 0
-    k = rank // 2 + 1
-    return k if rank % 2 == 0 else -k
-
-
-def _code_digits(world: int) -> int:
-    digits, largest = 0, 0
-    while largest < world // 2:
-        largest = 3 * largest + 1
-        digits += 1
-    return digits
-
-
-def reduce_inputs(world: int, chunk_size: int, rank: int, count: int) -> List[float]:
-    """Elements [0, count) of rank `rank`'s reduction input of layout {world, chunk_size}
-    (collective_data.h, ReduceInputs with begin 0): element j of chunk q is
-    s * (a + d_r), a = 2 up to world 64 (else 1), s = -1 where bit j of q is set, d_r the
-    rank's balanced-ternary code digit at the first D positions of a chunk, then +1 for one
-    HIGH rank and -1 for the next (advancing one rank per position)."""
-    magnitude = 2 if world <= 64 else 1
-    digits = 0 if world < 2 else _code_digits(world)
-    code = [_balanced_ternary_digit(_rank_code(rank, world), k) for k in range(digits)]
-    out, chunk, position, high = [], 0, 0, 0
-    for _ in range(count):
-        deviation = 0
-        if position < digits:
-            deviation = code[position]
-        elif digits > 0:
-            low = 0 if high + 1 == world else high + 1
-            deviation = 1 if rank == high else -1 if rank == low else 0
-            high = low
-        sign = -1 if position < 63 and (chunk >> position) & 1 else 1
-        out.append(float(sign * (magnitude + deviation)))
-        position += 1
-        if position == chunk_size:
-            position, chunk = 0, chunk + 1
-    return out
 
 
 def _grad_chunk_size(shape, world: int) -> int:

@@ -160,13 +160,14 @@ class MLPStack(nn.Sequential):
 
 
 class MLPModule(nn.Module):
-    """common_dtensor.py's MLPModule: net1 = Linear(10, 16), relu, net2 = Linear(16, 10)."""
+    """common_dtensor.py's MLPModule: net1 = Linear(10, 16), relu, net2 = Linear(16, 10)
+    (both with or without bias)."""
 
-    def __init__(self) -> None:
+    def __init__(self, bias: bool = True) -> None:
         super().__init__()
-        self.net1 = nn.Linear(10, 16)
+        self.net1 = nn.Linear(10, 16, bias=bias)
         self.relu = nn.ReLU()
-        self.net2 = nn.Linear(16, 10)
+        self.net2 = nn.Linear(16, 10, bias=bias)
 
     def forward(self, x):
         return self.net2(self.relu(self.net1(x)))

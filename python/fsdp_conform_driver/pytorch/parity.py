@@ -23,13 +23,16 @@ from fsdp_conform_driver.recorders import CommCounts
 _DTYPES = {"float32": "float32", "float64": "float64"}
 
 
-def _build(kind: str, request):
+def _build(kind: str, request, dtype_name=None):
+    """The zoo model `kind` of the case in PyTorch, in `dtype_name` (default: the case's dtype,
+    float32 where it has none), loaded with the case's weights."""
     import torch
 
-    from fsdp_conform_driver.pytorch.models import (MLP, DoubleLinear, MLPStack, ModelArgs,
-                                                    NontensorActivations, Transformer)
+    from fsdp_conform_driver.pytorch.models import (MLP, DoubleLinear, MLPModule, MLPStack,
+                                                    ModelArgs, NontensorActivations,
+                                                    SimpleModel, TpExtensionModel, Transformer)
 
-    dtype = getattr(torch, _DTYPES[request.params.get("dtype", "float32")])
+    dtype = getattr(torch, _DTYPES[dtype_name or request.params.get("dtype", "float32")])
     if kind == "mlp":
         model = MLP(request.int_param("dim"),
                     with_buffer=request.param("with_buffer").lower() == "true",
@@ -50,6 +53,12 @@ def _build(kind: str, request):
     elif kind == "double_linear":
         model = DoubleLinear(request.int_param("dim"),
                              use_second_linear=request.param("use_second_linear") == "True")
+    elif kind == "mlp_module":
+        model = MLPModule(bias=request.param("bias") == "True")
+    elif kind == "mlp_rms_norm":
+        model = TpExtensionModel()
+    elif kind == "tp_simple_model":
+        model = SimpleModel()
     elif kind == "state_dict_model":
         from fsdp_conform_driver.pytorch.fsdp_state_dict_models import Model
 

@@ -11,12 +11,12 @@ Thread-safety: one case per process, on the main thread.
 from __future__ import annotations
 
 from fsdp_conform_driver import ScenarioSkipped, inputs
-from fsdp_conform_driver.pytorch import (fsdp_prefetch, fsdp_state_dict, fsdp_wrap,
+from fsdp_conform_driver.pytorch import (collectives, fsdp_prefetch, fsdp_state_dict, fsdp_wrap,
                                         fully_shard_autograd, fully_shard_collective_ops,
                                         fully_shard_events, fully_shard_mixed_precision,
                                         fully_shard_registered_params, fully_shard_state_dict,
-                                        fully_shard_training, grad_acc, parity, tp_integration,
-                                        unshard_params)
+                                        fully_shard_training, grad_acc, models_scenarios, parity,
+                                        tp_integration, unshard_params)
 from fsdp_conform_driver.pytorch.sharded_transformer import sharded_transformer
 from fsdp_conform_driver.recorders import CommCounts
 
@@ -176,4 +176,6 @@ SCENARIOS = {
     **fully_shard_events.SCENARIOS,
     **fully_shard_autograd.SCENARIOS,
     **fully_shard_registered_params.SCENARIOS,
+    **collectives.SCENARIOS,
+    **models_scenarios.SCENARIOS,
 }

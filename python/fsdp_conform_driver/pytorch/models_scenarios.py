@@ -1,0 +1,99 @@
+"""models/* in PyTorch (conformance/models_scenarios.cc): on one rank, the zoo model of the case
+(parity._build, in float64, with the case's weights) runs one forward + loss + backward on
+step0/input (the loss of step 0: parity._loss), and reports its loss, outputs and gradients,
+plus central finite differences of the float64 loss, computed with PyTorch's own forward, at
+fd_entries evenly spaced entries of every parameter (step fd_step). The loss, outputs and
+differences are read at the model's finite-difference point: the Transformer's float64 logits
+(its `output` Linear's output, captured by a forward hook) before its final `.float()`; the
+model's own outputs otherwise.
+
+Thread-safety: one case at a time per process, on the main thread.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from fsdp_conform_driver import inputs
+from fsdp_conform_driver.pytorch import parity
+
+# The submodule whose output is the finite-difference point (ZooModel::fd_output_module).
+_FD_OUTPUT_MODULE = {"transformer": "output"}
+
+_KINDS = ("transformer", "mlp", "mlp_stack", "mlp_stack_seq_parallel", "double_linear",
+          "nontensor_activations", "mlp_module", "mlp_rms_norm", "tp_simple_model",
+          "state_dict_model")
+
+
+def sample_indices(numel: int, count: int) -> List[int]:
+    """SampleIndices: `count` evenly spaced flat indices of `numel` elements, first and last
+    included (all of them when numel <= count)."""
+    if numel <= 0 or count <= 0:
+        return []
+    if numel <= count:
+        return list(range(numel))
+    if count == 1:
+        return [0]
+    out: List[int] = []
+    for k in range(count):
+        i = k * (numel - 1) // (count - 1)
+        if not out or out[-1] != i:
+            out.append(i)
+    return out
+
+
+def model(kind: str):
+    """The scenario models/<kind>."""
+    def run(request):
+        import torch
+
+        module, _ = parity._build(kind, request, "float64")
+        x = inputs.step_input(request, 0)
+        loss = parity._loss(request, 0, module(x))
+        loss.backward()
+        named = list(module.named_parameters())
+        obs = {"param_names": [name for name, _ in named],
+               "grad_none": [name for name, p in named if p.grad is None],
+               "loss_dtype": str(loss.dtype).replace("torch.", "")}
+        tensors = {f"grad/{name}": p.grad.detach().clone()
+                   for name, p in named if p.grad is not None}
+
+        captured = {}
+        fd_module = _FD_OUTPUT_MODULE.get(kind)
+        if fd_module is not None:
+            module.get_submodule(fd_module).register_forward_hook(
+                lambda _m, _args, out: captured.__setitem__("out", out))
+
+        def outputs():
+            out = module(x)
+            return captured["out"] if fd_module is not None else out
+
+        def loss_of(out):
+            return parity._loss(request, 0, out).item()
+
+        h = float(request.param("fd_step"))
+        fd = {}
+        with torch.no_grad():
+            out = outputs()
+            losses = [loss_of(out)]
+            for k, t in enumerate(out if isinstance(out, tuple) else (out,)):
+                tensors[f"output{k}"] = t.detach().clone()
+            for name, p in named:
+                flat = p.data.view(-1)
+                index = sample_indices(flat.numel(), request.int_param("fd_entries"))
+                value = []
+                for i in index:
+                    original = flat[i].item()
+                    flat[i] = original + h
+                    plus = loss_of(outputs())
+                    flat[i] = original - h
+                    minus = loss_of(outputs())
+                    flat[i] = original
+                    value.append((plus - minus) / (2 * h))
+                fd[name] = {"index": index, "value": value}
+        obs.update({"losses": losses, "fd": fd})
+        return obs, tensors
+    return run
+
+
+SCENARIOS = {f"models/{kind}": model(kind) for kind in _KINDS}
