@@ -1,5 +1,7 @@
 #include "conformance/fsdp1_params.h"
 
+#include <utility>
+
 #include "engine/core/error.h"
 
 namespace fsdp::conformance {
@@ -92,6 +94,17 @@ std::optional<fsdp1::BackwardPrefetch> ParseBackwardPrefetch(const std::string& 
   FSDP_CHECK(name == "None", "unknown backward_prefetch '", name,
              "' (BACKWARD_PRE, BACKWARD_POST or None)");
   return std::nullopt;
+}
+
+fsdp1::FullyShardedDataParallelOptions Fsdp1CaseOptions(
+    const CaseParams& params, std::shared_ptr<distributed::ProcessGroup> pg) {
+  fsdp1::FullyShardedDataParallelOptions options;
+  options.process_group = std::move(pg);
+  options.sharding_strategy = ParseShardingStrategy(params.GetString("sharding_strategy"));
+  options.backward_prefetch = ParseBackwardPrefetch(params.GetString("backward_prefetch"));
+  options.use_orig_params = params.GetBool("use_orig_params");
+  if (params.has("forward_prefetch")) options.forward_prefetch = params.GetBool("forward_prefetch");
+  return options;
 }
 
 nlohmann::json MergeFlatParamAllGathers(nlohmann::json phase) {

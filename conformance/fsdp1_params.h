@@ -5,12 +5,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
 #include "conformance/params.h"
 #include "engine/fsdp1/api.h"
+#include "engine/fsdp1/fully_sharded_data_parallel.h"
 
 namespace fsdp::conformance {
 
@@ -45,6 +47,12 @@ std::optional<HybridMeshShape> HybridMeshShapeFor(int world);
 fsdp1::ShardingStrategy ParseShardingStrategy(const std::string& name);
 // "BACKWARD_PRE", "BACKWARD_POST", or "None" (no prefetch); InvalidArgument otherwise.
 std::optional<fsdp1::BackwardPrefetch> ParseBackwardPrefetch(const std::string& name);
+
+// FullyShardedDataParallel over `pg` with the case's sharding_strategy, backward_prefetch and
+// use_orig_params, and its forward_prefetch where the scenario declares one (a
+// non-hybrid strategy; the rest of the options at their defaults).
+fsdp1::FullyShardedDataParallelOptions Fsdp1CaseOptions(
+    const CaseParams& params, std::shared_ptr<distributed::ProcessGroup> pg);
 
 // FSDP1 all-gathers a flat parameter with all_gather_into_tensor (`c10d._allgather_base_`) on
 // an accelerator and with the list all_gather (`c10d.allgather_`) on the CPU: judges count both

@@ -321,13 +321,7 @@ nlohmann::json RunPrefetchRank(RankEnv& env) {
   const ParityCase c = DecodeParityCase(kKind, env.params);
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
   module->to(env.device);
-  fsdp1::FullyShardedDataParallelOptions options;
-  options.process_group = env.pg;
-  options.sharding_strategy = ParseShardingStrategy(env.params.GetString("sharding_strategy"));
-  options.backward_prefetch = ParseBackwardPrefetch(env.params.GetString("backward_prefetch"));
-  options.forward_prefetch = env.params.GetBool("forward_prefetch");
-  options.use_orig_params = env.params.GetBool("use_orig_params");
-  auto fsdp_model = WrapChildrenThenRoot(module, options);
+  auto fsdp_model = WrapChildrenThenRoot(module, Fsdp1CaseOptions(env.params, env.pg));
   distributed::CommDebugMode comm_mode;
   InterleavingObserver observer(comm_mode);
   nlohmann::json steps = nlohmann::json::array();

@@ -364,11 +364,7 @@ nlohmann::json RunWrapRank(const WrapScenario& w, RankEnv& env) {
   const ParityCase c = DecodeParityCase(w.model, env.params);
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
   module->to(env.device);
-  fsdp1::FullyShardedDataParallelOptions options;
-  options.process_group = env.pg;
-  options.sharding_strategy = ParseShardingStrategy(env.params.GetString("sharding_strategy"));
-  options.backward_prefetch = ParseBackwardPrefetch(env.params.GetString("backward_prefetch"));
-  options.use_orig_params = env.params.GetBool("use_orig_params");
+  fsdp1::FullyShardedDataParallelOptions options = Fsdp1CaseOptions(env.params, env.pg);
   options.auto_wrap_policy = EnginePolicy(w.policy, env.params);
   auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(module, options);
   nlohmann::json obs;

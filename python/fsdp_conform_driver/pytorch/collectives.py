@@ -43,6 +43,13 @@ def _dtype(request):
     return getattr(torch, request.param("dtype"))
 
 
+def _chunked_case(request):
+    """(dtype, count, rank, world, in_place) of an all-gather or reduce-scatter case: `count`
+    elements per rank, in place in the rank's chunk of the world-sized buffer or not."""
+    return (_dtype(request), request.int_param("count"), request.rank, request.world,
+            request.param("in_place") == "True")
+
+
 def _tensor(values, dtype):
     import torch
 
@@ -122,9 +129,7 @@ def all_gather_into_tensor(request):
     import torch
     import torch.distributed as dist
 
-    dtype, count, rank, world = (_dtype(request), request.int_param("count"), request.rank,
-                                 request.world)
-    in_place = request.param("in_place") == "True"
+    dtype, count, rank, world, in_place = _chunked_case(request)
     output = torch.full((world * count,), _SENTINEL, dtype=dtype)
     mine = _tensor(gather_values(rank, count), dtype)
     if in_place:
@@ -145,9 +150,7 @@ def reduce_scatter_tensor(request):
     import torch
     import torch.distributed as dist
 
-    dtype, count, rank, world = (_dtype(request), request.int_param("count"), request.rank,
-                                 request.world)
-    in_place = request.param("in_place") == "True"
+    dtype, count, rank, world, in_place = _chunked_case(request)
     values = reduce_inputs(world, count, rank, world * count)
 
     def call():
@@ -215,9 +218,7 @@ def all_gather(request):
     import torch
     import torch.distributed as dist
 
-    dtype, rank, world = _dtype(request), request.rank, request.world
-    count = request.int_param("count")
-    in_place = request.param("in_place") == "True"
+    dtype, count, rank, world, in_place = _chunked_case(request)
 
     def count_of(q):
         return count + q % 3 if request.param("counts") == "uneven" else count

@@ -50,6 +50,22 @@ def mixed_precision(name: str):
     return MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
 
 
+def clean_fqn(name: str) -> str:
+    """A module or parameter name without FSDP1's wrapper names: `_fsdp_wrapped_module.`
+    dropped everywhere, an instance's own trailing `_fsdp_wrapped_module` too (the suite's clean
+    FQNs; the root instance's is "")."""
+    return name.replace("_fsdp_wrapped_module.", "").replace("_fsdp_wrapped_module", "")
+
+
+def instances(root):
+    """(clean FQN, instance) of every FullyShardedDataParallel instance in root's
+    named_modules() order, the root first ("")."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    return [(clean_fqn(name), module) for name, module in root.named_modules()
+            if isinstance(module, FSDP)]
+
+
 def nest_where(should_nest):
     """The auto_wrap_policy nesting an instance around every submodule for which
     should_nest(module) is true (lambda_auto_wrap_policy)."""

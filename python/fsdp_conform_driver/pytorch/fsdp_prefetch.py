@@ -38,15 +38,10 @@ _COLLECTIVES = {
 
 def _instance_fqns(root):
     """id(FlatParamHandle) -> the FQN of the FullyShardedDataParallel instance holding it."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from fsdp_conform_driver.pytorch.fsdp1_api import instances
 
-    out = {}
-    for name, module in root.named_modules():
-        handle = getattr(module, "_handle", None) if isinstance(module, FSDP) else None
-        if handle is not None:
-            out[id(handle)] = name.replace("_fsdp_wrapped_module.", "").replace(
-                "_fsdp_wrapped_module", "")
-    return out
+    return {id(module._handle): fqn for fqn, module in instances(root)
+            if module._handle is not None}
 
 
 @contextlib.contextmanager

@@ -57,13 +57,10 @@ def _policy(request):
 
 def instances(root):
     """[[instance FQN, [parameter FQNs in flat order]], ...] in named_modules() order."""
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from fsdp_conform_driver.pytorch.fsdp1_api import instances as fsdp_instances
 
     out = []
-    for name, module in root.named_modules():
-        if not isinstance(module, FSDP):
-            continue
-        fqn = name.replace("_fsdp_wrapped_module.", "").replace("_fsdp_wrapped_module", "")
+    for fqn, module in fsdp_instances(root):
         handle = module._handle
         fqns = list(handle.flat_param._fqns) if handle is not None else []
         out.append([fqn, [f"{fqn}.{p}" if fqn else p for p in fqns]])

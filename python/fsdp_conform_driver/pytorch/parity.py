@@ -283,7 +283,7 @@ def fsdp1(kind: str):
     def run(request):
         import torch
 
-        from fsdp_conform_driver.pytorch.fsdp1_api import nest_where, wrap
+        from fsdp_conform_driver.pytorch.fsdp1_api import clean_fqn, nest_where, wrap
 
         sync_module_states = request.params.get("sync_module_states") == "True"
         if sync_module_states and not torch.cuda.is_available():
@@ -303,7 +303,7 @@ def fsdp1(kind: str):
                           sync_module_states=sync_module_states)
         # use_orig_params: each original parameter is a view of its part of the rank's flat
         # shard (named without _fsdp_wrapped_module.).
-        local_numels = ({name.replace("_fsdp_wrapped_module.", ""): p.numel()
+        local_numels = ({clean_fqn(name): p.numel()
                          for name, p in fsdp_model.named_parameters()}
                         if request.param("use_orig_params") == "True" else {})
         clip = _clip_grad_norm(request)
@@ -327,7 +327,7 @@ def fsdp1(kind: str):
         numels_after_forward = {}
         if request.param("use_orig_params") == "True":
             fsdp_model(inputs.rank_tensors(request)["step0/input"])
-            numels_after_forward = {name.replace("_fsdp_wrapped_module.", ""): p.numel()
+            numels_after_forward = {clean_fqn(name): p.numel()
                                     for name, p in fsdp_model.named_parameters()}
         obs["numels_after_forward"] = numels_after_forward
         return obs, tensors

@@ -49,9 +49,11 @@ def _read_with_grads(model, writeback, scale, prefix, tensors):
     {prefix}grad/{fqn} (absent when None); with `scale`, every gradient doubled there."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+    from fsdp_conform_driver.pytorch.fsdp1_api import clean_fqn
+
     with FSDP.summon_full_params(model, writeback=writeback, with_grads=True):
         for name, p in model.named_parameters():
-            name = name.replace("_fsdp_wrapped_module.", "")
+            name = clean_fqn(name)
             tensors[f"{prefix}param/{name}"] = p.detach().clone()
             if p.grad is None:
                 continue
