@@ -25,6 +25,9 @@
 //                                .test_float16_on_one_submodule: per-module policies, blocks
 //                                in low precision (cast_forward_inputs, output_dtype float32)
 //                                under a full-precision root
+//   low_precision_blocks_kwargs  the same shape on the Transformer, whose blocks are called as
+//                                layer(x=h) (block_kwargs, default True): FSDP2 casts keyword
+//                                inputs too (_apply_to_tensors over args and kwargs)
 #include <optional>
 #include <string>
 #include <vector>
@@ -93,23 +96,30 @@ Scenario Make(const std::string& test, const std::string& description,
   return s;
 }
 
-// test_float16_on_one_submodule's shape: the root (block 2) keeps full precision while blocks 0
-// and 1 compute in `param_dtype` with MixedPrecisionPolicy(param_dtype, output_dtype=float32,
-// cast_forward_inputs=True): each block casts its float32 input down and its output back up.
-Scenario LowPrecisionSubmodules() {
+// test_float16_on_one_submodule's shape: the root keeps full precision while the `groups`
+// compute in `param_dtype` with MixedPrecisionPolicy(param_dtype, output_dtype=the parameters'
+// dtype, cast_forward_inputs=True): each block casts its full-precision input down and its
+// output back up. On MLPStack the groups are blocks 0 and 1 (block 2 is the root's); on the
+// Transformer every block, whose input is the keyword argument x when `block_kwargs` (FSDP2
+// casts keyword tensors as positional ones: a block left with a float32 input would feed its
+// Linear an input of another dtype than its weight).
+Scenario LowPrecisionSubmodules(const std::string& name, const std::string& kind,
+                                const std::string& description) {
   Scenario s = MakePlanScenario(
-      "fully_shard_mixed_precision/float16_on_one_submodule",
-      "MLPStack in float32, blocks 0 and 1 with param_dtype float16 / bfloat16, "
-      "cast_forward_inputs and output_dtype float32, the root without mixed precision: each "
-      "block's collectives in its own dtype (torch-2.15: reduce-scatters in float32), values "
-      "vs the oracle",
+      "fully_shard_mixed_precision/" + name, description,
       "test_fully_shard_mixed_precision.py::TestFullyShardMixedPrecisionCasts::"
       "test_float16_on_one_submodule",
-      kKind, "float32",
+      kind, "float32",
       {ParamSpec::Axis("param_dtype", "the blocks' MixedPrecisionPolicy.param_dtype",
                        {"float16", "bfloat16"})},
-      [](const CaseParams& p, int) {
-        FullyShardPlan plan = DecodePlanBase(kKind, p);
+      [kind](const CaseParams& p, int) {
+        FullyShardPlan plan = DecodePlanBase(kind, p);
+        if (kind == "transformer") {
+          plan.groups.clear();
+          for (int64_t i = 0; i < p.GetInt("n_layers"); ++i) {
+            plan.groups.push_back("layers." + std::to_string(i));
+          }
+        }
         fsdp2::MixedPrecisionPolicy low;
         low.param_dtype = ParseDType(p.GetString("param_dtype"));
         low.output_dtype = plan.dtype;
@@ -157,7 +167,24 @@ void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry) {
                      ParamSpec::Axis("output_dtype", "MixedPrecisionPolicy.output_dtype",
                                      {"float32", "float16"})},
                     /*accumulate=*/false));
-  registry.Add(LowPrecisionSubmodules());
+  registry.Add(LowPrecisionSubmodules(
+      "float16_on_one_submodule", kKind,
+      "MLPStack in float32, blocks 0 and 1 with param_dtype float16 / bfloat16, "
+      "cast_forward_inputs and output_dtype float32, the root without mixed precision: each "
+      "block's collectives in its own dtype (torch-2.15: reduce-scatters in float32), values "
+      "vs the oracle"));
+  Scenario blocks = LowPrecisionSubmodules(
+      "low_precision_blocks_kwargs", "transformer",
+      "Transformer in float32 calling each block as layer(x=h), every block with param_dtype "
+      "float16 / bfloat16, cast_forward_inputs and output_dtype float32 under a "
+      "full-precision root: the keyword input cast like a positional one, each block's "
+      "collectives in its own dtype, values vs the oracle");
+  for (ParamSpec& spec : blocks.info.params) {
+    if (spec.name == "block_kwargs") {
+      spec = ParamSpec::SizeBool("block_kwargs", spec.description, true);
+    }
+  }
+  registry.Add(std::move(blocks));
 }
 
 }  // namespace fsdp::conformance

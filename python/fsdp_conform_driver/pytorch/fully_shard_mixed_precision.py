@@ -8,6 +8,8 @@ scenario's C++ decoder (conformance/fully_shard_mixed_precision_scenarios.cc) bu
   output_dtype                param_dtype on every call, output_dtype on the root's
   float16_on_one_submodule    blocks 0 and 1 with param_dtype, output_dtype float32 and
                               cast_forward_inputs; the root without mixed precision
+  low_precision_blocks_kwargs the same policies on every block of the Transformer, which calls
+                              its blocks as layer(x=h) (block_kwargs)
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -52,12 +54,23 @@ def output_dtype(request):
         request, _plan(request, mp_policy=policy, group_mp_policies={"": root}))
 
 
-def float16_on_one_submodule(request):
+def _low_precision_groups(request, plan):
+    """`plan` with its groups in the case's param_dtype, casting their inputs down and their
+    outputs back to the parameters' dtype, under a full-precision root."""
     low = {"param_dtype": request.param("param_dtype"), "output_dtype": request.param("dtype"),
            "cast_forward_inputs": True}
-    plan = _plan(request)
     plan.group_mp_policies = {fqn: low for fqn in plan.groups}
     return fully_shard_plan.run(request, plan)
+
+
+def float16_on_one_submodule(request):
+    return _low_precision_groups(request, _plan(request))
+
+
+def low_precision_blocks_kwargs(request):
+    plan = fully_shard_plan.plan_base(request, "transformer")
+    plan.groups = [f"layers.{i}" for i in range(request.int_param("n_layers"))]
+    return _low_precision_groups(request, plan)
 
 
 SCENARIOS = {
@@ -66,4 +79,5 @@ SCENARIOS = {
     "fully_shard_mixed_precision/grad_acc_with_reduce_dtype": grad_acc_with_reduce_dtype,
     "fully_shard_mixed_precision/output_dtype": output_dtype,
     "fully_shard_mixed_precision/float16_on_one_submodule": float16_on_one_submodule,
+    "fully_shard_mixed_precision/low_precision_blocks_kwargs": low_precision_blocks_kwargs,
 }
