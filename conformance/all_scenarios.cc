@@ -26,6 +26,7 @@ void RegisterFsdpTpIntegrationScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardTrainingScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardFrozenScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardMixedPrecisionCastScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardPrefetchScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardOverlapScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardRegisteredParamsScenarios(ScenarioRegistry& registry);
@@ -52,6 +53,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardTrainingScenarios(registry);
   RegisterFullyShardFrozenScenarios(registry);
   RegisterFullyShardMixedPrecisionScenarios(registry);
+  RegisterFullyShardMixedPrecisionCastScenarios(registry);
   RegisterFullyShardPrefetchScenarios(registry);
   RegisterFullyShardOverlapScenarios(registry);
   RegisterFullyShardRegisteredParamsScenarios(registry);

@@ -1,0 +1,405 @@
+// Family `fully_shard_mixed_precision`, its forward-cast scenarios
+// (test_fully_shard_mixed_precision.py, TestFullyShardMixedPrecisionCasts): which dtype each
+// module's forward receives under per-module MixedPrecisionPolicy's, with cast_forward_inputs
+// on and off, an output_dtype, and an input a module receives from outside the FSDP module
+// before it (not another FSDP module's output):
+//   forward_input_casts               test_float16_on_one_submodule's three subtests
+//   submodules_with_external_inputs   test_submodules_with_external_inputs, its input y passed
+//                                     positionally (the test) or by keyword
+//
+// Every rank builds the test's model (Linear(dim, dim) layers in float32, weights from
+// ManualSeed(0): the values play no part), applies fully_shard as the subtest does, runs
+// model(x).sum().backward() on x = zeros(2, dim) and reports the dtype each module's forward
+// saw (the test's forward_inputs) and the model output's dtype. The expectation plays FSDP2's
+// rules module by module (FSDPState._pre_forward / _post_forward): a module whose own
+// fully_shard has cast_forward_inputs and a param_dtype casts every floating-point tensor of
+// its args and kwargs to that dtype; its Linear computes in its group's param_dtype (the
+// parameters' dtype without one); a group's output_dtype casts its floating-point outputs. A
+// module of the test that casts its input itself (SaveForwardInputsModule's
+// cast_forward_inputs) does so to its Linear's unsharded weight dtype.
+//
+// Stateless; thread-safe (run_rank builds its own module on every rank's thread).
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "conformance/fsdp_params.h"
+#include "conformance/observations.h"
+#include "conformance/scenario_registry.h"
+#include "engine/fsdp/fully_shard.h"
+#include "engine/functional/functional.h"
+#include "engine/nn/init.h"
+#include "engine/nn/layers.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+constexpr const char* kCasts =
+    "test_fully_shard_mixed_precision.py::TestFullyShardMixedPrecisionCasts::";
+constexpr const char* kInputDtypes = "forward_input_dtypes";
+constexpr const char* kOutputDtype = "output_dtype";
+
+// What forward saw, by the test's forward_inputs key; shared by one rank's modules.
+using ForwardInputs = std::map<std::string, std::string>;
+
+// common_distributed.py's SaveForwardInputsModule: l = Linear(dim, dim); forward saves x under
+// `key`, then l(x), casting x to l.weight's dtype first when `cast_forward_inputs`.
+class SaveForwardInputsModule : public nn::Cloneable<SaveForwardInputsModule> {
+ public:
+  SaveForwardInputsModule(std::shared_ptr<ForwardInputs> forward_inputs, std::string key,
+                          int64_t dim, bool cast_forward_inputs)
+      : nn::Cloneable<SaveForwardInputsModule>("SaveForwardInputsModule"),
+        forward_inputs_(std::move(forward_inputs)),
+        key_(std::move(key)),
+        cast_forward_inputs_(cast_forward_inputs) {
+    register_module("l", std::make_shared<nn::Linear>(dim, dim));
+  }
+  nn::Value forward(const nn::Value& input) override {
+    Tensor x = input.tensor();
+    (*forward_inputs_)[key_] = DTypeName(x.dtype());
+    if (cast_forward_inputs_) x = fsdp::to(x, child("l")->parameter("weight").dtype());
+    return call_child("l", nn::Value(x));
+  }
+
+ private:
+  std::shared_ptr<ForwardInputs> forward_inputs_;
+  std::string key_;
+  bool cast_forward_inputs_;
+};
+
+// common_distributed.py's SaveForwardInputsModel: c1, c2 (SaveForwardInputsModule); forward
+// saves x under "" and returns c2(c1(x)).
+class SaveForwardInputsModel : public nn::Cloneable<SaveForwardInputsModel> {
+ public:
+  SaveForwardInputsModel(std::shared_ptr<ForwardInputs> forward_inputs, int64_t dim,
+                         bool cast_forward_inputs)
+      : nn::Cloneable<SaveForwardInputsModel>("SaveForwardInputsModel"),
+        forward_inputs_(forward_inputs) {
+    for (const char* name : {"c1", "c2"}) {
+      register_module(name, std::make_shared<SaveForwardInputsModule>(forward_inputs, name, dim,
+                                                                      cast_forward_inputs));
+    }
+  }
+  nn::Value forward(const nn::Value& x) override {
+    (*forward_inputs_)[""] = DTypeName(x.tensor().dtype());
+    return call_child("c2", call_child("c1", x));
+  }
+
+ private:
+  std::shared_ptr<ForwardInputs> forward_inputs_;
+};
+
+// The test's ToyModule: l = Linear(dim, dim); forward(x, y) saves both and returns l(x).
+// Takes y positionally or as the keyword argument y.
+class ToyModule : public nn::Cloneable<ToyModule> {
+ public:
+  ToyModule(std::shared_ptr<ForwardInputs> forward_inputs, int64_t dim)
+      : nn::Cloneable<ToyModule>("ToyModule"), forward_inputs_(std::move(forward_inputs)) {
+    register_module("l", std::make_shared<nn::Linear>(dim, dim));
+  }
+  nn::Value forward(const nn::Value& args) override {
+    FSDP_CHECK(args.is_tuple() && args.size() == 2, "ToyModule.forward takes (x, y); got ",
+               args.str());
+    return Forward(args[0].tensor(), args[1].tensor());
+  }
+  nn::Value forward_with_kwargs(const nn::Value& args, const nn::Value& kwargs) override {
+    if (kwargs.is_dict() && kwargs.contains("y")) {
+      FSDP_CHECK(args.is_tuple() && args.size() == 1 && kwargs.size() == 1,
+                 "ToyModule.forward takes (x, y=...); got args ", args.str(), " and kwargs ",
+                 kwargs.str());
+      return Forward(args[0].tensor(), kwargs.at("y").tensor());
+    }
+    return nn::Module::forward_with_kwargs(args, kwargs);
+  }
+
+ private:
+  nn::Value Forward(const Tensor& x, const Tensor& y) {
+    (*forward_inputs_)["l2_input_x"] = DTypeName(x.dtype());
+    (*forward_inputs_)["l2_input_y"] = DTypeName(y.dtype());
+    return call_child("l", nn::Value(x));
+  }
+  std::shared_ptr<ForwardInputs> forward_inputs_;
+};
+
+// The test's ToyModel: l1 = Linear(dim, dim), l2 = ToyModule; forward(x) saves x and returns
+// l2(l1(x), y) with y = ones(2, dim) in float32 made inside forward (the external input).
+class ToyModel : public nn::Cloneable<ToyModel> {
+ public:
+  ToyModel(std::shared_ptr<ForwardInputs> forward_inputs, int64_t dim, bool y_by_keyword)
+      : nn::Cloneable<ToyModel>("ToyModel"),
+        forward_inputs_(forward_inputs),
+        dim_(dim),
+        y_by_keyword_(y_by_keyword) {
+    register_module("l1", std::make_shared<nn::Linear>(dim, dim));
+    register_module("l2", std::make_shared<ToyModule>(forward_inputs, dim));
+  }
+  nn::Value forward(const nn::Value& input) override {
+    const Tensor& x = input.tensor();
+    (*forward_inputs_)["model_input_x"] = DTypeName(x.dtype());
+    Tensor y = Tensor::ones({2, dim_}, DType::kFloat32, x.device());
+    nn::Value h = call_child("l1", input);
+    nn::Module& l2 = *child("l2");
+    if (y_by_keyword_)
+      return l2.call(nn::Value::Tuple({h}), nn::Value::Dict({{"y", nn::Value(y)}}));
+    return l2(nn::Value::Tuple({h, nn::Value(y)}));
+  }
+
+ private:
+  std::shared_ptr<ForwardInputs> forward_inputs_;
+  int64_t dim_;
+  bool y_by_keyword_;
+};
+
+// One subtest's configuration: the policies of the fully_shard calls by module FQN ("" the
+// root, always sharded), and whether SaveForwardInputsModule casts its input itself.
+struct CastCase {
+  std::map<std::string, fsdp2::MixedPrecisionPolicy> policies;
+  bool module_casts = false;
+};
+
+fsdp2::MixedPrecisionPolicy Policy(std::optional<DType> param_dtype, bool cast_forward_inputs,
+                                   std::optional<DType> output_dtype = std::nullopt) {
+  fsdp2::MixedPrecisionPolicy policy;
+  policy.param_dtype = param_dtype;
+  policy.cast_forward_inputs = cast_forward_inputs;
+  policy.output_dtype = output_dtype;
+  return policy;
+}
+
+// test_float16_on_one_submodule's subtest `subtest` with low-precision dtype `low`.
+CastCase ForwardInputCastCase(const std::string& subtest, DType low) {
+  CastCase c;
+  c.policies[""] = {};
+  if (subtest == "c2_param_dtype") {
+    c.policies["c2"] = Policy(low, true);
+  } else if (subtest == "c2_param_dtype_module_casts") {
+    c.policies["c2"] = Policy(low, false);
+    c.module_casts = true;
+  } else if (subtest == "c1_param_dtype_output_float32") {
+    c.policies["c1"] = Policy(low, true, DType::kFloat32);
+  } else {
+    FSDP_THROW(ErrorCode::kInvalidArgument, "forward_input_casts: unknown subtest '", subtest, "'");
+  }
+  return c;
+}
+
+// test_submodules_with_external_inputs: l2 with param_dtype `low` and cast_forward_inputs
+// `submodule_cast`, the root with param_dtype `low`.
+CastCase ExternalInputsCase(DType low, bool submodule_cast) {
+  CastCase c;
+  c.policies["l2"] = Policy(low, submodule_cast);
+  c.policies[""] = Policy(low, true);
+  return c;
+}
+
+// The policy of the group managing module `fqn`'s own parameters: its own fully_shard's, else
+// the root's (the test's models have one level of children).
+const fsdp2::MixedPrecisionPolicy& GroupPolicy(const CastCase& c, const std::string& fqn) {
+  auto it = c.policies.find(fqn);
+  return it != c.policies.end() ? it->second : c.policies.at("");
+}
+
+// The dtype of a floating-point input after module `fqn`'s FSDP pre-forward (a module without
+// its own fully_shard casts nothing).
+DType AfterPreForward(const CastCase& c, const std::string& fqn, DType in) {
+  auto it = c.policies.find(fqn);
+  if (it == c.policies.end()) return in;
+  const fsdp2::MixedPrecisionPolicy& p = it->second;
+  return p.cast_forward_inputs && p.param_dtype ? *p.param_dtype : in;
+}
+
+// The dtype of module `fqn`'s output from its Linear's compute dtype and its output_dtype.
+DType AfterForward(const CastCase& c, const std::string& fqn) {
+  const fsdp2::MixedPrecisionPolicy& group = GroupPolicy(c, fqn);
+  const DType compute = group.param_dtype.value_or(DType::kFloat32);
+  auto it = c.policies.find(fqn);
+  if (it != c.policies.end() && it->second.output_dtype) return *it->second.output_dtype;
+  return compute;
+}
+
+// The model's output dtype from its last module's `out`: the root's output_dtype when set.
+DType RootOutput(const CastCase& c, DType out) {
+  return c.policies.at("").output_dtype.value_or(out);
+}
+
+// The rules' forward inputs and output dtype of SaveForwardInputsModel under `c`.
+nlohmann::json ExpectForwardInputCasts(const CastCase& c) {
+  nlohmann::json seen = nlohmann::json::object();
+  DType h = AfterPreForward(c, "", DType::kFloat32);
+  seen[""] = DTypeName(h);
+  for (const std::string& child : {std::string("c1"), std::string("c2")}) {
+    h = AfterPreForward(c, child, h);
+    seen[child] = DTypeName(h);
+    h = AfterForward(c, child);
+  }
+  return {{kInputDtypes, seen}, {kOutputDtype, DTypeName(RootOutput(c, h))}};
+}
+
+// The rules' forward inputs and output dtype of ToyModel under `c`.
+nlohmann::json ExpectExternalInputs(const CastCase& c) {
+  const DType x = AfterPreForward(c, "", DType::kFloat32);
+  const DType l1_out = GroupPolicy(c, "l1").param_dtype.value_or(DType::kFloat32);
+  return {{kInputDtypes,
+           {{"model_input_x", DTypeName(x)},
+            {"l2_input_x", DTypeName(AfterPreForward(c, "l2", l1_out))},
+            {"l2_input_y", DTypeName(AfterPreForward(c, "l2", DType::kFloat32))}}},
+          {kOutputDtype, DTypeName(RootOutput(c, AfterForward(c, "l2")))}};
+}
+
+// fully_shard on every configured module but the root, then on the root; forward on
+// zeros(2, dim), sum().backward(); the observations.
+nlohmann::json RunCastCase(const nn::ModulePtr& model, const CastCase& c,
+                           const std::shared_ptr<ForwardInputs>& forward_inputs, int64_t dim,
+                           RankEnv& env) {
+  for (const auto& [fqn, policy] : c.policies) {
+    if (fqn.empty()) continue;
+    fsdp2::FullyShardOptions options;
+    options.process_group = env.pg;
+    options.mp_policy = policy;
+    fsdp2::fully_shard(model->get_submodule(fqn), options);
+  }
+  fsdp2::FullyShardOptions root;
+  root.process_group = env.pg;
+  root.mp_policy = c.policies.at("");
+  fsdp2::fully_shard(model, root);
+  Tensor out = (*model)(Tensor::zeros({2, dim}, DType::kFloat32, env.device)).tensor();
+  fsdp::sum(out).backward();
+  nlohmann::json seen(*forward_inputs);
+  return {{kInputDtypes, seen}, {kOutputDtype, DTypeName(out.dtype())}};
+}
+
+ObservationSchema CastSchema(const std::string& keys) {
+  ObservationSchema schema;
+  schema.Add(ObservationKey::Custom(
+      kInputDtypes, {{"type", "object"}, {"additionalProperties", {{"type", "string"}}}},
+      "{" + keys + "}: the dtype name of the tensor each module's forward received"));
+  schema.Add(ObservationKey::String(kOutputDtype, "the model output's dtype name"));
+  return schema;
+}
+
+// Judges every rank's forward inputs and output dtype against `expected` (the same on every
+// rank).
+void JudgeCasts(const nlohmann::json& expected, const std::vector<nlohmann::json>& per_rank,
+                CheckList& checks) {
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    const std::string who = "rank " + std::to_string(r) + " ";
+    checks.CheckEqual(who + "dtypes forward received", expected[kInputDtypes],
+                      per_rank[r][kInputDtypes]);
+    checks.CheckEqual(who + "output dtype", expected[kOutputDtype], per_rank[r][kOutputDtype]);
+  }
+}
+
+ParamSpec LowDtype() {
+  return ParamSpec::SizeString("param_dtype", "the low-precision MixedPrecisionPolicy.param_dtype",
+                               "float16");
+}
+ParamSpec Dim() {
+  return ParamSpec::SizeInt("dim", "every Linear(dim, dim) (the test's 100)", 100, /*minimum=*/1);
+}
+
+// The info every cast scenario shares: the test's world 2, any world 1-8.
+Scenario CastScenario(const std::string& test, const std::string& description,
+                      std::vector<ParamSpec> params, const std::string& keys) {
+  Scenario s;
+  s.info.name = "fully_shard_mixed_precision/" + test;
+  s.info.description = description;
+  s.info.params = std::move(params);
+  s.info.observations = CastSchema(keys);
+  s.info.deterministic = true;
+  s.info.default_world = 2;
+  s.info.min_world = 1;
+  s.info.max_world = 8;
+  return s;
+}
+
+Scenario ForwardInputCasts() {
+  Scenario s = CastScenario(
+      "forward_input_casts",
+      "SaveForwardInputsModel: fully_shard(c2) with param_dtype (cast_forward_inputs True, or "
+      "False with the module casting itself), or fully_shard(c1) with param_dtype and "
+      "output_dtype float32, then the root without mixed precision: the dtype each module's "
+      "forward receives, the output's",
+      {ParamSpec::Axis(
+           "subtest",
+           "c2_param_dtype: fully_shard(c2, param_dtype); "
+           "c2_param_dtype_module_casts: the same with cast_forward_inputs=False, "
+           "the modules casting their input to their weight's dtype; "
+           "c1_param_dtype_output_float32: fully_shard(c1, param_dtype, "
+           "output_dtype=float32)",
+           {"c2_param_dtype", "c2_param_dtype_module_casts", "c1_param_dtype_output_float32"}),
+       LowDtype(), Dim()},
+      "\"\", c1, c2");
+  s.info.seed_test = std::string(kCasts) + "test_float16_on_one_submodule";
+  auto decode = [](const CaseParams& p) {
+    return ForwardInputCastCase(p.GetString("subtest"), ParseDType(p.GetString("param_dtype")));
+  };
+  s.run_rank = [decode](RankEnv& env) {
+    const CastCase c = decode(env.params);
+    const int64_t dim = env.params.GetInt("dim");
+    auto forward_inputs = std::make_shared<ForwardInputs>();
+    nn::ManualSeed(0);
+    auto model = std::make_shared<SaveForwardInputsModel>(forward_inputs, dim, c.module_casts);
+    model->to(env.device);
+    return RunCastCase(model, c, forward_inputs, dim, env);
+  };
+  s.expect = [decode](const CaseParams& p, int world) {
+    return std::vector<nlohmann::json>(world, ExpectForwardInputCasts(decode(p)));
+  };
+  s.judge = [decode](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,
+                     CheckList& checks) {
+    JudgeCasts(ExpectForwardInputCasts(decode(p)), per_rank, checks);
+  };
+  return s;
+}
+
+Scenario SubmodulesWithExternalInputs() {
+  Scenario s = CastScenario(
+      "submodules_with_external_inputs",
+      "ToyModel: fully_shard(l2) with param_dtype and cast_forward_inputs True / False, the "
+      "root with param_dtype; l2 takes l1's output and a float32 tensor made in the root's "
+      "forward, positionally or by keyword: only l2's own cast turns the external input into "
+      "param_dtype",
+      {ParamSpec::Axis("enable_submodule_cast", "l2's MixedPrecisionPolicy.cast_forward_inputs",
+                       {"False", "True"}),
+       ParamSpec::Axis("y_by_keyword",
+                       "l2 called as l2(h, y) (False, the test) or l2(h, y=y) (True)",
+                       {"False", "True"}),
+       LowDtype(), Dim()},
+      "model_input_x, l2_input_x, l2_input_y");
+  s.info.seed_test = std::string(kCasts) + "test_submodules_with_external_inputs";
+  auto decode = [](const CaseParams& p) {
+    return ExternalInputsCase(ParseDType(p.GetString("param_dtype")),
+                              p.GetBool("enable_submodule_cast"));
+  };
+  s.run_rank = [decode](RankEnv& env) {
+    const CastCase c = decode(env.params);
+    const int64_t dim = env.params.GetInt("dim");
+    auto forward_inputs = std::make_shared<ForwardInputs>();
+    nn::ManualSeed(0);
+    auto model =
+        std::make_shared<ToyModel>(forward_inputs, dim, env.params.GetBool("y_by_keyword"));
+    model->to(env.device);
+    return RunCastCase(model, c, forward_inputs, dim, env);
+  };
+  s.expect = [decode](const CaseParams& p, int world) {
+    return std::vector<nlohmann::json>(world, ExpectExternalInputs(decode(p)));
+  };
+  s.judge = [decode](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,
+                     CheckList& checks) {
+    JudgeCasts(ExpectExternalInputs(decode(p)), per_rank, checks);
+  };
+  return s;
+}
+
+}  // namespace
+
+void RegisterFullyShardMixedPrecisionCastScenarios(ScenarioRegistry& registry) {
+  registry.Add(ForwardInputCasts());
+  registry.Add(SubmodulesWithExternalInputs());
+}
+
+}  // namespace fsdp::conformance
