@@ -451,16 +451,38 @@ Scenario MismatchedSize() {
   Scenario s;
   s.info =
       FaultInfo("mismatched_size",
-                "after a barrier every rank issues all_reduce of count elements but the "
-                "faulty rank "
-                "passes count + extra: every rank fails, at once",
+                "after a barrier every rank issues all_reduce (or all_gather into a list) of "
+                "count elements but the faulty rank passes count + extra: every rank fails, at "
+                "once",
                 "test_pg_wrapper.py::ProcessGroupGlooWrapperTest::test_collective_shape_"
                 "mismatch_debug_mode",
-                {FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(),
+                {ParamSpec::Axis("collective",
+                                 "all_reduce; or all_gather into a list, where the faulty rank's "
+                                 "input and its own entry of its output list hold count + extra "
+                                 "elements (its list is consistent with its input, the others' "
+                                 "lists with theirs)",
+                                 {"all_reduce", "all_gather"}),
+                 FaultyRankSize(), DeadlineSize(10000), MaxTimeToErrorSize(), CountSize(),
                  ParamSpec::SizeInt("extra", "elements the faulty rank adds", 1), FaultDelaySize()},
                 FaultWorldKind::kAnyWorldGroup);
   s.run_rank = [](RankEnv& env) {
-    const int64_t elements = env.params.GetInt("count") + env.params.GetInt("extra");
+    const int64_t count = env.params.GetInt("count");
+    const int64_t elements = count + env.params.GetInt("extra");
+    if (env.params.GetString("collective") == "all_gather") {
+      // Every rank's list: count elements per rank, but the faulty rank's own entry (its input).
+      const int faulty = FaultyRank(env.params, env.world);
+      auto gather = [faulty, count](distributed::ProcessGroup& pg, int64_t input_numel) {
+        std::vector<Tensor> outputs;
+        for (int r = 0; r < pg.size(); ++r) {
+          const int64_t n = r == faulty && r == pg.rank() ? input_numel : count;
+          outputs.push_back(Tensor::empty({n}, DType::kFloat32));
+        }
+        pg.all_gather(outputs, Tensor::ones({input_numel}, DType::kFloat32));
+      };
+      return RunMismatchRank(
+          env, [&](distributed::ProcessGroup& pg) { gather(pg, elements); },
+          [&](distributed::ProcessGroup& pg) { gather(pg, count); });
+    }
     return RunMismatchRank(env, [&](distributed::ProcessGroup& pg) {
       Tensor t = Tensor::ones({elements}, DType::kFloat32);
       pg.all_reduce(t);

@@ -32,6 +32,7 @@ constexpr const char* kReduceScatter = "c10d._reduce_scatter_base_";
 constexpr const char* kAllReduce = "c10d.allreduce_";
 constexpr const char* kMicroCommCounts = "micro_batch_comm_counts";
 constexpr const char* kMicroCommBytes = "micro_batch_comm_bytes";
+constexpr const char* kCompute = "compute/";  // ExpectedComputeWeights
 
 // Zoo step (input and loss index) of micro-batch i of optimizer step k.
 int64_t ZooStep(const FullyShardPlan& plan, int64_t k, int64_t i) {
@@ -116,6 +117,29 @@ std::vector<std::string> GroupFqns(const FullyShardPlan& plan) {
   std::vector<std::string> fqns = plan.groups;
   fqns.push_back("");
   return fqns;
+}
+
+// What each Linear computes with in the first forward where its group's param_dtype differs
+// from the parameters' dtype: its weight as FSDP all-gathers it, the initial weight cast to
+// param_dtype (round-to-nearest-even: FSDPParam's all-gather input is `param.to(param_dtype)`),
+// as observations "compute/{fqn}.weight". Judged exactly: a cast that truncates or rounds ties
+// away shows here, where the training values' mixed-precision tolerance hides it.
+nlohmann::json ExpectedComputeWeights(const FullyShardPlan& plan, const ZooModel& model,
+                                      const reference::RefTensorMap& initial) {
+  std::set<std::string> linear_weights;
+  for (const auto& [name, m] : model.BuildEngine()->named_modules()) {
+    if (dynamic_cast<nn::Linear*>(m.get()) != nullptr) linear_weights.insert(name + ".weight");
+  }
+  nlohmann::json out = nlohmann::json::object();
+  for (const PlanGroup& g : GroupsOf(plan, model)) {
+    const DType dtype = AllGatherDType(plan, g.fqn);
+    if (dtype == plan.dtype) continue;
+    for (const std::string& name : g.params) {
+      if (!linear_weights.count(name)) continue;
+      out.update(MapToJson({{name, RoundTo(initial.at(name), dtype)}}, DTypeName(dtype), kCompute));
+    }
+  }
+  return out;
 }
 
 // Whether group `g` reduces in micro-batch i (the plan's set_requires_gradient_sync).
@@ -365,6 +389,11 @@ ObservationSchema PlanSchema() {
                      "parameters whole)"});
   schema.AddTensors({"step{k}/{fqn}", "the case's dtype", "the rank's local shard",
                      "every parameter after optimizer step k, like grad{k}/{fqn}"});
+  schema.AddTensors({"compute/{fqn}.weight", "its group's param_dtype", "the unsharded weight",
+                     "the weight each Linear computes with in its first forward, when its "
+                     "group's param_dtype is not the parameters' dtype: the initial weight cast "
+                     "to param_dtype (round-to-nearest-even), exactly",
+                     /*required=*/false});
   schema.AddTensors({"full/{fqn}", "the case's dtype", "the full parameter",
                      "every parameter after the last step, all-gathered (full_tensor()); "
                      "ignored parameters as the rank holds them"});
@@ -413,16 +442,24 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
   // F.linear takes an input of its weight's dtype (PyTorch raises otherwise): record every
   // Linear whose input had another dtype (a missing cast_forward_inputs cast, say). Registered
   // after fully_shard, so each hook sees the arguments FSDP's pre-forward produced.
+  // Also keep the weight each Linear first computes with when it is not in the parameters'
+  // dtype (ExpectedComputeWeights).
   auto mixed_dtype_linears = std::make_shared<std::set<std::string>>();
+  auto compute_weights = std::make_shared<std::map<std::string, Tensor>>();
   std::vector<nn::RemovableHandle> hooks;
   for (const auto& [name, m] : module->named_modules()) {
     if (dynamic_cast<nn::Linear*>(m.get()) == nullptr) continue;
     hooks.push_back(m->register_forward_pre_hook(
-        [name = name, mixed_dtype_linears](nn::Module& linear, const nn::Value& args)
-            -> std::optional<nn::Value> {
-          const DType weight = static_cast<nn::Linear&>(linear).weight().dtype();
+        [name = name, mixed_dtype_linears, compute_weights, dtype = plan.dtype](
+            nn::Module& linear, const nn::Value& args) -> std::optional<nn::Value> {
+          const Tensor& weight = static_cast<nn::Linear&>(linear).weight();
           for (const Tensor& t : args.tensors()) {
-            if (IsFloatingPoint(t.dtype()) && t.dtype() != weight) mixed_dtype_linears->insert(name);
+            if (IsFloatingPoint(t.dtype()) && t.dtype() != weight.dtype()) {
+              mixed_dtype_linears->insert(name);
+            }
+          }
+          if (weight.dtype() != dtype && !compute_weights->count(name + ".weight")) {
+            compute_weights->emplace(name + ".weight", weight.clone());
           }
           return std::nullopt;
         }));
@@ -472,6 +509,9 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
   }
   obs["output_dtype"] = output_dtype;
   obs["mixed_dtype_linears"] = *mixed_dtype_linears;
+  for (const auto& [name, weight] : *compute_weights) {
+    obs[kTensors].update(MapToJson({{name, ToRef(weight)}}, DTypeName(weight.dtype()), kCompute));
+  }
   obs[kTensors].update(MapToJson(FullShardedParameters(*module), DTypeName(plan.dtype), "full/"));
   return obs;
 }
@@ -496,6 +536,7 @@ PlanOracle RunPlanOracle(const FullyShardPlan& plan, const CaseParams& params, i
   std::vector<reference::RefTensorMap> rank_params(static_cast<size_t>(world),
                                                    model.MakeParameters(plan.seed, plan.dtype));
   const reference::RefTensorMap buffers = model.MakeBuffers(plan.seed, plan.dtype);
+  const nlohmann::json compute_weights = ExpectedComputeWeights(plan, model, rank_params.front());
   expected.resize(static_cast<size_t>(world));
   for (nlohmann::json& e : expected) {
     e[kLosses] = nlohmann::json::array();
@@ -506,6 +547,7 @@ PlanOracle RunPlanOracle(const FullyShardPlan& plan, const CaseParams& params, i
     e["output_dtype"] = DTypeName(OutputDType(plan));
     e["mixed_dtype_linears"] = nlohmann::json::array();
     e[kTensors] = nlohmann::json::object();
+    e[kTensors].update(compute_weights);
   }
   for (int64_t k = 0; k < plan.steps; ++k) {
     std::vector<reference::RefTensorMap> grads(static_cast<size_t>(world));
@@ -661,6 +703,9 @@ void JudgePlan(const FullyShardPlan& plan, const CaseParams& params, int world,
     checks.CheckEqual(who + " Linear modules fed another dtype than their weight's",
                       RankObservation(expected, r, "mixed_dtype_linears"),
                       RankObservation(per_rank, r, "mixed_dtype_linears"));
+    CheckMapsClose(checks, who + " Linear weights computed with (param_dtype casts)",
+                   MapFromObservations(expected, r, kCompute),
+                   MapFromObservations(per_rank, r, kCompute), Tolerance{0, 0});
     const nlohmann::json& counts = RankObservation(per_rank, r, kMicroCommCounts);
     const nlohmann::json& bytes = RankObservation(per_rank, r, kMicroCommBytes);
     const nlohmann::json& want_counts = expected[static_cast<size_t>(r)][kMicroCommCounts];

@@ -192,6 +192,21 @@ const std::string& ValueOf(const ZooModelKind& kind, const CaseParams& params,
   FSDP_THROW(ErrorCode::kInternal, "zoo model ", kind.name, " has no parameter ", key);
 }
 
+// IEEE 754 round-to-nearest-even of `v` to a binary format with `precision` significand bits
+// (the implicit one included), `min_exponent` the exponent of its smallest normal (2^min_exponent)
+// and `max_finite` its largest finite value; beyond it, infinity. Computed in double from the
+// rule (frexp / nearbyint), independently of the engine's Half / BFloat16 conversions, so that a
+// judge comparing with it sees a conversion that truncates or rounds ties away.
+double RoundToBinaryFormat(double v, int precision, int min_exponent, double max_finite) {
+  if (v == 0 || !std::isfinite(v)) return v;
+  int e = 0;
+  std::frexp(v, &e);  // |v| = m * 2^e, m in [0.5, 1): the last bit has weight 2^(e - precision)
+  const int quantum = std::max(e - precision, min_exponent - precision + 1);  // subnormals
+  const double r = std::ldexp(std::nearbyint(std::ldexp(v, -quantum)), quantum);
+  if (std::fabs(r) > max_finite) return std::copysign(INFINITY, v);
+  return r;
+}
+
 }  // namespace
 
 // ---- Conversions -------------------------------------------------------------------------------
@@ -203,11 +218,17 @@ std::vector<double> RoundTo(std::vector<double> values, DType dtype) {
     case DType::kFloat32:
       for (double& v : values) v = static_cast<float>(v);
       break;
+    // Through float first, as PyTorch converts a double (c10::Half and c10::BFloat16 are
+    // constructed from a float).
     case DType::kFloat16:
-      for (double& v : values) v = static_cast<float>(Half(static_cast<float>(v)));
+      for (double& v : values) {
+        v = RoundToBinaryFormat(static_cast<float>(v), 11, -14, 65504.0);
+      }
       break;
     case DType::kBFloat16:
-      for (double& v : values) v = static_cast<float>(BFloat16(static_cast<float>(v)));
+      for (double& v : values) {
+        v = RoundToBinaryFormat(static_cast<float>(v), 8, -126, 0x1.fep127);
+      }
       break;
     case DType::kInt64:
       FSDP_THROW(ErrorCode::kInvalidArgument, "RoundTo: int64 is not a floating dtype");

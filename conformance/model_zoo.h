@@ -54,7 +54,9 @@ namespace fsdp::conformance {
 
 // ---- Conversions -------------------------------------------------------------------------------
 
-// `values` rounded to what `dtype` can hold (float32: the nearest float; float64: unchanged).
+// `values` rounded to what `dtype` can hold (float32: the nearest float; float64: unchanged;
+// float16 and bfloat16: through float, then IEEE round-to-nearest-even, computed from the rule
+// and not by the engine's conversions, so that judges can hold the engine's casts to it).
 std::vector<double> RoundTo(std::vector<double> values, DType dtype);
 reference::RefTensor RoundTo(reference::RefTensor tensor, DType dtype);
 reference::RefTensorMap RoundTo(reference::RefTensorMap tensors, DType dtype);

@@ -39,6 +39,29 @@ TEST(ModelZoo, EngineAndOracleAgreeOnFqnsAndShapes) {
   }
 }
 
+// RoundTo's half and bfloat16 rule: round-to-nearest-even with ties to even, subnormals and
+// overflow, and agreeing with a correct conversion on every sampled float.
+TEST(ModelZoo, RoundToHalfAndBFloat16IsRoundToNearestEven) {
+  // bfloat16 keeps 8 significand bits: 1 + 2^-8 is a tie (to 1), 1 + 3 * 2^-8 one (to 1 + 2^-6).
+  EXPECT_EQ(RoundTo({1 + std::ldexp(1.0, -8)}, DType::kBFloat16)[0], 1.0);
+  EXPECT_EQ(RoundTo({1 + 3 * std::ldexp(1.0, -8)}, DType::kBFloat16)[0], 1 + std::ldexp(1.0, -6));
+  EXPECT_EQ(RoundTo({-(1 + 1.5 * std::ldexp(1.0, -8))}, DType::kBFloat16)[0],
+            -(1 + std::ldexp(1.0, -7)));
+  // float16: 11 bits, subnormal spacing 2^-24, largest finite 65504.
+  EXPECT_EQ(RoundTo({1 + std::ldexp(1.0, -11)}, DType::kFloat16)[0], 1.0);
+  EXPECT_EQ(RoundTo({3 * std::ldexp(1.0, -25)}, DType::kFloat16)[0], std::ldexp(1.0, -23));
+  EXPECT_EQ(RoundTo({65519.0}, DType::kFloat16)[0], 65504.0);
+  EXPECT_TRUE(std::isinf(RoundTo({65520.0}, DType::kFloat16)[0]));
+  uint64_t state = 12345;
+  for (int i = 0; i < 20000; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const float f = std::ldexp(static_cast<float>(state >> 40) / 16777216.0f - 0.5f,
+                               static_cast<int>((state >> 8) % 40) - 20);
+    EXPECT_EQ(RoundTo({f}, DType::kBFloat16)[0], static_cast<float>(BFloat16(f))) << f;
+    EXPECT_EQ(RoundTo({f}, DType::kFloat16)[0], static_cast<float>(Half(f))) << f;
+  }
+}
+
 TEST(ModelZoo, WeightsAreDeterministicAndRoundedToTheDtype) {
   const ZooModel model = ZooModel::Make("mlp", Defaults("mlp"));
   const reference::RefTensorMap a = model.MakeParameters(7, DType::kFloat32);

@@ -210,17 +210,23 @@ def _with_policy(kwargs, policy: Dict[str, object]):
     return dict(kwargs, mp_policy=_mp_policy(policy)) if policy else kwargs
 
 
-def _record_mixed_dtype_linears(model, names: Set[str]):
+def _record_mixed_dtype_linears(model, names: Set[str], compute_weights: Dict[str, object]):
     """Forward pre-hooks on every nn.Linear adding its FQN to `names` when a floating input
     has another dtype than its weight (registered after fully_shard: they see what FSDP's
-    pre-forward produced)."""
+    pre-forward produced), and keeping in `compute_weights["compute/{fqn}.weight"]` the weight
+    it first computes with when that is not in the parameters' dtype (param_dtype's cast)."""
     import torch
+
+    param_dtype = next(model.parameters()).dtype
 
     def hook(fqn):
         def check(module, args):
             for a in args:
                 if torch.is_tensor(a) and a.is_floating_point() and a.dtype != module.weight.dtype:
                     names.add(fqn)
+            key = f"compute/{fqn}.weight"
+            if module.weight.dtype != param_dtype and key not in compute_weights:
+                compute_weights[key] = module.weight.detach().clone()
         return check
 
     for fqn, module in model.named_modules():
@@ -240,12 +246,12 @@ def run(request, plan: Plan):
     model, _ = parity._build(plan.kind, request)
     shard(request, plan, model)
     mixed_dtype_linears: Set[str] = set()
-    _record_mixed_dtype_linears(model, mixed_dtype_linears)
+    tensors = {}
+    _record_mixed_dtype_linears(model, mixed_dtype_linears, tensors)
     optimizer = torch.optim.SGD(model.parameters(), lr=plan.lr)
     rank_inputs = inputs.rank_tensors(request)
     obs: Dict[str, list] = {"losses": [], "micro_batch_comm_counts": [],
                             "micro_batch_comm_bytes": [], "grad_devices": [], "grad_dtypes": []}
-    tensors = {}
     output_dtype = None
     for k in range(plan.steps):
         if plan.unfreeze_at_step == k:
