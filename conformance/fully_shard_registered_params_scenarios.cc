@@ -171,10 +171,14 @@ nlohmann::json Expected(const CaseParams& params, int world, int rank,
       } else {
         local = full;
       }
+      // Every parameter of the seed's model trains, and every form PyTorch registers is an
+      // nn.Parameter that requires grad (the post-forward shard too, though nothing computes
+      // with it).
       obs[kRegistered][point][fqn] = {{"module", module},
                                       {"form", form},
                                       {"shape", local.sizes()},
-                                      {"mesh_ranks", ranks}};
+                                      {"mesh_ranks", ranks},
+                                      {"requires_grad", true}};
       obs[kTensors][point + "/" + fqn] = TensorToJson(local);
     }
   }
@@ -206,7 +210,8 @@ void Report(nn::Module& model, const std::string& point, nlohmann::json& obs) {
       obs[kRegistered][point][p->fqn()] = {{"module", group->module_fqn()},
                                            {"form", form},
                                            {"shape", registered.sizes()},
-                                           {"mesh_ranks", ranks}};
+                                           {"mesh_ranks", ranks},
+                                           {"requires_grad", registered.requires_grad()}};
       obs[kTensors][point + "/" + p->fqn()] =
           TensorToJson(registered.detach().to(Device::CPU()));
     }
@@ -254,6 +259,8 @@ void JudgePoint(const CaseParams& params, int world, const std::vector<nlohmann:
       checks.CheckEqual(name + " form", w["form"], g->value("form", nlohmann::json()));
       checks.CheckEqual(name + " mesh_ranks", w["mesh_ranks"],
                         g->value("mesh_ranks", nlohmann::json()));
+      checks.CheckEqual(name + " requires_grad", w["requires_grad"],
+                        g->value("requires_grad", nlohmann::json()));
       nlohmann::json want_tensor = want[kTensors][point + "/" + fqn];
       if (w["form"] == kShardedPostForward && g->value("shape", nlohmann::json()) != w["shape"]) {
         want_tensor = TensorToJson(PostForwardRows(full, r, world, PostForwardSize(params),
@@ -312,7 +319,7 @@ ScenarioInfo CommonInfo(const std::string& case_name, const std::string& descrip
         {{"type", "object"},
          {"additionalProperties",
           {{"type", "object"},
-           {"required", {"module", "form", "shape", "mesh_ranks"}},
+           {"required", {"module", "form", "shape", "mesh_ranks", "requires_grad"}},
            {"additionalProperties", false},
            {"properties",
             {{"module", {{"type", "string"}}},
@@ -320,10 +327,12 @@ ScenarioInfo CommonInfo(const std::string& case_name, const std::string& descrip
               {{"type", "string"},
                {"enum", {kSharded, kShardedPostForward, kUnsharded, "unknown"}}}},
              {"shape", {{"type", "array"}, {"items", {{"type", "integer"}}}}},
-             {"mesh_ranks", {{"type", "array"}, {"items", {{"type", "integer"}}}}}}}}}}}},
+             {"mesh_ranks", {{"type", "array"}, {"items", {{"type", "integer"}}}}},
+             {"requires_grad", {{"type", "boolean"}}}}}}}}}},
       "{point: {parameter FQN: {module: the FSDP module managing it (root \"\"), form: "
       "sharded | sharded_post_forward | unsharded (what is registered), shape, mesh_ranks: "
-      "the global ranks it is sharded over ([] when unsharded)}}}"));
+      "the global ranks it is sharded over ([] when unsharded), requires_grad: the registered "
+      "tensor's (every form of a trainable parameter requires grad)}}}"));
   return info;
 }
 
