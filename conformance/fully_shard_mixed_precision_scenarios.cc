@@ -125,6 +125,47 @@ Scenario LowPrecisionSubmodules() {
   return s;
 }
 
+// The same casts on the zoo's Transformer, every block with the low-precision policy under a
+// float32 root, each block called as layer(x=h) (block_kwargs): FSDP's pre-forward must cast
+// keyword tensors as it casts positional ones (PyTorch's tree_map over args and kwargs), or a
+// block's Linear is fed float32 under a low-precision weight.
+Scenario LowPrecisionTransformerBlocks() {
+  Scenario s = MakePlanScenario(
+      "fully_shard_mixed_precision/float16_on_transformer_blocks",
+      "Transformer in float32, every block (called as layer(x=h)) with param_dtype float16 / "
+      "bfloat16, cast_forward_inputs and output_dtype float32, the root without mixed "
+      "precision: keyword inputs cast as positional ones, each block's collectives in its own "
+      "dtype, values vs the oracle",
+      "test_fully_shard_mixed_precision.py::TestFullyShardMixedPrecisionCasts::"
+      "test_float16_on_one_submodule (on the Transformer, blocks called by keyword)",
+      "transformer", "float32",
+      {ParamSpec::Axis("param_dtype", "the blocks' MixedPrecisionPolicy.param_dtype",
+                       {"float16", "bfloat16"})},
+      [](const CaseParams& p, int) {
+        FullyShardPlan plan = DecodePlanBase("transformer", p);
+        plan.groups.clear();
+        fsdp2::MixedPrecisionPolicy low;
+        low.param_dtype = ParseDType(p.GetString("param_dtype"));
+        low.output_dtype = plan.dtype;
+        low.cast_forward_inputs = true;
+        for (int64_t i = 0; i < p.GetInt("n_layers"); ++i) {
+          plan.groups.push_back("layers." + std::to_string(i));
+          plan.group_mp_policies[plan.groups.back()] = low;
+        }
+        return plan;
+      });
+  for (ParamSpec& spec : s.info.params) {
+    if (spec.name == "block_kwargs") {
+      spec = ParamSpec::SizeBool("block_kwargs",
+                                 "the Transformer calls each block as layer(x=h) (this "
+                                 "scenario's point: the block's input a keyword argument)",
+                                 true);
+    }
+  }
+  FinishMixedPrecision(s);
+  return s;
+}
+
 }  // namespace
 
 void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry) {
@@ -162,6 +203,7 @@ void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry) {
                                      {"float32", "float16"})},
                     /*accumulate=*/false));
   registry.Add(LowPrecisionSubmodules());
+  registry.Add(LowPrecisionTransformerBlocks());
 }
 
 }  // namespace fsdp::conformance

@@ -8,6 +8,8 @@ scenario's C++ decoder (conformance/fully_shard_mixed_precision_scenarios.cc) bu
   output_dtype                param_dtype on every call, output_dtype on the root's
   float16_on_one_submodule    blocks 0 and 1 with param_dtype, output_dtype float32 and
                               cast_forward_inputs; the root without mixed precision
+  float16_on_transformer_blocks  the same policy on every block of the zoo's Transformer,
+                              each called as layer(x=h) (block_kwargs)
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -52,10 +54,23 @@ def output_dtype(request):
         request, _plan(request, mp_policy=policy, group_mp_policies={"": root}))
 
 
+def _low_precision_policy(request):
+    """MixedPrecisionPolicy(param_dtype, output_dtype=the case's dtype, cast_forward_inputs)."""
+    return {"param_dtype": request.param("param_dtype"), "output_dtype": request.param("dtype"),
+            "cast_forward_inputs": True}
+
+
 def float16_on_one_submodule(request):
-    low = {"param_dtype": request.param("param_dtype"), "output_dtype": request.param("dtype"),
-           "cast_forward_inputs": True}
+    low = _low_precision_policy(request)
     plan = _plan(request)
+    plan.group_mp_policies = {fqn: low for fqn in plan.groups}
+    return fully_shard_plan.run(request, plan)
+
+
+def float16_on_transformer_blocks(request):
+    low = _low_precision_policy(request)
+    plan = fully_shard_plan.plan_base(request, "transformer")
+    plan.groups = [f"layers.{i}" for i in range(request.int_param("n_layers"))]
     plan.group_mp_policies = {fqn: low for fqn in plan.groups}
     return fully_shard_plan.run(request, plan)
 
@@ -66,4 +81,5 @@ SCENARIOS = {
     "fully_shard_mixed_precision/grad_acc_with_reduce_dtype": grad_acc_with_reduce_dtype,
     "fully_shard_mixed_precision/output_dtype": output_dtype,
     "fully_shard_mixed_precision/float16_on_one_submodule": float16_on_one_submodule,
+    "fully_shard_mixed_precision/float16_on_transformer_blocks": float16_on_transformer_blocks,
 }
