@@ -226,8 +226,11 @@ Scenario CommunicationCount() {
   s.info.params.insert(s.info.params.begin(),
                        ReshardAfterForwardAxis(
                            "fully_shard reshard_after_forward (bool, int factor or None)"));
-  // The later profile in a default run too (an explicit value reshards the root).
+  // The later profile in a default run too (an explicit value reshards the root). And the int
+  // 1, which PyTorch takes for False (resharding to groups of one rank keeps the parameters
+  // unsharded), not for True: no backward all-gather.
   s.info.extra_default_runs = LaterProfileRuns(4);
+  s.info.extra_default_runs.push_back({4, {{"reshard_after_forward", "1"}}});
   s.info.test_runs = {{8, {{"reshard_after_forward", "4"}}}};
   for (const TestRun& run : LaterProfileRuns(8, {{"reshard_after_forward", "4"}})) {
     s.info.test_runs.push_back(run);

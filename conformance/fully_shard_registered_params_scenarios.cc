@@ -300,6 +300,8 @@ ScenarioInfo CommonInfo(const std::string& case_name, const std::string& descrip
   // An int k with 1 < k < W / k too, where a post-forward shard's W/k padded shards and k
   // padded shards (a rule that confuses the two agrees at W = 4, k = 2) differ in rows.
   info.extra_default_runs.push_back({8, {{"reshard_after_forward", "2"}}});
+  // And k = W, which PyTorch takes for True: the full shard registered, over every rank.
+  info.extra_default_runs.push_back({2, {{"reshard_after_forward", "2"}}});
   info.inputs = InputsDocumentation();
   for (const auto& [point, meaning] : std::vector<std::pair<std::string, std::string>>{
            {"after_forward", "after forward"},
