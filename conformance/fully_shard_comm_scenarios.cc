@@ -226,8 +226,11 @@ Scenario CommunicationCount() {
   s.info.params.insert(s.info.params.begin(),
                        ReshardAfterForwardAxis(
                            "fully_shard reshard_after_forward (bool, int factor or None)"));
-  // The later profile in a default run too (an explicit value reshards the root).
+  // The later profile in a default run too (an explicit value reshards the root). And the int
+  // 1, which PyTorch takes for False (resharding to groups of one rank keeps the parameters
+  // unsharded), not for True: no backward all-gather.
   s.info.extra_default_runs = LaterProfileRuns(4);
+  s.info.extra_default_runs.push_back({4, {{"reshard_after_forward", "1"}}});
   s.info.test_runs = {{8, {{"reshard_after_forward", "4"}}}};
   for (const TestRun& run : LaterProfileRuns(8, {{"reshard_after_forward", "4"}})) {
     s.info.test_runs.push_back(run);
@@ -432,13 +435,17 @@ Scenario BackwardPrefetchForwardBackward() {
   s.skip = SkipIntNotAFactor;
   s.info.observations
       .Add(ObservationKey::Custom(
-          "forward_events",
-          {{"type", "array"}, {"items", EventsKey("x", "").schema}},
+          "forward_events", {{"type", "array"}, {"items", EventsKey("x", "").schema}},
           "per iteration, the FSDP events of kinds unshard and post_backward during forward, "
           "as [kind, module FQN (root \"\"), training state]"))
+      .Add(ObservationKey::Custom("backward_events",
+                                  {{"type", "array"}, {"items", EventsKey("x", "").schema}},
+                                  "per iteration, the same during loss.sum().backward()"))
       .Add(ObservationKey::Custom(
-          "backward_events", {{"type", "array"}, {"items", EventsKey("x", "").schema}},
-          "per iteration, the same during loss.sum().backward()"))
+          "backward_reshard_events", {{"type", "array"}, {"items", EventsKey("x", "").schema}},
+          "per iteration, the FSDP events of kind reshard during loss.sum().backward() (a "
+          "block's activation-checkpoint recompute runs its forward hooks again, which must not "
+          "reshard it)"))
       .Add(EventsKey("events", "every iteration's forward then backward events (for the report)")
                .Optional());
   s.inputs = TransformerInputs;
@@ -453,6 +460,7 @@ Scenario BackwardPrefetchForwardBackward() {
                                               fsdp2::EventKind::kPostBackward};
     nlohmann::json forward = nlohmann::json::array();
     nlohmann::json backward = nlohmann::json::array();
+    nlohmann::json backward_reshards = nlohmann::json::array();
     nlohmann::json all = nlohmann::json::array();
     for (int64_t iter = 0; iter < env.params.GetInt("iterations"); ++iter) {
       Tensor loss = (*model)(tokens).tensor();
@@ -460,6 +468,7 @@ Scenario BackwardPrefetchForwardBackward() {
       observer.clear();
       sum(loss).backward();
       backward.push_back(EventsJson(observer.events(kinds)));
+      backward_reshards.push_back(EventsJson(observer.events({fsdp2::EventKind::kReshard})));
       observer.clear();
       for (const auto& e : forward.back()) all.push_back(e);
       for (const auto& e : backward.back()) all.push_back(e);
@@ -470,6 +479,7 @@ Scenario BackwardPrefetchForwardBackward() {
     obs[kEvents] = all;
     obs["forward_events"] = forward;
     obs["backward_events"] = backward;
+    obs["backward_reshard_events"] = backward_reshards;
     return obs;
   };
   // docs/fsdp-behaviour.md, "Backward prefetch": forward unshards the root, then every block in
@@ -477,6 +487,9 @@ Scenario BackwardPrefetchForwardBackward() {
   // profile, "Semantics profiles") and prefetches the last block, each block i prefetches block
   // i-1 before its post_backward, and the root's post_backward comes from the end-of-backward
   // callback. Groups not resharded after forward issue no unshard. Every iteration alike.
+  // Backward reshards each group once, in its post_backward (reshard_after_backward), and
+  // nowhere else: a block's activation-checkpoint recompute runs its forward hooks again while
+  // it is in PRE_BACKWARD, where FSDP's pre- and post-forward return at once.
   s.expect = SameOnEveryRank([](const CaseParams& params) {
     const int64_t n = params.GetInt("n_layers");
     const Resharded resharded = ReshardedOf(params);
@@ -484,9 +497,17 @@ Scenario BackwardPrefetchForwardBackward() {
     nlohmann::json bwd = RootBackwardUnshard(resharded.root);
     Append(bwd, BlockBackwardEvents(n, /*with_unshard=*/resharded.blocks));
     bwd.push_back(EventJson("post_backward", "", "POST_BACKWARD"));
+    nlohmann::json bwd_reshards = nlohmann::json::array();
+    for (const nlohmann::json& e : bwd) {
+      if (e[0] == "post_backward") {
+        bwd_reshards.push_back(EventJson("reshard", e[1].get<std::string>(), "POST_BACKWARD"));
+      }
+    }
     const auto iterations = static_cast<size_t>(params.GetInt("iterations"));
-    return nlohmann::json{{"forward_events", std::vector<nlohmann::json>(iterations, fwd)},
-                          {"backward_events", std::vector<nlohmann::json>(iterations, bwd)}};
+    return nlohmann::json{
+        {"forward_events", std::vector<nlohmann::json>(iterations, fwd)},
+        {"backward_events", std::vector<nlohmann::json>(iterations, bwd)},
+        {"backward_reshard_events", std::vector<nlohmann::json>(iterations, bwd_reshards)}};
   });
   s.judge = [expect = s.expect](const CaseParams& params, int world,
                                 const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
@@ -500,6 +521,8 @@ Scenario BackwardPrefetchForwardBackward() {
           {"forward_events", iteration + " forward events", expected["forward_events"][it], element});
       rank_checks.push_back({"backward_events", iteration + " backward events",
                              expected["backward_events"][it], element});
+      rank_checks.push_back({"backward_reshard_events", iteration + " backward reshard events",
+                             expected["backward_reshard_events"][it], element});
     }
     CheckEveryRank(checks, per_rank, world, rank_checks);
     checks.SetFigure("events_per_iteration",

@@ -8,8 +8,8 @@
 // the gradients come back in the parameters' dtype, and the model's output has output_dtype
 // (else param_dtype). Each scenario has a `semantics` parameter: with param_dtype set and
 // reduce_dtype None, torch-2.4 and torch-2.8 reduce in param_dtype, torch-2.15 in the
-// parameters' dtype (fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset); ctest also runs each at
-// world 2 under torch-2.15.
+// parameters' dtype (fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset); ctest and every default
+// run also run each at world 2 under torch-2.15.
 //   compute_dtype                TestFullyShardMixedPrecisionTraining.test_compute_dtype:
 //                                param_dtype bfloat16 / float16
 //   reduce_dtype                 TestFullyShardMixedPrecisionTraining.test_reduce_dtype:
@@ -78,6 +78,10 @@ void FinishMixedPrecision(Scenario& s) {
   }
   s.info.params.push_back(SemanticsParam());
   s.info.test_runs.push_back(
+      {2, {{kSemanticsParam, fsdp2::SemanticsName(fsdp2::Semantics::kTorch2_15)}}});
+  // In a default run too: only torch-2.15 upcasts the gradients computed in param_dtype to the
+  // parameters' dtype when reduce_dtype is unset, a rule no other profile exercises.
+  s.info.extra_default_runs.push_back(
       {2, {{kSemanticsParam, fsdp2::SemanticsName(fsdp2::Semantics::kTorch2_15)}}});
 }
 

@@ -142,6 +142,11 @@ Scenario StreamOrder() {
                       {"False", "True"}),
       ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers (TransformerBlocks, each sharded)", 2,
                          /*minimum=*/1),
+      ParamSpec::SizeString("checkpoint_impl",
+                            "activation checkpointing of each block (none, utils: "
+                            "ModelArgs.checkpoint_activations, composable: checkpoint(block)); "
+                            "a block's recompute in backward runs FSDP's forward hooks again",
+                            "none"),
       ParamSpec::SizeInt("steps", "training steps (forward, backward, optimizer step)", 2,
                          /*minimum=*/1),
       ParamSpec::SizeInt("seed", "seed of the weights and the token batches", 0),
@@ -152,6 +157,14 @@ Scenario StreamOrder() {
   info.max_world = 8;
   info.test_runs = {{2, {}}, {3, {}}};
   info.extra_default_runs = LaterProfileRuns(4);
+  // Activation checkpointing: the recompute's FSDP pre-forward must return at once (PRE_BACKWARD),
+  // or it takes the root's place as the iteration's forward root, and the next step's root
+  // pre-forward skips the wait for the optimizer step.
+  info.extra_default_runs.push_back({4,
+                                     {{"checkpoint_impl", "utils"},
+                                      {"reshard_after_forward", "True"},
+                                      {"post_optim_event", "False"},
+                                      {"hsdp", "False"}}});
   info.inputs = TransformerInputsDoc(TokenBatches::kPerRank);
   info.observations.Add(StreamTraceKey());
   s.skip = [](const CaseParams& params, int world) -> std::optional<std::string> {
@@ -181,7 +194,8 @@ Scenario StreamOrder() {
                                            {shape.replicate, shape.shard},
                                            {"replicate", "shard"});
     }
-    auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params), "none", mesh);
+    auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params),
+                                    env.params.GetString("checkpoint_impl"), mesh);
     fsdp2::FSDPModule root(model);
     optim::SGD optim(model->parameters(), optim::SGDOptions{.lr = 1e-2});
     const Tensor tokens = TransformerTokens(env);

@@ -171,10 +171,14 @@ nlohmann::json Expected(const CaseParams& params, int world, int rank,
       } else {
         local = full;
       }
+      // Every parameter of the seed's model trains, and every form PyTorch registers is an
+      // nn.Parameter that requires grad (the post-forward shard too, though nothing computes
+      // with it).
       obs[kRegistered][point][fqn] = {{"module", module},
                                       {"form", form},
                                       {"shape", local.sizes()},
-                                      {"mesh_ranks", ranks}};
+                                      {"mesh_ranks", ranks},
+                                      {"requires_grad", true}};
       obs[kTensors][point + "/" + fqn] = TensorToJson(local);
     }
   }
@@ -206,7 +210,8 @@ void Report(nn::Module& model, const std::string& point, nlohmann::json& obs) {
       obs[kRegistered][point][p->fqn()] = {{"module", group->module_fqn()},
                                            {"form", form},
                                            {"shape", registered.sizes()},
-                                           {"mesh_ranks", ranks}};
+                                           {"mesh_ranks", ranks},
+                                           {"requires_grad", registered.requires_grad()}};
       obs[kTensors][point + "/" + p->fqn()] =
           TensorToJson(registered.detach().to(Device::CPU()));
     }
@@ -254,6 +259,8 @@ void JudgePoint(const CaseParams& params, int world, const std::vector<nlohmann:
       checks.CheckEqual(name + " form", w["form"], g->value("form", nlohmann::json()));
       checks.CheckEqual(name + " mesh_ranks", w["mesh_ranks"],
                         g->value("mesh_ranks", nlohmann::json()));
+      checks.CheckEqual(name + " requires_grad", w["requires_grad"],
+                        g->value("requires_grad", nlohmann::json()));
       nlohmann::json want_tensor = want[kTensors][point + "/" + fqn];
       if (w["form"] == kShardedPostForward && g->value("shape", nlohmann::json()) != w["shape"]) {
         want_tensor = TensorToJson(PostForwardRows(full, r, world, PostForwardSize(params),
@@ -290,6 +297,11 @@ ScenarioInfo CommonInfo(const std::string& case_name, const std::string& descrip
   info.max_world = 8;
   info.test_runs = {{2, {}}, {3, {}}, {8, {}}, {8, {{"reshard_after_forward", "4"}}}};
   info.extra_default_runs = LaterProfileRuns(4);
+  // An int k with 1 < k < W / k too, where a post-forward shard's W/k padded shards and k
+  // padded shards (a rule that confuses the two agrees at W = 4, k = 2) differ in rows.
+  info.extra_default_runs.push_back({8, {{"reshard_after_forward", "2"}}});
+  // And k = W, which PyTorch takes for True: the full shard registered, over every rank.
+  info.extra_default_runs.push_back({2, {{"reshard_after_forward", "2"}}});
   info.inputs = InputsDocumentation();
   for (const auto& [point, meaning] : std::vector<std::pair<std::string, std::string>>{
            {"after_forward", "after forward"},
@@ -309,7 +321,7 @@ ScenarioInfo CommonInfo(const std::string& case_name, const std::string& descrip
         {{"type", "object"},
          {"additionalProperties",
           {{"type", "object"},
-           {"required", {"module", "form", "shape", "mesh_ranks"}},
+           {"required", {"module", "form", "shape", "mesh_ranks", "requires_grad"}},
            {"additionalProperties", false},
            {"properties",
             {{"module", {{"type", "string"}}},
@@ -317,10 +329,12 @@ ScenarioInfo CommonInfo(const std::string& case_name, const std::string& descrip
               {{"type", "string"},
                {"enum", {kSharded, kShardedPostForward, kUnsharded, "unknown"}}}},
              {"shape", {{"type", "array"}, {"items", {{"type", "integer"}}}}},
-             {"mesh_ranks", {{"type", "array"}, {"items", {{"type", "integer"}}}}}}}}}}}},
+             {"mesh_ranks", {{"type", "array"}, {"items", {{"type", "integer"}}}}},
+             {"requires_grad", {{"type", "boolean"}}}}}}}}}},
       "{point: {parameter FQN: {module: the FSDP module managing it (root \"\"), form: "
       "sharded | sharded_post_forward | unsharded (what is registered), shape, mesh_ranks: "
-      "the global ranks it is sharded over ([] when unsharded)}}}"));
+      "the global ranks it is sharded over ([] when unsharded), requires_grad: the registered "
+      "tensor's (every form of a trainable parameter requires grad)}}}"));
   return info;
 }
 

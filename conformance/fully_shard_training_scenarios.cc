@@ -239,8 +239,12 @@ Scenario TrainParityMultiGroup() {
     return std::nullopt;
   };
   // The default run ties the weights (mem_eff excluded); this one unties them, at an uneven
-  // world.
-  s.info.extra_default_runs = {{3, {{"weight_tying", "False"}}}};
+  // world. The seed's activation checkpointing (checkpoint_impl "utils":
+  // ModelArgs.checkpoint_activations) in a default run too: each block's recompute in backward
+  // runs FSDP's forward hooks again, which must neither reshard nor re-register anything.
+  s.info.extra_default_runs = {
+      {3, {{"weight_tying", "False"}}},
+      {3, {{"weight_tying", "False"}, {"checkpoint_activations", "True"}}}};
   return s;
 }
 

@@ -104,6 +104,11 @@ std::vector<ZooModelKind> MakeKinds() {
                             "the Transformer calls each block as layer(x=h), its input a keyword "
                             "argument (FSDP must hook and cast keyword tensors as positional ones)",
                             false),
+        ParamSpec::SizeBool("checkpoint_activations",
+                            "ModelArgs.checkpoint_activations: each block's forward under "
+                            "torch.utils.checkpoint (non-reentrant), recomputed in backward with "
+                            "FSDP's hooks running again (its pre-forward must then do nothing)",
+                            false),
         ParamSpec::SizeInt("seq_len", "tokens per input row (<= max_seq_len)", 16, /*minimum=*/1),
         Batch(2)},
        /*sgd_lr=*/3e-4,
@@ -569,6 +574,7 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
     args.dropout_p = 0.0;
     args.weight_tying = p.GetBool("weight_tying");
     args.block_kwargs = p.GetBool("block_kwargs");
+    args.checkpoint_activations = p.GetBool("checkpoint_activations");
     reference::ModelArgs rargs;
     rargs.n_layers = args.n_layers;
     rargs.vocab_size = args.vocab_size;

@@ -271,9 +271,9 @@ TEST(Runner, SemanticsFixesTheParameterOfTheScenariosThatDeclareIt) {
       EXPECT_FALSE(pc.params.has("semantics")) << pc.scenario->info.name;
     }
   }
-  // reshard_after_forward True, False, 2; the extra default runs under the later profile are
-  // left out, the run fixing the profile.
-  EXPECT_EQ(declaring, 3);
+  // reshard_after_forward True, False, 2, and the extra default run of the int 1; the extra
+  // default runs under the later profile are left out, the run fixing the profile.
+  EXPECT_EQ(declaring, 4);
   // Without --semantics: each scenario's default, recorded as the default profile, plus the
   // profile-dependent scenario's extra default runs under the later profile (which fix it).
   Runner open_profile(DefaultCatalog(), Options({count}));

@@ -29,6 +29,9 @@ ProfileRun RunUnder(const std::string& scenario, const std::map<std::string, std
   RunOptions options;
   options.patterns = {scenario};
   options.backend = kBackendThreaded;
+  // The scenario's default world only (its extra default runs would add cases, or repeat this
+  // one when `params` fixes the axes they set).
+  options.world = DefaultCatalog().scenarios.Get(scenario).info.default_world;
   options.semantics = semantics;
   options.params = params;
   Runner runner(DefaultCatalog(), options);

@@ -4,7 +4,8 @@ test_fully_shard_comm.py's TestFullyShardPrefetch), in PyTorch:
   backward_prefetch_forward_backward   Transformer(n_layers), blocks and root sharded (with the
                                        case's checkpoint_impl), `iterations` x (forward,
                                        loss.sum().backward(), SGD(lr 1e-2) step): the unshard
-                                       and post_backward events of each forward and backward
+                                       and post_backward events of each forward and backward,
+                                       and the reshard events of each backward
   backward_prefetch_multi_forward      two forwards, one backward of the summed losses
   backward_prefetch_unused_in_backward Sequential(Linear, DoubleLinear), 0, 1.lin1, 1.lin2 and
                                        the root sharded: a backward through lin2's output after
@@ -36,6 +37,11 @@ def _prefetch_transformer(request):
                                reshard_after_forward=reshard_after_forward_of(request))
 
 
+def _of_kinds(events, kinds):
+    """The events of `kinds`, in order."""
+    return [e for e in events if e[0] in kinds]
+
+
 def forward_backward(request):
     """_test_backward_prefetch_forward_backward: per iteration the events of the forward and of
     loss.sum().backward(), then SGD(lr 1e-2).step() and zero_grad(set_to_none=(it % 2 == 0))."""
@@ -44,17 +50,20 @@ def forward_backward(request):
     model = _prefetch_transformer(request)
     optim = torch.optim.SGD(model.parameters(), lr=1e-2)
     tokens = inputs.step_input(request, 0)
-    forward, backward, every = [], [], []
-    with FsdpEvents(_UNSHARD_POST_BACKWARD) as events:
+    forward, backward, backward_reshards, every = [], [], [], []
+    with FsdpEvents(_UNSHARD_POST_BACKWARD + ("reshard",)) as events:
         for it in range(request.int_param("iterations")):
             loss = model(tokens)
-            forward.append(events.take())
+            forward.append(_of_kinds(events.take(), _UNSHARD_POST_BACKWARD))
             loss.sum().backward()
-            backward.append(events.take())
+            taken = events.take()
+            backward.append(_of_kinds(taken, _UNSHARD_POST_BACKWARD))
+            backward_reshards.append(_of_kinds(taken, ("reshard",)))
             every.extend(forward[-1] + backward[-1])
             optim.step()
             optim.zero_grad(set_to_none=it % 2 == 0)
-    return {"forward_events": forward, "backward_events": backward, "events": every}, None
+    return {"forward_events": forward, "backward_events": backward,
+            "backward_reshard_events": backward_reshards, "events": every}, None
 
 
 def multi_forward(request):

@@ -11,7 +11,8 @@ A report lists, for every FSDPParam of every FSDP module's FSDPParamGroup, what 
 registered under the parameter's name: the FSDPParam's sharded_param (form "sharded", mesh ranks
 those of its shard process group), its unsharded_param ("unsharded", no ranks) or, with the
 group SHARDED_POST_FORWARD, the post-forward shard ("sharded_post_forward", the ranks of its
-post_forward_mesh_info's shard process group); with its local shape and values (to_local()).
+post_forward_mesh_info's shard process group); with its local shape and values (to_local())
+and whether it requires grad.
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -71,7 +72,8 @@ def _report(model, point, obs, tensors) -> None:
                 form, ranks = "sharded_post_forward", _ranks(p.post_forward_mesh_info)
             local = current.to_local() if hasattr(current, "to_local") else current
             registered[fqn] = {"module": group._module_fqn or "", "form": form,
-                               "shape": list(local.shape), "mesh_ranks": ranks}
+                               "shape": list(local.shape), "mesh_ranks": ranks,
+                               "requires_grad": bool(current.requires_grad)}
             tensors[f"{point}/{fqn}"] = local.detach().clone()
 
 

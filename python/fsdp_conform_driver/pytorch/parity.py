@@ -43,7 +43,9 @@ def _build(kind: str, request, dtype_name=None):
             max_seq_len=request.int_param("max_seq_len"), dim=request.int_param("dim"),
             n_heads=request.int_param("n_heads"), dropout_p=0.0,
             weight_tying=request.param("weight_tying").lower() == "true",
-            block_kwargs=request.params.get("block_kwargs", "False") == "True"))
+            block_kwargs=request.params.get("block_kwargs", "False") == "True",
+            checkpoint_activations=request.params.get("checkpoint_activations",
+                                                      "False") == "True"))
     elif kind == "mlp_stack":
         model = MLPStack(request.int_param("mlp_dim"))
     elif kind == "mlp_stack_seq_parallel":
