@@ -29,6 +29,15 @@
 //                          parameters exposed are the unsharded storage itself), whether or not
 //                          the full parameters were offloaded to the CPU in between (to_cpu copies
 //                          them back to the compute device on exit, before the writeback).
+//   orig_param_data_writeback  test_fsdp_use_orig_params.py::TestFSDPUseOrigParamsWriteback::
+//                          test_param_writeback (change_data=True): sharding_strategy. Outside
+//                          forward every original parameter's data is rebound to a new tensor
+//                          (`param.data = 2 * param`, the rank's sharded view doubled); FSDP
+//                          must write it back into its flat parameter before the next unshard
+//                          (_writeback_orig_params: the view no longer shares the flat
+//                          parameter's storage), so summon_full_params(writeback=False) reads
+//                          every full parameter doubled (sharded strategies only: without
+//                          sharding the writeback refuses the unflattened shape).
 //
 // Each rank loads the zoo's Transformer (the seed's TransformerWithSharedParams family; tied
 // output and embedding weights by default) from the case's runner-owned weights and wraps it as
@@ -52,6 +61,7 @@
 #include "conformance/sharded_parity.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
+#include "engine/fsdp1/tensor_data.h"
 #include "engine/fsdp1/unshard_params.h"
 #include "engine/functional/functional.h"
 
@@ -219,6 +229,28 @@ nlohmann::json RunUnshardParamsWritebackRank(RankEnv& env) {
   return obs;
 }
 
+// orig_param_data_writeback: every original parameter's data rebound to twice itself (a new
+// tensor), then the full parameters read inside summon_full_params(writeback=False)
+// (after_scope/param/<fqn>).
+nlohmann::json RunOrigParamDataWritebackRank(RankEnv& env) {
+  const UnshardCase c = DecodeCase(env.params);
+  auto model = BuildWrapped(c, env);
+  {
+    autograd::NoGradGuard no_grad;
+    for (const auto& [name, param] : model->named_parameters()) {
+      fsdp1::SetData(param, param.detach() * kWritebackFactor);
+    }
+  }
+  fsdp1::SummonFullParams full(model->shared_from_this(), {.writeback = false});
+  reference::RefTensorMap params;
+  for (const auto& [name, param] : model->named_parameters()) {
+    params[fsdp1::CleanTensorName(name)] = ToRef(param);
+  }
+  nlohmann::json obs;
+  obs[kTensors] = MapToJson(params, "float32", std::string(kAfterScope) + "param/");
+  return obs;
+}
+
 // The oracle's averaged gradient of step 0 over `world` ranks (each on its own batch).
 reference::RefTensorMap AveragedGradient(const UnshardCase& c, int world) {
   return TrainOracle(c.model, OptimConfig{}, c.seed, /*steps=*/1, DType::kFloat32, world)
@@ -261,6 +293,16 @@ std::vector<nlohmann::json> ExpectUnshardParamsWriteback(const CaseParams& param
                            std::string(kAfterScope) + "param/"));
   nlohmann::json obs;
   obs[kTensors] = std::move(tensors);
+  return std::vector<nlohmann::json>(static_cast<size_t>(world), obs);
+}
+
+// orig_param_data_writeback: the initial weights doubled, on every rank and strategy.
+std::vector<nlohmann::json> ExpectOrigParamDataWriteback(const CaseParams& params, int world) {
+  const UnshardCase c = DecodeCase(params);
+  nlohmann::json obs;
+  obs[kTensors] =
+      MapToJson(Scaled(c.model.MakeParameters(c.seed, DType::kFloat32), kWritebackFactor),
+                "float32", std::string(kAfterScope) + "param/");
   return std::vector<nlohmann::json>(static_cast<size_t>(world), obs);
 }
 
@@ -452,12 +494,43 @@ Scenario MakeUnshardParamsWriteback() {
   return s;
 }
 
+Scenario MakeOrigParamDataWriteback() {
+  Scenario s = MakeUnshardScenario(
+      "orig_param_data_writeback",
+      "the zoo Transformer under FullyShardedDataParallel(use_orig_params=True): every original "
+      "parameter's data rebound outside forward (param.data = 2 * param) is written back into "
+      "the flat parameter, so summon_full_params reads every full parameter doubled",
+      ShardingStrategyAxis());
+  // MakeUnshardScenario put the strategy axis first already: keep one.
+  s.info.params.erase(s.info.params.begin() + 1);
+  s.info.seed_test =
+      "test_fsdp_use_orig_params.py::TestFSDPUseOrigParamsWriteback::test_param_writeback";
+  s.info.observations.AddTensors(
+      {std::string(kAfterScope) + "param/{fqn}", "float32", "the full parameter",
+       "after every original parameter's data was rebound to twice itself, inside "
+       "summon_full_params(writeback=False), by clean FQN"});
+  s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
+    if (Sharded(DecodeCase(p), world)) return std::nullopt;
+    return "without sharding an original parameter keeps its shape, and "
+           "FlatParamHandle._writeback_tensor expects the 1-D shape of its part of the shard: "
+           "PyTorch raises \"Cannot writeback when the parameter shape changes\"";
+  };
+  s.run_rank = RunOrigParamDataWritebackRank;
+  s.expect = ExpectOrigParamDataWriteback;
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    JudgeAgainst({kAfterScope}, p, world, ExpectOrigParamDataWriteback(p, world), per_rank, checks);
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry) {
   registry.Add(MakeWithGradsCore());
   registry.Add(MakeWithGradsNoneGrads());
   registry.Add(MakeUnshardParamsWriteback());
+  registry.Add(MakeOrigParamDataWriteback());
 }
 
 }  // namespace fsdp::conformance

@@ -15,6 +15,10 @@ docs/observations.md lists them:
                          the case's use_orig_params; every full parameter read (in_scope/...)
                          and doubled inside summon_full_params(writeback, offload_to_cpu), then
                          read again inside summon_full_params(writeback=False) (after_scope/...)
+  orig_param_data_writeback
+                         every original parameter's data rebound outside forward
+                         (param.data = 2 * param), then the full parameters read inside
+                         summon_full_params(writeback=False) (after_scope/...)
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -130,8 +134,26 @@ def unshard_params_writeback(request):
     return {}, tensors
 
 
+def orig_param_data_writeback(request):
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from fsdp_conform_driver.pytorch.fsdp1_api import clean_fqn
+
+    model = _wrapped(request)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.detach() * _WRITEBACK_FACTOR
+    tensors = {}
+    with FSDP.summon_full_params(model, writeback=False):
+        for name, p in model.named_parameters():
+            tensors[f"after_scope/param/{clean_fqn(name)}"] = p.detach().clone()
+    return {}, tensors
+
+
 SCENARIOS = {
     "fsdp_unshard_params/with_grads_core": with_grads_core,
     "fsdp_unshard_params/with_grads_none_grads": with_grads_none_grads,
     "fsdp_unshard_params/unshard_params_writeback": unshard_params_writeback,
+    "fsdp_unshard_params/orig_param_data_writeback": orig_param_data_writeback,
 }
