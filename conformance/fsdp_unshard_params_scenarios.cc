@@ -20,6 +20,24 @@
 //                          the averaged gradient where an even rank's shard holds it and 0 where
 //                          an odd rank's does (LayOutFlatParam); without sharding each rank sees
 //                          its own: None on the odd ranks, the averaged gradient on the others.
+//   unshard_params_writeback  TestUnshardParams.test_unshard_params_writeback: sharding_strategy
+//                          x writeback x offload_to_cpu x use_orig_params. Inside
+//                          summon_full_params(writeback=..., offload_to_cpu=...) every rank reads
+//                          the full parameters, then doubles every one of them; a second
+//                          summon_full_params(writeback=False) reads them again: doubled iff
+//                          writeback or nothing is sharded (the seed's rule: without sharding the
+//                          parameters exposed are the unsharded storage itself), whether or not
+//                          the full parameters were offloaded to the CPU in between (to_cpu copies
+//                          them back to the compute device on exit, before the writeback).
+//   orig_param_data_writeback  test_fsdp_use_orig_params.py::TestFSDPUseOrigParamsWriteback::
+//                          test_param_writeback (change_data=True): sharding_strategy. Outside
+//                          forward every original parameter's data is rebound to a new tensor
+//                          (`param.data = 2 * param`, the rank's sharded view doubled); FSDP
+//                          must write it back into its flat parameter before the next unshard
+//                          (_writeback_orig_params: the view no longer shares the flat
+//                          parameter's storage), so summon_full_params(writeback=False) reads
+//                          every full parameter doubled (sharded strategies only: without
+//                          sharding the writeback refuses the unflattened shape).
 //
 // Each rank loads the zoo's Transformer (the seed's TransformerWithSharedParams family; tied
 // output and embedding weights by default) from the case's runner-owned weights and wraps it as
@@ -43,6 +61,7 @@
 #include "conformance/sharded_parity.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
+#include "engine/fsdp1/tensor_data.h"
 #include "engine/fsdp1/unshard_params.h"
 #include "engine/functional/functional.h"
 
@@ -55,6 +74,9 @@ constexpr const char* kSeedFile = "test_fsdp_unshard_params.py::TestUnshardParam
 constexpr const char* kKind = "transformer";
 // The seed's WRITEBACK_FACTOR: every gradient is multiplied by it inside the scope.
 constexpr double kWritebackFactor = 2.0;
+// The reads of unshard_params_writeback: inside the writeback scope; after it.
+constexpr const char* kInScope = "in_scope/";
+constexpr const char* kAfterScope = "after_scope/";
 // The phases of with_grads_core: after forward and backward; after a second forward only.
 constexpr const char* kAfterBackward = "after_backward/";
 constexpr const char* kAfterForward = "after_forward/";
@@ -100,14 +122,15 @@ CaseInputs UnshardInputs(const CaseParams& params, int world) {
 }
 
 // The zoo model on this rank, wrapped as parity/fsdp1 wraps it with the case's strategy and
-// use_orig_params=True.
-std::shared_ptr<fsdp1::FullyShardedDataParallel> BuildWrapped(const UnshardCase& c, RankEnv& env) {
+// use_orig_params (True unless said otherwise).
+std::shared_ptr<fsdp1::FullyShardedDataParallel> BuildWrapped(const UnshardCase& c, RankEnv& env,
+                                                              bool use_orig_params = true) {
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), DType::kFloat32);
   module->to(env.device);
   fsdp1::FullyShardedDataParallelOptions options;
   options.process_group = env.pg;
   options.sharding_strategy = c.strategy;
-  options.use_orig_params = true;
+  options.use_orig_params = use_orig_params;
   return WrapChildrenThenRoot(module, options);
 }
 
@@ -175,6 +198,59 @@ nlohmann::json RunWithGradsNoneGradsRank(RankEnv& env) {
   return obs;
 }
 
+// unshard_params_writeback: the full parameters read inside summon_full_params(writeback,
+// offload_to_cpu) and doubled there (in_scope/param/<fqn>), then read again inside
+// summon_full_params(writeback=False) (after_scope/param/<fqn>).
+nlohmann::json RunUnshardParamsWritebackRank(RankEnv& env) {
+  const UnshardCase c = DecodeCase(env.params);
+  auto model = BuildWrapped(c, env, env.params.GetBool("use_orig_params"));
+  nlohmann::json tensors = nlohmann::json::object();
+  {
+    fsdp1::SummonFullParams full(model->shared_from_this(),
+                                 {.writeback = env.params.GetBool("writeback"),
+                                  .offload_to_cpu = env.params.GetBool("offload_to_cpu")});
+    autograd::NoGradGuard no_grad;
+    reference::RefTensorMap params;
+    for (const auto& [name, param] : model->named_parameters()) {
+      params[fsdp1::CleanTensorName(name)] = ToRef(param);
+      Tensor data = param;
+      data.copy_(param * kWritebackFactor);
+    }
+    tensors.update(MapToJson(params, "float32", std::string(kInScope) + "param/"));
+  }
+  fsdp1::SummonFullParams full(model->shared_from_this(), {.writeback = false});
+  reference::RefTensorMap params;
+  for (const auto& [name, param] : model->named_parameters()) {
+    params[fsdp1::CleanTensorName(name)] = ToRef(param);
+  }
+  tensors.update(MapToJson(params, "float32", std::string(kAfterScope) + "param/"));
+  nlohmann::json obs;
+  obs[kTensors] = std::move(tensors);
+  return obs;
+}
+
+// orig_param_data_writeback: every original parameter's data rebound to twice itself (a new
+// tensor), then the full parameters read inside summon_full_params(writeback=False)
+// (after_scope/param/<fqn>).
+nlohmann::json RunOrigParamDataWritebackRank(RankEnv& env) {
+  const UnshardCase c = DecodeCase(env.params);
+  auto model = BuildWrapped(c, env);
+  {
+    autograd::NoGradGuard no_grad;
+    for (const auto& [name, param] : model->named_parameters()) {
+      fsdp1::SetData(param, param.detach() * kWritebackFactor);
+    }
+  }
+  fsdp1::SummonFullParams full(model->shared_from_this(), {.writeback = false});
+  reference::RefTensorMap params;
+  for (const auto& [name, param] : model->named_parameters()) {
+    params[fsdp1::CleanTensorName(name)] = ToRef(param);
+  }
+  nlohmann::json obs;
+  obs[kTensors] = MapToJson(params, "float32", std::string(kAfterScope) + "param/");
+  return obs;
+}
+
 // The oracle's averaged gradient of step 0 over `world` ranks (each on its own batch).
 reference::RefTensorMap AveragedGradient(const UnshardCase& c, int world) {
   return TrainOracle(c.model, OptimConfig{}, c.seed, /*steps=*/1, DType::kFloat32, world)
@@ -203,6 +279,30 @@ std::vector<nlohmann::json> ExpectWithGradsCore(const CaseParams& params, int wo
                            std::string(kAfterForward) + "grad/"));
   nlohmann::json obs;
   obs[kTensors] = std::move(tensors);
+  return std::vector<nlohmann::json>(static_cast<size_t>(world), obs);
+}
+
+// unshard_params_writeback: the initial weights inside the scope; after it, doubled iff the
+// doubling persists (the seed's rule: writeback, or nothing sharded).
+std::vector<nlohmann::json> ExpectUnshardParamsWriteback(const CaseParams& params, int world) {
+  const UnshardCase c = DecodeCase(params);
+  const reference::RefTensorMap weights = c.model.MakeParameters(c.seed, DType::kFloat32);
+  const bool persists = params.GetBool("writeback") || !Sharded(c, world);
+  nlohmann::json tensors = MapToJson(weights, "float32", std::string(kInScope) + "param/");
+  tensors.update(MapToJson(Scaled(weights, persists ? kWritebackFactor : 1.0), "float32",
+                           std::string(kAfterScope) + "param/"));
+  nlohmann::json obs;
+  obs[kTensors] = std::move(tensors);
+  return std::vector<nlohmann::json>(static_cast<size_t>(world), obs);
+}
+
+// orig_param_data_writeback: the initial weights doubled, on every rank and strategy.
+std::vector<nlohmann::json> ExpectOrigParamDataWriteback(const CaseParams& params, int world) {
+  const UnshardCase c = DecodeCase(params);
+  nlohmann::json obs;
+  obs[kTensors] =
+      MapToJson(Scaled(c.model.MakeParameters(c.seed, DType::kFloat32), kWritebackFactor),
+                "float32", std::string(kAfterScope) + "param/");
   return std::vector<nlohmann::json>(static_cast<size_t>(world), obs);
 }
 
@@ -355,11 +455,82 @@ Scenario MakeWithGradsNoneGrads() {
   return s;
 }
 
+Scenario MakeUnshardParamsWriteback() {
+  Scenario s = MakeUnshardScenario(
+      "unshard_params_writeback",
+      "the zoo Transformer under FullyShardedDataParallel: every full parameter doubled inside "
+      "summon_full_params(writeback, offload_to_cpu) persists iff writeback or nothing is "
+      "sharded, read again inside summon_full_params(writeback=False)",
+      ParamSpec::Axis("writeback", "summon_full_params writeback", {"False", "True"}));
+  s.info.params.push_back(ParamSpec::Axis(
+      "offload_to_cpu",
+      "summon_full_params offload_to_cpu (the full parameters copied to the CPU inside the scope "
+      "and back on exit; PyTorch refuses it without sharding)",
+      {"False", "True"}));
+  s.info.params.push_back(ParamSpec::Axis(
+      "use_orig_params", "FullyShardedDataParallel use_orig_params", {"False", "True"}));
+  s.info.observations.AddTensors(
+      {std::string(kInScope) + "param/{fqn}", "float32", "the full parameter",
+       "inside summon_full_params(writeback, offload_to_cpu), before it is doubled there, by "
+       "clean FQN (named_parameters(), a tied parameter once)"});
+  s.info.observations.AddTensors(
+      {std::string(kAfterScope) + "param/{fqn}", "float32", "the full parameter",
+       "after that scope, inside summon_full_params(writeback=False), by clean FQN: doubled iff "
+       "the doubling persisted"});
+  s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
+    if (p.GetBool("offload_to_cpu") && !Sharded(DecodeCase(p), world)) {
+      return "summon_full_params(offload_to_cpu=True) without sharding: PyTorch raises "
+             "\"offload_to_cpu=True and NO_SHARD is not supported yet\"";
+    }
+    return std::nullopt;
+  };
+  s.run_rank = RunUnshardParamsWritebackRank;
+  s.expect = ExpectUnshardParamsWriteback;
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    JudgeAgainst({kInScope, kAfterScope}, p, world, ExpectUnshardParamsWriteback(p, world),
+                 per_rank, checks);
+  };
+  return s;
+}
+
+Scenario MakeOrigParamDataWriteback() {
+  Scenario s = MakeUnshardScenario(
+      "orig_param_data_writeback",
+      "the zoo Transformer under FullyShardedDataParallel(use_orig_params=True): every original "
+      "parameter's data rebound outside forward (param.data = 2 * param) is written back into "
+      "the flat parameter, so summon_full_params reads every full parameter doubled",
+      ShardingStrategyAxis());
+  // MakeUnshardScenario put the strategy axis first already: keep one.
+  s.info.params.erase(s.info.params.begin() + 1);
+  s.info.seed_test =
+      "test_fsdp_use_orig_params.py::TestFSDPUseOrigParamsWriteback::test_param_writeback";
+  s.info.observations.AddTensors(
+      {std::string(kAfterScope) + "param/{fqn}", "float32", "the full parameter",
+       "after every original parameter's data was rebound to twice itself, inside "
+       "summon_full_params(writeback=False), by clean FQN"});
+  s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
+    if (Sharded(DecodeCase(p), world)) return std::nullopt;
+    return "without sharding an original parameter keeps its shape, and "
+           "FlatParamHandle._writeback_tensor expects the 1-D shape of its part of the shard: "
+           "PyTorch raises \"Cannot writeback when the parameter shape changes\"";
+  };
+  s.run_rank = RunOrigParamDataWritebackRank;
+  s.expect = ExpectOrigParamDataWriteback;
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    JudgeAgainst({kAfterScope}, p, world, ExpectOrigParamDataWriteback(p, world), per_rank, checks);
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry) {
   registry.Add(MakeWithGradsCore());
   registry.Add(MakeWithGradsNoneGrads());
+  registry.Add(MakeUnshardParamsWriteback());
+  registry.Add(MakeOrigParamDataWriteback());
 }
 
 }  // namespace fsdp::conformance

@@ -310,6 +310,9 @@ nlohmann::json OptimParityRank(RankEnv& env) {
   obs[kLosses] = losses;
   obs["ref_lrs"] = ref_lrs;
   obs["lrs"] = lrs;
+  const optim::AdamOptions& ref_options = ref_optim.options();
+  obs["ref_defaults"] = {ref_options.beta1, ref_options.beta2, ref_options.eps,
+                         ref_options.weight_decay};
   obs[kTensors] = std::move(tensors);
   return obs;
 }
@@ -359,6 +362,10 @@ Scenario PostAccGradHookOptimParity() {
           "lrs",
           "per iteration: the first parameter's hook-stepped optimizer's "
           "param_groups[0][\"lr\"] after its StepLR step"))
+      .Add(ObservationKey::NumberList(
+          "ref_defaults",
+          "the reference AdamW (built with lr alone)'s param_groups[0] betas[0], betas[1], eps "
+          "and weight_decay"))
       .AddTensors({"iter{k}/{fqn}", "float32", "the local shard's shape",
                    "after iteration k's backward (whose hooks stepped the optimizers): the "
                    "hook-stepped model's parameter FQN (named_parameters()), its local shard "
@@ -392,6 +399,12 @@ Scenario PostAccGradHookOptimParity() {
         if (epoch % params.GetInt("step_size") == 0) lr *= 0.1;
         expected_lrs.push_back(lr);
       }
+      // torch.optim.AdamW's documented defaults (the loops share them, so the hooks-vs-loop
+      // comparison cannot tell a wrong default).
+      checks.CheckClose(who + " ref_defaults vs AdamW's defaults (betas, eps, weight_decay)",
+                        std::vector<double>{0.9, 0.999, 1e-8, 1e-2},
+                        RankObservation(per_rank, r, "ref_defaults").get<std::vector<double>>(),
+                        Tolerance{0, 1e-12});
       for (const char* key : {"ref_lrs", "lrs"}) {
         checks.CheckClose(who + " " + key + " vs StepLR(gamma=0.1)'s schedule", expected_lrs,
                           RankObservation(per_rank, r, key).get<std::vector<double>>(),

@@ -828,8 +828,12 @@ EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
                                  const ParameterSnapshot& grad_snapshot,
                                  const std::function<void()>& before_optimizer_step) {
   auto optimizer = MakeEngineOptimizer(optim_config, module.named_parameters());
+  std::unique_ptr<optim::StepLR> scheduler;
+  if (optim_config.lr_step_size > 0) {
+    scheduler = std::make_unique<optim::StepLR>(*optimizer, optim_config.lr_step_size);
+  }
   return TrainEngineSteps(model, module, *optimizer, inputs, /*first_step=*/0, steps, snapshot,
-                          grad_snapshot, before_optimizer_step);
+                          grad_snapshot, before_optimizer_step, scheduler.get());
 }
 
 EngineTrainingRecord TrainEngineSteps(const ZooModel& model, nn::Module& module,
@@ -837,7 +841,8 @@ EngineTrainingRecord TrainEngineSteps(const ZooModel& model, nn::Module& module,
                                       int64_t first_step, int64_t steps,
                                       const ParameterSnapshot& snapshot,
                                       const ParameterSnapshot& grad_snapshot,
-                                      const std::function<void()>& before_optimizer_step) {
+                                      const std::function<void()>& before_optimizer_step,
+                                      optim::LRScheduler* scheduler) {
   EngineTrainingRecord record;
   Device device = Device::CPU();
   for (const auto& [name, p] : module.named_parameters()) {
@@ -855,6 +860,7 @@ EngineTrainingRecord TrainEngineSteps(const ZooModel& model, nn::Module& module,
     if (grad_snapshot) record.gradients.push_back(grad_snapshot(module));
     if (before_optimizer_step) before_optimizer_step();
     optimizer.step();
+    if (scheduler != nullptr) scheduler->step();
     optimizer.zero_grad(SetToNoneAfterStep(step));
     record.parameters.push_back(snapshot ? snapshot(module) : ParametersOf(module));
   }
@@ -866,13 +872,19 @@ std::vector<reference::StepRecord<double>> TrainOracle(
     DType dtype, int world, const std::vector<reference::Fsdp1FlatParam>& flat_params,
     const std::optional<reference::GradClip>& clip) {
   auto optimizer = MakeOracleOptimizer(optim_config);
-  return TrainOracleWith(model, *optimizer, seed, steps, dtype, world, flat_params, clip);
+  std::unique_ptr<reference::StepLr<double>> scheduler;
+  if (optim_config.lr_step_size > 0) {
+    scheduler =
+        std::make_unique<reference::StepLr<double>>(optimizer.get(), optim_config.lr_step_size);
+  }
+  return TrainOracleWith(model, *optimizer, seed, steps, dtype, world, flat_params, clip,
+                         scheduler.get());
 }
 
 std::vector<reference::StepRecord<double>> TrainOracleWith(
     const ZooModel& model, reference::Optimizer<double>& optimizer, uint64_t seed, int64_t steps,
     DType dtype, int world, const std::vector<reference::Fsdp1FlatParam>& flat_params,
-    const std::optional<reference::GradClip>& clip) {
+    const std::optional<reference::GradClip>& clip, reference::StepLr<double>* scheduler) {
   std::vector<reference::TrainingStep<double>> plan;
   for (int64_t step = 0; step < steps; ++step) {
     reference::TrainingStep<double> s;
@@ -885,7 +897,7 @@ std::vector<reference::StepRecord<double>> TrainOracleWith(
   }
   return reference::RunDataParallelTraining<double>(
       model.oracle(), model.MakeParameters(seed, dtype), model.MakeBuffers(seed, dtype), plan,
-      &optimizer, /*scheduler=*/nullptr, flat_params);
+      &optimizer, scheduler, flat_params);
 }
 
 }  // namespace fsdp::conformance

@@ -43,6 +43,7 @@
 #include "engine/core/dtype.h"
 #include "engine/core/tensor.h"
 #include "engine/nn/module.h"
+#include "engine/optim/lr_scheduler.h"
 #include "engine/optim/optimizer.h"
 #include "reference/data_parallel.h"
 #include "reference/loss.h"
@@ -139,6 +140,8 @@ struct OptimConfig {
   double weight_decay = 0.0;  // Default: 0 (AdamW: decoupled)
   bool amsgrad = false;       // Default: false (Adam and AdamW only: the running max of v)
   bool maximize = false;      // Default: false (every optimizer: the gradient negated)
+  int64_t lr_step_size = 0;   // Default: 0 (no scheduler); else StepLR(step_size, gamma=0.1)
+                              // stepped after every optimizer step
 };
 
 std::unique_ptr<optim::Optimizer> MakeEngineOptimizer(
@@ -302,13 +305,15 @@ EngineTrainingRecord TrainEngine(const ZooModel& model, nn::Module& module,
                                  const ParameterSnapshot& grad_snapshot = {},
                                  const std::function<void()>& before_optimizer_step = {});
 // The same with the caller's optimizer (its state stays with the caller), for steps
-// [first_step, first_step + steps) of the inputs.
+// [first_step, first_step + steps) of the inputs; `scheduler`, when set, steps right after
+// every optimizer step (OptimConfig::lr_step_size's StepLR in TrainEngine).
 EngineTrainingRecord TrainEngineSteps(const ZooModel& model, nn::Module& module,
                                       optim::Optimizer& optimizer, const RankInputs& inputs,
                                       int64_t first_step, int64_t steps,
                                       const ParameterSnapshot& snapshot = {},
                                       const ParameterSnapshot& grad_snapshot = {},
-                                      const std::function<void()>& before_optimizer_step = {});
+                                      const std::function<void()>& before_optimizer_step = {},
+                                      optim::LRScheduler* scheduler = nullptr);
 
 // The oracle's run of the same steps over `world` ranks, each step's global batch of
 // world * model.batch() rows split by rank (world 1: the single-rank run above), from the
@@ -320,10 +325,12 @@ std::vector<reference::StepRecord<double>> TrainOracle(
     DType dtype, int world = 1, const std::vector<reference::Fsdp1FlatParam>& flat_params = {},
     const std::optional<reference::GradClip>& clip = std::nullopt);
 // The same with the caller's oracle optimizer, whose state (moments, momentum buffers, step
-// counts) after the last step stays with the caller.
+// counts) after the last step stays with the caller; `scheduler`, when set, steps right after
+// every optimizer step.
 std::vector<reference::StepRecord<double>> TrainOracleWith(
     const ZooModel& model, reference::Optimizer<double>& optimizer, uint64_t seed, int64_t steps,
     DType dtype, int world = 1, const std::vector<reference::Fsdp1FlatParam>& flat_params = {},
-    const std::optional<reference::GradClip>& clip = std::nullopt);
+    const std::optional<reference::GradClip>& clip = std::nullopt,
+    reference::StepLr<double>* scheduler = nullptr);
 
 }  // namespace fsdp::conformance

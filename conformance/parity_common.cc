@@ -98,6 +98,8 @@ ParityCase DecodeParityCase(const std::string& kind, const CaseParams& params) {
   c.optim.amsgrad = params.GetBool("amsgrad");
   c.optim.maximize = params.GetBool("maximize");
   c.optim.weight_decay = params.GetDouble("weight_decay");
+  // A scenario that declares it (parity/single) schedules the learning rate.
+  if (params.has("lr_step_size")) c.optim.lr_step_size = params.GetInt("lr_step_size");
   return c;
 }
 

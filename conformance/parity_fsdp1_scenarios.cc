@@ -481,11 +481,13 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   }
   // clip_grad_norm_ (test_fsdp_clip_grad_norm.py's DDP parity): the 2-norm at world 4 (the
   // hybrid strategies included) and the inf-norm at an uneven world, every sharding strategy
-  // and use_orig_params. The world-4 run also starts ranks other than 0 from zeroed parameters
+  // and use_orig_params, and the 1-norm (the seed's third norm_type) at the default world, where
+  // a local norm that squares every element whatever norm_type is would agree with the 2-norm
+  // run. The world-4 run also starts ranks other than 0 from zeroed parameters
   // under sync_module_states (a hybrid strategy broadcasts over the shard group, then over the
   // replicate group).
   for (const auto& [world, clip] :
-       std::vector<std::pair<int, std::string>>{{4, "0.5:2"}, {3, "0.5:inf"}}) {
+       std::vector<std::pair<int, std::string>>{{4, "0.5:2"}, {3, "0.5:inf"}, {2, "0.5:1"}}) {
     s.info.extra_default_runs.push_back({world,
                                          {{"clip_grad_norm", clip},
                                           {"backward_prefetch", "BACKWARD_PRE"},

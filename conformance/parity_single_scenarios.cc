@@ -116,6 +116,22 @@ Scenario MakeParityScenario(const ZooModelKind& kind) {
       p = ParamSpec::SizeDouble("weight_decay", p.description, 1e-2);
     }
   }
+  // The learning rate an LR scheduler set: every optimizer must step with its param group's
+  // lr, not the one it was built with (an extra default run of mlp, every optimizer).
+  s.info.params.push_back(ParamSpec::SizeInt(
+      "lr_step_size",
+      "0: a constant learning rate; N > 0: StepLR(optimizer, step_size=N, gamma=0.1) stepped "
+      "after every optimizer step (the lr times 0.1 from step N on, 0.01 from step 2N on, ...)",
+      0, /*minimum=*/0));
+  if (kind.name == "mlp") {
+    s.info.extra_default_runs = {{1,
+                                  {{"lr_step_size", "4"},
+                                   {"dtype", "float64"},
+                                   {"nesterov", "False"},
+                                   {"dampening", "0"},
+                                   {"amsgrad", "False"},
+                                   {"maximize", "False"}}}};
+  }
   s.excluded = NesterovNeedsSgd;
   s.info.observations = TrainingSchema("the full parameter", /*with_grads=*/false);
   s.info.deterministic = true;

@@ -12,7 +12,8 @@ post_acc_grad_hook_runs (scenarios.py):
   post_acc_grad_hook_optim_parity  Transformer(dropout 0) twice, blocks and root sharded: one
                                    trained by AdamW(foreach=False) + StepLR after backward, the
                                    other by one AdamW + StepLR per parameter stepped inside its
-                                   post-accumulate-grad hook
+                                   post-accumulate-grad hook (and the reference AdamW's
+                                   default betas, eps and weight_decay)
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -87,6 +88,8 @@ def post_acc_grad_hook_optim_parity(request):
         for prefix, m in (("ref/", ref_model), ("", model)):
             for name, p in m.named_parameters():
                 tensors[f"{prefix}iter{k}/{name}"] = _local(p).detach().clone()
+    group = ref_optim.param_groups[0]
+    obs["ref_defaults"] = [*group["betas"], group["eps"], group["weight_decay"]]
     return obs, tensors
 
 

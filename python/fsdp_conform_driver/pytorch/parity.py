@@ -2,7 +2,7 @@
 names trained for `steps` steps on the case's inputs (step{k}/input), loss out.sum() or
 (out * out).sum() (DoubleLinear's two outputs: (out1 * out2).sum() before loss_switch_step),
 SGD with momentum (nesterov or not) or Adam, zero_grad(set_to_none=(step % 2 == 0)) as the
-seeds, reporting every step's loss and parameters (and,
+seeds (with lr_step_size N > 0, StepLR(step_size=N, gamma=0.1) after every step), reporting every step's loss and parameters (and,
 under fully_shard, gradient shards and the final full parameters; under FullyShardedDataParallel,
 the full parameters read in summon_full_params; under tensor parallelism with fully_shard,
 the collectives of every step's forward and backward), as docs/observations.md lists them.
@@ -113,6 +113,15 @@ def _optimizer(request, params):
                             amsgrad=amsgrad, maximize=maximize)
 
 
+def _scheduler(request, opt):
+    """StepLR(opt, step_size=lr_step_size, gamma=0.1) where the scenario has lr_step_size > 0
+    (parity/single/*), else None."""
+    import torch
+
+    step_size = int(request.params.get("lr_step_size", "0"))
+    return torch.optim.lr_scheduler.StepLR(opt, step_size, gamma=0.1) if step_size > 0 else None
+
+
 def _loss(request, k, out):
     """The loss of step k (ZooModel::LossAt): of a two-output model (DoubleLinear),
     (out1 * out2).sum() before loss_switch_step and of output switched_output (default 0) from
@@ -156,6 +165,7 @@ def _train(request, model, after_step=_record_params, after_backward=None, step_
     {"forward": {op: n}, "backward": {op: n}} are appended to it (CommCounts: the forward with
     its loss, the backward up to the gradient snapshot)."""
     opt = _optimizer(request, model.parameters())
+    scheduler = _scheduler(request, opt)
     rank_inputs = inputs.rank_tensors(request)
     losses, tensors, loss_dtype = [], {}, None
     obs = {}
@@ -175,6 +185,8 @@ def _train(request, model, after_step=_record_params, after_backward=None, step_
         if before_step is not None:
             before_step(model, obs)
         opt.step()
+        if scheduler is not None:
+            scheduler.step()
         opt.zero_grad(set_to_none=k % 2 == 0)
         after_step(model, k, tensors)
     obs.update({"losses": losses, "loss_dtype": loss_dtype})

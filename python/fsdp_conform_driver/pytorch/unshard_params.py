@@ -11,6 +11,14 @@ docs/observations.md lists them:
                          writeback
   with_grads_none_grads  none_grad_ranks=all: no backward (the seed); odd: every rank's forward
                          and backward, then zero_grad(set_to_none=True) on the odd ranks
+  unshard_params_writeback
+                         the case's use_orig_params; every full parameter read (in_scope/...)
+                         and doubled inside summon_full_params(writeback, offload_to_cpu), then
+                         read again inside summon_full_params(writeback=False) (after_scope/...)
+  orig_param_data_writeback
+                         every original parameter's data rebound outside forward
+                         (param.data = 2 * param), then the full parameters read inside
+                         summon_full_params(writeback=False) (after_scope/...)
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -23,7 +31,7 @@ _KIND = "transformer"
 _WRITEBACK_FACTOR = 2
 
 
-def _wrapped(request):
+def _wrapped(request, use_orig_params=True):
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
@@ -34,7 +42,7 @@ def _wrapped(request):
     nested = {id(m) for m in _children_to_shard(model)}
     return FullyShardedDataParallel(
         model, sharding_strategy=ShardingStrategy[request.param("sharding_strategy")],
-        use_orig_params=True, auto_wrap_policy=nest_where(lambda m: id(m) in nested),
+        use_orig_params=use_orig_params, auto_wrap_policy=nest_where(lambda m: id(m) in nested),
         device_id=torch.device("cpu"))
 
 
@@ -85,7 +93,67 @@ def with_grads_none_grads(request):
     return {}, tensors
 
 
+def _check_cpu_offload_to_cpu():
+    """summon_full_params(offload_to_cpu=True) on this CPU-only driver: older releases (2.5.1)
+    have FlatParamHandle.to_cpu move the unsharded flat parameter to the CPU, a no-op on a CPU
+    compute device that leaves it aliasing the storage to_cpu then frees (the unflattened views
+    then fail, "setStorage ... out of bounds for storage of size 0"); newer ones skip the
+    offload for a CPU flat parameter. Raises ScenarioSkipped on the former."""
+    import inspect
+
+    from torch.distributed.fsdp._flat_param import FlatParamHandle
+
+    from fsdp_conform_driver import ScenarioSkipped
+
+    if 'device.type == "cpu"' not in inspect.getsource(FlatParamHandle.to_cpu):
+        raise ScenarioSkipped("this torch's FlatParamHandle.to_cpu frees the unsharded flat "
+                              "parameter it aliases on a CPU compute device (flat_param_to(cpu) "
+                              "is a no-op there), so summon_full_params(offload_to_cpu=True) "
+                              "cannot run on the CPU")
+
+
+def unshard_params_writeback(request):
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from fsdp_conform_driver.pytorch.fsdp1_api import clean_fqn
+
+    if request.param("offload_to_cpu") == "True":
+        _check_cpu_offload_to_cpu()
+    model = _wrapped(request, request.param("use_orig_params") == "True")
+    tensors = {}
+    with FSDP.summon_full_params(model, writeback=request.param("writeback") == "True",
+                                 offload_to_cpu=request.param("offload_to_cpu") == "True"):
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                tensors[f"in_scope/param/{clean_fqn(name)}"] = p.detach().clone()
+                p.mul_(_WRITEBACK_FACTOR)
+    with FSDP.summon_full_params(model, writeback=False):
+        for name, p in model.named_parameters():
+            tensors[f"after_scope/param/{clean_fqn(name)}"] = p.detach().clone()
+    return {}, tensors
+
+
+def orig_param_data_writeback(request):
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from fsdp_conform_driver.pytorch.fsdp1_api import clean_fqn
+
+    model = _wrapped(request)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.detach() * _WRITEBACK_FACTOR
+    tensors = {}
+    with FSDP.summon_full_params(model, writeback=False):
+        for name, p in model.named_parameters():
+            tensors[f"after_scope/param/{clean_fqn(name)}"] = p.detach().clone()
+    return {}, tensors
+
+
 SCENARIOS = {
     "fsdp_unshard_params/with_grads_core": with_grads_core,
     "fsdp_unshard_params/with_grads_none_grads": with_grads_none_grads,
+    "fsdp_unshard_params/unshard_params_writeback": unshard_params_writeback,
+    "fsdp_unshard_params/orig_param_data_writeback": orig_param_data_writeback,
 }
