@@ -57,16 +57,23 @@ std::pair<double, double> InitOf(const reference::TensorSpec& spec) {
 // ---- The TP integration test's TestModel (MLPModule + RMSNormPython) ---------------------------
 
 // test_fsdp_tp_integration.py's local `TestModel`: mlp = MLPModule, mlp_norm = RMSNormPython(10);
-// forward mlp(mlp_norm(x)). Configuration-only members; thread-safety as nn::Module.
+// forward mlp(mlp_norm(x)), or mlp_norm(mlp(x)) with `norm_last` (so that the norm's input
+// gradient, through rsqrt, pow and mean over a dim, reaches the MLP's parameters).
+// Configuration-only members; thread-safety as nn::Module.
 class TpTestModel : public nn::Cloneable<TpTestModel> {
  public:
-  TpTestModel() : nn::Cloneable<TpTestModel>("TestModel") {
+  explicit TpTestModel(bool norm_last = false)
+      : nn::Cloneable<TpTestModel>("TestModel"), norm_last_(norm_last) {
     register_module("mlp", std::make_shared<nn::MLPModule>());
     register_module("mlp_norm", std::make_shared<nn::RMSNormPython>(10));
   }
   nn::Value forward(const nn::Value& x) override {
+    if (norm_last_) return call_child("mlp_norm", call_child("mlp", x));
     return call_child("mlp", call_child("mlp_norm", x));
   }
+
+ private:
+  bool norm_last_;
 };
 
 // ---- Kinds -------------------------------------------------------------------------------------
@@ -174,7 +181,12 @@ std::vector<ZooModelKind> MakeKinds() {
                    "TestModel: MLPModule after RMSNormPython(10)",
                    "test_fsdp_tp_integration.py::TestTPFSDPIntegration::"
                    "test_fsdp_tp_extension_grad",
-                   {Batch(2)}});
+                   {ParamSpec::Axis("norm_position",
+                                    "first: the test's mlp(mlp_norm(x)); last: mlp_norm(mlp(x)), "
+                                    "whose norm backpropagates into the MLP (rsqrt, pow and "
+                                    "mean(-1, keepdim=True) backward)",
+                                    {"first", "last"}),
+                    Batch(2)}});
   kinds.push_back({"tp_simple_model",
                    "SimpleModel of the TP integration test (5 -> 8 -> 4 -> 12) on [batch, 3, 5]",
                    "test_fsdp_tp_integration.py::TestTPFSDPIntegration::test_fsdp_tp_integration",
@@ -655,8 +667,10 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
     m.build_engine_ = [c] { return std::make_shared<nn::MLPModule>(c.bias); };
     m.input_row_shape_ = {10};
   } else if (kind_name == "mlp_rms_norm") {
-    m.oracle_ = std::make_shared<reference::MlpWithRmsNorm<double>>();
-    m.build_engine_ = [] { return std::make_shared<TpTestModel>(); };
+    reference::MlpWithRmsNormConfig c;
+    c.norm_last = p.GetString("norm_position") == "last";
+    m.oracle_ = std::make_shared<reference::MlpWithRmsNorm<double>>(c);
+    m.build_engine_ = [c] { return std::make_shared<TpTestModel>(c.norm_last); };
     m.input_row_shape_ = {10};
   } else if (kind_name == "tp_simple_model") {
     m.oracle_ = std::make_shared<reference::TpSimpleModel<double>>();

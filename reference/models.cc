@@ -369,9 +369,12 @@ ForwardResult<T> MlpWithRmsNorm<T>::Forward(const TensorMap<T>& params, const Te
   CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
   Shape leading;
   const Matrix<T> x = FeaturesAsMatrix(input, 10, Name(), &leading);
-  const Matrix<T> n = RmsNormAt(params, "mlp_norm", x, config_.eps);
-  const Matrix<T> h = ReluForward<T>(LinearAt(params, "mlp.net1", config_.mlp_bias, n));
-  const Matrix<T> y = LinearAt(params, "mlp.net2", config_.mlp_bias, h);
+  const auto mlp = [&](const Matrix<T>& in) {
+    const Matrix<T> h = ReluForward<T>(LinearAt(params, "mlp.net1", config_.mlp_bias, in));
+    return Matrix<T>(LinearAt(params, "mlp.net2", config_.mlp_bias, h));
+  };
+  const Matrix<T> y = config_.norm_last ? RmsNormAt(params, "mlp_norm", mlp(x), config_.eps)
+                                        : mlp(RmsNormAt(params, "mlp_norm", x, config_.eps));
   return {{FromMatrix<T>(y, WithLastDim(leading, 10))}, buffers};
 }
 
@@ -386,13 +389,26 @@ BackwardResult<T> MlpWithRmsNorm<T>::Backward(const TensorMap<T>& params,
   const auto dout = OutputGrad(output_grads, 0, 1, WithLastDim(leading, 10), Name());
   BackwardResult<T> r;
   if (!dout) return r;
-  const Matrix<T> n = RmsNormAt(params, "mlp_norm", x, config_.eps);
-  const Matrix<T> z = LinearAt(params, "mlp.net1", config_.mlp_bias, n);
-  const Matrix<T> h = ReluForward<T>(z);
-  const Matrix<T> dh = LinearAtBackward(params, "mlp.net2", config_.mlp_bias, h, *dout, &r.grads);
-  const Matrix<T> dn =
-      LinearAtBackward(params, "mlp.net1", config_.mlp_bias, n, ReluBackward<T>(z, dh), &r.grads);
-  const Matrix<T> dx = RmsNormAtBackward(params, "mlp_norm", x, dn, &r.grads, config_.eps);
+  const Matrix<T> dy = *dout;
+  // The MLP's backward from its input `in` and output gradient `dout_mlp`; returns d(in).
+  const auto mlp_backward = [&](const Matrix<T>& in, const Matrix<T>& dout_mlp) {
+    const Matrix<T> z = LinearAt(params, "mlp.net1", config_.mlp_bias, in);
+    const Matrix<T> h = ReluForward<T>(z);
+    const Matrix<T> dh =
+        LinearAtBackward(params, "mlp.net2", config_.mlp_bias, h, dout_mlp, &r.grads);
+    return Matrix<T>(LinearAtBackward(params, "mlp.net1", config_.mlp_bias, in,
+                                      ReluBackward<T>(z, dh), &r.grads));
+  };
+  Matrix<T> dx;
+  if (config_.norm_last) {
+    const Matrix<T> y =
+        LinearAt(params, "mlp.net2", config_.mlp_bias,
+                 Matrix<T>(ReluForward<T>(LinearAt(params, "mlp.net1", config_.mlp_bias, x))));
+    dx = mlp_backward(x, RmsNormAtBackward(params, "mlp_norm", y, dy, &r.grads, config_.eps));
+  } else {
+    const Matrix<T> n = RmsNormAt(params, "mlp_norm", x, config_.eps);
+    dx = RmsNormAtBackward(params, "mlp_norm", x, mlp_backward(n, dy), &r.grads, config_.eps);
+  }
   r.input_grad = FromMatrix<T>(dx, input.features->shape);
   return r;
 }

@@ -204,12 +204,14 @@ class DoubleLinear : public Model<T> {
 
 // ---- MLPModule + RMSNormPython (test_fsdp_tp_integration.py TestModel) -------------------------
 
-// mlp = MLPModule, mlp_norm = RMSNormPython(10); forward mlp(mlp_norm(x)). Parameters
+// mlp = MLPModule, mlp_norm = RMSNormPython(10); forward mlp(mlp_norm(x)), or mlp_norm(mlp(x))
+// with `norm_last` (the norm's input gradient then flows into the MLP). Parameters
 // mlp.net1.weight [16,10], mlp.net1.bias, mlp.net2.weight [10,16], mlp.net2.bias,
 // mlp_norm.weight [10].
 struct MlpWithRmsNormConfig {
-  bool mlp_bias = true;  // Default: true.
-  double eps = 1e-6;     // Default: 1e-6 (RMSNormPython's).
+  bool mlp_bias = true;    // Default: true.
+  double eps = 1e-6;       // Default: 1e-6 (RMSNormPython's).
+  bool norm_last = false;  // Default: false (the test's mlp(mlp_norm(x))); true: mlp_norm(mlp(x)).
 };
 // The model described above. Holds only its config; immutable, so const calls may run
 // concurrently (see Model).

@@ -190,6 +190,11 @@ TEST(ModelGradientTest, DoubleLinearVariants) {
 TEST(ModelGradientTest, OtherSeedModels) {
   ExpectModelGradientsMatch(MlpWithRmsNorm<double>(), Params(MlpWithRmsNorm<double>(), 18), {},
                             Features({3, 10}, 19));
+  MlpWithRmsNormConfig norm_last;
+  norm_last.norm_last = true;  // the norm's input gradient flows into the MLP
+  ExpectModelGradientsMatch(MlpWithRmsNorm<double>(norm_last),
+                            Params(MlpWithRmsNorm<double>(norm_last), 18), {},
+                            Features({3, 10}, 19));
   ExpectModelGradientsMatch(StateDictModel<double>(), Params(StateDictModel<double>(), 20), {},
                             Features({3, 4}, 21));
   ExpectModelGradientsMatch(SharedSubmoduleModel<double>(),

@@ -200,14 +200,18 @@ class SimpleModel(nn.Module):
 
 
 class TpExtensionModel(nn.Module):
-    """test_fsdp_tp_extension_grad's TestModel: mlp(mlp_norm(x))."""
+    """test_fsdp_tp_extension_grad's TestModel: mlp(mlp_norm(x)); with norm_last,
+    mlp_norm(mlp(x)) (the zoo's norm_position=last, whose norm backpropagates into the MLP)."""
 
-    def __init__(self) -> None:
+    def __init__(self, norm_last: bool = False) -> None:
         super().__init__()
         self.mlp = MLPModule()
         self.mlp_norm = RMSNormPython(10)
+        self.norm_last = norm_last
 
     def forward(self, x):
+        if self.norm_last:
+            return self.mlp_norm(self.mlp(x))
         return self.mlp(self.mlp_norm(x))
 
 

@@ -58,7 +58,7 @@ def _build(kind: str, request, dtype_name=None):
     elif kind == "mlp_module":
         model = MLPModule(bias=request.param("bias") == "True")
     elif kind == "mlp_rms_norm":
-        model = TpExtensionModel()
+        model = TpExtensionModel(norm_last=request.params.get("norm_position", "first") == "last")
     elif kind == "tp_simple_model":
         model = SimpleModel()
     elif kind == "state_dict_model":
