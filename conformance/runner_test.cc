@@ -360,7 +360,10 @@ TEST(Runner, ExtraDefaultRunsJoinARunWithoutWorld) {
   std::set<int> worlds = {scenario.info.default_world};
   for (const TestRun& extra : scenario.info.extra_default_runs) worlds.insert(extra.world);
   ASSERT_EQ(cases_per_world.size(), worlds.size());
+  // An extra run at another world fixes axes, so it plans fewer cases than the default run
+  // (one at the default world, e.g. clip_grad_norm=0.5:1, adds to the default world's count).
   for (const TestRun& extra : scenario.info.extra_default_runs) {
+    if (extra.world == scenario.info.default_world) continue;
     EXPECT_GT(cases_per_world[scenario.info.default_world], cases_per_world[extra.world]);
   }
 
