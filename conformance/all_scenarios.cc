@@ -27,6 +27,7 @@ void RegisterFullyShardTrainingScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardFrozenScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardMixedPrecisionCastScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardInitScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardPrefetchScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardOverlapScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardRegisteredParamsScenarios(ScenarioRegistry& registry);
@@ -54,6 +55,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardFrozenScenarios(registry);
   RegisterFullyShardMixedPrecisionScenarios(registry);
   RegisterFullyShardMixedPrecisionCastScenarios(registry);
+  RegisterFullyShardInitScenarios(registry);
   RegisterFullyShardPrefetchScenarios(registry);
   RegisterFullyShardOverlapScenarios(registry);
   RegisterFullyShardRegisteredParamsScenarios(registry);

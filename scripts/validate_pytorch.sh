@@ -19,7 +19,8 @@ build_dir=${2:?usage: validate_pytorch.sh VERSION BUILD_DIR [FAMILY_PATTERN...]}
 shift 2
 families=("$@")
 if [ ${#families[@]} -eq 0 ]; then
-  families=('fully_shard_comm/*' 'fully_shard_autograd/*' 'fully_shard_registered_params/*'
+  families=('fully_shard_comm/*' 'fully_shard_autograd/*' 'fully_shard_init/*'
+            'fully_shard_registered_params/*'
             'parity/single/*' 'parity/fsdp/*'
             'parity/fsdp1/*' 'fsdp_grad_acc/*' 'fsdp_tp_integration/*' 'parity/tp/*'
             'fully_shard_state_dict/*' 'fsdp_state_dict/*' 'fsdp_unshard_params/*' 'checkpoint/*'

@@ -14,7 +14,7 @@ from fsdp_conform_driver import ScenarioSkipped, inputs
 from fsdp_conform_driver.pytorch import (collectives, fsdp_prefetch, fsdp_state_dict, fsdp_wrap,
                                         fully_shard_autograd, fully_shard_collective_ops,
                                         fully_shard_events, fully_shard_mixed_precision,
-                                        fully_shard_mp_casts,
+                                        fully_shard_init, fully_shard_mp_casts,
                                         fully_shard_registered_params, fully_shard_state_dict,
                                         fully_shard_training, grad_acc, models_scenarios, parity,
                                         tp_integration, unshard_params)
@@ -176,6 +176,7 @@ SCENARIOS = {
     **fully_shard_collective_ops.SCENARIOS,
     **fully_shard_mixed_precision.SCENARIOS,
     **fully_shard_mp_casts.SCENARIOS,
+    **fully_shard_init.SCENARIOS,
     **fully_shard_events.SCENARIOS,
     **fully_shard_autograd.SCENARIOS,
     **fully_shard_registered_params.SCENARIOS,
