@@ -355,10 +355,10 @@ Scenario MakeScenario(bool forward_prefetch) {
   s.info.params = ParityParams(
       ZooModel::Kind(kKind),
       ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float32"));
-  for (ParamSpec& p : s.info.params) {
-    if (p.name == "n_layers") p = ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 3, 1);
-    if (p.name == "steps") p = ParamSpec::SizeInt("steps", "training steps", 3, 1);
-    if (p.name == "optim") p = ParamSpec::SizeString("optim", "optimizer: sgd or adam", "sgd");
+  for (ParamSpec spec : {ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 3, 1),
+                         ParamSpec::SizeInt("steps", "training steps", 3, 1),
+                         ParamSpec::SizeString("optim", "optimizer: sgd or adam", "sgd")}) {
+    s.info.params = OverrideParam(std::move(s.info.params), std::move(spec));
   }
   s.info.params.push_back(ShardingStrategyAxis());
   s.info.params.push_back(BackwardPrefetchAxis());

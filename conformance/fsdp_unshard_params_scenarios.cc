@@ -265,21 +265,30 @@ reference::RefTensorMap Scaled(reference::RefTensorMap map, double factor) {
   return map;
 }
 
+// The seed's writeback_persists: a doubling inside summon_full_params outlives the scope when
+// it writes back or when nothing is sharded (the full parameters are the flat parameter).
+double PersistedFactor(const CaseParams& params, const UnshardCase& c, int world) {
+  return params.GetBool("writeback") || !Sharded(c, world) ? kWritebackFactor : 1.0;
+}
+
+// `tensors` as every rank's observations.
+std::vector<nlohmann::json> TensorsOnEveryRank(nlohmann::json tensors, int world) {
+  nlohmann::json obs;
+  obs[kTensors] = std::move(tensors);
+  return std::vector<nlohmann::json>(static_cast<size_t>(world), obs);
+}
+
 std::vector<nlohmann::json> ExpectWithGradsCore(const CaseParams& params, int world) {
   const UnshardCase c = DecodeCase(params);
   const reference::RefTensorMap weights = c.model.MakeParameters(c.seed, DType::kFloat32);
   const reference::RefTensorMap grads = AveragedGradient(c, world);
-  // The seed's writeback_persists.
-  const bool persists = params.GetBool("writeback") || !Sharded(c, world);
   nlohmann::json tensors = nlohmann::json::object();
   tensors.update(MapToJson(weights, "float32", std::string(kAfterBackward) + "param/"));
   tensors.update(MapToJson(grads, "float32", std::string(kAfterBackward) + "grad/"));
   tensors.update(MapToJson(weights, "float32", std::string(kAfterForward) + "param/"));
-  tensors.update(MapToJson(Scaled(grads, persists ? kWritebackFactor : 1.0), "float32",
+  tensors.update(MapToJson(Scaled(grads, PersistedFactor(params, c, world)), "float32",
                            std::string(kAfterForward) + "grad/"));
-  nlohmann::json obs;
-  obs[kTensors] = std::move(tensors);
-  return std::vector<nlohmann::json>(static_cast<size_t>(world), obs);
+  return TensorsOnEveryRank(std::move(tensors), world);
 }
 
 // unshard_params_writeback: the initial weights inside the scope; after it, doubled iff the
@@ -287,23 +296,19 @@ std::vector<nlohmann::json> ExpectWithGradsCore(const CaseParams& params, int wo
 std::vector<nlohmann::json> ExpectUnshardParamsWriteback(const CaseParams& params, int world) {
   const UnshardCase c = DecodeCase(params);
   const reference::RefTensorMap weights = c.model.MakeParameters(c.seed, DType::kFloat32);
-  const bool persists = params.GetBool("writeback") || !Sharded(c, world);
   nlohmann::json tensors = MapToJson(weights, "float32", std::string(kInScope) + "param/");
-  tensors.update(MapToJson(Scaled(weights, persists ? kWritebackFactor : 1.0), "float32",
+  tensors.update(MapToJson(Scaled(weights, PersistedFactor(params, c, world)), "float32",
                            std::string(kAfterScope) + "param/"));
-  nlohmann::json obs;
-  obs[kTensors] = std::move(tensors);
-  return std::vector<nlohmann::json>(static_cast<size_t>(world), obs);
+  return TensorsOnEveryRank(std::move(tensors), world);
 }
 
 // orig_param_data_writeback: the initial weights doubled, on every rank and strategy.
 std::vector<nlohmann::json> ExpectOrigParamDataWriteback(const CaseParams& params, int world) {
   const UnshardCase c = DecodeCase(params);
-  nlohmann::json obs;
-  obs[kTensors] =
+  return TensorsOnEveryRank(
       MapToJson(Scaled(c.model.MakeParameters(c.seed, DType::kFloat32), kWritebackFactor),
-                "float32", std::string(kAfterScope) + "param/");
-  return std::vector<nlohmann::json>(static_cast<size_t>(world), obs);
+                "float32", std::string(kAfterScope) + "param/"),
+      world);
 }
 
 // What rank `rank` sees of the averaged gradient `grads` when the ranks GradNoneOn have no

@@ -397,9 +397,9 @@ Scenario MakeScenario(const WrapScenario& w) {
   s.info.params = ParityParams(
       ZooModel::Kind(w.model),
       ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float32"));
-  for (ParamSpec& p : s.info.params) {
-    if (p.name == "steps") p = ParamSpec::SizeInt("steps", "training steps", 2, 1);
-    if (p.name == "optim") p = ParamSpec::SizeString("optim", "optimizer: sgd or adam", "sgd");
+  for (ParamSpec spec : {ParamSpec::SizeInt("steps", "training steps", 2, 1),
+                         ParamSpec::SizeString("optim", "optimizer: sgd or adam", "sgd")}) {
+    s.info.params = OverrideParam(std::move(s.info.params), std::move(spec));
   }
   const std::string force_leaf_doc =
       "size_based_auto_wrap_policy force_leaf_modules, class names joined by + "

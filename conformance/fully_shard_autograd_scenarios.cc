@@ -48,18 +48,6 @@ namespace {
 
 constexpr const char* kSeed002 = "test_fully_shard_autograd.py::TestFullyShardAutograd::";
 
-// `params` with the spec named like `spec` replaced by it (e.g. an axis fixed to the seed's
-// value); InternalError when there is none.
-std::vector<ParamSpec> Override(std::vector<ParamSpec> params, ParamSpec spec) {
-  for (ParamSpec& p : params) {
-    if (p.name == spec.name) {
-      p = std::move(spec);
-      return params;
-    }
-  }
-  FSDP_THROW(ErrorCode::kInternal, "no parameter '", spec.name, "' to override");
-}
-
 // A sharded-parity scenario of zoo model `kind` under `plan`, with the seeds' Adam, the given
 // overrides of the kind's parameters and `extra_default_runs` (the later profile's).
 Scenario ShardedTraining(const std::string& test, const std::string& description,
@@ -77,13 +65,14 @@ Scenario ShardedTraining(const std::string& test, const std::string& description
   std::vector<ParamSpec> params = ParityParams(
       ZooModel::Kind(kind),
       ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float64"));
-  params = Override(std::move(params),
-                    ParamSpec::SizeString("optim", "optimizer (the seed's Adam, lr adam_lr)", "adam"));
+  params = OverrideParam(
+      std::move(params),
+      ParamSpec::SizeString("optim", "optimizer (the seed's Adam, lr adam_lr)", "adam"));
   for (const ParamSpec& spec : overrides) {
     bool known = false;
     for (const ParamSpec& p : params) known = known || p.name == spec.name;
     if (known) {
-      params = Override(std::move(params), spec);
+      params = OverrideParam(std::move(params), spec);
     } else {
       params.push_back(spec);
     }

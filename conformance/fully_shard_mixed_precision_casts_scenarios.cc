@@ -19,6 +19,7 @@
 // cast_forward_inputs) does so to its Linear's unsharded weight dtype.
 //
 // Stateless; thread-safe (run_rank builds its own module on every rank's thread).
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,7 @@
 
 #include "conformance/fsdp_params.h"
 #include "conformance/observations.h"
+#include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "engine/fsdp/fully_shard.h"
 #include "engine/functional/functional.h"
@@ -281,18 +283,6 @@ ObservationSchema CastSchema(const std::string& keys) {
   return schema;
 }
 
-// Judges every rank's forward inputs and output dtype against `expected` (the same on every
-// rank).
-void JudgeCasts(const nlohmann::json& expected, const std::vector<nlohmann::json>& per_rank,
-                CheckList& checks) {
-  for (size_t r = 0; r < per_rank.size(); ++r) {
-    const std::string who = "rank " + std::to_string(r) + " ";
-    checks.CheckEqual(who + "dtypes forward received", expected[kInputDtypes],
-                      per_rank[r][kInputDtypes]);
-    checks.CheckEqual(who + "output dtype", expected[kOutputDtype], per_rank[r][kOutputDtype]);
-  }
-}
-
 ParamSpec LowDtype() {
   return ParamSpec::SizeString("param_dtype", "the low-precision MixedPrecisionPolicy.param_dtype",
                                "float16");
@@ -301,24 +291,54 @@ ParamSpec Dim() {
   return ParamSpec::SizeInt("dim", "every Linear(dim, dim) (the test's 100)", 100, /*minimum=*/1);
 }
 
-// The info every cast scenario shares: the test's world 2, any world 1-8.
-Scenario CastScenario(const std::string& test, const std::string& description,
-                      std::vector<ParamSpec> params, const std::string& keys) {
+// A case's configuration from its parameters.
+using CastDecoder = std::function<CastCase(const CaseParams& params)>;
+// The test's model for a case, recording its forward inputs into `forward_inputs`.
+using CastModelFn = std::function<nn::ModulePtr(const CaseParams& params, const CastCase& c,
+                                                std::shared_ptr<ForwardInputs> forward_inputs)>;
+// The rules' observations of a case (the same on every rank).
+using CastExpectFn = std::function<nlohmann::json(const CastCase& c)>;
+
+// A cast scenario: the test's world 2 (any world 1-8); every rank builds `model` (weights from
+// ManualSeed(0)) and runs RunCastCase; the judge compares every rank with `expect`.
+Scenario CastScenario(const std::string& test, const std::string& seed_test,
+                      const std::string& description, std::vector<ParamSpec> params,
+                      const std::string& keys, CastDecoder decode, CastModelFn model,
+                      CastExpectFn expect) {
   Scenario s;
   s.info.name = "fully_shard_mixed_precision/" + test;
   s.info.description = description;
+  s.info.seed_test = std::string(kCasts) + seed_test;
   s.info.params = std::move(params);
   s.info.observations = CastSchema(keys);
   s.info.deterministic = true;
   s.info.default_world = 2;
   s.info.min_world = 1;
   s.info.max_world = 8;
+  s.run_rank = [decode, model](RankEnv& env) {
+    const CastCase c = decode(env.params);
+    auto forward_inputs = std::make_shared<ForwardInputs>();
+    nn::ManualSeed(0);
+    nn::ModulePtr m = model(env.params, c, forward_inputs);
+    m->to(env.device);
+    return RunCastCase(m, c, forward_inputs, env.params.GetInt("dim"), env);
+  };
+  s.expect = [decode, expect](const CaseParams& p, int world) {
+    return std::vector<nlohmann::json>(world, expect(decode(p)));
+  };
+  s.judge = [decode, expect](const CaseParams& p, int world,
+                             const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
+    const nlohmann::json expected = expect(decode(p));
+    CheckEveryRank(checks, per_rank, world,
+                   {{kInputDtypes, "dtypes forward received", expected[kInputDtypes]},
+                    {kOutputDtype, "output dtype", expected[kOutputDtype]}});
+  };
   return s;
 }
 
 Scenario ForwardInputCasts() {
-  Scenario s = CastScenario(
-      "forward_input_casts",
+  return CastScenario(
+      "forward_input_casts", "test_float16_on_one_submodule",
       "SaveForwardInputsModel: fully_shard(c2) with param_dtype (cast_forward_inputs True, or "
       "False with the module casting itself), or fully_shard(c1) with param_dtype and "
       "output_dtype float32, then the root without mixed precision: the dtype each module's "
@@ -332,33 +352,20 @@ Scenario ForwardInputCasts() {
            "output_dtype=float32)",
            {"c2_param_dtype", "c2_param_dtype_module_casts", "c1_param_dtype_output_float32"}),
        LowDtype(), Dim()},
-      "\"\", c1, c2");
-  s.info.seed_test = std::string(kCasts) + "test_float16_on_one_submodule";
-  auto decode = [](const CaseParams& p) {
-    return ForwardInputCastCase(p.GetString("subtest"), ParseDType(p.GetString("param_dtype")));
-  };
-  s.run_rank = [decode](RankEnv& env) {
-    const CastCase c = decode(env.params);
-    const int64_t dim = env.params.GetInt("dim");
-    auto forward_inputs = std::make_shared<ForwardInputs>();
-    nn::ManualSeed(0);
-    auto model = std::make_shared<SaveForwardInputsModel>(forward_inputs, dim, c.module_casts);
-    model->to(env.device);
-    return RunCastCase(model, c, forward_inputs, dim, env);
-  };
-  s.expect = [decode](const CaseParams& p, int world) {
-    return std::vector<nlohmann::json>(world, ExpectForwardInputCasts(decode(p)));
-  };
-  s.judge = [decode](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,
-                     CheckList& checks) {
-    JudgeCasts(ExpectForwardInputCasts(decode(p)), per_rank, checks);
-  };
-  return s;
+      "\"\", c1, c2",
+      [](const CaseParams& p) {
+        return ForwardInputCastCase(p.GetString("subtest"), ParseDType(p.GetString("param_dtype")));
+      },
+      [](const CaseParams& p, const CastCase& c, std::shared_ptr<ForwardInputs> forward_inputs) {
+        return std::make_shared<SaveForwardInputsModel>(std::move(forward_inputs), p.GetInt("dim"),
+                                                        c.module_casts);
+      },
+      ExpectForwardInputCasts);
 }
 
 Scenario SubmodulesWithExternalInputs() {
-  Scenario s = CastScenario(
-      "submodules_with_external_inputs",
+  return CastScenario(
+      "submodules_with_external_inputs", "test_submodules_with_external_inputs",
       "ToyModel: fully_shard(l2) with param_dtype and cast_forward_inputs True / False, the "
       "root with param_dtype; l2 takes l1's output and a float32 tensor made in the root's "
       "forward, positionally or by keyword: only l2's own cast turns the external input into "
@@ -369,30 +376,16 @@ Scenario SubmodulesWithExternalInputs() {
                        "l2 called as l2(h, y) (False, the test) or l2(h, y=y) (True)",
                        {"False", "True"}),
        LowDtype(), Dim()},
-      "model_input_x, l2_input_x, l2_input_y");
-  s.info.seed_test = std::string(kCasts) + "test_submodules_with_external_inputs";
-  auto decode = [](const CaseParams& p) {
-    return ExternalInputsCase(ParseDType(p.GetString("param_dtype")),
-                              p.GetBool("enable_submodule_cast"));
-  };
-  s.run_rank = [decode](RankEnv& env) {
-    const CastCase c = decode(env.params);
-    const int64_t dim = env.params.GetInt("dim");
-    auto forward_inputs = std::make_shared<ForwardInputs>();
-    nn::ManualSeed(0);
-    auto model =
-        std::make_shared<ToyModel>(forward_inputs, dim, env.params.GetBool("y_by_keyword"));
-    model->to(env.device);
-    return RunCastCase(model, c, forward_inputs, dim, env);
-  };
-  s.expect = [decode](const CaseParams& p, int world) {
-    return std::vector<nlohmann::json>(world, ExpectExternalInputs(decode(p)));
-  };
-  s.judge = [decode](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,
-                     CheckList& checks) {
-    JudgeCasts(ExpectExternalInputs(decode(p)), per_rank, checks);
-  };
-  return s;
+      "model_input_x, l2_input_x, l2_input_y",
+      [](const CaseParams& p) {
+        return ExternalInputsCase(ParseDType(p.GetString("param_dtype")),
+                                  p.GetBool("enable_submodule_cast"));
+      },
+      [](const CaseParams& p, const CastCase&, std::shared_ptr<ForwardInputs> forward_inputs) {
+        return std::make_shared<ToyModel>(std::move(forward_inputs), p.GetInt("dim"),
+                                          p.GetBool("y_by_keyword"));
+      },
+      ExpectExternalInputs);
 }
 
 }  // namespace

@@ -71,11 +71,9 @@ FullyShardPlan MixedPrecisionPlan(const CaseParams& p) {
 // (`steps` defaults to 1); the reduce dtype depends on the semantics profile (a `semantics`
 // parameter, and a ctest run under torch-2.15, whose rule differs).
 void FinishMixedPrecision(Scenario& s) {
-  for (ParamSpec& spec : s.info.params) {
-    if (spec.name == "steps") {
-      spec = ParamSpec::SizeInt("steps", "optimizer steps (mixed precision: 1)", 1, 1);
-    }
-  }
+  s.info.params =
+      OverrideParam(std::move(s.info.params),
+                    ParamSpec::SizeInt("steps", "optimizer steps (mixed precision: 1)", 1, 1));
   s.info.params.push_back(SemanticsParam());
   s.info.test_runs.push_back(
       {2, {{kSemanticsParam, fsdp2::SemanticsName(fsdp2::Semantics::kTorch2_15)}}});

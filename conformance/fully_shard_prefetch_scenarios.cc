@@ -98,10 +98,10 @@ Scenario MakePrefetchScenario(Direction direction) {
   s.info.params = ParityParams(
       ZooModel::Kind(kKind),
       ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float64"));
-  for (ParamSpec& p : s.info.params) {
-    if (p.name == "n_layers") p = ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 4, 1);
-    if (p.name == "steps") p = ParamSpec::SizeInt("steps", "training steps", 2, 1);
-    if (p.name == "optim") p = ParamSpec::Axis("optim", "optimizer", {"sgd"});
+  for (ParamSpec spec : {ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 4, 1),
+                         ParamSpec::SizeInt("steps", "training steps", 2, 1),
+                         ParamSpec::Axis("optim", "optimizer", {"sgd"})}) {
+    s.info.params = OverrideParam(std::move(s.info.params), std::move(spec));
   }
   s.info.params.push_back(ParamSpec::Axis("num_to_prefetch", "blocks each block prefetches",
                                           {"1", "2"}));

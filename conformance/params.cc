@@ -221,6 +221,16 @@ std::string ParamSpec::Canonicalize(const std::string& value) const {
   return value;
 }
 
+std::vector<ParamSpec> OverrideParam(std::vector<ParamSpec> params, ParamSpec spec) {
+  for (ParamSpec& p : params) {
+    if (p.name == spec.name) {
+      p = std::move(spec);
+      return params;
+    }
+  }
+  FSDP_THROW(ErrorCode::kInternal, "no parameter '", spec.name, "' to override");
+}
+
 void ValidateParamSpecs(const std::string& scenario, const std::vector<ParamSpec>& specs) {
   std::set<std::string> seen;
   for (const auto& s : specs) {

@@ -78,6 +78,11 @@ struct ParamSpec {
   std::string Canonicalize(const std::string& value) const;
 };
 
+// `params` with the spec named like `spec` replaced by it (e.g. a family's own default for a
+// zoo model's parameter, or an axis fixed to the seed's value). Throws Internal when there is
+// none.
+std::vector<ParamSpec> OverrideParam(std::vector<ParamSpec> params, ParamSpec spec);
+
 // Checks a scenario's parameter list (unique names, valid identifiers, values present, SIZE
 // defaults of their type). Throws InvalidArgument naming `scenario` and the parameter.
 void ValidateParamSpecs(const std::string& scenario, const std::vector<ParamSpec>& specs);
