@@ -2,10 +2,10 @@
 // .test_set_modules_to_forward_prefetch / test_set_modules_to_backward_prefetch), family
 // `fully_shard_comm`: the zoo's Transformer with fully_shard on every block of `layers`, then
 // the root (embeddings, norm and output stay with the root);
-// block i prefetches the next `num_to_prefetch` blocks in forward
-// (set_modules_to_forward_prefetch) or the previous ones in backward
-// (set_modules_to_backward_prefetch). Each rank trains `steps` steps (sharded parity,
-// conformance/sharded_parity.h: prefetching must not change a value) and reports the FSDP
+// block i prefetches `num_to_prefetch` blocks `prefetch_stride` apart, the next in forward
+// (set_modules_to_forward_prefetch: i + s, i + 2s, ...) or the previous in backward
+// (set_modules_to_backward_prefetch: i - s, i - 2s, ...). Each rank trains `steps` steps (sharded
+// parity, conformance/sharded_parity.h: prefetching must not change a value) and reports the FSDP
 // `unshard` and `reshard` events of every step in order (a prefetch shows as an unshard issued
 // before the issuing block's reshard). The judge derives the order for any n_layers and
 // num_to_prefetch (ExpectedEvents) and compares the training against the oracle.
@@ -14,8 +14,10 @@
 // pre-forward unshards its own group (unless a prefetch already did), then issues the unshard of
 // each target not yet unsharded, in list order, in FORWARD state; the root is first. In backward
 // the blocks run in reverse; each block's pre-backward unshards its group (unless prefetched), then
-// its explicit backward targets, or, without any, the block before it (the implicit prefetch: the
-// next in reverse post-forward order), all in PRE_BACKWARD state. A block reshards after its
+// its explicit backward targets, or, with an empty list, the block before it (the implicit
+// prefetch: the next in reverse post-forward order), all in PRE_BACKWARD state. An explicit list
+// replaces the implicit prefetch: with a stride of 2 the last block prefetches the one two before
+// it and never the one before it. A block reshards after its
 // forward (FORWARD) and in its post-backward (POST_BACKWARD). The root (kept unsharded after
 // forward) unshards nothing in backward and reshards last, in the end-of-backward callback. A world
 // of one rank all-gathers nothing but records the same events. Stateless; thread-safe.
@@ -45,18 +47,20 @@ enum class Direction { kForward, kBackward };
 
 std::string Layer(int64_t i) { return "layers." + std::to_string(i); }
 
-// Block i's explicit targets: the next (forward) or previous (backward) `num` blocks.
-std::vector<int64_t> Targets(Direction direction, int64_t i, int64_t n_layers, int64_t num) {
+// Block i's explicit targets: the next (forward) or previous (backward) `num` blocks, `stride`
+// apart, that exist.
+std::vector<int64_t> Targets(Direction direction, int64_t i, int64_t n_layers, int64_t num,
+                             int64_t stride) {
   std::vector<int64_t> out;
   for (int64_t k = 1; k <= num; ++k) {
-    const int64_t j = direction == Direction::kForward ? i + k : i - k;
+    const int64_t j = direction == Direction::kForward ? i + stride * k : i - stride * k;
     if (j >= 0 && j < n_layers) out.push_back(j);
   }
   return out;
 }
 
 // One step's unshard and reshard events by the rules of the file comment.
-nlohmann::json ExpectedEvents(Direction direction, int64_t n_layers, int64_t num) {
+nlohmann::json ExpectedEvents(Direction direction, int64_t n_layers, int64_t num, int64_t stride) {
   nlohmann::json events = nlohmann::json::array();
   events.push_back(EventJson("unshard", "", "FORWARD"));
   std::set<int64_t> done;
@@ -66,16 +70,16 @@ nlohmann::json ExpectedEvents(Direction direction, int64_t n_layers, int64_t num
   for (int64_t i = 0; i < n_layers; ++i) {
     unshard(i, "FORWARD");
     if (direction == Direction::kForward) {
-      for (int64_t j : Targets(direction, i, n_layers, num)) unshard(j, "FORWARD");
+      for (int64_t j : Targets(direction, i, n_layers, num, stride)) unshard(j, "FORWARD");
     }
     events.push_back(EventJson("reshard", Layer(i), "FORWARD"));
   }
   done.clear();
   for (int64_t i = n_layers - 1; i >= 0; --i) {
     unshard(i, "PRE_BACKWARD");
-    const std::vector<int64_t> targets = direction == Direction::kBackward
-                                             ? Targets(direction, i, n_layers, num)
-                                             : Targets(Direction::kBackward, i, n_layers, 1);
+    std::vector<int64_t> targets;
+    if (direction == Direction::kBackward) targets = Targets(direction, i, n_layers, num, stride);
+    if (targets.empty()) targets = Targets(Direction::kBackward, i, n_layers, 1, 1);  // implicit
     for (int64_t j : targets) unshard(j, "PRE_BACKWARD");
     events.push_back(EventJson("reshard", Layer(i), "POST_BACKWARD"));
   }
@@ -89,10 +93,10 @@ Scenario MakePrefetchScenario(Direction direction) {
       forward ? "set_modules_to_forward_prefetch" : "set_modules_to_backward_prefetch";
   Scenario s;
   s.info.name = "fully_shard_comm/" + api;
-  s.info.description =
-      "Transformer, block i " + api + "(the " + (forward ? "next" : "previous") +
-      " num_to_prefetch blocks): unshard events of every step in the prefetch order, losses, "
-      "parameter and gradient shards vs the oracle";
+  s.info.description = "Transformer, block i " + api + "(the " + (forward ? "next" : "previous") +
+                       " num_to_prefetch blocks, prefetch_stride apart): unshard events of every "
+                       "step in the prefetch order, losses, "
+                       "parameter and gradient shards vs the oracle";
   s.info.seed_test =
       "test_fully_shard_comm.py::TestFullyShardPrefetch::test_" + api;
   s.info.params = ParityParams(
@@ -105,6 +109,8 @@ Scenario MakePrefetchScenario(Direction direction) {
   }
   s.info.params.push_back(ParamSpec::Axis("num_to_prefetch", "blocks each block prefetches",
                                           {"1", "2"}));
+  s.info.params.push_back(
+      ParamSpec::SizeInt("prefetch_stride", "distance between a block's targets", 1, 1));
   ObservationSchema schema = ShardedParitySchema();
   schema.Add(ObservationKey::Events(
       kUnshards, "every step's FSDP unshard and reshard events, in order, as [kind, module FQN "
@@ -117,12 +123,14 @@ Scenario MakePrefetchScenario(Direction direction) {
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {{"num_to_prefetch", "2"}}}};
   // Blocks called as layer(x=h): FSDP must register its post-backward on keyword tensors too,
   // or each block's reshard moves to the end of backward.
-  s.info.extra_default_runs = {{3, {{"block_kwargs", "True"}}}};
+  // A stride of 2 tells an explicit list from the implicit backward prefetch it replaces (with
+  // stride 1 both target the block before first).
+  s.info.extra_default_runs = {{3, {{"block_kwargs", "True"}}}, {4, {{"prefetch_stride", "2"}}}};
   s.inputs = ParityInputs(kKind);
   s.expect = [direction](const CaseParams& p, int world) {
     std::vector<nlohmann::json> expected = ExpectShardedParity(kKind, p, world);
-    const nlohmann::json step =
-        ExpectedEvents(direction, p.GetInt("n_layers"), p.GetInt("num_to_prefetch"));
+    const nlohmann::json step = ExpectedEvents(
+        direction, p.GetInt("n_layers"), p.GetInt("num_to_prefetch"), p.GetInt("prefetch_stride"));
     for (nlohmann::json& e : expected) {
       e[kUnshards] = nlohmann::json::array();
       for (int64_t k = 0; k < p.GetInt("steps"); ++k) {
@@ -133,8 +141,9 @@ Scenario MakePrefetchScenario(Direction direction) {
   };
   s.run_rank = [direction](RankEnv& env) {
     const int64_t num = env.params.GetInt("num_to_prefetch");
-    const ShardPlan plan = [direction, num](const nn::ModulePtr& root,
-                                            const fsdp2::FullyShardOptions& options) {
+    const int64_t stride = env.params.GetInt("prefetch_stride");
+    const ShardPlan plan = [direction, num, stride](const nn::ModulePtr& root,
+                                                    const fsdp2::FullyShardOptions& options) {
       std::vector<nn::ModulePtr> blocks;
       for (const nn::ModulePtr& block : root->get_submodule("layers")->children()) {
         fsdp2::fully_shard(block, options);
@@ -144,7 +153,8 @@ Scenario MakePrefetchScenario(Direction direction) {
       const auto n = static_cast<int64_t>(blocks.size());
       for (int64_t i = 0; i < n; ++i) {
         std::vector<nn::ModulePtr> targets;
-        for (int64_t j : Targets(direction, i, n, num)) targets.push_back(blocks[static_cast<size_t>(j)]);
+        for (int64_t j : Targets(direction, i, n, num, stride))
+          targets.push_back(blocks[static_cast<size_t>(j)]);
         fsdp2::FSDPModule block(blocks[static_cast<size_t>(i)]);
         if (direction == Direction::kForward) {
           block.set_modules_to_forward_prefetch(targets);

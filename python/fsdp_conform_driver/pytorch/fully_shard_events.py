@@ -135,10 +135,11 @@ def unused_in_backward(request):
     return obs, None
 
 
-def _prefetch_plan(direction: str, num: int):
+def _prefetch_plan(direction: str, num: int, stride: int):
     """A sharded-parity plan: every block, then the root, fully_shard-ed; block i's
     set_modules_to_{direction}_prefetch targets are the next (forward) or previous (backward)
-    `num` blocks that exist."""
+    `num` blocks, `stride` apart, that exist (an empty list keeps the implicit backward
+    prefetch)."""
     def plan(model, **kwargs):
         from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
 
@@ -148,8 +149,8 @@ def _prefetch_plan(direction: str, num: int):
         fully_shard(model, **kwargs)
         sign = 1 if direction == "forward" else -1
         for i, block in enumerate(blocks):
-            targets = [blocks[i + sign * k] for k in range(1, num + 1)
-                       if 0 <= i + sign * k < len(blocks)]
+            targets = [blocks[i + sign * stride * k] for k in range(1, num + 1)
+                       if 0 <= i + sign * stride * k < len(blocks)]
             getattr(block, f"set_modules_to_{direction}_prefetch")(targets)
     return plan
 
@@ -158,7 +159,8 @@ def explicit_prefetch(direction: str):
     """set_modules_to_{direction}_prefetch: sharded parity training of the zoo Transformer under
     _prefetch_plan, every step's unshard and reshard events as fsdp_events."""
     def run(request):
-        plan = _prefetch_plan(direction, request.int_param("num_to_prefetch"))
+        plan = _prefetch_plan(direction, request.int_param("num_to_prefetch"),
+                              request.int_param("prefetch_stride"))
         recorder = FsdpEvents(("unshard", "reshard"))
         obs, tensors = parity.train_sharded(request, "transformer", plan,
                                             train_context=lambda: recorder)
