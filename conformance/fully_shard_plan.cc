@@ -32,6 +32,7 @@ constexpr const char* kReduceScatter = "c10d._reduce_scatter_base_";
 constexpr const char* kAllReduce = "c10d.allreduce_";
 constexpr const char* kMicroCommCounts = "micro_batch_comm_counts";
 constexpr const char* kMicroCommBytes = "micro_batch_comm_bytes";
+constexpr const char* kMicroReduceOps = "micro_batch_reduce_ops";
 constexpr const char* kCompute = "compute/";  // ExpectedComputeWeights
 
 // Zoo step (input and loss index) of micro-batch i of optimizer step k.
@@ -157,6 +158,37 @@ bool ReshardsAfterBackward(const FullyShardPlan& plan, const PlanGroup& g, int64
   return !plan.recurse && !g.is_root();
 }
 
+// Adds one to counts[key][op] ({op key: {reduce op: n}}).
+void CountReduceOp(nlohmann::json& counts, const std::string& key, const std::string& op) {
+  nlohmann::json& ops = counts[key];
+  if (ops.is_null()) ops = nlohmann::json::object();
+  ops[op] = ops.value(op, 0) + 1;
+}
+
+// The reduce ops of a group's reduce-scatter and HSDP all-reduce, by PyTorch's
+// _get_gradient_divide_factors (docs/fsdp-behaviour.md, "Gradient divide factors"): a float32
+// or bfloat16 reduction without force_sum_reduction averages (SUM over one rank), or with a
+// divide factor uses PREMUL_SUM (AVG when the factor is the shard size) and sums across the
+// replicas; any other reduce dtype, or force_sum_reduction, sums both.
+std::pair<std::string, std::string> PlanReduceOps(const FullyShardPlan& plan, DType reduce_dtype,
+                                                  int world) {
+  const bool overflow_risk = reduce_dtype != DType::kFloat32 && reduce_dtype != DType::kBFloat16;
+  if (overflow_risk || plan.force_sum_reduction) return {"SUM", "SUM"};
+  if (!plan.divide_factor) {
+    const std::string op = world == 1 ? "SUM" : "AVG";
+    return {op, op};
+  }
+  return {*plan.divide_factor == plan.ShardSize(world) ? "AVG" : "PREMUL_SUM", "SUM"};
+}
+
+// One micro-batch's expected collectives: counts and payload bytes by phase, and the backward's
+// reduce ops ({op key: {reduce op: n}}).
+struct PlanComms {
+  nlohmann::json counts;
+  nlohmann::json bytes;
+  nlohmann::json reduce_ops;
+};
+
 // Collective counts and payload bytes of micro-batch i of step k (docs/fsdp-behaviour.md,
 // "Collective counts"): a group all-gathers in forward iff it is sharded when forward starts
 // (always before the first forward; later iff the previous backward resharded it), a non-root
@@ -166,12 +198,12 @@ bool ReshardsAfterBackward(const FullyShardPlan& plan, const PlanGroup& g, int64
 // backward reduce-scatters the group's gradients (in reduce dtype) and, under HSDP, all-reduces the
 // shard across the replicas (with defer_all_reduce, in the last micro-batch of a step only); a
 // shard group of one rank all-gathers nothing. Bytes are the collective's full buffer: S * the
-// padded shard.
-std::pair<nlohmann::json, nlohmann::json> PlanCommCounts(const FullyShardPlan& plan,
-                                                         const ZooModel& model, int world,
-                                                         int64_t k, int64_t i) {
+// padded shard. Reduce ops: PlanReduceOps.
+PlanComms PlanCommCounts(const FullyShardPlan& plan, const ZooModel& model, int world, int64_t k,
+                         int64_t i) {
   const int shard = plan.ShardSize(world);
   std::map<std::string, int64_t> forward, backward, forward_bytes, backward_bytes;
+  nlohmann::json reduce_ops = nlohmann::json::object();
   const std::vector<PlanGroup> groups = GroupsOf(plan, model);
   // Per group, its trainable parameters (only their gradients are reduce-scattered) and
   // whether its outputs require a gradient: some parameter of it or of a group before it in
@@ -212,17 +244,32 @@ std::pair<nlohmann::json, nlohmann::json> PlanCommCounts(const FullyShardPlan& p
       backward_bytes[kAllGather] += ag_bytes;
     }
     if (Syncs(plan, g, i) && !trainable[idx].empty()) {
-      const auto item = static_cast<int64_t>(ElementSize(ReduceDType(plan, g.fqn)));
+      const DType reduce_dtype = ReduceDType(plan, g.fqn);
+      const auto item = static_cast<int64_t>(ElementSize(reduce_dtype));
       const int64_t reduce_numel = PaddedShardNumel(trainable[idx], model, shard) * shard;
+      const auto [reduce_scatter_op, all_reduce_op] = PlanReduceOps(plan, reduce_dtype, world);
       backward[kReduceScatter] += 1;
       backward_bytes[kReduceScatter] += reduce_numel * item;
+      CountReduceOp(reduce_ops, kReduceScatter, reduce_scatter_op);
       if (plan.hsdp && (!plan.defer_all_reduce || i + 1 == plan.micro_batches)) {
         backward[kAllReduce] += 1;
         backward_bytes[kAllReduce] += reduce_numel / shard * item;
+        CountReduceOp(reduce_ops, kAllReduce, all_reduce_op);
       }
     }
   }
-  return {PhaseCommCountsJson(forward, backward), PhaseCommCountsJson(forward_bytes, backward_bytes)};
+  return {PhaseCommCountsJson(forward, backward),
+          PhaseCommCountsJson(forward_bytes, backward_bytes), reduce_ops};
+}
+
+// The reduce ops of the reduce-scatters and all-reduces `mode` recorded, {op key: {op: n}}.
+nlohmann::json ReduceOpsJson(const distributed::CommDebugMode& mode) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const distributed::CommRecord& record : mode.records()) {
+    if (record.op != kReduceScatter && record.op != kAllReduce) continue;
+    CountReduceOp(out, record.op, distributed::ReduceOpName(record.info.reduce_op));
+  }
+  return out;
 }
 
 // The rank's local shards (torch.chunk rows over the shard group) of `full`; ignored
@@ -377,6 +424,16 @@ ObservationSchema PlanSchema() {
       kMicroCommBytes, {{"type", "array"}, {"items", phases}},
       "per micro-batch, the payload bytes of those collectives, {phase: {op: bytes}} (the full "
       "buffer: all-gather output, reduce-scatter input, all-reduce tensor)"));
+  schema.Add(ObservationKey::Custom(
+      kMicroReduceOps,
+      {{"type", "array"},
+       {"items",
+        {{"type", "object"},
+         {"additionalProperties",
+          {{"type", "object"}, {"additionalProperties", {{"type", "integer"}}}}}}}},
+      "per micro-batch, the reduce ops of the backward's reduce-scatters (\"c10d."
+      "_reduce_scatter_base_\") and all-reduces (\"c10d.allreduce_\"), {op key: {\"AVG\" | "
+      "\"SUM\" | \"PREMUL_SUM\": n}}"));
   schema.Add(ObservationKey::StringList(
       "grad_devices", "per step, the device of every gradient after the last backward "
                       "(\"cpu\", \"cuda:0\"; \"mixed\" when they differ)"));
@@ -434,10 +491,11 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
   options.mp_policy = plan.PolicyOf("");
   fsdp2::FSDPModule root = fsdp2::fully_shard(module, options);
   if (plan.freeze_after_init) set_frozen_requires_grad(false);
-  if (plan.divide_factor) {
-    for (const nn::ModulePtr& m : module->modules()) {
-      if (fsdp2::IsFsdpModule(*m)) fsdp2::FSDPModule(m).set_gradient_divide_factor(*plan.divide_factor);
-    }
+  for (const nn::ModulePtr& m : module->modules()) {
+    if (!fsdp2::IsFsdpModule(*m)) continue;
+    fsdp2::FSDPModule fsdp_module(m);
+    if (plan.divide_factor) fsdp_module.set_gradient_divide_factor(*plan.divide_factor);
+    if (plan.force_sum_reduction) fsdp_module.set_force_sum_reduction_for_comms(true);
   }
   // F.linear takes an input of its weight's dtype (PyTorch raises otherwise): record every
   // Linear whose input had another dtype (a missing cast_forward_inputs cast, say). Registered
@@ -469,6 +527,7 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
   obs[kLosses] = nlohmann::json::array();
   obs[kMicroCommCounts] = nlohmann::json::array();
   obs[kMicroCommBytes] = nlohmann::json::array();
+  obs[kMicroReduceOps] = nlohmann::json::array();
   obs["grad_devices"] = nlohmann::json::array();
   obs["grad_dtypes"] = nlohmann::json::array();
   obs[kTensors] = nlohmann::json::object();
@@ -498,6 +557,7 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
                                                      backward_mode.get_comm_counts()));
       obs[kMicroCommBytes].push_back(PhaseCommCountsJson(forward_mode.get_comm_bytes(),
                                                     backward_mode.get_comm_bytes()));
+      obs[kMicroReduceOps].push_back(ReduceOpsJson(backward_mode));
     }
     const auto [device, dtype] = GradPlacement(*module);
     obs["grad_devices"].push_back(device);
@@ -542,6 +602,7 @@ PlanOracle RunPlanOracle(const FullyShardPlan& plan, const CaseParams& params, i
     e[kLosses] = nlohmann::json::array();
     e[kMicroCommCounts] = nlohmann::json::array();
     e[kMicroCommBytes] = nlohmann::json::array();
+    e[kMicroReduceOps] = nlohmann::json::array();
     e["grad_devices"] = nlohmann::json::array();
     e["grad_dtypes"] = nlohmann::json::array();
     e["output_dtype"] = DTypeName(OutputDType(plan));
@@ -595,10 +656,11 @@ PlanOracle RunPlanOracle(const FullyShardPlan& plan, const CaseParams& params, i
         for (double& v : sum->data) v /= factor;
         for (auto& g : grads) reference::AccumulateInto(&g, name, *sum);
       }
-      const auto [counts, bytes] = PlanCommCounts(plan, model, world, k, i);
+      const PlanComms comms = PlanCommCounts(plan, model, world, k, i);
       for (nlohmann::json& e : expected) {
-        e[kMicroCommCounts].push_back(counts);
-        e[kMicroCommBytes].push_back(bytes);
+        e[kMicroCommCounts].push_back(comms.counts);
+        e[kMicroCommBytes].push_back(comms.bytes);
+        e[kMicroReduceOps].push_back(comms.reduce_ops);
       }
     }
     for (int r = 0; r < world; ++r) {
@@ -710,11 +772,18 @@ void JudgePlan(const FullyShardPlan& plan, const CaseParams& params, int world,
     const nlohmann::json& bytes = RankObservation(per_rank, r, kMicroCommBytes);
     const nlohmann::json& want_counts = expected[static_cast<size_t>(r)][kMicroCommCounts];
     const nlohmann::json& want_bytes = expected[static_cast<size_t>(r)][kMicroCommBytes];
+    const nlohmann::json& reduce_ops = RankObservation(per_rank, r, kMicroReduceOps);
+    const nlohmann::json& want_reduce_ops = expected[static_cast<size_t>(r)][kMicroReduceOps];
     checks.CheckEqual(who + " micro-batches reported", want_counts.size(), counts.size());
+    checks.CheckEqual(who + " micro-batches with reduce ops reported", want_reduce_ops.size(),
+                      reduce_ops.size());
     for (size_t m = 0; m < want_counts.size() && m < counts.size() && m < bytes.size(); ++m) {
       const std::string at = who + " micro-batch " + std::to_string(m);
       checks.CheckEqual(at + " collective counts", want_counts[m], counts[m]);
       checks.CheckEqual(at + " collective bytes", want_bytes[m], bytes[m]);
+      if (m < reduce_ops.size()) {
+        checks.CheckEqual(at + " backward reduce ops", want_reduce_ops[m], reduce_ops[m]);
+      }
     }
     checks.CheckEqual(who + " gradient devices", RankObservation(expected, r, "grad_devices"),
                       RankObservation(per_rank, r, "grad_devices"));

@@ -13,10 +13,11 @@
 // the last of a step) and set_gradient_divide_factor once.
 //
 // Observations per rank: every micro-batch's loss, its collective counts and payload bytes per
-// phase (CommDebugMode), the dtype of the model's output, the Linear modules fed an input of
-// another dtype than their weight (PyTorch's F.linear raises there); after the last backward of each step
-// the local gradient shards ("grad{k}/{fqn}") and the device they live on; after each optimizer
-// step the local parameter shards ("step{k}/{fqn}"); after the last step the full parameters
+// phase (CommDebugMode), the reduce ops of its backward's reduce-scatters and all-reduces, the
+// dtype of the model's output, the Linear modules fed an input of another dtype than their weight
+// (PyTorch's F.linear raises there); after the last backward of each step the local gradient shards
+// ("grad{k}/{fqn}") and the device they live on; after each optimizer step the local parameter
+// shards ("step{k}/{fqn}"); after the last step the full parameters
 // ("full/{fqn}", all-gathered; ignored parameters as the rank holds them).
 //
 // The oracle (reference/) runs every rank's forward and backward in float64 from the same
@@ -29,9 +30,12 @@
 // rank's torch.chunk rows over the shard group (HSDP: the rank's coordinate on the shard
 // dimension of the row-major mesh). Collective counts follow docs/fsdp-behaviour.md
 // ("Collective counts"), derived per group from the switches and the group's
-// MixedPrecisionPolicy. The ranks run on the CPU, where every gradient lives, CPU offload or not
-// (the offload's host copies are judged by values). Mixed precision is judged within a bound
-// derived from finfo(dtype).eps and the model (PlanMixedPrecisionRtol).
+// MixedPrecisionPolicy; their reduce ops follow "Gradient divide factors" (PyTorch's
+// _get_gradient_divide_factors: AVG for a float32 or bfloat16 reduction, SUM with a divide
+// otherwise or under force_sum_reduction, PREMUL_SUM for a divide factor). The ranks run on the
+// CPU, where every gradient lives, CPU offload or not (the offload's host copies are judged by
+// values). Mixed precision is judged within a bound derived from finfo(dtype).eps and the model
+// (PlanMixedPrecisionRtol).
 //
 // Stateless; thread-safe (run_rank runs on every rank's thread with its own module).
 #pragma once
@@ -86,6 +90,9 @@ struct FullyShardPlan {
   // set_gradient_divide_factor(factor) on every FSDP module. Default: unset (the world size).
   std::optional<double> divide_factor;
   bool hsdp = false;  // the 2-D (replicate, shard) mesh of HybridMeshShapeFor(world)
+  // set_force_sum_reduction_for_comms(True) on every FSDP module: SUM collectives and a
+  // post-divide instead of AVG. Default: off.
+  bool force_sum_reduction = false;
   // HSDP: every micro-batch but the last of a step runs with set_requires_all_reduce(False)
   // (on the root, recurse): it reduce-scatters and keeps the partial sums, the last one adds
   // them and all-reduces. Default: off (every backward all-reduces).

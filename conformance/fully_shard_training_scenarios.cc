@@ -13,7 +13,8 @@
 //                                (replicate, shard) mesh, reduce-scatter then all-reduce;
 //                                optionally set_requires_all_reduce(False) but for the last
 //                                micro-batch of a step (partial sums kept, then all-reduced),
-//                                and set_gradient_divide_factor (an extra default run)
+//                                set_gradient_divide_factor and
+//                                set_force_sum_reduction_for_comms (extra default runs)
 //   train_parity_cpu_offload     TestFullyShard1DTrainingCore
 //                                .test_train_parity_multi_group_cpu_offload_eager:
 //                                CPUOffloadPolicy(pin_memory)
@@ -111,11 +112,16 @@ Scenario TrainParityHsdp() {
                              "set_gradient_divide_factor(multiple * world) on every module; 0: "
                              "unset (the data-parallel size)",
                              0.0),
+       ParamSpec::SizeBool("force_sum_reduction",
+                           "set_force_sum_reduction_for_comms(True) on every module (torch-2.15): "
+                           "SUM collectives and a post-divide",
+                           false),
        MicroBatches(3)},
       [](const CaseParams& p, int world) {
         FullyShardPlan plan = Base(p);
         plan.hsdp = true;
         plan.defer_all_reduce = p.GetBool("defer_all_reduce");
+        plan.force_sum_reduction = p.GetBool("force_sum_reduction");
         if (const double multiple = p.GetDouble("divide_factor_multiple"); multiple > 0.0) {
           plan.divide_factor = multiple * world;
         }
@@ -124,8 +130,15 @@ Scenario TrainParityHsdp() {
   // The smallest (replicate, shard) mesh, 2 x 2, by default; 2 x 4 at world 8, where a default
   // run also sets a divide factor other than the data-parallel size: the reduce-scatter then
   // uses PREMUL_SUM, after which the all-reduce across replicas must SUM (not AVG).
+  // In float32 the reduce ops tell the policies apart (a float64 reduction always sums): extra
+  // default runs reduce in float32 as is, with set_force_sum_reduction_for_comms on every
+  // module, and with a divide factor equal to the shard size (2 on the 2 x 2 mesh), where the
+  // reduce-scatter averages and the all-reduce across replicas sums.
   s.info.default_world = 4;
-  s.info.extra_default_runs = {{8, {{"divide_factor_multiple", "2"}}}};
+  s.info.extra_default_runs = {{8, {{"divide_factor_multiple", "2"}}},
+                               {4, {{"dtype", "float32"}}},
+                               {4, {{"dtype", "float32"}, {"force_sum_reduction", "True"}}},
+                               {4, {{"dtype", "float32"}, {"divide_factor_multiple", "0.5"}}}};
   s.info.test_runs = {{8, {}}};
   return s;
 }

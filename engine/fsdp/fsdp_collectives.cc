@@ -35,11 +35,12 @@ void CopyElements(const Tensor& dst, int64_t dst_offset, const Tensor& src, int6
             static_cast<size_t>(numel) * element, /*non_blocking=*/false);
 }
 
-distributed::ReduceOptions ToReduceOptions(const DivideFactors& factors) {
-  switch (factors.op) {
+distributed::ReduceOptions ToReduceOptions(DivideFactors::Op op, double premul) {
+  switch (op) {
     case DivideFactors::Op::kAvg: return distributed::Avg();
     case DivideFactors::Op::kSum: return distributed::Sum();
-    case DivideFactors::Op::kPremulSum: return distributed::PremulSum(factors.premul);
+    case DivideFactors::Op::kPremulSum:
+      return distributed::PremulSum(premul);
   }
   return distributed::Sum();
 }
@@ -238,8 +239,8 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
   const int replicate_size = options.all_reduce_group ? options.all_reduce_group->size() : 1;
   ForeachReduceResult result;
   result.divide_factors =
-      ComputeDivideFactors(reduce_dtype, world_size * replicate_size,
-                           options.gradient_divide_factor, options.force_sum_reduction_for_comms);
+      ComputeDivideFactors(reduce_dtype, world_size, replicate_size, options.gradient_divide_factor,
+                           options.force_sum_reduction_for_comms);
   const DivideFactors& factors = result.divide_factors;
 
   std::vector<Shape> shapes;
@@ -264,7 +265,7 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
       Tensor::empty_uninitialized({layout.per_rank_numel}, reduce_dtype, options.device);
   DivIfNeeded(result.reduce_scatter_input, factors.pre_divide);
   reduce_scatter_group->reduce_scatter_tensor(reduce_output, result.reduce_scatter_input,
-                                              ToReduceOptions(factors));
+                                              ToReduceOptions(factors.op, factors.premul));
   TraceWork("reduce_scatter");
   // The reduce-scatter input may be freed only after this event (ReduceScatterState).
   result.reduce_scatter_event.record(reduce_scatter_stream);
@@ -292,11 +293,9 @@ ForeachReduceResult foreach_reduce(const std::vector<FsdpParam*>& fsdp_params,
       stream_guard.reset();
       stream_guard.emplace(*post_reduce_stream);
     }
-    // HSDP: AVG when the reduce-scatter averaged, otherwise SUM (docs/fsdp-behaviour.md,
-    // "Gradient divide factors").
-    const distributed::ReduceOptions all_reduce_op =
-        factors.op == DivideFactors::Op::kAvg ? distributed::Avg() : distributed::Sum();
-    options.all_reduce_group->all_reduce(reduce_output, all_reduce_op);
+    // HSDP (docs/fsdp-behaviour.md, "Gradient divide factors").
+    options.all_reduce_group->all_reduce(reduce_output,
+                                         ToReduceOptions(factors.all_reduce_op, 1.0));
     TraceWork("all_reduce");
   }
   DivIfNeeded(reduce_output, factors.post_divide);

@@ -14,7 +14,7 @@
 //    have one; a Shard(d > 0) gradient first becomes torch.cat(torch.chunk(grad, W, dim=d),
 //    dim=0)) at padded offsets into a [W, L'] reduce-scatter input in the reduce dtype,
 //    optional pre-divide, reduce_scatter_tensor (c10d `_reduce_scatter_base_`) with the op of
-//    ComputeDivideFactors (AVG for f32/bf16, SUM with pre/post divide for f16, SUM at data-
+//    ComputeDivideFactors (AVG for f32/bf16, SUM with pre/post divide for f16/f64, SUM at data-
 //    parallel size 1, PREMUL_SUM for a user factor), HSDP all-reduce over the replicate group,
 //    optional post-divide, cast to the original dtype, view-out of each new gradient shard at
 //    the padded offsets, accumulation into existing sharded grads, and the sharded

@@ -58,24 +58,30 @@ void PrePostSplit(double factor, double* pre, double* post) {
   *post = factor / p;
 }
 
-DivideFactors ComputeDivideFactors(DType reduce_dtype, int data_parallel_size, double user_factor,
-                                   bool force_sum_reduction) {
+DivideFactors ComputeDivideFactors(DType reduce_dtype, int shard_size, int replicate_size,
+                                   double user_factor, bool force_sum_reduction) {
   DivideFactors f;
-  const int n = data_parallel_size;
-  const bool overflow_risk = reduce_dtype != DType::kFloat32 && reduce_dtype != DType::kBFloat16 &&
-                             reduce_dtype != DType::kFloat64;
+  const int n = shard_size * replicate_size;
+  const bool overflow_risk = reduce_dtype != DType::kFloat32 && reduce_dtype != DType::kBFloat16;
   const bool user_set = user_factor > 0.0;
   if (!overflow_risk && !force_sum_reduction) {
-    if (!user_set || user_factor == static_cast<double>(n)) {
-      f.op = n == 1 ? DivideFactors::Op::kSum : DivideFactors::Op::kAvg;
+    if (!user_set) {
+      // An average over one rank is skipped.
+      f.op = f.all_reduce_op = n == 1 ? DivideFactors::Op::kSum : DivideFactors::Op::kAvg;
     } else {
-      f.op = DivideFactors::Op::kPremulSum;
-      f.premul = 1.0 / user_factor;
+      // The reduce-scatter divides by the factor; the replicas' shards are then summed.
+      if (user_factor == static_cast<double>(shard_size)) {
+        f.op = DivideFactors::Op::kAvg;
+      } else {
+        f.op = DivideFactors::Op::kPremulSum;
+        f.premul = 1.0 / user_factor;
+      }
+      f.all_reduce_op = DivideFactors::Op::kSum;
     }
     return f;
   }
   const double factor = user_set ? user_factor : static_cast<double>(n);
-  f.op = DivideFactors::Op::kSum;
+  f.op = f.all_reduce_op = DivideFactors::Op::kSum;
   if (overflow_risk) {
     PrePostSplit(factor, &f.pre_divide, &f.post_divide);
   } else {

@@ -49,21 +49,26 @@ struct GroupLayout {
 
 GroupLayout ComputeGroupLayout(const std::vector<Shape>& global_shapes, int world);
 
-// Gradient divide factors (E2/E3, docs/fsdp-behaviour.md, "Gradient divide factors") for
-// data-parallel size `n`, optionally a
-// user factor from set_gradient_divide_factor (<= 0: unset).
+// Gradient divide factors (E2/E3, docs/fsdp-behaviour.md, "Gradient divide factors"), as
+// PyTorch's `_get_gradient_divide_factors`: the reduce-scatter's op over `shard_size` ranks, the
+// HSDP all-reduce's op over `replicate_size` replicas, and the pre/post divides, for an optional
+// user factor from set_gradient_divide_factor (<= 0: unset) and
+// set_force_sum_reduction_for_comms.
 struct DivideFactors {
   enum class Op { kAvg, kSum, kPremulSum };
-  Op op = Op::kAvg;
-  double pre_divide = 1.0;   // applied to the reduce-scatter input (1.0: skipped)
-  double post_divide = 1.0;  // applied to the output (1.0: skipped)
-  double premul = 1.0;       // factor of PREMUL_SUM
+  Op op = Op::kAvg;             // the reduce-scatter's
+  Op all_reduce_op = Op::kAvg;  // HSDP's all-reduce across the replicas
+  double pre_divide = 1.0;      // applied to the reduce-scatter input (1.0: skipped)
+  double post_divide = 1.0;     // applied to the output (1.0: skipped)
+  double premul = 1.0;          // factor of the reduce-scatter's PREMUL_SUM
 };
 
 // The pre/post split of factor F: p starts at 1 and doubles while F % p == 0 and F / p > p.
 void PrePostSplit(double factor, double* pre, double* post);
 
-DivideFactors ComputeDivideFactors(DType reduce_dtype, int data_parallel_size,
+// Only float32 and bfloat16 reduce without overflow risk (float16 and float64 sum with a
+// pre/post divide, as PyTorch).
+DivideFactors ComputeDivideFactors(DType reduce_dtype, int shard_size, int replicate_size = 1,
                                    double user_factor = 0.0, bool force_sum_reduction = false);
 
 }  // namespace fsdp::fsdp2

@@ -98,13 +98,40 @@ TEST(FsdpShardLayout, DivideFactorsByReduceDtype) {
   EXPECT_EQ(f16.op, DivideFactors::Op::kSum);
   EXPECT_EQ(f16.pre_divide, 16);
   EXPECT_EQ(f16.post_divide, 8);
-  DivideFactors user = ComputeDivideFactors(DType::kFloat32, 4, 2.0);
+  DivideFactors user = ComputeDivideFactors(DType::kFloat32, 4, 1, 2.0);
   EXPECT_EQ(user.op, DivideFactors::Op::kPremulSum);
   EXPECT_EQ(user.premul, 0.5);
-  DivideFactors forced = ComputeDivideFactors(DType::kFloat32, 4, 0.0, true);
+  DivideFactors forced = ComputeDivideFactors(DType::kFloat32, 4, 1, 0.0, true);
   EXPECT_EQ(forced.op, DivideFactors::Op::kSum);
   EXPECT_EQ(forced.pre_divide, 1);
   EXPECT_EQ(forced.post_divide, 4);
+  // float64 has an overflow risk in PyTorch's rule: SUM with the factor split.
+  DivideFactors f64 = ComputeDivideFactors(DType::kFloat64, 4);
+  EXPECT_EQ(f64.op, DivideFactors::Op::kSum);
+  EXPECT_EQ(f64.pre_divide, 2);
+  EXPECT_EQ(f64.post_divide, 2);
+}
+
+TEST(FsdpShardLayout, DivideFactorsOfHsdp) {
+  // No factor: both average (over the shard group, then over the replicas).
+  DivideFactors plain = ComputeDivideFactors(DType::kFloat32, 2, 2);
+  EXPECT_EQ(plain.op, DivideFactors::Op::kAvg);
+  EXPECT_EQ(plain.all_reduce_op, DivideFactors::Op::kAvg);
+  // A factor equal to the shard size: the reduce-scatter averages, the all-reduce sums.
+  DivideFactors shard = ComputeDivideFactors(DType::kFloat32, 2, 2, 2.0);
+  EXPECT_EQ(shard.op, DivideFactors::Op::kAvg);
+  EXPECT_EQ(shard.all_reduce_op, DivideFactors::Op::kSum);
+  DivideFactors other = ComputeDivideFactors(DType::kFloat32, 2, 2, 8.0);
+  EXPECT_EQ(other.op, DivideFactors::Op::kPremulSum);
+  EXPECT_EQ(other.premul, 0.125);
+  EXPECT_EQ(other.all_reduce_op, DivideFactors::Op::kSum);
+  // Forced sum: both sum, one post-divide by the data-parallel size.
+  DivideFactors forced = ComputeDivideFactors(DType::kBFloat16, 2, 2, 0.0, true);
+  EXPECT_EQ(forced.op, DivideFactors::Op::kSum);
+  EXPECT_EQ(forced.all_reduce_op, DivideFactors::Op::kSum);
+  EXPECT_EQ(forced.post_divide, 4);
+  // No average over one rank.
+  EXPECT_EQ(ComputeDivideFactors(DType::kFloat32, 1, 1).all_reduce_op, DivideFactors::Op::kSum);
 }
 
 }  // namespace

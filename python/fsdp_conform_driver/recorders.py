@@ -6,6 +6,12 @@
                  CommCounts(track_modules=False) counts without CommDebugMode's per-module
                  tracker (see _NoModuleTracker); CommCounts(with_bytes=True) also sums each
                  collective's payload bytes by phase and op key (_CommBytesMode)
+  ReduceOps      the reduce ops of the reduce-scatters and all-reduces issued while active,
+                 {op key: {"AVG" | "SUM" | "PREMUL_SUM" | ...: n}}, with CommDebugMode's keys
+                 ("c10d._reduce_scatter_base_", "c10d.allreduce_"), by wrapping
+                 torch.distributed's reduce_scatter_tensor / reduce_scatter_single /
+                 all_reduce for the recorder's lifetime (the outermost call only, when one
+                 calls another)
   FsdpEvents     FSDP2's unshard / reshard / post_backward calls as the suite's events
                  [kind, module FQN (root ""), training state], recorded as the seeds' patches
                  record them (test_fully_shard_comm.py's unshard_with_record,
@@ -17,7 +23,7 @@
                  recorder's lifetime
 
 Ownership: a recorder owns the lists it fills; FsdpEvents restores FSDPParamGroup's methods
-on exit. Thread-safety: one recorder per rank process, used from the main (autograd) thread.
+on exit, ReduceOps torch.distributed's functions. Thread-safety: one recorder per rank process, used from the main (autograd) thread.
 """
 
 from __future__ import annotations
@@ -133,6 +139,64 @@ class CommCounts:
     def bytes_by_phase(self, *names: str) -> Dict[str, Dict[str, int]]:
         """{name: {op key: payload bytes}} for each of `names` (with_bytes only)."""
         return {name: dict(self.bytes.get(name, {})) for name in names}
+
+
+def reduce_op_name(op) -> str:
+    """c10d's name of a ReduceOp ("SUM" when None: the functions' default); PREMUL_SUM for
+    the ops _make_nccl_premul_sum and ReduceOp.PREMUL_SUM(factor) make."""
+    import torch.distributed as dist
+
+    if op is None:
+        return "SUM"
+    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX"):
+        if op == getattr(dist.ReduceOp, name):
+            return name
+    return "PREMUL_SUM" if "PREMUL_SUM" in str(op) else str(op)
+
+
+class ReduceOps:
+    """`with ReduceOps() as ops:` records the reduce op of every reduce-scatter and all-reduce
+    called through torch.distributed; ops.counts is {op key: {reduce op name: n}}."""
+
+    _FUNCTIONS = {"reduce_scatter_tensor": ("c10d._reduce_scatter_base_", 2),
+                  "reduce_scatter_single": ("c10d._reduce_scatter_base_", 2),
+                  "all_reduce": ("c10d.allreduce_", 1)}
+
+    def __init__(self) -> None:
+        self.counts: Dict[str, Dict[str, int]] = {}
+        self._saved = {}
+        self._depth = 0
+
+    def __enter__(self):
+        import torch.distributed as dist
+
+        for name, (key, op_index) in self._FUNCTIONS.items():
+            if not hasattr(dist, name):
+                continue
+            original = getattr(dist, name)
+            self._saved[name] = original
+
+            def wrapper(*args, __key=key, __index=op_index, __original=original, **kwargs):
+                if self._depth == 0:
+                    op = kwargs.get("op", args[__index] if len(args) > __index else None)
+                    ops = self.counts.setdefault(__key, {})
+                    op_name = reduce_op_name(op)
+                    ops[op_name] = ops.get(op_name, 0) + 1
+                self._depth += 1
+                try:
+                    return __original(*args, **kwargs)
+                finally:
+                    self._depth -= 1
+
+            setattr(dist, name, wrapper)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch.distributed as dist
+
+        for name, original in self._saved.items():
+            setattr(dist, name, original)
+        self._saved.clear()
 
 
 def _fsdp_param_group_class():

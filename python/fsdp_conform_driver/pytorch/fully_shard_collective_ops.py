@@ -35,6 +35,7 @@ import contextlib
 import inspect
 from fsdp_conform_driver import ScenarioSkipped, inputs
 from fsdp_conform_driver.pytorch.collective_data import reduce_inputs
+from fsdp_conform_driver.recorders import reduce_op_name
 
 
 def _fsdp_modules():
@@ -243,17 +244,6 @@ def _recording_divide(collectives, record: dict):
         collectives._get_gradient_divide_factors = saved_factors
 
 
-def _op_name(op) -> str:
-    import torch.distributed as dist
-
-    if op is None:
-        return "SUM"  # reduce_scatter_tensor's default
-    for name in ("SUM", "AVG"):
-        if op == getattr(dist.ReduceOp, name):
-            return name
-    return "PREMUL_SUM" if "PREMUL_SUM" in str(op) else str(op)
-
-
 def reduce_scatter(reduce_dtype_name: str):
     """test_reduce_scatter_fp32 / fp16's _test_reduce_scatter in `reduce_dtype_name`, with the
     case's reduce_scatter_stream and force_sum_reduction."""
@@ -297,7 +287,7 @@ def reduce_scatter(reduce_dtype_name: str):
             _call(collectives.foreach_reduce, known)
         factors = [1.0 if f is None else float(f) for f in record["factors"]]
         ops = record["ops"] or record["chosen_ops"]
-        obs = {"divide_op": _op_name(ops[0]) if ops else "none",
+        obs = {"divide_op": reduce_op_name(ops[0]) if ops else "none",
                "pre_divide": factors[0] if factors else 1.0,
                "post_divide": factors[-1] if len(factors) > 1 else 1.0}
         tensors = {}

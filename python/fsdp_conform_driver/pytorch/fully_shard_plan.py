@@ -13,7 +13,8 @@ HSDP's (replicate, shard) mesh, with the plan's reshard_after_forward, CPUOffloa
 ignored_params and MixedPrecisionPolicy (the group's own, if it has one); set_unshard_in_backward(False) on the groups that say so; requires_grad_(False)
 on the frozen parameters before fully_shard or, with freeze_after_init, on the sharded ones
 after it; set_gradient_divide_factor on every FSDP module (2.4 and 2.5, which have none:
-set_reduce_scatter_divide_factor, a PREMUL_SUM(1 / factor) reduce-scatter op). Per micro-batch, as
+set_reduce_scatter_divide_factor, a PREMUL_SUM(1 / factor) reduce-scatter op) and
+set_force_sum_reduction_for_comms(True) where the plan says. Per micro-batch, as
 test_fully_shard_training.py's test_gradient_accumulation, the root's
 set_requires_gradient_sync / set_reshard_after_backward (recurse as the plan says) and
 set_is_last_backward are False but for the last micro-batch of a step, and under HSDP
@@ -21,7 +22,8 @@ set_requires_all_reduce likewise with defer_all_reduce. After the last micro-bat
 SGD(lr).step() and zero_grad(set_to_none=True).
 
 Observations (PlanSchema): every micro-batch's loss and its collectives' counts and payload
-bytes by phase (recorders.CommCounts: the model's forward, then loss.backward()), the dtype of
+bytes by phase (recorders.CommCounts: the model's forward, then loss.backward()), the reduce
+ops of the backward's reduce-scatters and all-reduces (recorders.ReduceOps), the dtype of
 the output, the Linear modules fed an input of another floating dtype than their weight
 (forward pre-hooks registered after fully_shard; PyTorch's F.linear would raise, so none), per
 step the device and dtype of every gradient after the last backward; tensors grad{k}/{fqn}
@@ -38,7 +40,7 @@ from typing import Callable, Dict, List, Optional, Set
 
 from fsdp_conform_driver import ScenarioSkipped, inputs
 from fsdp_conform_driver.pytorch import parity
-from fsdp_conform_driver.recorders import CommCounts
+from fsdp_conform_driver.recorders import CommCounts, ReduceOps
 
 
 @dataclasses.dataclass
@@ -56,6 +58,7 @@ class Plan:
     recurse: bool = True
     no_reshard_after_backward: bool = False
     divide_factor: Optional[float] = None
+    force_sum_reduction: bool = False
     hsdp: bool = False
     defer_all_reduce: bool = False
     cpu_offload_pin_memory: Optional[bool] = None  # None: no CPUOffloadPolicy
@@ -198,10 +201,15 @@ def shard(request, plan: Plan, model):
     fully_shard(model, **_with_policy(kwargs, plan.policy_of("")))
     if plan.freeze_after_init:
         _set_frozen_requires_grad(model, plan, False)
-    if plan.divide_factor is not None:
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
+    if plan.force_sum_reduction:
+        _require(FSDPModule, "set_force_sum_reduction_for_comms",
+                 "set_force_sum_reduction_for_comms(True)")
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            if plan.divide_factor is not None:
                 _set_divide_factor(module, plan.divide_factor)
+            if plan.force_sum_reduction:
+                module.set_force_sum_reduction_for_comms(True)
     return model
 
 
@@ -251,7 +259,8 @@ def run(request, plan: Plan):
     optimizer = torch.optim.SGD(model.parameters(), lr=plan.lr)
     rank_inputs = inputs.rank_tensors(request)
     obs: Dict[str, list] = {"losses": [], "micro_batch_comm_counts": [],
-                            "micro_batch_comm_bytes": [], "grad_devices": [], "grad_dtypes": []}
+                            "micro_batch_comm_bytes": [], "micro_batch_reduce_ops": [],
+                            "grad_devices": [], "grad_dtypes": []}
     output_dtype = None
     for k in range(plan.steps):
         if plan.unfreeze_at_step == k:
@@ -273,11 +282,12 @@ def run(request, plan: Plan):
                 out = model(rank_inputs[f"step{j}/input"])
             output_dtype = parity._dtype_name(out[0] if isinstance(out, tuple) else out)
             loss = parity._loss(request, j, out)
-            with counts.phase("backward"):
+            with counts.phase("backward"), ReduceOps() as reduce_ops:
                 loss.backward()
             obs["losses"].append(loss.item())
             obs["micro_batch_comm_counts"].append(counts.by_phase("forward", "backward"))
             obs["micro_batch_comm_bytes"].append(counts.bytes_by_phase("forward", "backward"))
+            obs["micro_batch_reduce_ops"].append(reduce_ops.counts)
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         obs["grad_devices"].append(_one({str(parity._local(g).device) for g in grads}))
         obs["grad_dtypes"].append(_one({parity._dtype_name(g) for g in grads}))

@@ -10,7 +10,8 @@ conformance/fully_shard_frozen_scenarios.cc decode it, then run by fully_shard_p
                             for the last micro-batch; "sync": every backward reduces
   train_parity_hsdp         MLPStack on init_device_mesh("cpu", (replicate, shard));
                             set_requires_all_reduce(False) but for the last micro-batch
-                            (defer_all_reduce), set_gradient_divide_factor(multiple * world)
+                            (defer_all_reduce), set_gradient_divide_factor(multiple * world),
+                            set_force_sum_reduction_for_comms(True) (force_sum_reduction)
   train_parity_cpu_offload  MLPStack with CPUOffloadPolicy(pin_memory)
   ignored_params            MLPStack, fully_shard(ignored_params={the named parameters})
   multi_forward_module      the zoo's state_dict_model, outer(inner(x) + inner(x)),
@@ -61,6 +62,7 @@ def train_parity_hsdp(request) -> Plan:
     plan = _mlp_stack(request)
     plan.hsdp = True
     plan.defer_all_reduce = _true(request, "defer_all_reduce")
+    plan.force_sum_reduction = _true(request, "force_sum_reduction")
     multiple = float(request.param("divide_factor_multiple"))
     if multiple > 0:
         plan.divide_factor = multiple * request.world
