@@ -1,8 +1,8 @@
 // Explicit prefetching (test_fully_shard_comm.py's TestFullyShardPrefetch
-// .test_set_modules_to_forward_prefetch / test_set_modules_to_backward_prefetch), family
-// `fully_shard_comm`: the zoo's Transformer with fully_shard on every block of `layers`, then
-// the root (embeddings, norm and output stay with the root);
-// block i prefetches `num_to_prefetch` blocks `prefetch_stride` apart, the next in forward
+// .test_set_modules_to_forward_prefetch / test_set_modules_to_backward_prefetch, and
+// test_backward_misprefetch below), family `fully_shard_comm`: the zoo's Transformer with
+// fully_shard on every block of `layers`, then the root (embeddings, norm and output stay with the
+// root); block i prefetches `num_to_prefetch` blocks `prefetch_stride` apart, the next in forward
 // (set_modules_to_forward_prefetch: i + s, i + 2s, ...) or the previous in backward
 // (set_modules_to_backward_prefetch: i - s, i - 2s, ...). Each rank trains `steps` steps (sharded
 // parity, conformance/sharded_parity.h: prefetching must not change a value) and reports the FSDP
@@ -20,7 +20,16 @@
 // it and never the one before it. A block reshards after its
 // forward (FORWARD) and in its post-backward (POST_BACKWARD). The root (kept unsharded after
 // forward) unshards nothing in backward and reshards last, in the end-of-backward callback. A world
-// of one rank all-gathers nothing but records the same events. Stateless; thread-safe.
+// of one rank all-gathers nothing but records the same events.
+//
+// backward_misprefetch (TestFullyShardCommunication.test_backward_misprefetch): common_fsdp's
+// MLP with fully_shard on in_proj, out_proj, then the root (which manages no parameter), and
+// in_proj.set_modules_to_backward_prefetch([out_proj]): backward runs out_proj then in_proj, so
+// in_proj's prefetch all-gathers out_proj after its post-backward resharded it, and nothing
+// waits for that all-gather. The rules (ExpectedMisprefetchEvents): the unshard is recorded,
+// the group stays sharded (no copy-out ran, so no reshard follows), the end of backward drops
+// the pending result, and the next forward all-gathers out_proj again; the training matches
+// the oracle at every step. Stateless; thread-safe.
 #include <memory>
 #include <set>
 #include <string>
@@ -87,6 +96,64 @@ nlohmann::json ExpectedEvents(Direction direction, int64_t n_layers, int64_t num
   return events;
 }
 
+// One rank's sharded-parity run of zoo model `kind` under `plan`, with the FSDP unshard and
+// reshard events of every step under kUnshards.
+nlohmann::json RunRecordingEvents(const std::string& kind, const ShardPlan& plan, RankEnv& env) {
+  fsdp2::RecordingObserver observer;
+  nlohmann::json obs;
+  {
+    fsdp2::ScopedObserver install(observer);
+    obs = RunShardedParityRank(kind, plan, env);
+  }
+  obs[kUnshards] = nlohmann::json::array();
+  const std::set<fsdp2::EventKind> kinds = {fsdp2::EventKind::kUnshard, fsdp2::EventKind::kReshard};
+  for (const fsdp2::FsdpEvent& e : observer.events(kinds)) {
+    obs[kUnshards].push_back(
+        EventJson(fsdp2::EventKindName(e.kind), e.fqn, fsdp2::TrainingStateName(e.state)));
+  }
+  return obs;
+}
+
+// The sharded-parity expectations of zoo model `kind` with `step_events` (one step's events)
+// repeated for every step under kUnshards.
+ExpectFn ExpectWithEvents(const std::string& kind,
+                          std::function<nlohmann::json(const CaseParams&)> step_events) {
+  return [kind, step_events](const CaseParams& p, int world) {
+    std::vector<nlohmann::json> expected = ExpectShardedParity(kind, p, world);
+    const nlohmann::json step = step_events(p);
+    for (nlohmann::json& e : expected) {
+      e[kUnshards] = nlohmann::json::array();
+      for (int64_t k = 0; k < p.GetInt("steps"); ++k) {
+        for (const auto& event : step) e[kUnshards].push_back(event);
+      }
+    }
+    return expected;
+  };
+}
+
+// The sharded-parity judge plus every rank's events against `expect`.
+JudgeFn JudgeWithEvents(const std::string& kind, ExpectFn expect) {
+  return [kind, expect](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+                        CheckList& checks) {
+    JudgeShardedParity(kind, p, world, per_rank, checks);
+    const std::vector<nlohmann::json> expected = expect(p, world);
+    for (int r = 0; r < world; ++r) {
+      checks.CheckEqual(RankName(r) + " unshard and reshard events (prefetch order)",
+                        expected[static_cast<size_t>(r)][kUnshards],
+                        RankObservation(per_rank, r, kUnshards));
+    }
+  };
+}
+
+ObservationSchema EventsSchema() {
+  ObservationSchema schema = ShardedParitySchema();
+  schema.Add(ObservationKey::Events(
+      kUnshards,
+      "every step's FSDP unshard and reshard events, in order, as [kind, module FQN "
+      "(root \"\"), training state]"));
+  return schema;
+}
+
 Scenario MakePrefetchScenario(Direction direction) {
   const bool forward = direction == Direction::kForward;
   const std::string api =
@@ -111,11 +178,7 @@ Scenario MakePrefetchScenario(Direction direction) {
                                           {"1", "2"}));
   s.info.params.push_back(
       ParamSpec::SizeInt("prefetch_stride", "distance between a block's targets", 1, 1));
-  ObservationSchema schema = ShardedParitySchema();
-  schema.Add(ObservationKey::Events(
-      kUnshards, "every step's FSDP unshard and reshard events, in order, as [kind, module FQN "
-                 "(root \"\"), training state]"));
-  s.info.observations = schema;
+  s.info.observations = EventsSchema();
   s.info.inputs = ZooInputsDoc(ZooModel::Kind(kKind), "the case's dtype");
   s.info.default_world = 2;
   s.info.min_world = 1;
@@ -127,18 +190,10 @@ Scenario MakePrefetchScenario(Direction direction) {
   // stride 1 both target the block before first).
   s.info.extra_default_runs = {{3, {{"block_kwargs", "True"}}}, {4, {{"prefetch_stride", "2"}}}};
   s.inputs = ParityInputs(kKind);
-  s.expect = [direction](const CaseParams& p, int world) {
-    std::vector<nlohmann::json> expected = ExpectShardedParity(kKind, p, world);
-    const nlohmann::json step = ExpectedEvents(
-        direction, p.GetInt("n_layers"), p.GetInt("num_to_prefetch"), p.GetInt("prefetch_stride"));
-    for (nlohmann::json& e : expected) {
-      e[kUnshards] = nlohmann::json::array();
-      for (int64_t k = 0; k < p.GetInt("steps"); ++k) {
-        for (const auto& event : step) e[kUnshards].push_back(event);
-      }
-    }
-    return expected;
-  };
+  s.expect = ExpectWithEvents(kKind, [direction](const CaseParams& p) {
+    return ExpectedEvents(direction, p.GetInt("n_layers"), p.GetInt("num_to_prefetch"),
+                          p.GetInt("prefetch_stride"));
+  });
   s.run_rank = [direction](RankEnv& env) {
     const int64_t num = env.params.GetInt("num_to_prefetch");
     const int64_t stride = env.params.GetInt("prefetch_stride");
@@ -163,32 +218,68 @@ Scenario MakePrefetchScenario(Direction direction) {
         }
       }
     };
-    fsdp2::RecordingObserver observer;
-    nlohmann::json obs;
-    {
-      fsdp2::ScopedObserver install(observer);
-      obs = RunShardedParityRank(kKind, plan, env);
-    }
-    obs[kUnshards] = nlohmann::json::array();
-    const std::set<fsdp2::EventKind> kinds = {fsdp2::EventKind::kUnshard,
-                                              fsdp2::EventKind::kReshard};
-    for (const fsdp2::FsdpEvent& e : observer.events(kinds)) {
-      obs[kUnshards].push_back(
-          EventJson(fsdp2::EventKindName(e.kind), e.fqn, fsdp2::TrainingStateName(e.state)));
-    }
-    return obs;
+    return RunRecordingEvents(kKind, plan, env);
   };
-  const ExpectFn expect = s.expect;
-  s.judge = [expect](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
-                     CheckList& checks) {
-    JudgeShardedParity(kKind, p, world, per_rank, checks);
-    const std::vector<nlohmann::json> expected = expect(p, world);
-    for (int r = 0; r < world; ++r) {
-      checks.CheckEqual(RankName(r) + " unshard and reshard events (prefetch order)",
-                        expected[static_cast<size_t>(r)][kUnshards],
-                        RankObservation(per_rank, r, kUnshards));
-    }
+  s.judge = JudgeWithEvents(kKind, s.expect);
+  return s;
+}
+
+constexpr const char* kMlp = "mlp";
+
+// One step of backward_misprefetch (file comment): each group unshards and reshards in
+// forward; in backward out_proj unshards, prefetches in_proj (the implicit prefetch), reshards
+// in its post-backward, then in_proj's pre-backward prefetches out_proj (recorded, never waited
+// for: no reshard follows) and in_proj reshards in its post-backward.
+nlohmann::json ExpectedMisprefetchEvents() {
+  nlohmann::json events = nlohmann::json::array();
+  for (const char* fqn : {"in_proj", "out_proj"}) {
+    events.push_back(EventJson("unshard", fqn, "FORWARD"));
+    events.push_back(EventJson("reshard", fqn, "FORWARD"));
+  }
+  events.push_back(EventJson("unshard", "out_proj", "PRE_BACKWARD"));
+  events.push_back(EventJson("unshard", "in_proj", "PRE_BACKWARD"));
+  events.push_back(EventJson("reshard", "out_proj", "POST_BACKWARD"));
+  events.push_back(EventJson("unshard", "out_proj", "PRE_BACKWARD"));
+  events.push_back(EventJson("reshard", "in_proj", "POST_BACKWARD"));
+  return events;
+}
+
+Scenario BackwardMisprefetch() {
+  Scenario s;
+  s.info.name = "fully_shard_comm/backward_misprefetch";
+  s.info.description =
+      "MLP, in_proj set_modules_to_backward_prefetch([out_proj]) (a prefetch after out_proj's "
+      "backward, never waited for): unshard and reshard events of every step, losses, parameter "
+      "and gradient shards vs the oracle";
+  s.info.seed_test =
+      "test_fully_shard_comm.py::TestFullyShardCommunication::test_backward_misprefetch";
+  s.info.params = ParityParams(
+      ZooModel::Kind(kMlp),
+      ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float64"));
+  for (ParamSpec spec : {ParamSpec::SizeInt("steps", "training steps", 3, 1),
+                         ParamSpec::Axis("optim", "optimizer (the test's Adam)", {"adam"})}) {
+    s.info.params = OverrideParam(std::move(s.info.params), std::move(spec));
+  }
+  s.info.observations = EventsSchema();
+  s.info.inputs = ZooInputsDoc(ZooModel::Kind(kMlp), "the case's dtype");
+  s.info.default_world = 2;
+  s.info.min_world = 1;
+  s.info.max_world = 8;
+  s.info.extra_default_runs = {{3, {}}};
+  s.inputs = ParityInputs(kMlp);
+  s.expect = ExpectWithEvents(kMlp, [](const CaseParams&) { return ExpectedMisprefetchEvents(); });
+  s.run_rank = [](RankEnv& env) {
+    const ShardPlan plan = [](const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options) {
+      const nn::ModulePtr in_proj = root->get_submodule("in_proj");
+      const nn::ModulePtr out_proj = root->get_submodule("out_proj");
+      fsdp2::fully_shard(in_proj, options);
+      fsdp2::fully_shard(out_proj, options);
+      fsdp2::fully_shard(root, options);
+      fsdp2::FSDPModule(in_proj).set_modules_to_backward_prefetch({out_proj});
+    };
+    return RunRecordingEvents(kMlp, plan, env);
   };
+  s.judge = JudgeWithEvents(kMlp, s.expect);
   return s;
 }
 
@@ -197,6 +288,7 @@ Scenario MakePrefetchScenario(Direction direction) {
 void RegisterFullyShardPrefetchScenarios(ScenarioRegistry& registry) {
   registry.Add(MakePrefetchScenario(Direction::kForward));
   registry.Add(MakePrefetchScenario(Direction::kBackward));
+  registry.Add(BackwardMisprefetch());
 }
 
 }  // namespace fsdp::conformance

@@ -298,6 +298,12 @@ class KnownDefectsTest(unittest.TestCase):
         self.assertIsNone(self.defect(frozen, "2.15.0"))
         self.assertIsNone(self.defect(
             dict(frozen, params={"reshard_after_forward": "False"}), "2.5.1"))
+        misprefetch = {"name": "fully_shard_comm/backward_misprefetch", "params": {}}
+        self.assertIn("pytorch/pytorch#137348", self.defect(misprefetch, "2.5.1"))
+        self.assertIsNone(self.defect(misprefetch, "2.15.0"))
+        hsdp = {"name": "fully_shard_training/train_parity_hsdp", "params": {"dtype": "float32"}}
+        self.assertIn("Cannot use ReduceOp.AVG with Gloo", self.defect(hsdp, "2.5.1"))
+        self.assertIsNone(self.defect(dict(hsdp, params={"dtype": "float64"}), "2.5.1"))
 
     def test_mixed_precision_blames_gloo_only_where_fsdp2_reduces_with_avg(self):
         def case(name, **params):

@@ -35,6 +35,13 @@ _GLOO_REDUCE_SCATTER_AVG = (
     "pytorch/pytorch Gloo ProcessGroupGloo::_reduce_scatter_base")
 
 
+# Gloo refusing the AVG all-reduce of FSDP2's HSDP: (what is wrong, where it is tracked).
+_GLOO_HSDP_ALL_REDUCE_AVG = (
+    "FSDP2's HSDP all-reduces the gradients over the replicate group with ReduceOp.AVG, which "
+    "Gloo's allreduce refuses (\"Cannot use ReduceOp.AVG with Gloo\"): HSDP cannot train on "
+    "a CPU", "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py "
+    "foreach_reduce")
+
 # PyTorch defects a case can fail by: (scenario globs, the case parameters they need
 # ({name: value or predicate of the value}, {} for any case, or a predicate of all the case's
 # parameters), releases it affects (prefix of torch.__version__), what is wrong, where it is
@@ -47,10 +54,17 @@ KNOWN_DEFECTS = [
      "must have same reduction dim\" (32 features over tp 3 read as 33)",
      "pytorch/pytorch#150336, open"),
     (("parity/tp/*",), {"replicate": lambda v: v not in (None, "1")}, ("2.4", "2.5"),
-     "FSDP2's HSDP all-reduces the gradients over the replicate group with ReduceOp.AVG, which "
-     "Gloo's allreduce refuses (\"Cannot use ReduceOp.AVG with Gloo\"): HSDP cannot train on "
-     "a CPU", "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py "
-     "foreach_reduce"),
+     *_GLOO_HSDP_ALL_REDUCE_AVG),
+    # float64 reduces with SUM and pre/post divides: only float32 HSDP runs are affected.
+    (("fully_shard_training/train_parity_hsdp",), {"dtype": "float32"}, ("2.4", "2.5"),
+     *_GLOO_HSDP_ALL_REDUCE_AVG),
+    (("fully_shard_comm/backward_misprefetch",), {}, ("2.4", "2.5"),
+     "a mistargeted backward prefetch is never cleared: in_proj's explicit backward prefetch "
+     "all-gathers out_proj after its backward, nothing waits on that all-gather, "
+     "FSDPParamGroup.finalize_backward leaves the pending result, and the next forward's "
+     "unshard() reuses it: out_proj computes with the parameters of before the optimizer step "
+     "(the losses and gradients from step 1 on differ from the oracle's)",
+     "pytorch/pytorch#137348, merged in October 2024 after the 2.5 branch; 2.15.0 has the fix"),
     (("fully_shard_comm/set_reduce_scatter_divide_factor",), {}, ("2.4", "2.5"),
      "Gloo's reduce_scatter_tensor ignores the reduce op (it always sums), and these releases' "
      "set_reduce_scatter_divide_factor(factor) is only that op (a PREMUL_SUM(1 / factor) made "

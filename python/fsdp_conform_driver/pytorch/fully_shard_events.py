@@ -12,8 +12,11 @@ test_fully_shard_comm.py's TestFullyShardPrefetch), in PyTorch:
                                        set_is_last_backward(False), then one through lin1's
   set_modules_to_forward_prefetch,     the zoo Transformer trained as sharded parity
   set_modules_to_backward_prefetch     (parity.train_sharded), block i prefetching the next /
-                                       previous num_to_prefetch blocks; the unshard and reshard
-                                       events of every step
+                                       previous num_to_prefetch blocks, prefetch_stride apart;
+                                       the unshard and reshard events of every step
+  backward_misprefetch                 MLP, in_proj, out_proj and the root sharded,
+                                       in_proj.set_modules_to_backward_prefetch([out_proj]),
+                                       trained as sharded parity; the same events
 
 Events are recorded as the seed's patches record them (recorders.FsdpEvents).
 
@@ -169,10 +172,32 @@ def explicit_prefetch(direction: str):
     return run
 
 
+def _misprefetch_plan(model, **kwargs):
+    """test_backward_misprefetch's plan: fully_shard on in_proj, out_proj, then the root, and
+    in_proj.set_modules_to_backward_prefetch([out_proj])."""
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
+
+    fully_shard(model.in_proj, **kwargs)
+    fully_shard(model.out_proj, **kwargs)
+    fully_shard(model, **kwargs)
+    model.in_proj.set_modules_to_backward_prefetch([model.out_proj])
+
+
+def backward_misprefetch(request):
+    """TestFullyShardCommunication.test_backward_misprefetch: sharded parity training of MLP
+    under _misprefetch_plan, every step's unshard and reshard events as fsdp_events."""
+    recorder = FsdpEvents(("unshard", "reshard"))
+    obs, tensors = parity.train_sharded(request, "mlp", _misprefetch_plan,
+                                        train_context=lambda: recorder)
+    obs["fsdp_events"] = recorder.take()
+    return obs, tensors
+
+
 SCENARIOS = {
     "fully_shard_comm/backward_prefetch_forward_backward": forward_backward,
     "fully_shard_comm/backward_prefetch_multi_forward": multi_forward,
     "fully_shard_comm/backward_prefetch_unused_in_backward": unused_in_backward,
     "fully_shard_comm/set_modules_to_forward_prefetch": explicit_prefetch("forward"),
     "fully_shard_comm/set_modules_to_backward_prefetch": explicit_prefetch("backward"),
+    "fully_shard_comm/backward_misprefetch": backward_misprefetch,
 }
