@@ -12,7 +12,8 @@
 // tolerance_used.
 //
 // Observations (rank 0): losses [loss], "param_names", "grad_none" (FQNs whose .grad is
-// None), tensors "output<k>" and "grad/<fqn>", "fd" {fqn: {"index": [...], "value": [...]}}.
+// None), tensors "output<k>", "grad/<fqn>" and "buffer/<fqn>" (floating buffers after the
+// forward), "fd" {fqn: {"index": [...], "value": [...]}}.
 // The loss, outputs and differences are read at the model's finite-difference point
 // (ZooModel::fd_output_module): the Transformer's float64 logits before its final `.float()`.
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include "conformance/observations.h"
 #include "conformance/scenario_registry.h"
 #include "engine/autograd/grad_mode.h"
+#include "engine/core/dtype.h"
 #include "engine/core/error.h"
 
 namespace fsdp::conformance {
@@ -100,6 +102,13 @@ nlohmann::json RunModelRank(const std::string& kind, RankEnv& env) {
   obs["param_names"] = ParameterNamesOf(*module);
   obs["grad_none"] = ParametersWithoutGrad(*module);
   nlohmann::json tensors = MapToJson(GradientsOf(*module), "float64", "grad/");
+  // The floating buffers after the one training-mode forward (BatchNorm's running statistics),
+  // before the finite differences' forwards update them again.
+  for (const auto& [name, buffer] : module->named_buffers()) {
+    if (buffer.defined() && IsFloatingPoint(buffer.dtype())) {
+      tensors["buffer/" + name] = TensorToJson(buffer);
+    }
+  }
 
   // Central differences of the float64 loss at the finite-difference point.
   FdForward fd_forward(model, *module);
@@ -170,6 +179,20 @@ void JudgeModel(const std::string& kind, const CaseParams& p,
     checks.CheckClose(key + " vs oracle", expected.outputs[k].data, actual, oracle_tol);
     oracle_err.Merge(CompareValues(expected.outputs[k].data, actual, oracle_tol));
   }
+
+  // Buffers after the forward (BatchNorm's running statistics in training mode: momentum
+  // toward the batch mean and the unbiased batch variance). The int64 num_batches_tracked is
+  // not reported: it counts forwards, and with a momentum set no value reads it.
+  reference::RefTensorMap expected_buffers;
+  for (const auto& [name, buffer] : expected.buffers) {
+    const std::string counter = "num_batches_tracked";
+    const bool is_counter =
+        name.size() >= counter.size() &&
+        name.compare(name.size() - counter.size(), counter.size(), counter) == 0;
+    if (!is_counter) expected_buffers[name] = buffer;
+  }
+  oracle_err.Merge(CheckMapsClose(checks, "buffers after the forward vs oracle", expected_buffers,
+                                  MapFromObservations(per_rank, 0, "buffer/"), oracle_tol));
 
   std::vector<std::string> expected_none;
   for (const std::string& name : names) {
@@ -266,7 +289,12 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
       .AddTensors({"grad/{fqn}", "float64", "the parameter's shape",
                    "each parameter's .grad after loss.backward() (absent when None)"})
       .AddTensors({"output{k}", "float64", "the model's output k",
-                   "the model's outputs (a tuple output flattened in order)"});
+                   "the model's outputs (a tuple output flattened in order)"})
+      .AddTensors({"buffer/{fqn}", "float64", "the buffer's shape",
+                   "each floating-point buffer of named_buffers() after the forward (BatchNorm's "
+                   "running_mean and running_var, updated in training mode), before any "
+                   "finite-difference forward (none for a model without floating buffers)",
+                   /*required=*/false});
   s.info.inputs = ZooInputsDoc(kind, "float64");
   s.inputs = [name](const CaseParams& p, int world) {
     return ZooModel::Make(name, p).MakeCaseInputs(static_cast<uint64_t>(p.GetInt("seed")),

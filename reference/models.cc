@@ -596,6 +596,125 @@ BackwardResult<T> LinearBatchNormLinear<T>::Backward(const TensorMap<T>& params,
   return r;
 }
 
+// ---- GatedNorms --------------------------------------------------------------------------------
+
+template <typename T>
+std::vector<TensorSpec> GatedNorms<T>::ParameterSpecs() const {
+  const int64_t d = config_.dim;
+  std::vector<TensorSpec> specs = {{"shift", {d}}, {"scale", {1, 1}}};
+  AppendSpecs(&specs, LinearSpecs("net", d, d, false));
+  AppendSpecs(&specs, NormSpecs("bn", d, true));
+  AppendSpecs(&specs, NormSpecs("norm", d, false));
+  return specs;
+}
+
+template <typename T>
+std::vector<TensorSpec> GatedNorms<T>::BufferSpecs() const {
+  return {{"bn.running_mean", {config_.dim}},
+          {"bn.running_var", {config_.dim}},
+          {"bn.num_batches_tracked", {}}};
+}
+
+template <typename T>
+TensorMap<T> GatedNorms<T>::DefaultBuffers() const {
+  TensorMap<T> b;
+  b["bn.running_mean"] = BasicRefTensor<T>({config_.dim});
+  b["bn.running_var"] = Full<T>({config_.dim}, T(1));
+  b["bn.num_batches_tracked"] = BasicRefTensor<T>(Shape{});
+  return b;
+}
+
+namespace {
+
+// The activations of GatedNorms' forward (see the header), kept for its backward.
+template <typename T>
+struct GatedNormsActivations {
+  Matrix<T> a;  // net(x)
+  Matrix<T> c;  // bn(a) - shift
+  Matrix<T> n;  // norm(c)
+  Matrix<T> p;  // softmax(n, -1)
+  T scale = 0;
+  Matrix<T> out;
+};
+
+template <typename T>
+GatedNormsActivations<T> GatedNormsForward(const GatedNormsConfig& config,
+                                           const TensorMap<T>& params, const Matrix<T>& x,
+                                           BatchNormStats<T>* stats) {
+  GatedNormsActivations<T> f;
+  f.a = LinearAt(params, "net", false, x);
+  const Vector<T> w = ToVector(Lookup(params, "bn.weight"));
+  const Vector<T> b = ToVector(Lookup(params, "bn.bias"));
+  const BatchNormOptions opts{config.bn_eps, config.bn_momentum, /*training=*/true};
+  const Shape shape = {static_cast<int64_t>(x.rows()), config.dim};
+  f.c = ToMatrix(BatchNormForward<T>(FromMatrix<T>(f.a, shape), &w, &b, stats, opts));
+  f.c.rowwise() -= ToVector(Lookup(params, "shift")).transpose();
+  f.n = RmsNormAt(params, "norm", f.c, config.rms_eps);
+  f.p = SoftmaxRows<T>(f.n);
+  f.scale = Lookup(params, "scale")[0];
+  f.out = f.scale * f.p.cwiseProduct(f.n);
+  return f;
+}
+
+}  // namespace
+
+template <typename T>
+ForwardResult<T> GatedNorms<T>::Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                        const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  BatchNormStats<T> stats = StatsFromBuffers(buffers, "bn");
+  const GatedNormsActivations<T> f = GatedNormsForward(config_, params, x, &stats);
+  ForwardResult<T> r;
+  r.outputs.push_back(FromMatrix<T>(f.out, WithLastDim(leading, config_.dim)));
+  r.buffers = buffers;
+  StatsToBuffers(stats, "bn", &r.buffers);
+  return r;
+}
+
+template <typename T>
+BackwardResult<T> GatedNorms<T>::Backward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                          const ModelInput<T>& input,
+                                          const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const Shape shape = WithLastDim(leading, config_.dim);
+  const auto dout = OutputGrad(output_grads, 0, 1, shape, Name());
+  BackwardResult<T> r;
+  if (!dout) return r;
+  const BatchNormStats<T> stats = StatsFromBuffers(buffers, "bn");
+  BatchNormStats<T> scratch = stats;  // the forward's update, not reported by Backward
+  const GatedNormsActivations<T> f = GatedNormsForward(config_, params, x, &scratch);
+  // out = scale * (p ⊙ n): d scale = Σ dout ⊙ p ⊙ n over every row and column.
+  AccumulateInto(&r.grads, "scale",
+                 BasicRefTensor<T>({1, 1}, {dout->cwiseProduct(f.p.cwiseProduct(f.n)).sum()}));
+  const Matrix<T> dq = f.scale * *dout;
+  const Matrix<T> dp = dq.cwiseProduct(f.n);
+  // Softmax backward: dn += p ⊙ (dp - rowsum(dp ⊙ p)).
+  const Vector<T> dot = dp.cwiseProduct(f.p).rowwise().sum();
+  Matrix<T> dn = dq.cwiseProduct(f.p);
+  dn += f.p.cwiseProduct(dp.colwise() - dot);
+  const Matrix<T> dc = RmsNormAtBackward(params, "norm", f.c, dn, &r.grads, config_.rms_eps);
+  // c = bn(a) - shift: d shift = -Σ_rows dc.
+  AccumulateInto(&r.grads, "shift",
+                 FromVector<T>(Vector<T>(-dc.colwise().sum().transpose()), {config_.dim}));
+  const Vector<T> w = ToVector(Lookup(params, "bn.weight"));
+  const BatchNormOptions opts{config_.bn_eps, config_.bn_momentum, /*training=*/true};
+  const BatchNormGrads<T> g = BatchNormBackward<T>(FromMatrix<T>(f.a, shape), &w, true, &stats,
+                                                   opts, FromMatrix<T>(dc, shape));
+  AccumulateInto(&r.grads, "bn.weight", FromVector<T>(g.weight, {config_.dim}));
+  AccumulateInto(&r.grads, "bn.bias", FromVector<T>(g.bias, {config_.dim}));
+  const Matrix<T> dx = LinearAtBackward(params, "net", false, x, ToMatrix(g.input), &r.grads);
+  r.input_grad = FromMatrix<T>(dx, input.features->shape);
+  return r;
+}
+
 template class LinearChain<float>;
 template class LinearChain<double>;
 template class Mlp<float>;
@@ -612,5 +731,7 @@ template class SharedSubmoduleModel<float>;
 template class SharedSubmoduleModel<double>;
 template class LinearBatchNormLinear<float>;
 template class LinearBatchNormLinear<double>;
+template class GatedNorms<float>;
+template class GatedNorms<double>;
 
 }  // namespace fsdp::reference

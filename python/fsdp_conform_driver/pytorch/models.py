@@ -17,6 +17,8 @@ state_dict() keys are the keys of the suite's weights files:
   TransformerWithSharedParams
                             torch/testing/_internal/common_fsdp.py (nn.Transformer, output
                             projection tied to the embedding, vocab_bias, long_buffer, bn)
+  GatedNorms                not a seed model: the suite's own (reference/models.h), which
+                            differentiates ops no seed model does
 
 Ownership: plain nn.Modules. Thread-safety: as any nn.Module.
 """
@@ -213,6 +215,27 @@ class TpExtensionModel(nn.Module):
         if self.norm_last:
             return self.mlp_norm(self.mlp(x))
         return self.mlp(self.mlp_norm(x))
+
+
+class GatedNorms(nn.Module):
+    """The suite's op-coverage model (reference::GatedNorms): out = scale * softmax(n, -1) * n
+    with n = norm(bn(net(x)) - shift): a training-mode BatchNorm1d (running statistics
+    updated), a subtracted parameter, nn.RMSNorm with eps=None (finfo(dtype).eps), softmax,
+    and a [1, 1] parameter broadcast along both dims. `shift` and `scale` are registered
+    before the children, though named_parameters() lists the root's own parameters first
+    anyway."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.shift = nn.Parameter(torch.zeros(dim))
+        self.scale = nn.Parameter(torch.ones(1, 1))
+        self.net = nn.Linear(dim, dim, bias=False)
+        self.bn = nn.BatchNorm1d(dim)
+        self.norm = nn.RMSNorm(dim)
+
+    def forward(self, x):
+        n = self.norm(self.bn(self.net(x)) - self.shift)
+        return self.scale * torch.softmax(n, dim=-1) * n
 
 
 class DoubleLinear(nn.Module):
