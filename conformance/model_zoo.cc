@@ -79,16 +79,17 @@ class TpTestModel : public nn::Cloneable<TpTestModel> {
 
 // ---- GatedNorms (the suite's own op-coverage model) ---------------------------------------------
 
-// reference::GatedNorms' engine module: shift [dim] and scale [1, 1] registered on the root
-// before its children (named_parameters lists them first), net = Linear(dim, dim, bias=False),
-// bn = BatchNorm1d(dim), norm = nn.RMSNorm(dim) (eps=None); forward
-// scale * softmax(n, -1) * n with n = norm(bn(net(x)) - shift). Parameter values come from the
-// zoo's weights. Configuration-only; thread-safety as nn::Module.
+// reference::GatedNorms' engine module: shift [dim], scale and gain [1, 1] registered on the
+// root before its children (named_parameters lists them first), net = Linear(dim, dim,
+// bias=False), bn = BatchNorm1d(dim), norm = nn.RMSNorm(dim) (eps=None); forward
+// (scale + gain) * softmax(n, -1) * n with n = norm(bn(net(x)) - shift). Parameter values come from
+// the zoo's weights. Configuration-only; thread-safety as nn::Module.
 class GatedNormsModule : public nn::Cloneable<GatedNormsModule> {
  public:
   explicit GatedNormsModule(int64_t dim) : nn::Cloneable<GatedNormsModule>("GatedNorms") {
     register_parameter("shift", Tensor::zeros({dim}, DType::kFloat32));
     register_parameter("scale", Tensor::ones({1, 1}, DType::kFloat32));
+    register_parameter("gain", Tensor::zeros({1, 1}, DType::kFloat32));
     register_module("net", std::make_shared<nn::Linear>(dim, dim, /*bias=*/false));
     register_module("bn", std::make_shared<nn::BatchNorm1d>(dim));
     register_module("norm", std::make_shared<nn::RMSNorm>(dim));
@@ -96,7 +97,7 @@ class GatedNormsModule : public nn::Cloneable<GatedNormsModule> {
   nn::Value forward(const nn::Value& x) override {
     const Tensor c = call_child("bn", call_child("net", x)).tensor() - parameter("shift");
     const Tensor n = call_child("norm", c).tensor();
-    return parameter("scale") * softmax(n, -1) * n;
+    return (parameter("scale") + parameter("gain")) * softmax(n, -1) * n;
   }
 };
 
@@ -222,9 +223,10 @@ std::vector<ZooModelKind> MakeKinds() {
        {ParamSpec::SizeBool("register_buffers", "Model register_buffers", false), Batch(4)}});
   kinds.push_back(
       {"gated_norms",
-       "the suite's GatedNorms: scale * softmax(n, -1) * n, n = RMSNorm(BatchNorm1d(Linear(x)) - "
-       "shift) (training-mode BatchNorm, nn.RMSNorm eps=None, softmax, a subtracted parameter, "
-       "a [1, 1] scale broadcast along both dims)",
+       "the suite's GatedNorms: (scale + gain) * softmax(n, -1) * n, n = "
+       "RMSNorm(BatchNorm1d(Linear(x)) - shift) (training-mode BatchNorm, nn.RMSNorm eps=None, "
+       "softmax, a subtracted parameter, two [1, 1] parameters summed and broadcast along both "
+       "dims)",
        "none (the suite's own model: no seed model differentiates these ops; each is "
        "torch.nn / torch.nn.functional as documented)",
        {ParamSpec::SizeInt("dim", "features", 8, /*minimum=*/1), Batch(4)}});

@@ -601,7 +601,7 @@ BackwardResult<T> LinearBatchNormLinear<T>::Backward(const TensorMap<T>& params,
 template <typename T>
 std::vector<TensorSpec> GatedNorms<T>::ParameterSpecs() const {
   const int64_t d = config_.dim;
-  std::vector<TensorSpec> specs = {{"shift", {d}}, {"scale", {1, 1}}};
+  std::vector<TensorSpec> specs = {{"shift", {d}}, {"scale", {1, 1}}, {"gain", {1, 1}}};
   AppendSpecs(&specs, LinearSpecs("net", d, d, false));
   AppendSpecs(&specs, NormSpecs("bn", d, true));
   AppendSpecs(&specs, NormSpecs("norm", d, false));
@@ -633,7 +633,7 @@ struct GatedNormsActivations {
   Matrix<T> c;  // bn(a) - shift
   Matrix<T> n;  // norm(c)
   Matrix<T> p;  // softmax(n, -1)
-  T scale = 0;
+  T scale = 0;  // scale + gain
   Matrix<T> out;
 };
 
@@ -651,7 +651,7 @@ GatedNormsActivations<T> GatedNormsForward(const GatedNormsConfig& config,
   f.c.rowwise() -= ToVector(Lookup(params, "shift")).transpose();
   f.n = RmsNormAt(params, "norm", f.c, config.rms_eps);
   f.p = SoftmaxRows<T>(f.n);
-  f.scale = Lookup(params, "scale")[0];
+  f.scale = Lookup(params, "scale")[0] + Lookup(params, "gain")[0];
   f.out = f.scale * f.p.cwiseProduct(f.n);
   return f;
 }
@@ -691,9 +691,11 @@ BackwardResult<T> GatedNorms<T>::Backward(const TensorMap<T>& params, const Tens
   const BatchNormStats<T> stats = StatsFromBuffers(buffers, "bn");
   BatchNormStats<T> scratch = stats;  // the forward's update, not reported by Backward
   const GatedNormsActivations<T> f = GatedNormsForward(config_, params, x, &scratch);
-  // out = scale * (p ⊙ n): d scale = Σ dout ⊙ p ⊙ n over every row and column.
-  AccumulateInto(&r.grads, "scale",
-                 BasicRefTensor<T>({1, 1}, {dout->cwiseProduct(f.p.cwiseProduct(f.n)).sum()}));
+  // out = (scale + gain) * (p ⊙ n): d scale = d gain = Σ dout ⊙ p ⊙ n over every row and
+  // column.
+  const T dscale = dout->cwiseProduct(f.p.cwiseProduct(f.n)).sum();
+  AccumulateInto(&r.grads, "scale", BasicRefTensor<T>({1, 1}, {dscale}));
+  AccumulateInto(&r.grads, "gain", BasicRefTensor<T>({1, 1}, {dscale}));
   const Matrix<T> dq = f.scale * *dout;
   const Matrix<T> dp = dq.cwiseProduct(f.n);
   // Softmax backward: dn += p ⊙ (dp - rowsum(dp ⊙ p)).

@@ -321,11 +321,13 @@ class LinearBatchNormLinear : public Model<T> {
 //                                 the unbiased batch variance, momentum 0.1); `shift` [dim] a
 //                                 parameter subtracted (the subtrahend requires grad)
 //   n = norm(c)                   nn.RMSNorm(dim) with eps=None: finfo(dtype).eps
-//   out = scale * softmax(n, -1) * n
-//                                 `scale` a [1, 1] parameter, broadcast along both dims, so its
-//                                 gradient sums over rows and columns at once
+//   out = (scale + gain) * softmax(n, -1) * n
+//                                 `scale` and `gain` [1, 1] parameters: their sum is broadcast
+//                                 along both dims, so its gradient sums over rows and columns at
+//                                 once, and the sum's backward hands both leaves one gradient
+//                                 tensor (AccumulateGrad must not let them share it)
 // Parameters (named_parameters order, the root's own first): shift [dim], scale [1, 1],
-// net.weight [dim, dim], bn.weight, bn.bias, norm.weight; buffers bn.running_mean,
+// gain [1, 1], net.weight [dim, dim], bn.weight, bn.bias, norm.weight; buffers bn.running_mean,
 // bn.running_var, bn.num_batches_tracked. The forward returns the updated buffers.
 struct GatedNormsConfig {
   int64_t dim = 8;                         // Default: 8.

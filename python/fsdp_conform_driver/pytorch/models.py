@@ -218,24 +218,24 @@ class TpExtensionModel(nn.Module):
 
 
 class GatedNorms(nn.Module):
-    """The suite's op-coverage model (reference::GatedNorms): out = scale * softmax(n, -1) * n
-    with n = norm(bn(net(x)) - shift): a training-mode BatchNorm1d (running statistics
-    updated), a subtracted parameter, nn.RMSNorm with eps=None (finfo(dtype).eps), softmax,
-    and a [1, 1] parameter broadcast along both dims. `shift` and `scale` are registered
-    before the children, though named_parameters() lists the root's own parameters first
-    anyway."""
+    """The suite's op-coverage model (reference::GatedNorms): out = (scale + gain) *
+    softmax(n, -1) * n with n = norm(bn(net(x)) - shift): a training-mode BatchNorm1d (running
+    statistics updated), a subtracted parameter, nn.RMSNorm with eps=None (finfo(dtype).eps),
+    softmax, and two [1, 1] parameters summed (one gradient tensor for both leaves) and
+    broadcast along both dims. named_parameters() lists the root's own parameters first."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.shift = nn.Parameter(torch.zeros(dim))
         self.scale = nn.Parameter(torch.ones(1, 1))
+        self.gain = nn.Parameter(torch.zeros(1, 1))
         self.net = nn.Linear(dim, dim, bias=False)
         self.bn = nn.BatchNorm1d(dim)
         self.norm = nn.RMSNorm(dim)
 
     def forward(self, x):
         n = self.norm(self.bn(self.net(x)) - self.shift)
-        return self.scale * torch.softmax(n, dim=-1) * n
+        return (self.scale + self.gain) * torch.softmax(n, dim=-1) * n
 
 
 class DoubleLinear(nn.Module):

@@ -5,8 +5,9 @@ plus central finite differences of the float64 loss, computed with PyTorch's own
 fd_entries evenly spaced entries of every parameter (step fd_step). The loss, outputs and
 differences are read at the model's finite-difference point: the Transformer's float64 logits
 (its `output` Linear's output, captured by a forward hook) before its final `.float()`; the
-model's own outputs otherwise. The floating-point buffers (BatchNorm's running statistics) are
-reported as they are after that one training-mode forward, before the differences' forwards.
+model's own outputs otherwise. The buffers (BatchNorm's running statistics and counter) are
+reported as they are after that one training-mode forward, as float64 copies (the differences'
+forwards update them in place).
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -58,8 +59,8 @@ def model(kind: str):
                "loss_dtype": str(loss.dtype).replace("torch.", "")}
         tensors = {f"grad/{name}": p.grad.detach().clone()
                    for name, p in named if p.grad is not None}
-        tensors.update({f"buffer/{name}": b.detach().clone()
-                        for name, b in module.named_buffers() if b.is_floating_point()})
+        tensors.update({f"buffer/{name}": b.detach().to(torch.float64, copy=True)
+                        for name, b in module.named_buffers()})
 
         captured = {}
         fd_module = _FD_OUTPUT_MODULE.get(kind)
