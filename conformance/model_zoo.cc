@@ -101,6 +101,32 @@ class GatedNormsModule : public nn::Cloneable<GatedNormsModule> {
   }
 };
 
+// ---- OpMix (the suite's own op-coverage model) -----------------------------------------------
+
+// reference::OpMix's engine module: log_temperature [dim / 2] on the root, proj =
+// Linear(dim, dim, bias=False); forward c * log(1 + s * s) - c.mean() with
+// c = cat([h[:, :k] / exp(log_temperature), sqrt(h[:, k:] * h[:, k:] + 1)], 1),
+// s = c.sum(1, keepdim=True), h = proj(x). Configuration-only; thread-safety as nn::Module.
+class OpMixModule : public nn::Cloneable<OpMixModule> {
+ public:
+  explicit OpMixModule(int64_t dim) : nn::Cloneable<OpMixModule>("OpMix"), dim_(dim) {
+    register_parameter("log_temperature", Tensor::zeros({dim / 2}, DType::kFloat32));
+    register_module("proj", std::make_shared<nn::Linear>(dim, dim, /*bias=*/false));
+  }
+  nn::Value forward(const nn::Value& x) override {
+    const int64_t k = dim_ / 2;
+    const Tensor h = call_child("proj", x).tensor();
+    const Tensor b = narrow(h, 1, k, dim_ - k);
+    const Tensor c =
+        cat({narrow(h, 1, 0, k) / exp(parameter("log_temperature")), sqrt(b * b + 1.0)}, 1);
+    const Tensor s = sum(c, {1}, /*keepdim=*/true);
+    return c * log(s * s + 1.0) - mean(c);
+  }
+
+ private:
+  int64_t dim_;
+};
+
 // ---- Kinds -------------------------------------------------------------------------------------
 
 nn::ContainerType ParseContainerType(const std::string& name) {
@@ -230,6 +256,14 @@ std::vector<ZooModelKind> MakeKinds() {
        "none (the suite's own model: no seed model differentiates these ops; each is "
        "torch.nn / torch.nn.functional as documented)",
        {ParamSpec::SizeInt("dim", "features", 8, /*minimum=*/1), Batch(4)}});
+  kinds.push_back(
+      {"op_mix",
+       "the suite's OpMix: c * log(1 + s * s) - c.mean(), c = cat([h[:, :k] / exp(t), "
+       "sqrt(h[:, k:] ** 2 + 1)], 1), s = c.sum(1, keepdim=True), h = Linear(x) (division, exp, "
+       "log, sqrt, slices, cat, sum over a dim, mean)",
+       "none (the suite's own model: no seed model differentiates these ops; each is torch's "
+       "as documented)",
+       {ParamSpec::SizeInt("dim", "features (even)", 6, /*minimum=*/2), Batch(4)}});
   return kinds;
 }
 
@@ -726,6 +760,13 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
                                          : std::numeric_limits<double>::epsilon();
     m.oracle_ = std::make_shared<reference::GatedNorms<double>>(c);
     m.build_engine_ = [dim = c.dim] { return std::make_shared<GatedNormsModule>(dim); };
+    m.input_row_shape_ = {c.dim};
+  } else if (kind_name == "op_mix") {
+    reference::OpMixConfig c;
+    c.dim = p.GetInt("dim");
+    FSDP_CHECK(c.dim % 2 == 0, "zoo op_mix: dim must be even, got ", c.dim);
+    m.oracle_ = std::make_shared<reference::OpMix<double>>(c);
+    m.build_engine_ = [dim = c.dim] { return std::make_shared<OpMixModule>(dim); };
     m.input_row_shape_ = {c.dim};
   } else {
     FSDP_THROW(ErrorCode::kInternal, "zoo model ", kind_name, " has no construction");

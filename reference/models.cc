@@ -717,6 +717,98 @@ BackwardResult<T> GatedNorms<T>::Backward(const TensorMap<T>& params, const Tens
   return r;
 }
 
+// ---- OpMix -------------------------------------------------------------------------------------
+
+template <typename T>
+std::vector<TensorSpec> OpMix<T>::ParameterSpecs() const {
+  if (config_.dim < 2 || config_.dim % 2 != 0) {
+    throw std::invalid_argument("OpMix: dim must be even and positive, got " +
+                                std::to_string(config_.dim));
+  }
+  std::vector<TensorSpec> specs = {{"log_temperature", {config_.dim / 2}}};
+  AppendSpecs(&specs, LinearSpecs("proj", config_.dim, config_.dim, false));
+  return specs;
+}
+
+namespace {
+
+// The activations of OpMix's forward (see the header), kept for its backward.
+template <typename T>
+struct OpMixActivations {
+  Matrix<T> h;    // proj(x)
+  Vector<T> e;    // exp(log_temperature)
+  Matrix<T> c;    // cat([u, v], 1)
+  Vector<T> s;    // c.sum(1)
+  Vector<T> l;    // log(1 + s * s)
+  Matrix<T> out;  // c * l - c.mean()
+};
+
+template <typename T>
+OpMixActivations<T> OpMixForward(int64_t dim, const TensorMap<T>& params, const Matrix<T>& x) {
+  const int64_t k = dim / 2;
+  OpMixActivations<T> f;
+  f.h = LinearAt(params, "proj", false, x);
+  f.e = ToVector(Lookup(params, "log_temperature")).array().exp();
+  f.c.resize(f.h.rows(), dim);
+  for (int64_t j = 0; j < k; ++j) f.c.col(j) = f.h.col(j) / f.e(j);
+  for (int64_t j = k; j < dim; ++j) f.c.col(j) = (f.h.col(j).array().square() + T(1)).sqrt();
+  f.s = f.c.rowwise().sum();
+  f.l = (f.s.array().square() + T(1)).log();
+  f.out = f.c.array().colwise() * f.l.array();
+  f.out.array() -= f.c.mean();
+  return f;
+}
+
+}  // namespace
+
+template <typename T>
+ForwardResult<T> OpMix<T>::Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                   const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const OpMixActivations<T> f = OpMixForward(config_.dim, params, x);
+  return {{FromMatrix<T>(f.out, WithLastDim(leading, config_.dim))}, buffers};
+}
+
+template <typename T>
+BackwardResult<T> OpMix<T>::Backward(const TensorMap<T>& params, const TensorMap<T>& /*buffers*/,
+                                     const ModelInput<T>& input,
+                                     const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const auto dout = OutputGrad(output_grads, 0, 1, WithLastDim(leading, config_.dim), Name());
+  BackwardResult<T> r;
+  if (!dout) return r;
+  const int64_t dim = config_.dim, k = dim / 2;
+  const OpMixActivations<T> f = OpMixForward(dim, params, x);
+  const Matrix<T>& g = *dout;
+  // out = c * l - mean(c): dc = g * l + ds (the same for every column of a row) - Σg / numel.
+  const Vector<T> dl = g.cwiseProduct(f.c).rowwise().sum();
+  const Vector<T> ds = (dl.array() * T(2) * f.s.array() / (f.s.array().square() + T(1))).matrix();
+  Matrix<T> dc = g.array().colwise() * f.l.array();
+  dc.colwise() += ds;
+  dc.array() -= g.sum() / static_cast<T>(dc.size());
+  // u = a / e: da = du / e, d log_temperature = de * e = -Σ_rows du * u.
+  Matrix<T> dh(dc.rows(), dim);
+  Vector<T> dt(k);
+  for (int64_t j = 0; j < k; ++j) {
+    dh.col(j) = dc.col(j) / f.e(j);
+    dt(j) = -dc.col(j).dot(f.c.col(j));
+  }
+  // v = sqrt(b² + 1): db = dv * b / v.
+  for (int64_t j = k; j < dim; ++j) {
+    dh.col(j) = dc.col(j).cwiseProduct(f.h.col(j)).cwiseQuotient(f.c.col(j));
+  }
+  AccumulateInto(&r.grads, "log_temperature", FromVector<T>(dt, {k}));
+  const Matrix<T> dx = LinearAtBackward(params, "proj", false, x, dh, &r.grads);
+  r.input_grad = FromMatrix<T>(dx, input.features->shape);
+  return r;
+}
+
 template class LinearChain<float>;
 template class LinearChain<double>;
 template class Mlp<float>;
@@ -735,5 +827,7 @@ template class LinearBatchNormLinear<float>;
 template class LinearBatchNormLinear<double>;
 template class GatedNorms<float>;
 template class GatedNorms<double>;
+template class OpMix<float>;
+template class OpMix<double>;
 
 }  // namespace fsdp::reference

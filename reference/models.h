@@ -357,4 +357,37 @@ class GatedNorms : public Model<T> {
   GatedNormsConfig config_;
 };
 
+// ---- OpMix (the suite's own op-coverage model)
+// ---------------------------------------------------
+
+// Not a seed model: elementwise and reduction ops no other zoo model differentiates. With
+// h = proj(x) (Linear(dim, dim, bias=False), x [N, dim], dim even, k = dim / 2):
+//   u = h[:, :k] / exp(log_temperature)    division with both operands requiring grad, exp
+//   v = sqrt(h[:, k:] * h[:, k:] + 1)       slices, sqrt
+//   c = cat([u, v], 1)
+//   out = c * log(1 + s * s) - c.mean()     s = c.sum(1, keepdim=True); log, sum over a dim,
+//                                           the mean of every element
+// Parameters (named_parameters order): log_temperature [k], proj.weight [dim, dim].
+struct OpMixConfig {
+  int64_t dim = 6;  // Default: 6 (must be even).
+};
+// The model described above. Holds only its config; immutable, so const calls may run
+// concurrently (see Model).
+template <typename T>
+class OpMix : public Model<T> {
+ public:
+  explicit OpMix(const OpMixConfig& config = {}) : config_(config) {}
+
+  std::string Name() const override { return "OpMix"; }
+  std::vector<TensorSpec> ParameterSpecs() const override;
+  ForwardResult<T> Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                           const ModelInput<T>& input) const override;
+  BackwardResult<T> Backward(
+      const TensorMap<T>& params, const TensorMap<T>& buffers, const ModelInput<T>& input,
+      const std::vector<std::optional<BasicRefTensor<T>>>& output_grads) const override;
+
+ private:
+  OpMixConfig config_;
+};
+
 }  // namespace fsdp::reference

@@ -213,6 +213,12 @@ TEST(ModelGradientTest, GatedNorms) {
   EXPECT_EQ(f.buffers.at("bn.num_batches_tracked")[0], 1.0);
 }
 
+TEST(ModelGradientTest, OpMix) {
+  // Division by exp, slices, sqrt, cat, log, a sum over a dim and the mean of every element.
+  const OpMix<double> m;
+  ExpectModelGradientsMatch(m, Params(m, 32), {}, Features({5, 6}, 33));
+}
+
 TEST(ModelGradientTest, LinearBatchNormLinearTrainingAndEval) {
   for (bool training : {true, false}) {
     LinearBatchNormLinearConfig c;

@@ -17,8 +17,8 @@ state_dict() keys are the keys of the suite's weights files:
   TransformerWithSharedParams
                             torch/testing/_internal/common_fsdp.py (nn.Transformer, output
                             projection tied to the embedding, vocab_bias, long_buffer, bn)
-  GatedNorms                not a seed model: the suite's own (reference/models.h), which
-                            differentiates ops no seed model does
+  GatedNorms, OpMix         not seed models: the suite's own (reference/models.h), which
+                            differentiate ops no seed model does
 
 Ownership: plain nn.Modules. Thread-safety: as any nn.Module.
 """
@@ -236,6 +236,27 @@ class GatedNorms(nn.Module):
     def forward(self, x):
         n = self.norm(self.bn(self.net(x)) - self.shift)
         return (self.scale + self.gain) * torch.softmax(n, dim=-1) * n
+
+
+class OpMix(nn.Module):
+    """The suite's op-coverage model (reference::OpMix): c * log(1 + s * s) - c.mean() with
+    c = cat([h[:, :k] / exp(log_temperature), sqrt(h[:, k:] ** 2 + 1)], 1),
+    s = c.sum(1, keepdim=True), h = proj(x): division with both operands requiring grad, exp,
+    log, sqrt, slices, cat, a sum over a dim and the mean of every element."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.log_temperature = nn.Parameter(torch.zeros(dim // 2))
+        self.proj = nn.Linear(dim, dim, bias=False)
+        self.k = dim // 2
+
+    def forward(self, x):
+        h = self.proj(x)
+        b = h[:, self.k:]
+        c = torch.cat([h[:, :self.k] / torch.exp(self.log_temperature),
+                       torch.sqrt(b * b + 1)], 1)
+        s = c.sum(1, keepdim=True)
+        return c * torch.log(s * s + 1) - c.mean()
 
 
 class DoubleLinear(nn.Module):

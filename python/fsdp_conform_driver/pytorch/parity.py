@@ -30,7 +30,8 @@ def _build(kind: str, request, dtype_name=None):
 
     from fsdp_conform_driver.pytorch.models import (MLP, DoubleLinear, GatedNorms, MLPModule,
                                                     MLPStack, ModelArgs, NontensorActivations,
-                                                    SimpleModel, TpExtensionModel, Transformer)
+                                                    OpMix, SimpleModel, TpExtensionModel,
+                                                    Transformer)
 
     dtype = getattr(torch, _DTYPES[dtype_name or request.params.get("dtype", "float32")])
     if kind == "mlp":
@@ -63,6 +64,8 @@ def _build(kind: str, request, dtype_name=None):
         model = SimpleModel()
     elif kind == "gated_norms":
         model = GatedNorms(request.int_param("dim"))
+    elif kind == "op_mix":
+        model = OpMix(request.int_param("dim"))
     elif kind == "state_dict_model":
         from fsdp_conform_driver.pytorch.fsdp_state_dict_models import Model
 
