@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -74,6 +75,56 @@ class TpTestModel : public nn::Cloneable<TpTestModel> {
 
  private:
   bool norm_last_;
+};
+
+// ---- GatedNorms (the suite's own op-coverage model) ---------------------------------------------
+
+// reference::GatedNorms' engine module: shift [dim], scale and gain [1, 1] registered on the
+// root before its children (named_parameters lists them first), net = Linear(dim, dim,
+// bias=False), bn = BatchNorm1d(dim), norm = nn.RMSNorm(dim) (eps=None); forward
+// (scale + gain) * softmax(n, -1) * n with n = norm(bn(net(x)) - shift). Parameter values come from
+// the zoo's weights. Configuration-only; thread-safety as nn::Module.
+class GatedNormsModule : public nn::Cloneable<GatedNormsModule> {
+ public:
+  explicit GatedNormsModule(int64_t dim) : nn::Cloneable<GatedNormsModule>("GatedNorms") {
+    register_parameter("shift", Tensor::zeros({dim}, DType::kFloat32));
+    register_parameter("scale", Tensor::ones({1, 1}, DType::kFloat32));
+    register_parameter("gain", Tensor::zeros({1, 1}, DType::kFloat32));
+    register_module("net", std::make_shared<nn::Linear>(dim, dim, /*bias=*/false));
+    register_module("bn", std::make_shared<nn::BatchNorm1d>(dim));
+    register_module("norm", std::make_shared<nn::RMSNorm>(dim));
+  }
+  nn::Value forward(const nn::Value& x) override {
+    const Tensor c = call_child("bn", call_child("net", x)).tensor() - parameter("shift");
+    const Tensor n = call_child("norm", c).tensor();
+    return (parameter("scale") + parameter("gain")) * softmax(n, -1) * n;
+  }
+};
+
+// ---- OpMix (the suite's own op-coverage model) -----------------------------------------------
+
+// reference::OpMix's engine module: log_temperature [dim / 2] on the root, proj =
+// Linear(dim, dim, bias=False); forward c * log(1 + s * s) - c.mean() with
+// c = cat([h[:, :k] / exp(log_temperature), sqrt(h[:, k:] * h[:, k:] + 1)], 1),
+// s = c.sum(1, keepdim=True), h = proj(x). Configuration-only; thread-safety as nn::Module.
+class OpMixModule : public nn::Cloneable<OpMixModule> {
+ public:
+  explicit OpMixModule(int64_t dim) : nn::Cloneable<OpMixModule>("OpMix"), dim_(dim) {
+    register_parameter("log_temperature", Tensor::zeros({dim / 2}, DType::kFloat32));
+    register_module("proj", std::make_shared<nn::Linear>(dim, dim, /*bias=*/false));
+  }
+  nn::Value forward(const nn::Value& x) override {
+    const int64_t k = dim_ / 2;
+    const Tensor h = call_child("proj", x).tensor();
+    const Tensor b = narrow(h, 1, k, dim_ - k);
+    const Tensor c =
+        cat({narrow(h, 1, 0, k) / exp(parameter("log_temperature")), sqrt(b * b + 1.0)}, 1);
+    const Tensor s = sum(c, {1}, /*keepdim=*/true);
+    return c * log(s * s + 1.0) - mean(c);
+  }
+
+ private:
+  int64_t dim_;
 };
 
 // ---- Kinds -------------------------------------------------------------------------------------
@@ -196,6 +247,23 @@ std::vector<ZooModelKind> MakeKinds() {
        "the state-dict seed's Model: outer(inner(x) + inner(x))",
        "test_fsdp_state_dict.py::TestFSDPStateDict::test_local_state_dict_reshard",
        {ParamSpec::SizeBool("register_buffers", "Model register_buffers", false), Batch(4)}});
+  kinds.push_back(
+      {"gated_norms",
+       "the suite's GatedNorms: (scale + gain) * softmax(n, -1) * n, n = "
+       "RMSNorm(BatchNorm1d(Linear(x)) - shift) (training-mode BatchNorm, nn.RMSNorm eps=None, "
+       "softmax, a subtracted parameter, two [1, 1] parameters summed and broadcast along both "
+       "dims)",
+       "none (the suite's own model: no seed model differentiates these ops; each is "
+       "torch.nn / torch.nn.functional as documented)",
+       {ParamSpec::SizeInt("dim", "features", 8, /*minimum=*/1), Batch(4)}});
+  kinds.push_back(
+      {"op_mix",
+       "the suite's OpMix: c * log(1 + s * s) - c.mean(), c = cat([h[:, :k] / exp(t), "
+       "sqrt(h[:, k:] ** 2 + 1)], 1), s = c.sum(1, keepdim=True), h = Linear(x) (division, exp, "
+       "log, sqrt, slices, cat, sum over a dim, mean)",
+       "none (the suite's own model: no seed model differentiates these ops; each is torch's "
+       "as documented)",
+       {ParamSpec::SizeInt("dim", "features (even)", 6, /*minimum=*/2), Batch(4)}});
   return kinds;
 }
 
@@ -682,6 +750,24 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
     m.oracle_ = std::make_shared<reference::StateDictModel<double>>(c);
     m.build_engine_ = [c] { return std::make_shared<nn::StateDictModel>(c.register_buffers); };
     m.input_row_shape_ = {4};
+  } else if (kind_name == "gated_norms") {
+    reference::GatedNormsConfig c;
+    c.dim = p.GetInt("dim");
+    // nn.RMSNorm(eps=None) takes torch.finfo(x.dtype).eps of the dtype it computes in.
+    const DType dtype =
+        params.has("dtype") ? ParseDType(params.GetString("dtype")) : DType::kFloat64;
+    c.rms_eps = dtype == DType::kFloat32 ? std::numeric_limits<float>::epsilon()
+                                         : std::numeric_limits<double>::epsilon();
+    m.oracle_ = std::make_shared<reference::GatedNorms<double>>(c);
+    m.build_engine_ = [dim = c.dim] { return std::make_shared<GatedNormsModule>(dim); };
+    m.input_row_shape_ = {c.dim};
+  } else if (kind_name == "op_mix") {
+    reference::OpMixConfig c;
+    c.dim = p.GetInt("dim");
+    FSDP_CHECK(c.dim % 2 == 0, "zoo op_mix: dim must be even, got ", c.dim);
+    m.oracle_ = std::make_shared<reference::OpMix<double>>(c);
+    m.build_engine_ = [dim = c.dim] { return std::make_shared<OpMixModule>(dim); };
+    m.input_row_shape_ = {c.dim};
   } else {
     FSDP_THROW(ErrorCode::kInternal, "zoo model ", kind_name, " has no construction");
   }

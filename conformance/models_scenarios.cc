@@ -12,7 +12,8 @@
 // tolerance_used.
 //
 // Observations (rank 0): losses [loss], "param_names", "grad_none" (FQNs whose .grad is
-// None), tensors "output<k>" and "grad/<fqn>", "fd" {fqn: {"index": [...], "value": [...]}}.
+// None), tensors "output<k>", "grad/<fqn>" and "buffer/<fqn>" (buffers after the forward, as
+// float64), "fd" {fqn: {"index": [...], "value": [...]}}.
 // The loss, outputs and differences are read at the model's finite-difference point
 // (ZooModel::fd_output_module): the Transformer's float64 logits before its final `.float()`.
 #include <algorithm>
@@ -26,6 +27,7 @@
 #include "conformance/observations.h"
 #include "conformance/scenario_registry.h"
 #include "engine/autograd/grad_mode.h"
+#include "engine/core/dtype.h"
 #include "engine/core/error.h"
 
 namespace fsdp::conformance {
@@ -100,6 +102,11 @@ nlohmann::json RunModelRank(const std::string& kind, RankEnv& env) {
   obs["param_names"] = ParameterNamesOf(*module);
   obs["grad_none"] = ParametersWithoutGrad(*module);
   nlohmann::json tensors = MapToJson(GradientsOf(*module), "float64", "grad/");
+  // The buffers after the one training-mode forward (BatchNorm's running statistics and
+  // counter), before the finite differences' forwards update them again; as float64 values.
+  for (const auto& [name, buffer] : module->named_buffers()) {
+    if (buffer.defined()) tensors["buffer/" + name] = TensorToJson(buffer.to(DType::kFloat64));
+  }
 
   // Central differences of the float64 loss at the finite-difference point.
   FdForward fd_forward(model, *module);
@@ -170,6 +177,11 @@ void JudgeModel(const std::string& kind, const CaseParams& p,
     checks.CheckClose(key + " vs oracle", expected.outputs[k].data, actual, oracle_tol);
     oracle_err.Merge(CompareValues(expected.outputs[k].data, actual, oracle_tol));
   }
+
+  // Buffers after the forward (BatchNorm in training mode: running statistics moved by the
+  // momentum toward the batch mean and the unbiased batch variance, num_batches_tracked + 1).
+  oracle_err.Merge(CheckMapsClose(checks, "buffers after the forward vs oracle", expected.buffers,
+                                  MapFromObservations(per_rank, 0, "buffer/"), oracle_tol));
 
   std::vector<std::string> expected_none;
   for (const std::string& name : names) {
@@ -266,7 +278,13 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
       .AddTensors({"grad/{fqn}", "float64", "the parameter's shape",
                    "each parameter's .grad after loss.backward() (absent when None)"})
       .AddTensors({"output{k}", "float64", "the model's output k",
-                   "the model's outputs (a tuple output flattened in order)"});
+                   "the model's outputs (a tuple output flattened in order)"})
+      .AddTensors({"buffer/{fqn}", "float64", "the buffer's shape",
+                   "each buffer of named_buffers() after the forward (BatchNorm's running_mean, "
+                   "running_var and num_batches_tracked, updated in training mode), before any "
+                   "finite-difference forward, as float64 values (none for a model without "
+                   "buffers)",
+                   /*required=*/false});
   s.info.inputs = ZooInputsDoc(kind, "float64");
   s.inputs = [name](const CaseParams& p, int world) {
     return ZooModel::Make(name, p).MakeCaseInputs(static_cast<uint64_t>(p.GetInt("seed")),

@@ -596,6 +596,219 @@ BackwardResult<T> LinearBatchNormLinear<T>::Backward(const TensorMap<T>& params,
   return r;
 }
 
+// ---- GatedNorms --------------------------------------------------------------------------------
+
+template <typename T>
+std::vector<TensorSpec> GatedNorms<T>::ParameterSpecs() const {
+  const int64_t d = config_.dim;
+  std::vector<TensorSpec> specs = {{"shift", {d}}, {"scale", {1, 1}}, {"gain", {1, 1}}};
+  AppendSpecs(&specs, LinearSpecs("net", d, d, false));
+  AppendSpecs(&specs, NormSpecs("bn", d, true));
+  AppendSpecs(&specs, NormSpecs("norm", d, false));
+  return specs;
+}
+
+template <typename T>
+std::vector<TensorSpec> GatedNorms<T>::BufferSpecs() const {
+  return {{"bn.running_mean", {config_.dim}},
+          {"bn.running_var", {config_.dim}},
+          {"bn.num_batches_tracked", {}}};
+}
+
+template <typename T>
+TensorMap<T> GatedNorms<T>::DefaultBuffers() const {
+  TensorMap<T> b;
+  b["bn.running_mean"] = BasicRefTensor<T>({config_.dim});
+  b["bn.running_var"] = Full<T>({config_.dim}, T(1));
+  b["bn.num_batches_tracked"] = BasicRefTensor<T>(Shape{});
+  return b;
+}
+
+namespace {
+
+// The activations of GatedNorms' forward (see the header), kept for its backward.
+template <typename T>
+struct GatedNormsActivations {
+  Matrix<T> a;  // net(x)
+  Matrix<T> c;  // bn(a) - shift
+  Matrix<T> n;  // norm(c)
+  Matrix<T> p;  // softmax(n, -1)
+  T scale = 0;  // scale + gain
+  Matrix<T> out;
+};
+
+template <typename T>
+GatedNormsActivations<T> GatedNormsForward(const GatedNormsConfig& config,
+                                           const TensorMap<T>& params, const Matrix<T>& x,
+                                           BatchNormStats<T>* stats) {
+  GatedNormsActivations<T> f;
+  f.a = LinearAt(params, "net", false, x);
+  const Vector<T> w = ToVector(Lookup(params, "bn.weight"));
+  const Vector<T> b = ToVector(Lookup(params, "bn.bias"));
+  const BatchNormOptions opts{config.bn_eps, config.bn_momentum, /*training=*/true};
+  const Shape shape = {static_cast<int64_t>(x.rows()), config.dim};
+  f.c = ToMatrix(BatchNormForward<T>(FromMatrix<T>(f.a, shape), &w, &b, stats, opts));
+  f.c.rowwise() -= ToVector(Lookup(params, "shift")).transpose();
+  f.n = RmsNormAt(params, "norm", f.c, config.rms_eps);
+  f.p = SoftmaxRows<T>(f.n);
+  f.scale = Lookup(params, "scale")[0] + Lookup(params, "gain")[0];
+  f.out = f.scale * f.p.cwiseProduct(f.n);
+  return f;
+}
+
+}  // namespace
+
+template <typename T>
+ForwardResult<T> GatedNorms<T>::Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                        const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  BatchNormStats<T> stats = StatsFromBuffers(buffers, "bn");
+  const GatedNormsActivations<T> f = GatedNormsForward(config_, params, x, &stats);
+  ForwardResult<T> r;
+  r.outputs.push_back(FromMatrix<T>(f.out, WithLastDim(leading, config_.dim)));
+  r.buffers = buffers;
+  StatsToBuffers(stats, "bn", &r.buffers);
+  return r;
+}
+
+template <typename T>
+BackwardResult<T> GatedNorms<T>::Backward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                          const ModelInput<T>& input,
+                                          const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const Shape shape = WithLastDim(leading, config_.dim);
+  const auto dout = OutputGrad(output_grads, 0, 1, shape, Name());
+  BackwardResult<T> r;
+  if (!dout) return r;
+  const BatchNormStats<T> stats = StatsFromBuffers(buffers, "bn");
+  BatchNormStats<T> scratch = stats;  // the forward's update, not reported by Backward
+  const GatedNormsActivations<T> f = GatedNormsForward(config_, params, x, &scratch);
+  // out = (scale + gain) * (p ⊙ n): d scale = d gain = Σ dout ⊙ p ⊙ n over every row and
+  // column.
+  const T dscale = dout->cwiseProduct(f.p.cwiseProduct(f.n)).sum();
+  AccumulateInto(&r.grads, "scale", BasicRefTensor<T>({1, 1}, {dscale}));
+  AccumulateInto(&r.grads, "gain", BasicRefTensor<T>({1, 1}, {dscale}));
+  const Matrix<T> dq = f.scale * *dout;
+  const Matrix<T> dp = dq.cwiseProduct(f.n);
+  // Softmax backward: dn += p ⊙ (dp - rowsum(dp ⊙ p)).
+  const Vector<T> dot = dp.cwiseProduct(f.p).rowwise().sum();
+  Matrix<T> dn = dq.cwiseProduct(f.p);
+  dn += f.p.cwiseProduct(dp.colwise() - dot);
+  const Matrix<T> dc = RmsNormAtBackward(params, "norm", f.c, dn, &r.grads, config_.rms_eps);
+  // c = bn(a) - shift: d shift = -Σ_rows dc.
+  AccumulateInto(&r.grads, "shift",
+                 FromVector<T>(Vector<T>(-dc.colwise().sum().transpose()), {config_.dim}));
+  const Vector<T> w = ToVector(Lookup(params, "bn.weight"));
+  const BatchNormOptions opts{config_.bn_eps, config_.bn_momentum, /*training=*/true};
+  const BatchNormGrads<T> g = BatchNormBackward<T>(FromMatrix<T>(f.a, shape), &w, true, &stats,
+                                                   opts, FromMatrix<T>(dc, shape));
+  AccumulateInto(&r.grads, "bn.weight", FromVector<T>(g.weight, {config_.dim}));
+  AccumulateInto(&r.grads, "bn.bias", FromVector<T>(g.bias, {config_.dim}));
+  const Matrix<T> dx = LinearAtBackward(params, "net", false, x, ToMatrix(g.input), &r.grads);
+  r.input_grad = FromMatrix<T>(dx, input.features->shape);
+  return r;
+}
+
+// ---- OpMix -------------------------------------------------------------------------------------
+
+template <typename T>
+std::vector<TensorSpec> OpMix<T>::ParameterSpecs() const {
+  if (config_.dim < 2 || config_.dim % 2 != 0) {
+    throw std::invalid_argument("OpMix: dim must be even and positive, got " +
+                                std::to_string(config_.dim));
+  }
+  std::vector<TensorSpec> specs = {{"log_temperature", {config_.dim / 2}}};
+  AppendSpecs(&specs, LinearSpecs("proj", config_.dim, config_.dim, false));
+  return specs;
+}
+
+namespace {
+
+// The activations of OpMix's forward (see the header), kept for its backward.
+template <typename T>
+struct OpMixActivations {
+  Matrix<T> h;    // proj(x)
+  Vector<T> e;    // exp(log_temperature)
+  Matrix<T> c;    // cat([u, v], 1)
+  Vector<T> s;    // c.sum(1)
+  Vector<T> l;    // log(1 + s * s)
+  Matrix<T> out;  // c * l - c.mean()
+};
+
+template <typename T>
+OpMixActivations<T> OpMixForward(int64_t dim, const TensorMap<T>& params, const Matrix<T>& x) {
+  const int64_t k = dim / 2;
+  OpMixActivations<T> f;
+  f.h = LinearAt(params, "proj", false, x);
+  f.e = ToVector(Lookup(params, "log_temperature")).array().exp();
+  f.c.resize(f.h.rows(), dim);
+  for (int64_t j = 0; j < k; ++j) f.c.col(j) = f.h.col(j) / f.e(j);
+  for (int64_t j = k; j < dim; ++j) f.c.col(j) = (f.h.col(j).array().square() + T(1)).sqrt();
+  f.s = f.c.rowwise().sum();
+  f.l = (f.s.array().square() + T(1)).log();
+  f.out = f.c.array().colwise() * f.l.array();
+  f.out.array() -= f.c.mean();
+  return f;
+}
+
+}  // namespace
+
+template <typename T>
+ForwardResult<T> OpMix<T>::Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                   const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const OpMixActivations<T> f = OpMixForward(config_.dim, params, x);
+  return {{FromMatrix<T>(f.out, WithLastDim(leading, config_.dim))}, buffers};
+}
+
+template <typename T>
+BackwardResult<T> OpMix<T>::Backward(const TensorMap<T>& params, const TensorMap<T>& /*buffers*/,
+                                     const ModelInput<T>& input,
+                                     const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const auto dout = OutputGrad(output_grads, 0, 1, WithLastDim(leading, config_.dim), Name());
+  BackwardResult<T> r;
+  if (!dout) return r;
+  const int64_t dim = config_.dim, k = dim / 2;
+  const OpMixActivations<T> f = OpMixForward(dim, params, x);
+  const Matrix<T>& g = *dout;
+  // out = c * l - mean(c): dc = g * l + ds (the same for every column of a row) - Σg / numel.
+  const Vector<T> dl = g.cwiseProduct(f.c).rowwise().sum();
+  const Vector<T> ds = (dl.array() * T(2) * f.s.array() / (f.s.array().square() + T(1))).matrix();
+  Matrix<T> dc = g.array().colwise() * f.l.array();
+  dc.colwise() += ds;
+  dc.array() -= g.sum() / static_cast<T>(dc.size());
+  // u = a / e: da = du / e, d log_temperature = de * e = -Σ_rows du * u.
+  Matrix<T> dh(dc.rows(), dim);
+  Vector<T> dt(k);
+  for (int64_t j = 0; j < k; ++j) {
+    dh.col(j) = dc.col(j) / f.e(j);
+    dt(j) = -dc.col(j).dot(f.c.col(j));
+  }
+  // v = sqrt(b² + 1): db = dv * b / v.
+  for (int64_t j = k; j < dim; ++j) {
+    dh.col(j) = dc.col(j).cwiseProduct(f.h.col(j)).cwiseQuotient(f.c.col(j));
+  }
+  AccumulateInto(&r.grads, "log_temperature", FromVector<T>(dt, {k}));
+  const Matrix<T> dx = LinearAtBackward(params, "proj", false, x, dh, &r.grads);
+  r.input_grad = FromMatrix<T>(dx, input.features->shape);
+  return r;
+}
+
 template class LinearChain<float>;
 template class LinearChain<double>;
 template class Mlp<float>;
@@ -612,5 +825,9 @@ template class SharedSubmoduleModel<float>;
 template class SharedSubmoduleModel<double>;
 template class LinearBatchNormLinear<float>;
 template class LinearBatchNormLinear<double>;
+template class GatedNorms<float>;
+template class GatedNorms<double>;
+template class OpMix<float>;
+template class OpMix<double>;
 
 }  // namespace fsdp::reference

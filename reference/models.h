@@ -311,4 +311,83 @@ class LinearBatchNormLinear : public Model<T> {
   LinearBatchNormLinearConfig config_;
 };
 
+// ---- GatedNorms (the suite's own op-coverage model)
+// ----------------------------------------------
+
+// Not a seed model: it runs, in one small forward, the ops and modes no seed model
+// differentiates. Forward, x [N, dim]:
+//   c = bn(net(x)) - shift        net = Linear(dim, dim, bias=False); bn = BatchNorm1d(dim) in
+//                                 training mode (batch statistics; running stats updated with
+//                                 the unbiased batch variance, momentum 0.1); `shift` [dim] a
+//                                 parameter subtracted (the subtrahend requires grad)
+//   n = norm(c)                   nn.RMSNorm(dim) with eps=None: finfo(dtype).eps
+//   out = (scale + gain) * softmax(n, -1) * n
+//                                 `scale` and `gain` [1, 1] parameters: their sum is broadcast
+//                                 along both dims, so its gradient sums over rows and columns at
+//                                 once, and the sum's backward hands both leaves one gradient
+//                                 tensor (AccumulateGrad must not let them share it)
+// Parameters (named_parameters order, the root's own first): shift [dim], scale [1, 1],
+// gain [1, 1], net.weight [dim, dim], bn.weight, bn.bias, norm.weight; buffers bn.running_mean,
+// bn.running_var, bn.num_batches_tracked. The forward returns the updated buffers.
+struct GatedNormsConfig {
+  int64_t dim = 8;                         // Default: 8.
+  double rms_eps = 2.220446049250313e-16;  // Default: finfo(float64).eps (nn.RMSNorm's
+                                           // eps=None for float64 inputs; float32: 2^-23).
+  double bn_eps = 1e-5;                    // Default: 1e-5 (BatchNorm1d's).
+  double bn_momentum = 0.1;                // Default: 0.1 (BatchNorm1d's).
+};
+// The model described above. Holds only its config; immutable, so const calls may run
+// concurrently (see Model).
+template <typename T>
+class GatedNorms : public Model<T> {
+ public:
+  explicit GatedNorms(const GatedNormsConfig& config = {}) : config_(config) {}
+
+  std::string Name() const override { return "GatedNorms"; }
+  std::vector<TensorSpec> ParameterSpecs() const override;
+  std::vector<TensorSpec> BufferSpecs() const override;
+  TensorMap<T> DefaultBuffers() const override;
+  ForwardResult<T> Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                           const ModelInput<T>& input) const override;
+  BackwardResult<T> Backward(
+      const TensorMap<T>& params, const TensorMap<T>& buffers, const ModelInput<T>& input,
+      const std::vector<std::optional<BasicRefTensor<T>>>& output_grads) const override;
+
+ private:
+  GatedNormsConfig config_;
+};
+
+// ---- OpMix (the suite's own op-coverage model)
+// ---------------------------------------------------
+
+// Not a seed model: elementwise and reduction ops no other zoo model differentiates. With
+// h = proj(x) (Linear(dim, dim, bias=False), x [N, dim], dim even, k = dim / 2):
+//   u = h[:, :k] / exp(log_temperature)    division with both operands requiring grad, exp
+//   v = sqrt(h[:, k:] * h[:, k:] + 1)       slices, sqrt
+//   c = cat([u, v], 1)
+//   out = c * log(1 + s * s) - c.mean()     s = c.sum(1, keepdim=True); log, sum over a dim,
+//                                           the mean of every element
+// Parameters (named_parameters order): log_temperature [k], proj.weight [dim, dim].
+struct OpMixConfig {
+  int64_t dim = 6;  // Default: 6 (must be even).
+};
+// The model described above. Holds only its config; immutable, so const calls may run
+// concurrently (see Model).
+template <typename T>
+class OpMix : public Model<T> {
+ public:
+  explicit OpMix(const OpMixConfig& config = {}) : config_(config) {}
+
+  std::string Name() const override { return "OpMix"; }
+  std::vector<TensorSpec> ParameterSpecs() const override;
+  ForwardResult<T> Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                           const ModelInput<T>& input) const override;
+  BackwardResult<T> Backward(
+      const TensorMap<T>& params, const TensorMap<T>& buffers, const ModelInput<T>& input,
+      const std::vector<std::optional<BasicRefTensor<T>>>& output_grads) const override;
+
+ private:
+  OpMixConfig config_;
+};
+
 }  // namespace fsdp::reference

@@ -201,6 +201,24 @@ TEST(ModelGradientTest, OtherSeedModels) {
                             Params(SharedSubmoduleModel<double>(), 22), {}, Features({3, 8}, 23));
 }
 
+TEST(ModelGradientTest, GatedNorms) {
+  // Training-mode BatchNorm, a subtracted parameter, nn.RMSNorm, softmax and a [1, 1] scale.
+  const GatedNorms<double> m;
+  RefTensorMap buffers = m.DefaultBuffers();
+  buffers["bn.running_mean"] = UniformTensor<double>({8}, 28, -0.3, 0.3);
+  buffers["bn.running_var"] = UniformTensor<double>({8}, 29, 0.5, 1.5);
+  ExpectModelGradientsMatch(m, Params(m, 30), buffers, Features({5, 8}, 31));
+  // The running statistics: momentum 0.1 toward the batch mean and the unbiased batch variance.
+  const ForwardResult<double> f = m.Forward(Params(m, 30), buffers, Features({5, 8}, 31));
+  EXPECT_EQ(f.buffers.at("bn.num_batches_tracked")[0], 1.0);
+}
+
+TEST(ModelGradientTest, OpMix) {
+  // Division by exp, slices, sqrt, cat, log, a sum over a dim and the mean of every element.
+  const OpMix<double> m;
+  ExpectModelGradientsMatch(m, Params(m, 32), {}, Features({5, 6}, 33));
+}
+
 TEST(ModelGradientTest, LinearBatchNormLinearTrainingAndEval) {
   for (bool training : {true, false}) {
     LinearBatchNormLinearConfig c;

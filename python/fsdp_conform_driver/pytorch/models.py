@@ -17,6 +17,8 @@ state_dict() keys are the keys of the suite's weights files:
   TransformerWithSharedParams
                             torch/testing/_internal/common_fsdp.py (nn.Transformer, output
                             projection tied to the embedding, vocab_bias, long_buffer, bn)
+  GatedNorms, OpMix         not seed models: the suite's own (reference/models.h), which
+                            differentiate ops no seed model does
 
 Ownership: plain nn.Modules. Thread-safety: as any nn.Module.
 """
@@ -213,6 +215,48 @@ class TpExtensionModel(nn.Module):
         if self.norm_last:
             return self.mlp_norm(self.mlp(x))
         return self.mlp(self.mlp_norm(x))
+
+
+class GatedNorms(nn.Module):
+    """The suite's op-coverage model (reference::GatedNorms): out = (scale + gain) *
+    softmax(n, -1) * n with n = norm(bn(net(x)) - shift): a training-mode BatchNorm1d (running
+    statistics updated), a subtracted parameter, nn.RMSNorm with eps=None (finfo(dtype).eps),
+    softmax, and two [1, 1] parameters summed (one gradient tensor for both leaves) and
+    broadcast along both dims. named_parameters() lists the root's own parameters first."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.shift = nn.Parameter(torch.zeros(dim))
+        self.scale = nn.Parameter(torch.ones(1, 1))
+        self.gain = nn.Parameter(torch.zeros(1, 1))
+        self.net = nn.Linear(dim, dim, bias=False)
+        self.bn = nn.BatchNorm1d(dim)
+        self.norm = nn.RMSNorm(dim)
+
+    def forward(self, x):
+        n = self.norm(self.bn(self.net(x)) - self.shift)
+        return (self.scale + self.gain) * torch.softmax(n, dim=-1) * n
+
+
+class OpMix(nn.Module):
+    """The suite's op-coverage model (reference::OpMix): c * log(1 + s * s) - c.mean() with
+    c = cat([h[:, :k] / exp(log_temperature), sqrt(h[:, k:] ** 2 + 1)], 1),
+    s = c.sum(1, keepdim=True), h = proj(x): division with both operands requiring grad, exp,
+    log, sqrt, slices, cat, a sum over a dim and the mean of every element."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.log_temperature = nn.Parameter(torch.zeros(dim // 2))
+        self.proj = nn.Linear(dim, dim, bias=False)
+        self.k = dim // 2
+
+    def forward(self, x):
+        h = self.proj(x)
+        b = h[:, self.k:]
+        c = torch.cat([h[:, :self.k] / torch.exp(self.log_temperature),
+                       torch.sqrt(b * b + 1)], 1)
+        s = c.sum(1, keepdim=True)
+        return c * torch.log(s * s + 1) - c.mean()
 
 
 class DoubleLinear(nn.Module):

@@ -5,7 +5,9 @@ plus central finite differences of the float64 loss, computed with PyTorch's own
 fd_entries evenly spaced entries of every parameter (step fd_step). The loss, outputs and
 differences are read at the model's finite-difference point: the Transformer's float64 logits
 (its `output` Linear's output, captured by a forward hook) before its final `.float()`; the
-model's own outputs otherwise.
+model's own outputs otherwise. The buffers (BatchNorm's running statistics and counter) are
+reported as they are after that one training-mode forward, as float64 copies (the differences'
+forwards update them in place).
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -22,7 +24,7 @@ _FD_OUTPUT_MODULE = {"transformer": "output"}
 
 _KINDS = ("transformer", "mlp", "mlp_stack", "mlp_stack_seq_parallel", "double_linear",
           "nontensor_activations", "mlp_module", "mlp_rms_norm", "tp_simple_model",
-          "state_dict_model")
+          "state_dict_model", "gated_norms", "op_mix")
 
 
 def sample_indices(numel: int, count: int) -> List[int]:
@@ -57,6 +59,8 @@ def model(kind: str):
                "loss_dtype": str(loss.dtype).replace("torch.", "")}
         tensors = {f"grad/{name}": p.grad.detach().clone()
                    for name, p in named if p.grad is not None}
+        tensors.update({f"buffer/{name}": b.detach().to(torch.float64, copy=True)
+                        for name, b in module.named_buffers()})
 
         captured = {}
         fd_module = _FD_OUTPUT_MODULE.get(kind)

@@ -28,9 +28,10 @@ def _build(kind: str, request, dtype_name=None):
     float32 where it has none), loaded with the case's weights."""
     import torch
 
-    from fsdp_conform_driver.pytorch.models import (MLP, DoubleLinear, MLPModule, MLPStack,
-                                                    ModelArgs, NontensorActivations,
-                                                    SimpleModel, TpExtensionModel, Transformer)
+    from fsdp_conform_driver.pytorch.models import (MLP, DoubleLinear, GatedNorms, MLPModule,
+                                                    MLPStack, ModelArgs, NontensorActivations,
+                                                    OpMix, SimpleModel, TpExtensionModel,
+                                                    Transformer)
 
     dtype = getattr(torch, _DTYPES[dtype_name or request.params.get("dtype", "float32")])
     if kind == "mlp":
@@ -61,6 +62,10 @@ def _build(kind: str, request, dtype_name=None):
         model = TpExtensionModel(norm_last=request.params.get("norm_position", "first") == "last")
     elif kind == "tp_simple_model":
         model = SimpleModel()
+    elif kind == "gated_norms":
+        model = GatedNorms(request.int_param("dim"))
+    elif kind == "op_mix":
+        model = OpMix(request.int_param("dim"))
     elif kind == "state_dict_model":
         from fsdp_conform_driver.pytorch.fsdp_state_dict_models import Model
 

@@ -145,9 +145,9 @@ SCENARIOS = {
     "fully_shard_comm/unshard_without_lazy_init": unshard_without_lazy_init,
     "fully_shard_autograd/post_acc_grad_hook_runs": post_acc_grad_hook_runs,
     **{f"parity/single/{kind}": parity.single(kind)
-       for kind in ("double_linear", "mlp", "mlp_module", "mlp_rms_norm", "mlp_stack",
-                    "mlp_stack_seq_parallel", "nontensor_activations", "state_dict_model",
-                    "tp_simple_model", "transformer")},
+       for kind in ("double_linear", "gated_norms", "mlp", "mlp_module", "mlp_rms_norm",
+                    "mlp_stack", "mlp_stack_seq_parallel", "nontensor_activations", "op_mix",
+                    "state_dict_model", "tp_simple_model", "transformer")},
     **{f"parity/fsdp/{kind}": parity.fsdp(kind) for kind in ("double_linear", "mlp", "transformer")},
     "parity/fsdp1/mlp": parity.fsdp1("mlp"),
     "parity/fsdp1/transformer": parity.fsdp1("transformer"),
