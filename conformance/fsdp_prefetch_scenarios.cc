@@ -482,8 +482,11 @@ Scenario MakeScenario(bool forward_prefetch) {
   // An uneven world: the same events, whatever the shard sizes.
   s.info.extra_default_runs = {{3, {{"sharding_strategy", "FULL_SHARD"}}}};
   // A frozen block (test_fsdp_fine_tune.py::test_backward_reshard_hooks): its reshard-only
-  // post-backward hook, every strategy and BackwardPrefetch.
-  s.info.extra_default_runs.push_back({2, {{kFrozenBlocks, "1"}}});
+  // post-backward hook, every strategy and BackwardPrefetch; under forward_prefetch with the
+  // blocks called as `layer(x=h)`, whose input the hook must find among the keyword arguments.
+  std::map<std::string, std::string> frozen_run = {{kFrozenBlocks, "1"}};
+  if (forward_prefetch) frozen_run["block_kwargs"] = "True";
+  s.info.extra_default_runs.push_back({2, frozen_run});
   s.skip = [](const CaseParams& p, int) -> std::optional<std::string> {
     const int64_t n_layers = p.GetInt("n_layers");
     const std::set<int64_t> blocks = ParseFrozenBlocks(p.GetString(kFrozenBlocks)).value();
