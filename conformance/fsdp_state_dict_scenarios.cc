@@ -918,10 +918,10 @@ Scenario LocalStateDictReshard() {
       4, 2);
 }
 
-
 // test_state_dict_save_load_flow: the seed's Model trained 3 SGD steps (lr 0.1, loss
 // out.sum(), each rank on its own runner-owned batch) under FSDP, saved, loaded into a zeroed
-// FSDP copy, against the same training under DistributedDataParallel.
+// FSDP copy, against the same training under DistributedDataParallel, whose replicas on ranks
+// other than 0 start from zeros (its construction must broadcast rank 0's parameters).
 constexpr int64_t kFlowSteps = 3;
 
 CaseInputs FlowInputs(const CaseParams& params, int world) {
@@ -1019,6 +1019,13 @@ Scenario StateDictSaveLoadFlow() {
     }
     nn::ModulePtr replica = BuildPlainStateDictModel(model);
     replica->load_state_dict(env.Inputs().weights());
+    if (env.rank != 0) {
+      // DistributedDataParallel's construction broadcasts rank 0's parameters and buffers
+      // (`_sync_module_states`): the other ranks' replicas start from zeros.
+      autograd::NoGradGuard no_grad;
+      for (Tensor p : replica->parameters()) p.zero_();
+      for (Tensor b : replica->buffers()) b.zero_();
+    }
     auto ddp_model = std::make_shared<ddp::DistributedDataParallel>(
         replica, ddp::DistributedDataParallelOptions{.process_group = env.pg});
     TrainFlow(ddp_model, in_data);
