@@ -38,10 +38,13 @@
 //    a block whose parameters all have requires_grad=False has a flat parameter that does not
 //    require grad, so no post-backward hook: `_register_post_backward_reshard_only_hook` hangs
 //    a multi-grad hook on the block's inputs instead, which reshards (BACKWARD_POST, then the
-//    BACKWARD_POST prefetch) without reducing anything. Its input is the previous block's
-//    output, whose pre-backward hook was registered first on that same tensor: the previous
-//    block's pre-backward runs, then the frozen block's reshard. A skipped hook leaves the
-//    reshard to the end-of-backward catch-all, in BACKWARD_PRE state.
+//    BACKWARD_POST prefetch) without reducing anything. The input of a block after the first
+//    is the previous block's output, whose pre-backward hook was registered first on that
+//    same tensor: the previous block's pre-backward runs, then the frozen block's reshard.
+//    Block 0's input is the embeddings' sum, whose gradient is ready before the sum's
+//    backward reaches pos_embeddings: the reshard (and its BACKWARD_POST prefetch of
+//    pos_embeddings) comes first. A skipped hook leaves the reshard to the end-of-backward
+//    catch-all, in BACKWARD_PRE state.
 //  * NO_SHARD: nothing to unshard or free; one all-reduce per flat parameter that requires
 //    grad, in post-backward order.
 // ExpectedStep plays these rules hook by hook over each flat parameter's state.
@@ -73,9 +76,8 @@ constexpr const char* kKind = "transformer";
 constexpr const char* kEvents = "fsdp1_events";
 constexpr const char* kFrozenBlocks = "frozen_blocks";
 
-// The "frozen_blocks" value's block indices ("none": none; else comma-separated indices >= 1,
-// without repeats), or nullopt when malformed. Block 0 is refused: its input is the
-// embeddings' sum, not a block's output, which the play does not model.
+// The "frozen_blocks" value's block indices ("none": none; else comma-separated indices,
+// without repeats), or nullopt when malformed.
 std::optional<std::set<int64_t>> ParseFrozenBlocks(const std::string& text) {
   std::set<int64_t> out;
   if (text == "none") return out;
@@ -88,14 +90,15 @@ std::optional<std::set<int64_t>> ParseFrozenBlocks(const std::string& text) {
       return std::nullopt;
     }
     const int64_t index = std::stoll(item);
-    if (index < 1 || !out.insert(index).second) return std::nullopt;
+    if (!out.insert(index).second) return std::nullopt;
     begin = comma + 1;
   }
   return out;
 }
 
-// The FQN prefix of block `index`'s parameters ("layers.1.").
-std::string BlockPrefix(int64_t index) { return "layers." + std::to_string(index) + "."; }
+// The FQN of block `index` ("layers.1") and the prefix of its parameters' ("layers.1.").
+std::string BlockFqn(int64_t index) { return "layers." + std::to_string(index); }
+std::string BlockPrefix(int64_t index) { return BlockFqn(index) + "."; }
 
 // The parameters of the case's frozen blocks, by FQN (the oracle's and the module's names).
 std::vector<std::string> FrozenParams(const CaseParams& p, const ZooModel& model) {
@@ -150,10 +153,7 @@ Instances InstancesOf(const ZooModel& model, const std::set<int64_t>& frozen_blo
       out.nested.push_back(UnitFqn(unit.fqns));
     }
   }
-  for (int64_t block : frozen_blocks) {
-    const std::string prefix = BlockPrefix(block);
-    out.frozen.insert(prefix.substr(0, prefix.size() - 1));
-  }
+  for (int64_t block : frozen_blocks) out.frozen.insert(BlockFqn(block));
   return out;
 }
 
@@ -172,7 +172,8 @@ class ExpectedStep {
         unsharded_(static_cast<size_t>(m_ + 1), false),
         prefetched_(static_cast<size_t>(m_ + 1), false),
         needs_pre_backward_unshard_(static_cast<size_t>(m_ + 1), true),
-        ran_pre_backward_(static_cast<size_t>(m_ + 1), false) {}
+        ran_pre_backward_(static_cast<size_t>(m_ + 1), false),
+        ran_reshard_only_(static_cast<size_t>(m_ + 1), false) {}
 
   // `forward_prefetch`: in effect this step (forward_prefetch=True after the first iteration).
   nlohmann::json Build(bool forward_prefetch) {
@@ -207,14 +208,18 @@ class ExpectedStep {
     // were made by a forward prefetch in the previous instance's pre-forward: then autograd
     // runs that previous instance's backward first (its nodes are younger than the views), so
     // the post-backward follows the previous instance's pre-backward. A frozen block's
-    // reshard-only hook fires on its input's gradient, right after the previous instance's
-    // pre-backward hook on that same tensor.
+    // reshard-only hook fires on its input's gradient: right after the previous instance's
+    // pre-backward hook on that same tensor, or (block 0, fed the embeddings' sum) before the
+    // previous instance's pre-backward.
     if (instances_.root_has_params) PreBackward(m_);
     for (int64_t i = m_ - 1; i >= 0; --i) {
+      if (forward_prefetch && i + 1 < m_ && Frozen(i + 1) && !FedByPrevious(i + 1)) {
+        PostBackwardReshardOnly(i + 1);
+      }
       PreBackward(i);
       if (!forward_prefetch) {
         if (Frozen(i)) {
-          PreBackward(i - 1);
+          if (FedByPrevious(i)) PreBackward(i - 1);
           PostBackwardReshardOnly(i);
         } else {
           PostBackward(i);
@@ -234,6 +239,8 @@ class ExpectedStep {
   size_t At(int64_t x) const { return static_cast<size_t>(x); }
   std::string Fqn(int64_t x) const { return x == m_ ? "" : instances_.nested[At(x)]; }
   bool Frozen(int64_t x) const { return x != m_ && instances_.frozen.count(Fqn(x)) > 0; }
+  // Whether nested instance x's input is instance x-1's output (every block but the first).
+  bool FedByPrevious(int64_t x) const { return x > 0 && Fqn(x) != BlockFqn(0); }
 
   // `_unshard`: an event and an all-gather only when the flat parameter is not unsharded.
   void Unshard(int64_t x, const char* state) {
@@ -277,6 +284,8 @@ class ExpectedStep {
   // `_post_backward_reshard_only_hook` of a frozen block: the same free and prefetch, no
   // gradient to reduce.
   void PostBackwardReshardOnly(int64_t x) {
+    if (ran_reshard_only_[At(x)]) return;
+    ran_reshard_only_[At(x)] = true;
     Reshard(x, true, "BACKWARD_POST");
     if (backward_prefetch_ == fsdp1::BackwardPrefetch::kBackwardPost) PrefetchBackward(x);
   }
@@ -291,6 +300,7 @@ class ExpectedStep {
   std::vector<bool> prefetched_;
   std::vector<bool> needs_pre_backward_unshard_;
   std::vector<bool> ran_pre_backward_;
+  std::vector<bool> ran_reshard_only_;
   nlohmann::json events_ = nlohmann::json::array();
 };
 
@@ -484,7 +494,7 @@ Scenario MakeScenario(bool forward_prefetch) {
   // A frozen block (test_fsdp_fine_tune.py::test_backward_reshard_hooks): its reshard-only
   // post-backward hook, every strategy and BackwardPrefetch; under forward_prefetch with the
   // blocks called as `layer(x=h)`, whose input the hook must find among the keyword arguments.
-  std::map<std::string, std::string> frozen_run = {{kFrozenBlocks, "1"}};
+  std::map<std::string, std::string> frozen_run = {{kFrozenBlocks, "0,2"}};
   if (forward_prefetch) frozen_run["block_kwargs"] = "True";
   s.info.extra_default_runs.push_back({2, frozen_run});
   s.skip = [](const CaseParams& p, int) -> std::optional<std::string> {
