@@ -378,8 +378,16 @@ def state_dict_save_load_flow(request):
         with torch.no_grad():
             for t in (*replica.parameters(), *replica.buffers()):
                 t.zero_()
-    _train_flow(DistributedDataParallel(replica), in_data, _FLOW_STEPS)
+    ddp_model = DistributedDataParallel(replica)
+    if dist.get_rank() != 0:
+        # broadcast_buffers=True: each forward broadcasts rank 0's buffers again.
+        with torch.no_grad():
+            for b in replica.buffers():
+                b.zero_()
+    _train_flow(ddp_model, in_data, _FLOW_STEPS)
     tensors.update({f"ddp/{fqn}": p.detach().clone() for fqn, p in replica.named_parameters()})
+    tensors.update({f"ddp_buffers/{fqn}": b.detach().clone()
+                    for fqn, b in replica.named_buffers()})
     return {}, tensors
 
 
