@@ -34,11 +34,24 @@
 //    U(i-1)'s operations, and autograd runs the younger node first, so Ui's post-backward
 //    comes after U(i-1)'s pre-backward. R's post-backward is last (the embedding is used
 //    first).
-//  * NO_SHARD: nothing to unshard or free; one all-reduce per flat parameter in post-backward
-//    order.
+//  * Frozen blocks (`frozen_blocks`, test_fsdp_fine_tune.py::test_backward_reshard_hooks):
+//    a block whose parameters all have requires_grad=False has a flat parameter that does not
+//    require grad, so no post-backward hook: `_register_post_backward_reshard_only_hook` hangs
+//    a multi-grad hook on the block's inputs instead, which reshards (BACKWARD_POST, then the
+//    BACKWARD_POST prefetch) without reducing anything. The input of a block after the first
+//    is the previous block's output, whose pre-backward hook was registered first on that
+//    same tensor: the previous block's pre-backward runs, then the frozen block's reshard.
+//    Block 0's input is the embeddings' sum, whose gradient is ready before the sum's
+//    backward reaches pos_embeddings: the reshard (and its BACKWARD_POST prefetch of
+//    pos_embeddings) comes first. A skipped hook leaves the reshard to the end-of-backward
+//    catch-all, in BACKWARD_PRE state.
+//  * NO_SHARD: nothing to unshard or free; one all-reduce per flat parameter that requires
+//    grad, in post-backward order.
 // ExpectedStep plays these rules hook by hook over each flat parameter's state.
 // Stateless; thread-safe.
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -61,6 +74,43 @@ namespace {
 constexpr const char* kFamily = "fsdp_prefetch";
 constexpr const char* kKind = "transformer";
 constexpr const char* kEvents = "fsdp1_events";
+constexpr const char* kFrozenBlocks = "frozen_blocks";
+
+// The "frozen_blocks" value's block indices ("none": none; else comma-separated indices,
+// without repeats), or nullopt when malformed.
+std::optional<std::set<int64_t>> ParseFrozenBlocks(const std::string& text) {
+  std::set<int64_t> out;
+  if (text == "none") return out;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    const size_t comma = std::min(text.find(',', begin), text.size());
+    const std::string item = text.substr(begin, comma - begin);
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos ||
+        item.size() > 6) {
+      return std::nullopt;
+    }
+    const int64_t index = std::stoll(item);
+    if (!out.insert(index).second) return std::nullopt;
+    begin = comma + 1;
+  }
+  return out;
+}
+
+// The FQN of block `index` ("layers.1") and the prefix of its parameters' ("layers.1.").
+std::string BlockFqn(int64_t index) { return "layers." + std::to_string(index); }
+std::string BlockPrefix(int64_t index) { return BlockFqn(index) + "."; }
+
+// The parameters of the case's frozen blocks, by FQN (the oracle's and the module's names).
+std::vector<std::string> FrozenParams(const CaseParams& p, const ZooModel& model) {
+  const std::set<int64_t> blocks = ParseFrozenBlocks(p.GetString(kFrozenBlocks)).value();
+  std::vector<std::string> out;
+  for (const auto& [name, value] : model.MakeParameters(/*seed=*/0, DType::kFloat64)) {
+    for (int64_t block : blocks) {
+      if (name.rfind(BlockPrefix(block), 0) == 0) out.push_back(name);
+    }
+  }
+  return out;
+}
 
 // The FQN of the module a nested instance wraps: the longest common module path of its
 // parameters ("layers.0" for layers.0.attention.wq.weight, ...; "norm" for norm.weight).
@@ -91,9 +141,10 @@ std::string UnitFqn(const std::vector<std::string>& fqns) {
 struct Instances {
   std::vector<std::string> nested;
   bool root_has_params = false;
+  std::set<std::string> frozen;  // the nested instances of the frozen blocks
 };
 
-Instances InstancesOf(const ZooModel& model) {
+Instances InstancesOf(const ZooModel& model, const std::set<int64_t>& frozen_blocks) {
   Instances out;
   for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(model)) {
     if (unit.root) {
@@ -102,6 +153,7 @@ Instances InstancesOf(const ZooModel& model) {
       out.nested.push_back(UnitFqn(unit.fqns));
     }
   }
+  for (int64_t block : frozen_blocks) out.frozen.insert(BlockFqn(block));
   return out;
 }
 
@@ -119,13 +171,17 @@ class ExpectedStep {
         backward_prefetch_(backward_prefetch),
         unsharded_(static_cast<size_t>(m_ + 1), false),
         prefetched_(static_cast<size_t>(m_ + 1), false),
-        needs_pre_backward_unshard_(static_cast<size_t>(m_ + 1), true) {}
+        needs_pre_backward_unshard_(static_cast<size_t>(m_ + 1), true),
+        ran_pre_backward_(static_cast<size_t>(m_ + 1), false),
+        ran_reshard_only_(static_cast<size_t>(m_ + 1), false) {}
 
   // `forward_prefetch`: in effect this step (forward_prefetch=True after the first iteration).
   nlohmann::json Build(bool forward_prefetch) {
     if (!sharded_) {
       // NO_SHARD (or one rank): one all-reduce per flat parameter, in post-backward order.
-      for (int64_t i = m_ - 1; i >= 0; --i) Collective("all_reduce");
+      for (int64_t i = m_ - 1; i >= 0; --i) {
+        if (!Frozen(i)) Collective("all_reduce");
+      }
       if (instances_.root_has_params) Collective("all_reduce");
       return std::move(events_);
     }
@@ -151,12 +207,25 @@ class ExpectedStep {
     // instance's post-backward follows its pre-backward at once, unless its unsharded views
     // were made by a forward prefetch in the previous instance's pre-forward: then autograd
     // runs that previous instance's backward first (its nodes are younger than the views), so
-    // the post-backward follows the previous instance's pre-backward.
+    // the post-backward follows the previous instance's pre-backward. A frozen block's
+    // reshard-only hook fires on its input's gradient: right after the previous instance's
+    // pre-backward hook on that same tensor, or (block 0, fed the embeddings' sum) before the
+    // previous instance's pre-backward.
     if (instances_.root_has_params) PreBackward(m_);
     for (int64_t i = m_ - 1; i >= 0; --i) {
+      if (forward_prefetch && i + 1 < m_ && Frozen(i + 1) && !FedByPrevious(i + 1)) {
+        PostBackwardReshardOnly(i + 1);
+      }
       PreBackward(i);
       if (!forward_prefetch) {
-        PostBackward(i);
+        if (Frozen(i)) {
+          if (FedByPrevious(i)) PreBackward(i - 1);
+          PostBackwardReshardOnly(i);
+        } else {
+          PostBackward(i);
+        }
+      } else if (i + 1 < m_ && Frozen(i + 1)) {
+        PostBackwardReshardOnly(i + 1);
       } else if (i + 1 < m_) {
         PostBackward(i + 1);
       }
@@ -169,6 +238,9 @@ class ExpectedStep {
  private:
   size_t At(int64_t x) const { return static_cast<size_t>(x); }
   std::string Fqn(int64_t x) const { return x == m_ ? "" : instances_.nested[At(x)]; }
+  bool Frozen(int64_t x) const { return x != m_ && instances_.frozen.count(Fqn(x)) > 0; }
+  // Whether nested instance x's input is instance x-1's output (every block but the first).
+  bool FedByPrevious(int64_t x) const { return x > 0 && Fqn(x) != BlockFqn(0); }
 
   // `_unshard`: an event and an all-gather only when the flat parameter is not unsharded.
   void Unshard(int64_t x, const char* state) {
@@ -194,7 +266,10 @@ class ExpectedStep {
     Unshard(target, "BACKWARD_PRE");
     prefetched_[At(target)] = true;
   }
+  // `_pre_backward_hook`: once per flat parameter per backward.
   void PreBackward(int64_t x) {
+    if (ran_pre_backward_[At(x)]) return;
+    ran_pre_backward_[At(x)] = true;
     if (needs_pre_backward_unshard_[At(x)] && !prefetched_[At(x)]) Unshard(x, "BACKWARD_PRE");
     needs_pre_backward_unshard_[At(x)] = false;
     if (backward_prefetch_ == fsdp1::BackwardPrefetch::kBackwardPre) PrefetchBackward(x);
@@ -206,6 +281,14 @@ class ExpectedStep {
     if (backward_prefetch_ == fsdp1::BackwardPrefetch::kBackwardPost) PrefetchBackward(x);
     Collective("reduce_scatter");
   }
+  // `_post_backward_reshard_only_hook` of a frozen block: the same free and prefetch, no
+  // gradient to reduce.
+  void PostBackwardReshardOnly(int64_t x) {
+    if (ran_reshard_only_[At(x)]) return;
+    ran_reshard_only_[At(x)] = true;
+    Reshard(x, true, "BACKWARD_POST");
+    if (backward_prefetch_ == fsdp1::BackwardPrefetch::kBackwardPost) PrefetchBackward(x);
+  }
   void Collective(const char* name) { events_.push_back(nlohmann::json::array({name})); }
 
   const Instances& instances_;
@@ -216,11 +299,14 @@ class ExpectedStep {
   std::vector<bool> unsharded_;
   std::vector<bool> prefetched_;
   std::vector<bool> needs_pre_backward_unshard_;
+  std::vector<bool> ran_pre_backward_;
+  std::vector<bool> ran_reshard_only_;
   nlohmann::json events_ = nlohmann::json::array();
 };
 
 nlohmann::json ExpectedEvents(const CaseParams& p, int world) {
-  const Instances instances = InstancesOf(DecodeParityCase(kKind, p).model);
+  const Instances instances = InstancesOf(DecodeParityCase(kKind, p).model,
+                                          ParseFrozenBlocks(p.GetString(kFrozenBlocks)).value());
   nlohmann::json steps = nlohmann::json::array();
   for (int64_t k = 0; k < p.GetInt("steps"); ++k) {
     ExpectedStep step(instances, ParseShardingStrategy(p.GetString("sharding_strategy")),
@@ -234,7 +320,9 @@ nlohmann::json ExpectedEvents(const CaseParams& p, int world) {
 // events of ExpectedEvents.
 std::vector<nlohmann::json> ExpectPrefetch(const CaseParams& p, int world) {
   const ParityCase c = DecodeParityCase(kKind, p);
-  const auto oracle = TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, world);
+  const auto oracle =
+      TrainOracle(c.model, c.optim, c.seed, c.steps, c.dtype, world,
+                  /*flat_params=*/{}, /*clip=*/std::nullopt, FrozenParams(p, c.model));
   const nlohmann::json events = ExpectedEvents(p, world);
   std::vector<nlohmann::json> expected(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
@@ -321,6 +409,13 @@ nlohmann::json RunPrefetchRank(RankEnv& env) {
   const ParityCase c = DecodeParityCase(kKind, env.params);
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
   module->to(env.device);
+  const std::vector<std::string> frozen = FrozenParams(env.params, c.model);
+  for (const auto& [name, param] : module->named_parameters()) {
+    if (std::find(frozen.begin(), frozen.end(), name) != frozen.end()) {
+      Tensor p = param;  // shares the parameter's impl
+      p.set_requires_grad(false);
+    }
+  }
   auto fsdp_model = WrapChildrenThenRoot(module, Fsdp1CaseOptions(env.params, env.pg));
   distributed::CommDebugMode comm_mode;
   InterleavingObserver observer(comm_mode);
@@ -366,6 +461,17 @@ Scenario MakeScenario(bool forward_prefetch) {
       "forward_prefetch", "FullyShardedDataParallel forward_prefetch", forward_prefetch));
   s.info.params.push_back(
       ParamSpec::SizeBool("use_orig_params", "FullyShardedDataParallel use_orig_params", false));
+  ParamSpec frozen = ParamSpec::SizeString(
+      kFrozenBlocks,
+      "none, or comma-separated indices >= 1 of blocks whose parameters get requires_grad=False "
+      "before wrapping",
+      "none");
+  frozen.domain = ParamDomain{"none or comma-separated block indices >= 1, without repeats",
+                              [](const std::string& v) -> std::optional<std::string> {
+                                if (!ParseFrozenBlocks(v)) return std::nullopt;
+                                return v;
+                              }};
+  s.info.params.push_back(std::move(frozen));
   s.info.observations.Add(ObservationKey::Losses("the rank's loss at every step"));
   s.info.observations.Add(ObservationKey::String("loss_dtype", "the dtype of the losses"));
   // [[event, ...] per step], an event being 1 to 3 strings.
@@ -385,6 +491,23 @@ Scenario MakeScenario(bool forward_prefetch) {
   s.info.max_world = 8;
   // An uneven world: the same events, whatever the shard sizes.
   s.info.extra_default_runs = {{3, {{"sharding_strategy", "FULL_SHARD"}}}};
+  // A frozen block (test_fsdp_fine_tune.py::test_backward_reshard_hooks): its reshard-only
+  // post-backward hook, every strategy and BackwardPrefetch; under forward_prefetch with the
+  // blocks called as `layer(x=h)`, whose input the hook must find among the keyword arguments.
+  std::map<std::string, std::string> frozen_run = {{kFrozenBlocks, "0,2"}};
+  if (forward_prefetch) frozen_run["block_kwargs"] = "True";
+  s.info.extra_default_runs.push_back({2, frozen_run});
+  s.skip = [](const CaseParams& p, int) -> std::optional<std::string> {
+    const int64_t n_layers = p.GetInt("n_layers");
+    const std::set<int64_t> blocks = ParseFrozenBlocks(p.GetString(kFrozenBlocks)).value();
+    for (int64_t block : blocks) {
+      if (block >= n_layers) {
+        return "frozen_blocks names block " + std::to_string(block) + " but n_layers is " +
+               std::to_string(n_layers);
+      }
+    }
+    return std::nullopt;
+  };
   s.info.requirements.devices = {DeviceType::kCPU};
   s.inputs = ParityInputs(kKind);
   s.run_rank = [](RankEnv& env) { return RunPrefetchRank(env); };

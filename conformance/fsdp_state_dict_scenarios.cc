@@ -918,10 +918,12 @@ Scenario LocalStateDictReshard() {
       4, 2);
 }
 
-
 // test_state_dict_save_load_flow: the seed's Model trained 3 SGD steps (lr 0.1, loss
 // out.sum(), each rank on its own runner-owned batch) under FSDP, saved, loaded into a zeroed
-// FSDP copy, against the same training under DistributedDataParallel.
+// FSDP copy, against the same training under DistributedDataParallel, whose replicas on ranks
+// other than 0 start from zeros (its construction must broadcast rank 0's parameters) and get
+// their buffers zeroed after its construction (broadcast_buffers: every forward must
+// broadcast rank 0's again).
 constexpr int64_t kFlowSteps = 3;
 
 CaseInputs FlowInputs(const CaseParams& params, int world) {
@@ -963,6 +965,9 @@ Scenario StateDictSaveLoadFlow() {
   s.info.observations.AddTensors({"ddp/{fqn}", "float32", "the parameter's full shape",
                                   "the DistributedDataParallel replica's parameters after the "
                                   "same training, by the plain model's FQN"});
+  s.info.observations.AddTensors({"ddp_buffers/{fqn}", "float32", "the buffer's shape",
+                                  "the DistributedDataParallel replica's buffers (persistent or "
+                                  "not) after the training, by the plain model's FQN"});
   s.info.observations.AddTensors({"continued/saver/{fqn}", "float32", "the parameter's full shape",
                                   "the saving FSDP model's parameters after one more SGD step "
                                   "(summon_full_params), by clean FQN"});
@@ -1019,11 +1024,26 @@ Scenario StateDictSaveLoadFlow() {
     }
     nn::ModulePtr replica = BuildPlainStateDictModel(model);
     replica->load_state_dict(env.Inputs().weights());
+    if (env.rank != 0) {
+      // DistributedDataParallel's construction broadcasts rank 0's parameters and buffers
+      // (`_sync_module_states`): the other ranks' replicas start from zeros.
+      autograd::NoGradGuard no_grad;
+      for (Tensor p : replica->parameters()) p.zero_();
+      for (Tensor b : replica->buffers()) b.zero_();
+    }
     auto ddp_model = std::make_shared<ddp::DistributedDataParallel>(
         replica, ddp::DistributedDataParallelOptions{.process_group = env.pg});
+    if (env.rank != 0) {
+      // broadcast_buffers=True: each forward broadcasts rank 0's buffers again.
+      autograd::NoGradGuard no_grad;
+      for (Tensor b : replica->buffers()) b.zero_();
+    }
     TrainFlow(ddp_model, in_data);
     for (const auto& [name, p] : replica->named_parameters()) {
       obs[kTensors]["ddp/" + name] = TensorToJson(p.to(Device::CPU()));
+    }
+    for (const auto& [name, b] : replica->named_buffers()) {
+      obs[kTensors]["ddp_buffers/" + name] = TensorToJson(b.to(Device::CPU()));
     }
     return obs;
   };
@@ -1031,8 +1051,11 @@ Scenario StateDictSaveLoadFlow() {
                CheckList& checks) {
     const Tolerance tol{p.GetDouble("atol"), p.GetDouble("rtol")};
     std::set<std::string> names;
-    for (const auto& [fqn, t] : BuildPlainStateDictModel(p.GetString("model"))->named_parameters()) {
-      names.insert(fqn);
+    std::set<std::string> buffer_names;
+    {
+      const nn::ModulePtr plain = BuildPlainStateDictModel(p.GetString("model"));
+      for (const auto& [fqn, t] : plain->named_parameters()) names.insert(fqn);
+      for (const auto& [fqn, t] : plain->named_buffers()) buffer_names.insert(fqn);
     }
     ErrorStats err;
     for (int r = 0; r < world; ++r) {
@@ -1060,6 +1083,16 @@ Scenario StateDictSaveLoadFlow() {
       if (r > 0) {
         err.Merge(CheckMapsClose(checks, RankName(r) + " DDP replica vs rank 0's",
                                  MapFromObservations(per_rank, 0, "ddp/"), ddp_params, tol));
+      }
+      // broadcast_buffers: rank 0's buffers on every rank, bit for bit.
+      const reference::RefTensorMap ddp_buffers = MapFromObservations(per_rank, r, "ddp_buffers/");
+      std::set<std::string> got_buffers;
+      for (const auto& [name, t] : ddp_buffers) got_buffers.insert(name);
+      checks.CheckEqual(RankName(r) + " DDP replica buffer names", buffer_names, got_buffers);
+      if (r > 0) {
+        CheckMapsClose(checks, RankName(r) + " DDP replica buffers vs rank 0's (broadcast_buffers)",
+                       MapFromObservations(per_rank, 0, "ddp_buffers/"), ddp_buffers,
+                       Tolerance{0, 0});
       }
     }
     checks.SetFigure("param_max_abs_err", err.max_abs);

@@ -970,7 +970,7 @@ EngineTrainingRecord TrainEngineSteps(const ZooModel& model, nn::Module& module,
 std::vector<reference::StepRecord<double>> TrainOracle(
     const ZooModel& model, const OptimConfig& optim_config, uint64_t seed, int64_t steps,
     DType dtype, int world, const std::vector<reference::Fsdp1FlatParam>& flat_params,
-    const std::optional<reference::GradClip>& clip) {
+    const std::optional<reference::GradClip>& clip, const std::vector<std::string>& frozen) {
   auto optimizer = MakeOracleOptimizer(optim_config);
   std::unique_ptr<reference::StepLr<double>> scheduler;
   if (optim_config.lr_step_size > 0) {
@@ -978,13 +978,14 @@ std::vector<reference::StepRecord<double>> TrainOracle(
         std::make_unique<reference::StepLr<double>>(optimizer.get(), optim_config.lr_step_size);
   }
   return TrainOracleWith(model, *optimizer, seed, steps, dtype, world, flat_params, clip,
-                         scheduler.get());
+                         scheduler.get(), frozen);
 }
 
 std::vector<reference::StepRecord<double>> TrainOracleWith(
     const ZooModel& model, reference::Optimizer<double>& optimizer, uint64_t seed, int64_t steps,
     DType dtype, int world, const std::vector<reference::Fsdp1FlatParam>& flat_params,
-    const std::optional<reference::GradClip>& clip, reference::StepLr<double>* scheduler) {
+    const std::optional<reference::GradClip>& clip, reference::StepLr<double>* scheduler,
+    const std::vector<std::string>& frozen) {
   std::vector<reference::TrainingStep<double>> plan;
   for (int64_t step = 0; step < steps; ++step) {
     reference::TrainingStep<double> s;
@@ -993,6 +994,7 @@ std::vector<reference::StepRecord<double>> TrainOracleWith(
     s.loss = model.LossAt(step);
     s.set_to_none = SetToNoneAfterStep(step);
     s.clip = clip;
+    s.frozen = frozen;
     plan.push_back(std::move(s));
   }
   return reference::RunDataParallelTraining<double>(

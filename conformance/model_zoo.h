@@ -320,10 +320,12 @@ EngineTrainingRecord TrainEngineSteps(const ZooModel& model, nn::Module& module,
 // weights MakeParameters(seed, dtype) and the inputs MakeInput(seed, step, dtype, rows).
 // `flat_params`: FSDP1's flat parameters (reference::Fsdp1FlatParam).
 // `clip`: clip_grad_norm_ before every optimizer step (StepRecord::grad_norm).
+// `frozen`: parameters whose requires_grad is False (no gradient, never stepped).
 std::vector<reference::StepRecord<double>> TrainOracle(
     const ZooModel& model, const OptimConfig& optim_config, uint64_t seed, int64_t steps,
     DType dtype, int world = 1, const std::vector<reference::Fsdp1FlatParam>& flat_params = {},
-    const std::optional<reference::GradClip>& clip = std::nullopt);
+    const std::optional<reference::GradClip>& clip = std::nullopt,
+    const std::vector<std::string>& frozen = {});
 // The same with the caller's oracle optimizer, whose state (moments, momentum buffers, step
 // counts) after the last step stays with the caller; `scheduler`, when set, steps right after
 // every optimizer step.
@@ -331,6 +333,6 @@ std::vector<reference::StepRecord<double>> TrainOracleWith(
     const ZooModel& model, reference::Optimizer<double>& optimizer, uint64_t seed, int64_t steps,
     DType dtype, int world = 1, const std::vector<reference::Fsdp1FlatParam>& flat_params = {},
     const std::optional<reference::GradClip>& clip = std::nullopt,
-    reference::StepLr<double>* scheduler = nullptr);
+    reference::StepLr<double>* scheduler = nullptr, const std::vector<std::string>& frozen = {});
 
 }  // namespace fsdp::conformance

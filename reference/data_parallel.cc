@@ -173,6 +173,7 @@ std::vector<StepRecord<T>> RunDataParallelTraining(const Model<T>& model, Tensor
       LossAndGrads<T> lg = ForwardBackward(model, flat_params.empty() ? params : forward_params,
                                            rank_buffers[r], step.rank_inputs[r], step.loss);
       rec.rank_losses.push_back(lg.loss);
+      for (const std::string& name : step.frozen) lg.grads.erase(name);
       rec.rank_grads.push_back(std::move(lg.grads));
       rank_buffers[r] = std::move(lg.buffers);
     }

@@ -62,6 +62,9 @@ struct TrainingStep {
   bool zero_grad = true;                   // Default: true (after the optimizer step).
   bool set_to_none = true;                 // Default: true (zero_grad's default).
   std::optional<GradClip> clip;            // Default: none. Applied before the optimizer step.
+  // Parameters whose requires_grad is False: autograd gives them no gradient on any rank, so
+  // the optimizer never steps them. Default: none.
+  std::vector<std::string> frozen;
 };
 
 // One FSDP1 flat parameter, for RunDataParallelTraining's `flat_params` argument: what FSDP1

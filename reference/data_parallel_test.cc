@@ -113,6 +113,31 @@ TEST(DataParallelTest, SgdTrainingMatchesHandWrittenFullBatchLoop) {
   }
 }
 
+// TrainingStep::frozen: a parameter with requires_grad=False gets no gradient and keeps its
+// value; the others train as if it were a constant.
+TEST(DataParallelTest, FrozenParametersGetNoGradientAndKeepTheirValues) {
+  const TpSimpleModel<double> m;
+  const RefTensorMap p0 = UniformTensors<double>(m.ParameterSpecs(), 7, -0.5, 0.5);
+  const std::string frozen = p0.begin()->first;
+  TrainingStep<double> step;
+  step.rank_inputs = SplitBatch(Batch(6, 5, 12, 8), 2);
+  step.loss = CrossEntropyLoss(Reduction::kMean);
+  step.frozen = {frozen};
+  SgdOptions o;
+  o.lr = 0.05;
+  Sgd<double> sgd(o);
+  const std::vector<StepRecord<double>> rec =
+      RunDataParallelTraining<double>(m, p0, {}, {step, step}, &sgd);
+  ASSERT_EQ(rec.size(), 2u);
+  for (const StepRecord<double>& r : rec) {
+    EXPECT_EQ(r.grads.count(frozen), 0u);
+    for (const RefTensorMap& g : r.rank_grads) EXPECT_EQ(g.count(frozen), 0u);
+    EXPECT_EQ(r.params.at(frozen), p0.at(frozen));
+    EXPECT_EQ(r.grads.size(), p0.size() - 1);
+  }
+  EXPECT_NE(rec[1].params, p0);
+}
+
 TEST(DataParallelTest, TransformerTokensSplitAcrossRanks) {
   ModelArgs a;
   a.n_layers = 1;

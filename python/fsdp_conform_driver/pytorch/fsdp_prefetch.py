@@ -13,6 +13,11 @@ test_fsdp_backward_prefetch.py patches FSDP's runtime to see them:
 
 FQN is the instance's module path without `_fsdp_wrapped_module` (the root's is "").
 
+`frozen_blocks` ("none" or block indices "1,2"): those blocks' parameters get
+requires_grad=False before wrapping, as test_fsdp_fine_tune.py freezes modules, so their flat
+parameters are resharded by `_post_backward_reshard_only_hook` (its `_reshard` is recorded like
+any other).
+
 Thread-safety: one case at a time per process, on the main thread.
 """
 
@@ -85,10 +90,19 @@ def _recording(root, events):
             setattr(dist, name, original)
 
 
+def _freeze_blocks(model, frozen_blocks: str) -> None:
+    """requires_grad_(False) on the parameters of the blocks `frozen_blocks` names."""
+    if frozen_blocks == "none":
+        return
+    for index in frozen_blocks.split(","):
+        model.layers[int(index)].requires_grad_(False)
+
+
 def run(request):
     from fsdp_conform_driver.pytorch.fsdp1_api import nest_where, wrap
 
     model, _ = parity._build("transformer", request)
+    _freeze_blocks(model, request.params.get("frozen_blocks", "none"))
     nested = {id(m) for m in parity._children_to_shard(model)}
     fsdp_model = wrap(request, model, nest_where(lambda m: id(m) in nested))
     events, steps = [], []

@@ -340,6 +340,7 @@ def _train_flow(model, in_data, steps):
 
 
 def state_dict_save_load_flow(request):
+    import torch
     import torch.distributed as dist
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp._common_utils import clean_tensor_name
@@ -371,8 +372,22 @@ def state_dict_save_load_flow(request):
         _train_flow(model, in_data, 1)
         report(model, prefix)
     replica = _loaded_plain(name, request)
-    _train_flow(DistributedDataParallel(replica), in_data, _FLOW_STEPS)
+    if dist.get_rank() != 0:
+        # DistributedDataParallel's construction broadcasts rank 0's parameters and buffers
+        # (`_sync_module_states`): the other ranks' replicas start from zeros.
+        with torch.no_grad():
+            for t in (*replica.parameters(), *replica.buffers()):
+                t.zero_()
+    ddp_model = DistributedDataParallel(replica)
+    if dist.get_rank() != 0:
+        # broadcast_buffers=True: each forward broadcasts rank 0's buffers again.
+        with torch.no_grad():
+            for b in replica.buffers():
+                b.zero_()
+    _train_flow(ddp_model, in_data, _FLOW_STEPS)
     tensors.update({f"ddp/{fqn}": p.detach().clone() for fqn, p in replica.named_parameters()})
+    tensors.update({f"ddp_buffers/{fqn}": b.detach().clone()
+                    for fqn, b in replica.named_buffers()})
     return {}, tensors
 
 
