@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "conformance/checks.h"
+#include "conformance/fsdp1_params.h"
 #include "conformance/params.h"
 #include "conformance/scenario.h"
 #include "engine/core/dtype.h"
@@ -85,7 +86,10 @@ struct FullyShardPlan {
   bool no_reshard_after_backward = false;  // see accumulate_without_sync
   // set_gradient_divide_factor(factor) on every FSDP module. Default: unset (the world size).
   std::optional<double> divide_factor;
-  bool hsdp = false;  // the 2-D (replicate, shard) mesh of HybridMeshShapeFor(world)
+  bool hsdp = false;  // the 2-D (replicate, shard) mesh of HsdpMeshShape(world)
+  // HSDP's shard size: > 0 the (world / it, it) mesh (1: every rank its own shard group, as the
+  // seed's (2, 1) mesh at world 2); 0: HybridMeshShapeFor(world), both dims >= 2.
+  int hsdp_shard_size = 0;
   // HSDP: every micro-batch but the last of a step runs with set_requires_all_reduce(False)
   // (on the root, recurse): it reduce-scatters and keeps the partial sums, the last one adds
   // them and all-reduces. Default: off (every backward all-reduces).
@@ -114,6 +118,9 @@ struct FullyShardPlan {
   // the parameters' dtype (ZooModelKind::float32_output, the Transformer).
   Tolerance loss_tolerance;
 
+  // The (replicate, shard) mesh of HSDP at `world` ranks (hsdp_shard_size); nullopt where the
+  // world has none.
+  std::optional<HybridMeshShape> HsdpMeshShape(int world) const;
   // The ranks one reduce-scatter spans: the shard dimension of the HSDP mesh, else the world.
   int ShardSize(int world) const;
   // This rank's index within its shard group.

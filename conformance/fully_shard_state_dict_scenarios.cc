@@ -3,7 +3,10 @@
 //                       every parameter as this rank's torch.chunk rows with its global shape
 //                       and offsets (a Shard(0) DTensor), buffers full, no collective; with
 //                       shard_placement=largest_dim (an extra default run at world 4)
-//                       out_proj.weight is a Shard(1) DTensor: piece and offsets along dim 1
+//                       out_proj.weight is a Shard(1) DTensor: piece and offsets along dim 1;
+//                       with after_forward=True (reshard_after_forward=False, the seed's
+//                       model2) the negated state dict is loaded after a forward and the
+//                       state dict taken after another: the state dict hooks must reshard
 //   load_and_continue   a state dict taken after one SGD step loads (assign False or True)
 //                       into a zero model, and the next step of both models is identical
 //   full_state_dict     get_model_state_dict(full_state_dict) equals the weights on every rank,
@@ -27,8 +30,10 @@
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "conformance/state_dict_model.h"
+#include "engine/autograd/grad_mode.h"
 #include "engine/checkpoint/state_dict.h"
 #include "engine/distributed/comm_debug_mode.h"
+#include "engine/ops/elementwise.h"
 
 namespace fsdp::conformance {
 
@@ -57,6 +62,12 @@ Scenario ShardedStateDict() {
   s.info.seed_test = std::string(kSeedFile) + "test_dp_state_dict_save_load";
   s.info.params = StateDictModelParams();
   s.info.params.push_back(ShardPlacementParam());
+  s.info.params.push_back(ParamSpec::Axis(
+      "after_forward",
+      "True: both fully_shard calls with reshard_after_forward=False; the state dict negated "
+      "is loaded after a forward, and the state dict reported is taken after another forward "
+      "(the parameters unsharded both times: the state dict pre-hooks reshard)",
+      {"False", "True"}));
   s.info.observations.Add(ObservationKey::StringList("keys", "the state dict's keys, in order"))
       .Add(ObservationKey::Custom(
           "sharding", {{"type", "object"}},
@@ -75,7 +86,21 @@ Scenario ShardedStateDict() {
   s.info.inputs = StateDictModelInputsDoc();
   s.inputs = StateDictModelInputs;
   s.run_rank = [](RankEnv& env) {
-    nn::ModulePtr model = BuildShardedStateDictModel(env);
+    const bool after_forward = env.params.GetBool("after_forward");
+    nn::ModulePtr model = BuildShardedStateDictModel(env, /*zero_weights=*/false, !after_forward);
+    if (after_forward) {
+      // test_dp_state_dict_save_load's "Check that state dict hooks reshard" (model2), for the
+      // load pre-hook as well: PyTorch's FSDPParamGroup registers to_sharded as both.
+      const nn::StateDict negated = ClonedStateDict(model->state_dict(), /*negate=*/true);
+      const Tensor input = env.Inputs().Get(StepInputName(0)).to(env.device);
+      auto forward = [&] {
+        autograd::NoGradGuard no_grad;
+        (*model)(input);
+      };
+      forward();  // every parameter stays unsharded
+      model->load_state_dict(negated, /*strict=*/true);
+      forward();
+    }
     distributed::CommDebugMode comm;
     const nn::StateDict sd = model->state_dict();
     comm.exit();
@@ -87,7 +112,10 @@ Scenario ShardedStateDict() {
     return obs;
   };
   s.expect = [](const CaseParams& p, int world) {
-    const NamedTensors weights = StateDictModelInputs(p, world).weights;
+    NamedTensors weights = StateDictModelInputs(p, world).weights;
+    if (p.GetBool("after_forward")) {
+      for (auto& [key, t] : weights) t = ops::kernels::Neg(t);
+    }
     std::vector<nlohmann::json> out;
     for (int r = 0; r < world; ++r) {
       nlohmann::json obs;

@@ -111,10 +111,15 @@ Scenario TrainParityHsdp() {
                              "set_gradient_divide_factor(multiple * world) on every module; 0: "
                              "unset (the data-parallel size)",
                              0.0),
+       ParamSpec::SizeInt("shard_size",
+                          "the mesh's shard size: (world / shard_size, shard_size); 0: the "
+                          "smallest mesh with both dims >= 2",
+                          0, /*minimum=*/0),
        MicroBatches(3)},
       [](const CaseParams& p, int world) {
         FullyShardPlan plan = Base(p);
         plan.hsdp = true;
+        plan.hsdp_shard_size = static_cast<int>(p.GetInt("shard_size"));
         plan.defer_all_reduce = p.GetBool("defer_all_reduce");
         if (const double multiple = p.GetDouble("divide_factor_multiple"); multiple > 0.0) {
           plan.divide_factor = multiple * world;
@@ -123,9 +128,12 @@ Scenario TrainParityHsdp() {
       });
   // The smallest (replicate, shard) mesh, 2 x 2, by default; 2 x 4 at world 8, where a default
   // run also sets a divide factor other than the data-parallel size: the reduce-scatter then
-  // uses PREMUL_SUM, after which the all-reduce across replicas must SUM (not AVG).
+  // uses PREMUL_SUM, after which the all-reduce across replicas must SUM (not AVG). And the
+  // seed's mesh at world 2, (2, 1): the reduce-scatter spans one rank, so only a divide factor
+  // taken from the data-parallel size (shard x replicate, 2: AVG) instead of the shard group's
+  // (1: SUM, then SUM across replicas) averages the gradients.
   s.info.default_world = 4;
-  s.info.extra_default_runs = {{8, {{"divide_factor_multiple", "2"}}}};
+  s.info.extra_default_runs = {{8, {{"divide_factor_multiple", "2"}}}, {2, {{"shard_size", "1"}}}};
   s.info.test_runs = {{8, {}}};
   return s;
 }

@@ -57,6 +57,7 @@ class Plan:
     no_reshard_after_backward: bool = False
     divide_factor: Optional[float] = None
     hsdp: bool = False
+    hsdp_shard_size: int = 0  # > 0: the (world / it, it) mesh; 0: HybridMeshShapeFor's
     defer_all_reduce: bool = False
     cpu_offload_pin_memory: Optional[bool] = None  # None: no CPUOffloadPolicy
     ignored_params: List[str] = dataclasses.field(default_factory=list)
@@ -86,15 +87,20 @@ def group_modules(group: str) -> List[str]:
 
 
 def _mesh(request, plan: Plan):
-    """fully_shard's mesh: HSDP's init_device_mesh("cpu", (replicate, shard)) of the suite's
-    shape (HybridMeshShapeFor), else None (the default: the world)."""
+    """fully_shard's mesh: HSDP's init_device_mesh("cpu", (replicate, shard)) of the plan's
+    shard size, or of the suite's shape (HybridMeshShapeFor), else None (the default: the
+    world)."""
     if not plan.hsdp:
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
     from fsdp_conform_driver.pytorch.fsdp1_api import hybrid_mesh_shape
 
-    shape = hybrid_mesh_shape(request.world)
+    if plan.hsdp_shard_size > 0:
+        shard = plan.hsdp_shard_size
+        shape = (request.world // shard, shard) if request.world % shard == 0 else None
+    else:
+        shape = hybrid_mesh_shape(request.world)
     if shape is None:
         raise ScenarioSkipped(f"HSDP needs a (replicate, shard) mesh; world {request.world} has "
                               f"none")
