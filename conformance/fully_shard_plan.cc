@@ -488,7 +488,14 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
         if (plan.no_reshard_after_backward) root.set_reshard_after_backward(last, plan.recurse);
         root.set_is_last_backward(last);
       }
-      if (plan.defer_all_reduce) root.set_requires_all_reduce(i + 1 == plan.micro_batches);
+      if (plan.defer_all_reduce) {
+        const bool last = i + 1 == plan.micro_batches;
+        if (last && plan.resume_all_reduce_with_gradient_sync) {
+          root.set_requires_gradient_sync(true);
+        } else {
+          root.set_requires_all_reduce(last);
+        }
+      }
       const int64_t j = ZooStep(plan, k, i);
       const Tensor input = env.Inputs().Get(StepInputName(j)).to(env.device);
       distributed::CommDebugMode forward_mode;

@@ -94,6 +94,10 @@ struct FullyShardPlan {
   // (on the root, recurse): it reduce-scatters and keeps the partial sums, the last one adds
   // them and all-reduces. Default: off (every backward all-reduces).
   bool defer_all_reduce = false;
+  // defer_all_reduce: the last micro-batch turns the all-reduce back on with
+  // set_requires_gradient_sync(True) (which sets both switches) instead of
+  // set_requires_all_reduce(True). Default: off.
+  bool resume_all_reduce_with_gradient_sync = false;
   // Every fully_shard call's semantics profile: the case's `semantics` (the default profile
   // for a family without that parameter). It decides the reduce dtype of a group with
   // param_dtype and no reduce_dtype (fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset).

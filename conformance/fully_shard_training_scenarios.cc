@@ -111,6 +111,11 @@ Scenario TrainParityHsdp() {
                              "set_gradient_divide_factor(multiple * world) on every module; 0: "
                              "unset (the data-parallel size)",
                              0.0),
+       ParamSpec::SizeString("resume_all_reduce",
+                             "with defer_all_reduce, the call that turns the all-reduce back on "
+                             "for the last micro-batch: set_requires_all_reduce (True) or "
+                             "set_requires_gradient_sync (True), which sets both switches",
+                             "set_requires_all_reduce"),
        ParamSpec::SizeInt("shard_size",
                           "the mesh's shard size: (world / shard_size, shard_size); 0: the "
                           "smallest mesh with both dims >= 2",
@@ -121,6 +126,12 @@ Scenario TrainParityHsdp() {
         plan.hsdp = true;
         plan.hsdp_shard_size = static_cast<int>(p.GetInt("shard_size"));
         plan.defer_all_reduce = p.GetBool("defer_all_reduce");
+        const std::string resume = p.GetString("resume_all_reduce");
+        FSDP_CHECK(resume == "set_requires_all_reduce" || resume == "set_requires_gradient_sync",
+                   "resume_all_reduce must be set_requires_all_reduce or "
+                   "set_requires_gradient_sync, not '",
+                   resume, "'");
+        plan.resume_all_reduce_with_gradient_sync = resume == "set_requires_gradient_sync";
         if (const double multiple = p.GetDouble("divide_factor_multiple"); multiple > 0.0) {
           plan.divide_factor = multiple * world;
         }
@@ -133,7 +144,12 @@ Scenario TrainParityHsdp() {
   // taken from the data-parallel size (shard x replicate, 2: AVG) instead of the shard group's
   // (1: SUM, then SUM across replicas) averages the gradients.
   s.info.default_world = 4;
-  s.info.extra_default_runs = {{8, {{"divide_factor_multiple", "2"}}}, {2, {{"shard_size", "1"}}}};
+  // The deferred all-reduce turned back on by set_requires_gradient_sync(True), which sets
+  // all_reduce_grads too (FSDPModule.set_requires_gradient_sync).
+  s.info.extra_default_runs = {
+      {8, {{"divide_factor_multiple", "2"}}},
+      {2, {{"shard_size", "1"}}},
+      {4, {{"defer_all_reduce", "True"}, {"resume_all_reduce", "set_requires_gradient_sync"}}}};
   s.info.test_runs = {{8, {}}};
   return s;
 }

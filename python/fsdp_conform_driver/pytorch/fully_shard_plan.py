@@ -17,7 +17,9 @@ set_reduce_scatter_divide_factor, a PREMUL_SUM(1 / factor) reduce-scatter op). P
 test_fully_shard_training.py's test_gradient_accumulation, the root's
 set_requires_gradient_sync / set_reshard_after_backward (recurse as the plan says) and
 set_is_last_backward are False but for the last micro-batch of a step, and under HSDP
-set_requires_all_reduce likewise with defer_all_reduce. After the last micro-batch of a step,
+set_requires_all_reduce likewise with defer_all_reduce (the last micro-batch's turned back on
+by set_requires_gradient_sync(True) with resume_all_reduce_with_gradient_sync). After the last
+micro-batch of a step,
 SGD(lr).step() and zero_grad(set_to_none=True).
 
 Observations (PlanSchema): every micro-batch's loss and its collectives' counts and payload
@@ -59,6 +61,9 @@ class Plan:
     hsdp: bool = False
     hsdp_shard_size: int = 0  # > 0: the (world / it, it) mesh; 0: HybridMeshShapeFor's
     defer_all_reduce: bool = False
+    # defer_all_reduce: the last micro-batch calls set_requires_gradient_sync(True) instead of
+    # set_requires_all_reduce(True).
+    resume_all_reduce_with_gradient_sync: bool = False
     cpu_offload_pin_memory: Optional[bool] = None  # None: no CPUOffloadPolicy
     ignored_params: List[str] = dataclasses.field(default_factory=list)
     # Whether a parameter (by FQN) is frozen (FullyShardPlan::frozen_params as a predicate).
@@ -270,7 +275,10 @@ def run(request, plan: Plan):
                     model.set_reshard_after_backward(last, recurse=plan.recurse)
                 model.set_is_last_backward(last)
             if plan.defer_all_reduce:
-                model.set_requires_all_reduce(last)
+                if last and plan.resume_all_reduce_with_gradient_sync:
+                    model.set_requires_gradient_sync(True)
+                else:
+                    model.set_requires_all_reduce(last)
             j = k * plan.micro_batches + i
             # Without CommDebugMode's module tracker, which fails on a module called twice in
             # one forward (multi_forward_module's inner; recorders._NoModuleTracker).

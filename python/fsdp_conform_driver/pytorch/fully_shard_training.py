@@ -63,6 +63,8 @@ def train_parity_hsdp(request) -> Plan:
     plan.hsdp = True
     plan.hsdp_shard_size = request.int_param("shard_size")
     plan.defer_all_reduce = _true(request, "defer_all_reduce")
+    plan.resume_all_reduce_with_gradient_sync = (
+        request.param("resume_all_reduce") == "set_requires_gradient_sync")
     multiple = float(request.param("divide_factor_multiple"))
     if multiple > 0:
         plan.divide_factor = multiple * request.world
