@@ -6,7 +6,11 @@
 //                       out_proj.weight is a Shard(1) DTensor: piece and offsets along dim 1;
 //                       with after_forward=True (reshard_after_forward=False, the seed's
 //                       model2) the negated state dict is loaded after a forward and the
-//                       state dict taken after another: the state dict hooks must reshard
+//                       state dict taken after another: the state dict hooks must reshard;
+//                       with replace_param=True (an extra default run) in_proj.weight is
+//                       replaced after fully_shard by a new parameter holding the negated
+//                       piece, and a forward runs first: lazy init must adopt it
+//                       (test_reset_sharded_param_in_lazy_init)
 //   load_and_continue   a state dict taken after one SGD step loads (assign False or True)
 //                       into a zero model, and the next step of both models is identical
 //   full_state_dict     get_model_state_dict(full_state_dict) equals the weights on every rank,
@@ -68,6 +72,12 @@ Scenario ShardedStateDict() {
       "is loaded after a forward, and the state dict reported is taken after another forward "
       "(the parameters unsharded both times: the state dict pre-hooks reshard)",
       {"False", "True"}));
+  s.info.params.push_back(ParamSpec::SizeBool(
+      "replace_param",
+      "True: after fully_shard, in_proj.weight is replaced by a new parameter (this rank's piece "
+      "negated: nn.Parameter(DTensor.from_local(...)) in PyTorch), and a no_grad forward runs "
+      "(lazy init adopts the new parameter: FSDPParam.reset_sharded_param) before the rest",
+      false));
   s.info.observations.Add(ObservationKey::StringList("keys", "the state dict's keys, in order"))
       .Add(ObservationKey::Custom(
           "sharding", {{"type", "object"}},
@@ -81,22 +91,30 @@ Scenario ShardedStateDict() {
   s.info.max_world = 8;
   // A Shard(d > 0) placement (out_proj.weight [dim, 4*dim] on its dim 1 at even worlds): its
   // piece and offsets are along d, not dim 0.
-  s.info.extra_default_runs = {{4, {{kShardPlacementParam, "largest_dim"}}}};
+  s.info.extra_default_runs = {{4, {{kShardPlacementParam, "largest_dim"}}},
+                               {2, {{"replace_param", "True"}}}};
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
   s.info.inputs = StateDictModelInputsDoc();
   s.inputs = StateDictModelInputs;
   s.run_rank = [](RankEnv& env) {
     const bool after_forward = env.params.GetBool("after_forward");
     nn::ModulePtr model = BuildShardedStateDictModel(env, /*zero_weights=*/false, !after_forward);
+    const Tensor input = env.Inputs().Get(StepInputName(0)).to(env.device);
+    auto forward = [&] {
+      autograd::NoGradGuard no_grad;
+      (*model)(input);
+    };
+    if (env.params.GetBool("replace_param")) {
+      nn::Module& in_proj = *model->child("in_proj");
+      Tensor replaced = ops::kernels::Neg(in_proj.parameter("weight").detach());
+      replaced.set_requires_grad(true);
+      in_proj.set_parameter("weight", replaced);
+      forward();  // lazy init
+    }
     if (after_forward) {
       // test_dp_state_dict_save_load's "Check that state dict hooks reshard" (model2), for the
       // load pre-hook as well: PyTorch's FSDPParamGroup registers to_sharded as both.
       const nn::StateDict negated = ClonedStateDict(model->state_dict(), /*negate=*/true);
-      const Tensor input = env.Inputs().Get(StepInputName(0)).to(env.device);
-      auto forward = [&] {
-        autograd::NoGradGuard no_grad;
-        (*model)(input);
-      };
       forward();  // every parameter stays unsharded
       model->load_state_dict(negated, /*strict=*/true);
       forward();
@@ -113,8 +131,9 @@ Scenario ShardedStateDict() {
   };
   s.expect = [](const CaseParams& p, int world) {
     NamedTensors weights = StateDictModelInputs(p, world).weights;
-    if (p.GetBool("after_forward")) {
-      for (auto& [key, t] : weights) t = ops::kernels::Neg(t);
+    for (auto& [key, t] : weights) {
+      if (p.GetBool("replace_param") && key == "in_proj.weight") t = ops::kernels::Neg(t);
+      if (p.GetBool("after_forward")) t = ops::kernels::Neg(t);
     }
     std::vector<nlohmann::json> out;
     for (int r = 0; r < world; ++r) {

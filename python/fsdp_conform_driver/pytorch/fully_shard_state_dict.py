@@ -9,7 +9,10 @@ over the whole world (conformance/state_dict_model.h):
                       (both fully_shard calls with reshard_after_forward=False, as the seed's
                       model2): the state dict negated is loaded after a forward, and the state
                       dict reported is taken after another forward (each time with every
-                      parameter unsharded, so the state dict hooks must reshard)
+                      parameter unsharded, so the state dict hooks must reshard). With
+                      replace_param=True, first in_proj.weight = nn.Parameter(DTensor.from_local(
+                      -its local piece)) and a no_grad forward (lazy init adopts it:
+                      test_reset_sharded_param_in_lazy_init)
   load_and_continue   the state dict after one SGD(lr=0.1) step on out.sum() loads with
                       load_state_dict(strict=True, assign=...) into the same model built with
                       zero parameters; both then take the same second step
@@ -92,9 +95,24 @@ def _forward_without_grad(model, request):
         model(inputs.step_input(request, 0))
 
 
+def _replace_in_proj_weight(model):
+    """model.in_proj.weight replaced by a new sharded parameter, its local piece negated."""
+    import torch
+
+    from fsdp_conform_driver.pytorch.dtensor_api import DTensor
+
+    old = model.in_proj.weight
+    new = DTensor.from_local(-old.to_local().detach(), old.device_mesh, old.placements,
+                             run_check=False, shape=old.shape, stride=old.stride())
+    model.in_proj.weight = torch.nn.Parameter(new)
+
+
 def sharded_state_dict(request):
     after_forward = request.param("after_forward") == "True"
     model = _model(request, reshard_after_forward=not after_forward)
+    if request.param("replace_param") == "True":
+        _replace_in_proj_weight(model)
+        _forward_without_grad(model, request)  # lazy init
     if after_forward:
         # test_dp_state_dict_save_load's "Check that state dict hooks reshard", for the load
         # pre-hook too: load the negated state dict while unsharded, then save while unsharded.
