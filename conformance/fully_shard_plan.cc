@@ -290,7 +290,7 @@ fsdp2::FullyShardOptions PlanOptions(const FullyShardPlan& plan, const RankEnv& 
                                      const nn::Module& module) {
   fsdp2::FullyShardOptions options;
   if (plan.hsdp) {
-    const std::optional<HybridMeshShape> shape = HybridMeshShapeFor(env.world);
+    const std::optional<HybridMeshShape> shape = plan.HsdpMeshShape(env.world);
     FSDP_CHECK(shape.has_value(), env.scenario, ": world ", env.world,
                " has no (replicate, shard) mesh for HSDP");
     options.mesh = distributed::DeviceMesh::Init(env.pg, env.device.is_cuda() ? "cuda" : "cpu",
@@ -344,9 +344,15 @@ std::vector<std::string> GroupModules(const std::string& group) {
   }
 }
 
+std::optional<HybridMeshShape> FullyShardPlan::HsdpMeshShape(int world) const {
+  if (hsdp_shard_size <= 0) return HybridMeshShapeFor(world);
+  if (world % hsdp_shard_size != 0) return std::nullopt;
+  return HybridMeshShape{world / hsdp_shard_size, hsdp_shard_size};
+}
+
 int FullyShardPlan::ShardSize(int world) const {
   if (!hsdp) return world;
-  const std::optional<HybridMeshShape> shape = HybridMeshShapeFor(world);
+  const std::optional<HybridMeshShape> shape = HsdpMeshShape(world);
   FSDP_CHECK(shape.has_value(), "world ", world, " has no (replicate, shard) mesh for HSDP");
   return static_cast<int>(shape->shard);
 }
@@ -541,7 +547,14 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
         if (plan.no_reshard_after_backward) root.set_reshard_after_backward(last, plan.recurse);
         root.set_is_last_backward(last);
       }
-      if (plan.defer_all_reduce) root.set_requires_all_reduce(i + 1 == plan.micro_batches);
+      if (plan.defer_all_reduce) {
+        const bool last = i + 1 == plan.micro_batches;
+        if (last && plan.resume_all_reduce_with_gradient_sync) {
+          root.set_requires_gradient_sync(true);
+        } else {
+          root.set_requires_all_reduce(last);
+        }
+      }
       const int64_t j = ZooStep(plan, k, i);
       const Tensor input = env.Inputs().Get(StepInputName(j)).to(env.device);
       distributed::CommDebugMode forward_mode;
@@ -738,6 +751,25 @@ double PlanMixedPrecisionRtol(const FullyShardPlan& plan, const CaseParams& para
   return compute + reduction;
 }
 
+namespace {
+
+// `phase_counts` ({"forward": {op: n}, "backward": {...}}) without the collectives of a shard
+// group of one rank (all-gathers and reduce-scatters). Whether those are issued at all is a
+// release difference, not a rule: PyTorch 2.5 issues both, 2.15 neither (its foreach_reduce
+// copies instead of reduce-scattering on one rank), this engine the reduce-scatter only; what
+// they compute is the identity either way, which the values judge. The HSDP all-reduce across
+// replicas stays.
+nlohmann::json WithoutOneRankShardCollectives(nlohmann::json phase_counts) {
+  for (auto& [phase, ops] : phase_counts.items()) {
+    if (!ops.is_object()) continue;
+    ops.erase(kAllGather);
+    ops.erase(kReduceScatter);
+  }
+  return phase_counts;
+}
+
+}  // namespace
+
 void JudgePlan(const FullyShardPlan& plan, const CaseParams& params, int world,
                const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
   const PlanOracle oracle = RunPlanOracle(plan, params, world);
@@ -777,12 +809,23 @@ void JudgePlan(const FullyShardPlan& plan, const CaseParams& params, int world,
     checks.CheckEqual(who + " micro-batches reported", want_counts.size(), counts.size());
     checks.CheckEqual(who + " micro-batches with reduce ops reported", want_reduce_ops.size(),
                       reduce_ops.size());
+    // Under HSDP only (shard_size=1): a world of one keeps its counts judged (a test run; the
+    // same release difference, docs/pytorch.md).
+    const bool one_rank_shards = plan.hsdp && plan.ShardSize(world) == 1;
+    auto judged = [one_rank_shards](const nlohmann::json& phase_counts) {
+      return one_rank_shards ? WithoutOneRankShardCollectives(phase_counts) : phase_counts;
+    };
+    auto judged_ops = [one_rank_shards](nlohmann::json ops) {
+      if (one_rank_shards && ops.is_object()) ops.erase(kReduceScatter);
+      return ops;
+    };
     for (size_t m = 0; m < want_counts.size() && m < counts.size() && m < bytes.size(); ++m) {
       const std::string at = who + " micro-batch " + std::to_string(m);
-      checks.CheckEqual(at + " collective counts", want_counts[m], counts[m]);
-      checks.CheckEqual(at + " collective bytes", want_bytes[m], bytes[m]);
+      checks.CheckEqual(at + " collective counts", judged(want_counts[m]), judged(counts[m]));
+      checks.CheckEqual(at + " collective bytes", judged(want_bytes[m]), judged(bytes[m]));
       if (m < reduce_ops.size()) {
-        checks.CheckEqual(at + " backward reduce ops", want_reduce_ops[m], reduce_ops[m]);
+        checks.CheckEqual(at + " backward reduce ops", judged_ops(want_reduce_ops[m]),
+                          judged_ops(reduce_ops[m]));
       }
     }
     checks.CheckEqual(who + " gradient devices", RankObservation(expected, r, "grad_devices"),
@@ -843,9 +886,12 @@ Scenario MakePlanScenario(const std::string& name, const std::string& descriptio
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
   s.skip = [decode](const CaseParams& p, int world) -> std::optional<std::string> {
     const FullyShardPlan plan = decode(p, world);
-    if (plan.hsdp && !HybridMeshShapeFor(world).has_value()) {
-      return "HSDP needs a (replicate, shard) mesh with both dimensions >= 2; world " +
-             std::to_string(world) + " has none";
+    if (plan.hsdp && !plan.HsdpMeshShape(world).has_value()) {
+      return plan.hsdp_shard_size > 0
+                 ? "HSDP shard size " + std::to_string(plan.hsdp_shard_size) +
+                       " does not divide world " + std::to_string(world)
+                 : "HSDP needs a (replicate, shard) mesh with both dimensions >= 2; world " +
+                       std::to_string(world) + " has none";
     }
     if (plan.UsesMixedPrecision() && plan.steps != 1) {
       return "mixed precision is judged over one optimizer step (steps=1)";

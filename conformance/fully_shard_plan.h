@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "conformance/checks.h"
+#include "conformance/fsdp1_params.h"
 #include "conformance/params.h"
 #include "conformance/scenario.h"
 #include "engine/core/dtype.h"
@@ -89,7 +90,10 @@ struct FullyShardPlan {
   bool no_reshard_after_backward = false;  // see accumulate_without_sync
   // set_gradient_divide_factor(factor) on every FSDP module. Default: unset (the world size).
   std::optional<double> divide_factor;
-  bool hsdp = false;  // the 2-D (replicate, shard) mesh of HybridMeshShapeFor(world)
+  bool hsdp = false;  // the 2-D (replicate, shard) mesh of HsdpMeshShape(world)
+  // HSDP's shard size: > 0 the (world / it, it) mesh (1: every rank its own shard group, as the
+  // seed's (2, 1) mesh at world 2); 0: HybridMeshShapeFor(world), both dims >= 2.
+  int hsdp_shard_size = 0;
   // set_force_sum_reduction_for_comms(True) on every FSDP module: SUM collectives and a
   // post-divide instead of AVG. Default: off.
   bool force_sum_reduction = false;
@@ -97,6 +101,10 @@ struct FullyShardPlan {
   // (on the root, recurse): it reduce-scatters and keeps the partial sums, the last one adds
   // them and all-reduces. Default: off (every backward all-reduces).
   bool defer_all_reduce = false;
+  // defer_all_reduce: the last micro-batch turns the all-reduce back on with
+  // set_requires_gradient_sync(True) (which sets both switches) instead of
+  // set_requires_all_reduce(True). Default: off.
+  bool resume_all_reduce_with_gradient_sync = false;
   // Every fully_shard call's semantics profile: the case's `semantics` (the default profile
   // for a family without that parameter). It decides the reduce dtype of a group with
   // param_dtype and no reduce_dtype (fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset).
@@ -121,6 +129,9 @@ struct FullyShardPlan {
   // the parameters' dtype (ZooModelKind::float32_output, the Transformer).
   Tolerance loss_tolerance;
 
+  // The (replicate, shard) mesh of HSDP at `world` ranks (hsdp_shard_size); nullopt where the
+  // world has none.
+  std::optional<HybridMeshShape> HsdpMeshShape(int world) const;
   // The ranks one reduce-scatter spans: the shard dimension of the HSDP mesh, else the world.
   int ShardSize(int world) const;
   // This rank's index within its shard group.

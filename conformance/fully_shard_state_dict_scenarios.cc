@@ -3,7 +3,14 @@
 //                       every parameter as this rank's torch.chunk rows with its global shape
 //                       and offsets (a Shard(0) DTensor), buffers full, no collective; with
 //                       shard_placement=largest_dim (an extra default run at world 4)
-//                       out_proj.weight is a Shard(1) DTensor: piece and offsets along dim 1
+//                       out_proj.weight is a Shard(1) DTensor: piece and offsets along dim 1;
+//                       with after_forward=True (reshard_after_forward=False, the seed's
+//                       model2) the negated state dict is loaded after a forward and the
+//                       state dict taken after another: the state dict hooks must reshard;
+//                       with replace_param=True (an extra default run) in_proj.weight is
+//                       replaced after fully_shard by a new parameter holding the negated
+//                       piece, and a forward runs first: lazy init must adopt it
+//                       (test_reset_sharded_param_in_lazy_init)
 //   load_and_continue   a state dict taken after one SGD step loads (assign False or True)
 //                       into a zero model, and the next step of both models is identical
 //   full_state_dict     get_model_state_dict(full_state_dict) equals the weights on every rank,
@@ -27,8 +34,10 @@
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "conformance/state_dict_model.h"
+#include "engine/autograd/grad_mode.h"
 #include "engine/checkpoint/state_dict.h"
 #include "engine/distributed/comm_debug_mode.h"
+#include "engine/ops/elementwise.h"
 
 namespace fsdp::conformance {
 
@@ -57,6 +66,18 @@ Scenario ShardedStateDict() {
   s.info.seed_test = std::string(kSeedFile) + "test_dp_state_dict_save_load";
   s.info.params = StateDictModelParams();
   s.info.params.push_back(ShardPlacementParam());
+  s.info.params.push_back(ParamSpec::Axis(
+      "after_forward",
+      "True: both fully_shard calls with reshard_after_forward=False; the state dict negated "
+      "is loaded after a forward, and the state dict reported is taken after another forward "
+      "(the parameters unsharded both times: the state dict pre-hooks reshard)",
+      {"False", "True"}));
+  s.info.params.push_back(ParamSpec::SizeBool(
+      "replace_param",
+      "True: after fully_shard, in_proj.weight is replaced by a new parameter (this rank's piece "
+      "negated: nn.Parameter(DTensor.from_local(...)) in PyTorch), and a no_grad forward runs "
+      "(lazy init adopts the new parameter: FSDPParam.reset_sharded_param) before the rest",
+      false));
   s.info.observations.Add(ObservationKey::StringList("keys", "the state dict's keys, in order"))
       .Add(ObservationKey::Custom(
           "sharding", {{"type", "object"}},
@@ -70,12 +91,34 @@ Scenario ShardedStateDict() {
   s.info.max_world = 8;
   // A Shard(d > 0) placement (out_proj.weight [dim, 4*dim] on its dim 1 at even worlds): its
   // piece and offsets are along d, not dim 0.
-  s.info.extra_default_runs = {{4, {{kShardPlacementParam, "largest_dim"}}}};
+  s.info.extra_default_runs = {{4, {{kShardPlacementParam, "largest_dim"}}},
+                               {2, {{"replace_param", "True"}}}};
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
   s.info.inputs = StateDictModelInputsDoc();
   s.inputs = StateDictModelInputs;
   s.run_rank = [](RankEnv& env) {
-    nn::ModulePtr model = BuildShardedStateDictModel(env);
+    const bool after_forward = env.params.GetBool("after_forward");
+    nn::ModulePtr model = BuildShardedStateDictModel(env, /*zero_weights=*/false, !after_forward);
+    const Tensor input = env.Inputs().Get(StepInputName(0)).to(env.device);
+    auto forward = [&] {
+      autograd::NoGradGuard no_grad;
+      (*model)(input);
+    };
+    if (env.params.GetBool("replace_param")) {
+      nn::Module& in_proj = *model->child("in_proj");
+      Tensor replaced = ops::kernels::Neg(in_proj.parameter("weight").detach());
+      replaced.set_requires_grad(true);
+      in_proj.set_parameter("weight", replaced);
+      forward();  // lazy init
+    }
+    if (after_forward) {
+      // test_dp_state_dict_save_load's "Check that state dict hooks reshard" (model2), for the
+      // load pre-hook as well: PyTorch's FSDPParamGroup registers to_sharded as both.
+      const nn::StateDict negated = ClonedStateDict(model->state_dict(), /*negate=*/true);
+      forward();  // every parameter stays unsharded
+      model->load_state_dict(negated, /*strict=*/true);
+      forward();
+    }
     distributed::CommDebugMode comm;
     const nn::StateDict sd = model->state_dict();
     comm.exit();
@@ -87,7 +130,11 @@ Scenario ShardedStateDict() {
     return obs;
   };
   s.expect = [](const CaseParams& p, int world) {
-    const NamedTensors weights = StateDictModelInputs(p, world).weights;
+    NamedTensors weights = StateDictModelInputs(p, world).weights;
+    for (auto& [key, t] : weights) {
+      if (p.GetBool("replace_param") && key == "in_proj.weight") t = ops::kernels::Neg(t);
+      if (p.GetBool("after_forward")) t = ops::kernels::Neg(t);
+    }
     std::vector<nlohmann::json> out;
     for (int r = 0; r < world; ++r) {
       nlohmann::json obs;

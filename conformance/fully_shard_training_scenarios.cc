@@ -116,12 +116,28 @@ Scenario TrainParityHsdp() {
                            "set_force_sum_reduction_for_comms(True) on every module (torch-2.15): "
                            "SUM collectives and a post-divide",
                            false),
+       ParamSpec::SizeString("resume_all_reduce",
+                             "with defer_all_reduce, the call that turns the all-reduce back on "
+                             "for the last micro-batch: set_requires_all_reduce (True) or "
+                             "set_requires_gradient_sync (True), which sets both switches",
+                             "set_requires_all_reduce"),
+       ParamSpec::SizeInt("shard_size",
+                          "the mesh's shard size: (world / shard_size, shard_size); 0: the "
+                          "smallest mesh with both dims >= 2",
+                          0, /*minimum=*/0),
        MicroBatches(3)},
       [](const CaseParams& p, int world) {
         FullyShardPlan plan = Base(p);
         plan.hsdp = true;
+        plan.hsdp_shard_size = static_cast<int>(p.GetInt("shard_size"));
         plan.defer_all_reduce = p.GetBool("defer_all_reduce");
         plan.force_sum_reduction = p.GetBool("force_sum_reduction");
+        const std::string resume = p.GetString("resume_all_reduce");
+        FSDP_CHECK(resume == "set_requires_all_reduce" || resume == "set_requires_gradient_sync",
+                   "resume_all_reduce must be set_requires_all_reduce or "
+                   "set_requires_gradient_sync, not '",
+                   resume, "'");
+        plan.resume_all_reduce_with_gradient_sync = resume == "set_requires_gradient_sync";
         if (const double multiple = p.GetDouble("divide_factor_multiple"); multiple > 0.0) {
           plan.divide_factor = multiple * world;
         }
@@ -129,16 +145,24 @@ Scenario TrainParityHsdp() {
       });
   // The smallest (replicate, shard) mesh, 2 x 2, by default; 2 x 4 at world 8, where a default
   // run also sets a divide factor other than the data-parallel size: the reduce-scatter then
-  // uses PREMUL_SUM, after which the all-reduce across replicas must SUM (not AVG).
+  // uses PREMUL_SUM, after which the all-reduce across replicas must SUM (not AVG). And the
+  // seed's mesh at world 2, (2, 1): the reduce-scatter spans one rank, so only a divide factor
+  // taken from the data-parallel size (shard x replicate, 2: AVG) instead of the shard group's
+  // (1: SUM, then SUM across replicas) averages the gradients.
   // In float32 the reduce ops tell the policies apart (a float64 reduction always sums): extra
   // default runs reduce in float32 as is, with set_force_sum_reduction_for_comms on every
   // module, and with a divide factor equal to the shard size (2 on the 2 x 2 mesh), where the
   // reduce-scatter averages and the all-reduce across replicas sums.
+  // The deferred all-reduce turned back on by set_requires_gradient_sync(True), which sets
+  // all_reduce_grads too (FSDPModule.set_requires_gradient_sync).
   s.info.default_world = 4;
-  s.info.extra_default_runs = {{8, {{"divide_factor_multiple", "2"}}},
-                               {4, {{"dtype", "float32"}}},
-                               {4, {{"dtype", "float32"}, {"force_sum_reduction", "True"}}},
-                               {4, {{"dtype", "float32"}, {"divide_factor_multiple", "0.5"}}}};
+  s.info.extra_default_runs = {
+      {8, {{"divide_factor_multiple", "2"}}},
+      {2, {{"shard_size", "1"}}},
+      {4, {{"defer_all_reduce", "True"}, {"resume_all_reduce", "set_requires_gradient_sync"}}},
+      {4, {{"dtype", "float32"}}},
+      {4, {{"dtype", "float32"}, {"force_sum_reduction", "True"}}},
+      {4, {{"dtype", "float32"}, {"divide_factor_multiple", "0.5"}}}};
   s.info.test_runs = {{8, {}}};
   return s;
 }

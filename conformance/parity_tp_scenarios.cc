@@ -15,11 +15,14 @@
 // oracle's loss of that torch.chunk piece of the rank's batch, which MLPStack computes position
 // by position), its local parameter and gradient shards per step (the
 // nested torch.chunk of tp_plans.h, over the shard group), the full parameters after the last
-// step (full_tensor(), gathered over the shard group and tp) and the collectives of every
-// step's forward and backward. The counts are derived from the FSDP groups and the placements:
-// per FSDP group with parameters one c10d all-gather in forward, one in backward unless it is
-// the root (kept unsharded after forward) and one reduce-scatter (no all-gathers over a shard
-// group of one rank), plus under HSDP one c10d all-reduce over the replicate group in
+// step (full_tensor(), gathered over the shard group and tp), the global shape and offsets of
+// every value of the model's state_dict() after it (the 2-D DTensor of each parameter: its TP
+// piece's offset along the TP dim plus its dp chunk's along dim 0, as
+// compute_local_shape_and_global_offset plans it for torch.distributed.checkpoint) and the
+// collectives of every step's forward and backward. The counts are derived from the FSDP groups and
+// the placements: per FSDP group with parameters one c10d all-gather in forward, one in backward
+// unless it is the root (kept unsharded after forward) and one reduce-scatter (no all-gathers over
+// a shard group of one rank), plus under HSDP one c10d all-reduce over the replicate group in
 // backward; per RowwiseParallel whose output_layouts is Replicate() one functional all-reduce in
 // forward (its Partial output to Replicate), per one whose output_layouts is Shard(d) one
 // functional reduce-scatter in forward and one functional all-gather in backward (its
@@ -27,6 +30,7 @@
 // functional all-reduce in backward (its input's Partial gradient); per parameter of a
 // SequenceParallel module one functional all-reduce in backward (its Partial gradient to
 // Replicate).
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -39,11 +43,13 @@
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "conformance/sharded_parity.h"
+#include "conformance/state_dict_model.h"
 #include "conformance/tp_plans.h"
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/distributed/device_mesh.h"
 #include "engine/fsdp/fully_shard.h"
 #include "reference/loss.h"
+#include "reference/sharding.h"
 
 namespace fsdp::conformance {
 
@@ -51,6 +57,7 @@ namespace {
 
 constexpr const char* kFamily = "parity/tp";
 constexpr const char* kStepCommCounts = "step_comm_counts";
+constexpr const char* kStateDictSharding = "state_dict_sharding";
 using Counts = distributed::CommDebugMode::Counts;
 
 // The case's (dp, tp) at `world`: tp from the parameters, dp from the parameters or world / tp;
@@ -137,6 +144,11 @@ ObservationSchema TpParitySchema() {
   schema.AddTensors({"full/{fqn}", "the case's dtype", "the full parameter",
                      "every parameter after the last step, all-gathered over dp and tp "
                      "(full_tensor())"});
+  schema.Add(ObservationKey::Custom(
+      kStateDictSharding, {{"type", "object"}},
+      "per key of the model's state_dict() after the last step: {\"global_shape\", "
+      "\"offsets\"} of its DTensor value (compute_local_shape_and_global_offset), null for a "
+      "plain tensor"));
   schema.Add(ObservationKey::Custom(
       kStepCommCounts, {{"type", "array"}, {"items", ObservationKey::CommCounts("").schema}},
       "per training step, the collectives of its forward and of its backward: {\"forward\": {op: "
@@ -264,6 +276,7 @@ nlohmann::json RunTpParityRank(const std::string& kind, RankEnv& env) {
   nlohmann::json obs = TrainingObservations(record, c.dtype);
   obs[kTensors].update(MapToJson(FullShardedParameters(*module), DTypeName(c.dtype), "full/"));
   obs[kStepCommCounts] = std::move(step_counts);
+  obs[kStateDictSharding] = StateDictShardingJson(module->state_dict());
   return obs;
 }
 
@@ -282,6 +295,26 @@ double SequencePieceLoss(const ParityCase& c, const reference::RefTensorMap& par
   const auto forward =
       c.model.oracle().Forward(params, c.model.MakeBuffers(c.seed, c.dtype), input);
   return reference::ComputeLoss(c.model.LossAt(step), forward.outputs).loss;
+}
+
+// {"global_shape", "offsets"} of `full`'s 2-D (dp, tp) DTensor on rank (dp_rank, tp_rank):
+// the TP piece's offset along its dim (torch.chunk's: the dim's size for an empty piece), then
+// the dp chunk's along dim 0 of that piece, added to it (FSDP's Shard(0), _StridedShard over a
+// TP Shard(0)).
+nlohmann::json ExpectedTpSharding(const reference::Shape& full,
+                                  const std::optional<tensor_parallel::Placement>& tp_placement,
+                                  int dp_rank, int dp, int tp_rank, int tp) {
+  std::vector<int64_t> offsets(full.size(), 0);
+  int64_t tp_local_rows = full.at(0);
+  if (tp_placement && tp_placement->is_shard()) {
+    const auto dim =
+        static_cast<size_t>(tp_placement->normalized(static_cast<int64_t>(full.size())).dim());
+    const reference::ChunkLayout layout = reference::MakeChunkLayout(full[dim], tp);
+    offsets[dim] = layout.RowOffset(tp_rank);
+    if (dim == 0) tp_local_rows = layout.RowsOnRank(tp_rank);
+  }
+  offsets[0] += reference::MakeChunkLayout(tp_local_rows, dp).RowOffset(dp_rank);
+  return {{"global_shape", full}, {"offsets", offsets}};
 }
 
 std::vector<nlohmann::json> ExpectTpParity(const std::string& kind, const CaseParams& params,
@@ -305,6 +338,18 @@ std::vector<nlohmann::json> ExpectTpParity(const std::string& kind, const CasePa
     return out;
   };
   const reference::RefTensorMap initial = c.model.MakeParameters(c.seed, c.dtype);
+  // The state dict's keys, each with the parameter it holds (a tied weight's other location
+  // holds its owner's DTensor).
+  std::vector<std::pair<std::string, std::string>> state_dict_keys;
+  {
+    const nn::ModulePtr module = c.model.BuildEngine();
+    std::map<const TensorImpl*, std::string> owner;
+    for (const auto& [name, param] : module->named_parameters()) owner.emplace(param.impl(), name);
+    for (const auto& [name, param] :
+         module->named_parameters("", /*recurse=*/true, /*remove_duplicate=*/false)) {
+      state_dict_keys.emplace_back(name, owner.at(param.impl()));
+    }
+  }
   std::vector<nlohmann::json> expected(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     nlohmann::json& e = expected[static_cast<size_t>(r)];
@@ -312,6 +357,15 @@ std::vector<nlohmann::json> ExpectTpParity(const std::string& kind, const CasePa
     e["loss_dtype"] = DTypeName(ZooModel::Kind(kind).LossDType(c.dtype));
     e[kTensors] = nlohmann::json::object();
     e[kStepCommCounts] = nlohmann::json::array();
+    e[kStateDictSharding] = nlohmann::json::object();
+    for (const auto& [key, owner] : state_dict_keys) {
+      auto it = placements.find(owner);
+      e[kStateDictSharding][key] = ExpectedTpSharding(
+          initial.at(owner).shape,
+          it == placements.end() ? std::nullopt
+                                 : std::optional<tensor_parallel::Placement>(it->second),
+          m.shard_index(r), m.shard(), r % m.tp, m.tp);
+    }
     for (int64_t k = 0; k < c.steps; ++k) {
       const auto& step = oracle[static_cast<size_t>(k)];
       double loss = step.rank_losses.at(r / m.tp);
@@ -341,6 +395,9 @@ void JudgeTpParity(const std::string& kind, const CaseParams& params, int world,
     checks.CheckEqual(RankName(r) + " collectives of every step's forward and backward",
                       RankObservation(expected, r, kStepCommCounts),
                       RankObservation(per_rank, r, kStepCommCounts));
+    checks.CheckEqual(RankName(r) + " state_dict() global shapes and offsets",
+                      RankObservation(expected, r, kStateDictSharding),
+                      RankObservation(per_rank, r, kStateDictSharding));
   }
   const MeshShape m = MeshShapeOf(params, world);
   checks.SetFigure("dp", m.dp);

@@ -8,6 +8,7 @@
 #include "engine/functional/functional.h"
 #include "engine/nn/init.h"
 #include "engine/nn/models.h"
+#include "engine/ops/elementwise.h"
 #include "engine/ops/shape_ops.h"
 #include "engine/optim/sgd.h"
 
@@ -59,7 +60,8 @@ InputsDoc StateDictModelInputsDoc() {
   return doc;
 }
 
-nn::ModulePtr BuildShardedStateDictModel(RankEnv& env, bool zero_weights) {
+nn::ModulePtr BuildShardedStateDictModel(RankEnv& env, bool zero_weights,
+                                         bool reshard_after_forward) {
   auto model = MakeModel(Dim(env.params));
   model->load_state_dict(env.Inputs().weights());
   if (zero_weights) {
@@ -69,6 +71,7 @@ nn::ModulePtr BuildShardedStateDictModel(RankEnv& env, bool zero_weights) {
   fsdp2::FullyShardOptions options;
   options.process_group = env.pg;
   options.shard_placement_fn = ShardPlacementFnOf(env.params, env.pg->size());
+  if (!reshard_after_forward) options.reshard_after_forward = false;
   fsdp2::fully_shard(model->child("in_proj"), options);
   fsdp2::fully_shard(model, options);
   return model;
@@ -128,9 +131,9 @@ nlohmann::json StateDictShardingJson(const nn::StateDict& sd) {
   return out;
 }
 
-nn::StateDict ClonedStateDict(const nn::StateDict& sd) {
+nn::StateDict ClonedStateDict(const nn::StateDict& sd, bool negate) {
   nn::StateDict out;
-  for (const auto& [k, v] : sd) out.insert(k, v.clone());
+  for (const auto& [k, v] : sd) out.insert(k, negate ? ops::kernels::Neg(v) : v.clone());
   out.sharded = sd.sharded;
   return out;
 }

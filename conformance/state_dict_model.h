@@ -31,8 +31,10 @@ InputsDoc StateDictModelInputsDoc();
 // The MLP with the case's weights on env.device, fully_shard-ed over env.pg as above (with the
 // case's shard_placement_fn where the scenario has a shard_placement parameter,
 // conformance/fsdp_params.h). With `zero_weights`, every parameter is zero instead (a model
-// that has not loaded anything yet).
-nn::ModulePtr BuildShardedStateDictModel(RankEnv& env, bool zero_weights = false);
+// that has not loaded anything yet); with `reshard_after_forward` false, both fully_shard calls
+// pass reshard_after_forward=False (the parameters stay unsharded after a forward).
+nn::ModulePtr BuildShardedStateDictModel(RankEnv& env, bool zero_weights = false,
+                                         bool reshard_after_forward = true);
 
 // True for the entries fully_shard manages (parameters), false for buffers.
 bool IsShardedKey(const std::string& key);
@@ -55,8 +57,8 @@ nlohmann::json StateDictPiecesJson(const nn::StateDict& sd, const std::string& p
 // Per key of `sd`: {"global_shape", "offsets"} of a sharded (DTensor) value, null for a plain
 // tensor.
 nlohmann::json StateDictShardingJson(const nn::StateDict& sd);
-// A copy of `sd` with every value cloned (the sharding kept).
-nn::StateDict ClonedStateDict(const nn::StateDict& sd);
+// A copy of `sd` with every value cloned (the sharding kept); negated with `negate`.
+nn::StateDict ClonedStateDict(const nn::StateDict& sd, bool negate = false);
 
 // The load-and-continue rule: after loading what a saver saved, one more step of the loader
 // equals the saver's own. Rank `rank`'s "loaded/<key>" tensor must equal its "continued/<key>"

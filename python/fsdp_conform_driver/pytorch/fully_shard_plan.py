@@ -18,7 +18,9 @@ set_force_sum_reduction_for_comms(True) where the plan says. Per micro-batch, as
 test_fully_shard_training.py's test_gradient_accumulation, the root's
 set_requires_gradient_sync / set_reshard_after_backward (recurse as the plan says) and
 set_is_last_backward are False but for the last micro-batch of a step, and under HSDP
-set_requires_all_reduce likewise with defer_all_reduce. After the last micro-batch of a step,
+set_requires_all_reduce likewise with defer_all_reduce (the last micro-batch's turned back on
+by set_requires_gradient_sync(True) with resume_all_reduce_with_gradient_sync). After the last
+micro-batch of a step,
 SGD(lr).step() and zero_grad(set_to_none=True).
 
 Observations (PlanSchema): every micro-batch's loss and its collectives' counts and payload
@@ -60,7 +62,11 @@ class Plan:
     divide_factor: Optional[float] = None
     force_sum_reduction: bool = False
     hsdp: bool = False
+    hsdp_shard_size: int = 0  # > 0: the (world / it, it) mesh; 0: HybridMeshShapeFor's
     defer_all_reduce: bool = False
+    # defer_all_reduce: the last micro-batch calls set_requires_gradient_sync(True) instead of
+    # set_requires_all_reduce(True).
+    resume_all_reduce_with_gradient_sync: bool = False
     cpu_offload_pin_memory: Optional[bool] = None  # None: no CPUOffloadPolicy
     ignored_params: List[str] = dataclasses.field(default_factory=list)
     # Whether a parameter (by FQN) is frozen (FullyShardPlan::frozen_params as a predicate).
@@ -89,15 +95,20 @@ def group_modules(group: str) -> List[str]:
 
 
 def _mesh(request, plan: Plan):
-    """fully_shard's mesh: HSDP's init_device_mesh("cpu", (replicate, shard)) of the suite's
-    shape (HybridMeshShapeFor), else None (the default: the world)."""
+    """fully_shard's mesh: HSDP's init_device_mesh("cpu", (replicate, shard)) of the plan's
+    shard size, or of the suite's shape (HybridMeshShapeFor), else None (the default: the
+    world)."""
     if not plan.hsdp:
         return None
     from torch.distributed.device_mesh import init_device_mesh
 
     from fsdp_conform_driver.pytorch.fsdp1_api import hybrid_mesh_shape
 
-    shape = hybrid_mesh_shape(request.world)
+    if plan.hsdp_shard_size > 0:
+        shard = plan.hsdp_shard_size
+        shape = (request.world // shard, shard) if request.world % shard == 0 else None
+    else:
+        shape = hybrid_mesh_shape(request.world)
     if shape is None:
         raise ScenarioSkipped(f"HSDP needs a (replicate, shard) mesh; world {request.world} has "
                               f"none")
@@ -273,7 +284,10 @@ def run(request, plan: Plan):
                     model.set_reshard_after_backward(last, recurse=plan.recurse)
                 model.set_is_last_backward(last)
             if plan.defer_all_reduce:
-                model.set_requires_all_reduce(last)
+                if last and plan.resume_all_reduce_with_gradient_sync:
+                    model.set_requires_gradient_sync(True)
+                else:
+                    model.set_requires_all_reduce(last)
             j = k * plan.micro_batches + i
             # Without CommDebugMode's module tracker, which fails on a module called twice in
             # one forward (multi_forward_module's inner; recorders._NoModuleTracker).

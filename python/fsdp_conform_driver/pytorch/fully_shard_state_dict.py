@@ -5,7 +5,14 @@ over the whole world (conformance/state_dict_model.h):
   sharded_state_dict  model.state_dict(): its keys, every DTensor value's global shape and
                       offsets (compute_local_shape_and_global_offset, as torch.distributed.
                       checkpoint plans them; null for a plain tensor), CommDebugMode's count
-                      of its collectives, every value's local tensor
+                      of its collectives, every value's local tensor. With after_forward=True
+                      (both fully_shard calls with reshard_after_forward=False, as the seed's
+                      model2): the state dict negated is loaded after a forward, and the state
+                      dict reported is taken after another forward (each time with every
+                      parameter unsharded, so the state dict hooks must reshard). With
+                      replace_param=True, first in_proj.weight = nn.Parameter(DTensor.from_local(
+                      -its local piece)) and a no_grad forward (lazy init adopts it:
+                      test_reset_sharded_param_in_lazy_init)
   load_and_continue   the state dict after one SGD(lr=0.1) step on out.sum() loads with
                       load_state_dict(strict=True, assign=...) into the same model built with
                       zero parameters; both then take the same second step
@@ -30,7 +37,7 @@ from fsdp_conform_driver import inputs
 from fsdp_conform_driver.recorders import CommCounts
 
 
-def _model(request, zero_weights=False):
+def _model(request, zero_weights=False, reshard_after_forward=True):
     import torch
 
     from fsdp_conform_driver.pytorch.fsdp_api import fully_shard, shard_placement_kwargs
@@ -42,9 +49,11 @@ def _model(request, zero_weights=False):
         with torch.no_grad():
             for p in model.parameters():
                 p.zero_()
-    placement = shard_placement_kwargs(request, request.world)
-    fully_shard(model.in_proj, **placement)
-    fully_shard(model, **placement)
+    kwargs = shard_placement_kwargs(request, request.world)
+    if not reshard_after_forward:
+        kwargs["reshard_after_forward"] = False
+    fully_shard(model.in_proj, **kwargs)
+    fully_shard(model, **kwargs)
     return model
 
 
@@ -77,8 +86,40 @@ def _sgd_step_on_sum(model, x):
     optim.zero_grad()
 
 
+def _forward_without_grad(model, request):
+    """A forward on the step-0 input under no_grad: with reshard_after_forward=False every
+    parameter stays unsharded (registered as the unsharded tensor) afterwards."""
+    import torch
+
+    with torch.no_grad():
+        model(inputs.step_input(request, 0))
+
+
+def _replace_in_proj_weight(model):
+    """model.in_proj.weight replaced by a new sharded parameter, its local piece negated."""
+    import torch
+
+    from fsdp_conform_driver.pytorch.dtensor_api import DTensor
+
+    old = model.in_proj.weight
+    new = DTensor.from_local(-old.to_local().detach(), old.device_mesh, old.placements,
+                             run_check=False, shape=old.shape, stride=old.stride())
+    model.in_proj.weight = torch.nn.Parameter(new)
+
+
 def sharded_state_dict(request):
-    model = _model(request)
+    after_forward = request.param("after_forward") == "True"
+    model = _model(request, reshard_after_forward=not after_forward)
+    if request.param("replace_param") == "True":
+        _replace_in_proj_weight(model)
+        _forward_without_grad(model, request)  # lazy init
+    if after_forward:
+        # test_dp_state_dict_save_load's "Check that state dict hooks reshard", for the load
+        # pre-hook too: load the negated state dict while unsharded, then save while unsharded.
+        negated = {k: -v.detach() for k, v in model.state_dict().items()}
+        _forward_without_grad(model, request)
+        model.load_state_dict(negated, strict=True)
+        _forward_without_grad(model, request)
     counts = CommCounts()
     with counts.phase("state_dict"):
         sd = model.state_dict()

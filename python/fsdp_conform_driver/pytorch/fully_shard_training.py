@@ -8,7 +8,8 @@ conformance/fully_shard_frozen_scenarios.cc decode it, then run by fully_shard_p
                             set_reshard_after_backward(False, ...) with
                             reshard_after_backward=False) and set_is_last_backward(False) but
                             for the last micro-batch; "sync": every backward reduces
-  train_parity_hsdp         MLPStack on init_device_mesh("cpu", (replicate, shard));
+  train_parity_hsdp         MLPStack on init_device_mesh("cpu", (replicate, shard)) (the
+                            case's shard_size, e.g. the seed's (2, 1) at world 2);
                             set_requires_all_reduce(False) but for the last micro-batch
                             (defer_all_reduce), set_gradient_divide_factor(multiple * world),
                             set_force_sum_reduction_for_comms(True) (force_sum_reduction)
@@ -61,8 +62,11 @@ def gradient_accumulation(request) -> Plan:
 def train_parity_hsdp(request) -> Plan:
     plan = _mlp_stack(request)
     plan.hsdp = True
+    plan.hsdp_shard_size = request.int_param("shard_size")
     plan.defer_all_reduce = _true(request, "defer_all_reduce")
     plan.force_sum_reduction = _true(request, "force_sum_reduction")
+    plan.resume_all_reduce_with_gradient_sync = (
+        request.param("resume_all_reduce") == "set_requires_gradient_sync")
     multiple = float(request.param("divide_factor_multiple"))
     if multiple > 0:
         plan.divide_factor = multiple * request.world

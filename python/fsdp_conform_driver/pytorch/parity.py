@@ -290,6 +290,10 @@ def tp(kind: str):
         for name, p in model.named_parameters():
             tensors[f"full/{name}"] = p.full_tensor().detach().clone()
         obs["step_comm_counts"] = step_counts
+        from fsdp_conform_driver.pytorch.fully_shard_state_dict import dtensor_sharding
+
+        obs["state_dict_sharding"] = {key: dtensor_sharding(value)
+                                      for key, value in model.state_dict().items()}
         return obs, tensors
     return run
 
