@@ -214,10 +214,17 @@ struct Fault {
   const char* name;
   const char* code;
 };
-constexpr Fault kFaults[] = {{"truncated", "DataLoss"},      {"corrupt_header", "DataLoss"},
-                             {"missing_shard", "NotFound"},  {"wrong_dtype", "InvalidArgument"},
-                             {"wrong_shape", "InvalidArgument"}, {"missing_key", "NotFound"},
-                             {"unexpected_key", "NotFound"}};
+constexpr Fault kFaults[] = {
+    {"truncated", "DataLoss"},          {"corrupt_header", "DataLoss"},
+    {"missing_shard", "NotFound"},      {"wrong_dtype", "InvalidArgument"},
+    {"wrong_shape", "InvalidArgument"}, {"missing_key", "NotFound"},
+    {"unexpected_key", "NotFound"},     {"overlapping_pieces", "DataLoss"}};
+
+// Whether `fault` breaks rank 0's copy of the checkpoint (the others load into a changed dict).
+bool IsBrokenCopy(const std::string& fault) {
+  return fault == "truncated" || fault == "corrupt_header" || fault == "missing_shard" ||
+         fault == "overlapping_pieces";
+}
 
 // The key an error of `fault` must name.
 std::string FaultKey(const std::string& fault) {
@@ -240,8 +247,24 @@ std::string LastRankFile(const std::string& dir, int world) {
   FSDP_THROW(ErrorCode::kNotFound, "no file ", prefix, "* in ", dir);
 }
 
-// Rank 0 breaks its copy `dir` of the checkpoint as `fault` says (file faults only).
+// Rank 0 breaks its copy `dir` of the checkpoint as `fault` says (IsBrokenCopy faults only).
+// overlapping_pieces: the index places in_proj.weight's last piece one row early, so that its
+// pieces overlap by one row and its last row is in none; the rows still add up to the global
+// shape, so only a check that the pieces tile the rows (each starting where the previous ended)
+// refuses it.
 void Break(const std::string& dir, const std::string& fault, int world) {
+  if (fault == "overlapping_pieces") {
+    const std::string index = dir + "/model.safetensors.index.json";
+    nlohmann::json j =
+        nlohmann::json::parse(serialization::ReadRegularFile(index, size_t{1} << 30));
+    nlohmann::json* last = nullptr;
+    for (auto& piece : j["shards"]["in_proj.weight"]["pieces"]) {
+      if (last == nullptr || piece["offsets"][0] > (*last)["offsets"][0]) last = &piece;
+    }
+    (*last)["offsets"][0] = (*last)["offsets"][0].get<int64_t>() - 1;
+    std::ofstream(index, std::ios::binary | std::ios::trunc) << j.dump(2) << "\n";
+    return;
+  }
   const std::string path = dir + "/" + LastRankFile(dir, world);
   std::string bytes = serialization::ReadRegularFile(path, size_t{1} << 30);
   if (fault == "truncated") bytes.resize(bytes.size() / 2);
@@ -277,7 +300,8 @@ Scenario Faults() {
   Scenario s;
   s.info.name = "checkpoint/faults";
   s.info.description =
-      "loads of a broken checkpoint (truncated, corrupt header, missing rank file) or into a "
+      "loads of a broken checkpoint (truncated, corrupt header, missing rank file, an index whose "
+      "pieces overlap) or into a "
       "disagreeing dict (dtype, shape, missing or unexpected key) fail on every rank, naming the "
       "file and the key, and load nothing";
   s.info.seed_test = std::string(kSeedDcp) + "test_dp_state_dict_save_load";
@@ -303,7 +327,7 @@ Scenario Faults() {
         const std::string copy = dir.path() + "/" + f.name;
         fs::create_directories(copy);
         fs::copy(good, copy, fs::copy_options::recursive);
-        if (IsFileFault(f.name)) Break(copy, f.name, env.world);
+        if (IsBrokenCopy(f.name)) Break(copy, f.name, env.world);
       }
     }
     pg.barrier();
