@@ -29,15 +29,15 @@ def _forward_backward_counts(model, tokens, after_forward=lambda: None,
     """comm_counts of one forward and `loss.sum().backward()`, one CommDebugMode per phase;
     with `module_counts`, also comm_module_counts of a mode over both, for the FSDP modules."""
     counts = CommCounts()
-    modules = ModuleCommCounts()
-    with modules if module_counts else contextlib.nullcontext():
+    modules = ModuleCommCounts() if module_counts else None
+    with modules if modules is not None else contextlib.nullcontext():
         with counts.phase("forward"):
             loss = model(tokens)
         after_forward()
         with counts.phase("backward"):
             loss.sum().backward()
     obs = {"comm_counts": counts.by_phase("forward", "backward")}
-    if module_counts:
+    if modules is not None:
         from fsdp_conform_driver.pytorch.fsdp_api import FSDPModule
 
         obs["comm_module_counts"] = modules.by_module(
