@@ -214,11 +214,21 @@ struct Fault {
   const char* name;
   const char* code;
 };
-constexpr Fault kFaults[] = {
-    {"truncated", "DataLoss"},          {"corrupt_header", "DataLoss"},
-    {"missing_shard", "NotFound"},      {"wrong_dtype", "InvalidArgument"},
-    {"wrong_shape", "InvalidArgument"}, {"missing_key", "NotFound"},
-    {"unexpected_key", "NotFound"},     {"overlapping_pieces", "DataLoss"}};
+constexpr Fault kFaults[] = {{"truncated", "DataLoss"},
+                             {"corrupt_header", "DataLoss"},
+                             {"missing_shard", "NotFound"},
+                             {"wrong_dtype", "InvalidArgument"},
+                             {"wrong_shape", "InvalidArgument"},
+                             {"missing_key", "NotFound"},
+                             {"unexpected_key", "NotFound"},
+                             {"overlapping_pieces", "DataLoss"},
+                             {"wrong_shape_on_last_rank", "InvalidArgument"}};
+
+// wrong_shape_on_last_rank: only the last rank's dict disagrees (its own load fails with
+// InvalidArgument); every other rank reads its part fine and must still fail, Aborted, as
+// torch.distributed.checkpoint raises on every rank when one rank's planning fails.
+constexpr const char* kOnLastRank = "wrong_shape_on_last_rank";
+constexpr const char* kOtherRanksCode = "Aborted";
 
 // Whether `fault` breaks rank 0's copy of the checkpoint (the others load into a changed dict).
 bool IsBrokenCopy(const std::string& fault) {
@@ -277,7 +287,8 @@ void Break(const std::string& dir, const std::string& fault, int world) {
 }
 
 // The model's dict as the load sees it, changed as a key/dtype/shape fault says.
-nn::StateDict LikeFor(const nn::StateDict& sd, const std::string& fault) {
+nn::StateDict LikeFor(const nn::StateDict& sd, std::string fault, int rank, int world) {
+  if (fault == kOnLastRank) fault = rank == world - 1 ? "wrong_shape" : "";
   nn::StateDict like = sd;
   const nn::ShardedEntry entry = *sd.sharding("in_proj.weight");
   if (fault == "wrong_dtype") {
@@ -302,8 +313,9 @@ Scenario Faults() {
   s.info.description =
       "loads of a broken checkpoint (truncated, corrupt header, missing rank file, an index whose "
       "pieces overlap) or into a "
-      "disagreeing dict (dtype, shape, missing or unexpected key) fail on every rank, naming the "
-      "file and the key, and load nothing";
+      "disagreeing dict (dtype, shape, missing or unexpected key; a wider tensor on the last "
+      "rank only) fail on every rank, naming the file and the key (the other ranks of a one-rank "
+      "fault: Aborted), and load nothing";
   s.info.seed_test = std::string(kSeedDcp) + "test_dp_state_dict_save_load";
   s.info.params = StateDictModelParams();
   s.info.observations.Add(ObservationKey::Custom(
@@ -339,7 +351,8 @@ Scenario Faults() {
       for (const auto& [k, v] : before) snapshot.push_back(v.clone());
       nlohmann::json result = {{"code", nullptr}, {"names_file", false}, {"names_key", false}};
       try {
-        const nn::StateDict like = LikeFor(checkpoint::get_model_state_dict(*model), f.name);
+        const nn::StateDict like =
+            LikeFor(checkpoint::get_model_state_dict(*model), f.name, env.rank, env.world);
         checkpoint::set_model_state_dict(
             *model, checkpoint::load(like, dir.path() + "/" + f.name, pg));
       } catch (const Error& e) {
@@ -362,11 +375,22 @@ Scenario Faults() {
     return obs;
   };
   s.expect = [](const CaseParams&, int world) {
-    nlohmann::json faults = nlohmann::json::object();
-    for (const Fault& f : kFaults) {
-      faults[f.name] = {{"code", f.code}, {"names_file", true}, {"names_key", true}, {"unchanged", true}};
+    std::vector<nlohmann::json> out;
+    for (int r = 0; r < world; ++r) {
+      nlohmann::json faults = nlohmann::json::object();
+      for (const Fault& f : kFaults) {
+        faults[f.name] = {
+            {"code", f.code}, {"names_file", true}, {"names_key", true}, {"unchanged", true}};
+        if (std::string(f.name) == kOnLastRank && r != world - 1) {
+          faults[f.name] = {{"code", kOtherRanksCode},
+                            {"names_file", false},
+                            {"names_key", false},
+                            {"unchanged", true}};
+        }
+      }
+      out.push_back({{"faults", faults}});
     }
-    return std::vector<nlohmann::json>(static_cast<size_t>(world), {{"faults", faults}});
+    return out;
   };
   s.judge = [expect = s.expect](const CaseParams& p, int world,
                                 const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
