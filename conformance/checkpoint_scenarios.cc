@@ -214,10 +214,27 @@ struct Fault {
   const char* name;
   const char* code;
 };
-constexpr Fault kFaults[] = {{"truncated", "DataLoss"},      {"corrupt_header", "DataLoss"},
-                             {"missing_shard", "NotFound"},  {"wrong_dtype", "InvalidArgument"},
-                             {"wrong_shape", "InvalidArgument"}, {"missing_key", "NotFound"},
-                             {"unexpected_key", "NotFound"}};
+constexpr Fault kFaults[] = {{"truncated", "DataLoss"},
+                             {"corrupt_header", "DataLoss"},
+                             {"missing_shard", "NotFound"},
+                             {"wrong_dtype", "InvalidArgument"},
+                             {"wrong_shape", "InvalidArgument"},
+                             {"missing_key", "NotFound"},
+                             {"unexpected_key", "NotFound"},
+                             {"overlapping_pieces", "DataLoss"},
+                             {"wrong_shape_on_last_rank", "InvalidArgument"}};
+
+// wrong_shape_on_last_rank: only the last rank's dict disagrees (its own load fails with
+// InvalidArgument); every other rank reads its part fine and must still fail, Aborted, as
+// torch.distributed.checkpoint raises on every rank when one rank's planning fails.
+constexpr const char* kOnLastRank = "wrong_shape_on_last_rank";
+constexpr const char* kOtherRanksCode = "Aborted";
+
+// Whether `fault` breaks rank 0's copy of the checkpoint (the others load into a changed dict).
+bool IsBrokenCopy(const std::string& fault) {
+  return fault == "truncated" || fault == "corrupt_header" || fault == "missing_shard" ||
+         fault == "overlapping_pieces";
+}
 
 // The key an error of `fault` must name.
 std::string FaultKey(const std::string& fault) {
@@ -240,8 +257,24 @@ std::string LastRankFile(const std::string& dir, int world) {
   FSDP_THROW(ErrorCode::kNotFound, "no file ", prefix, "* in ", dir);
 }
 
-// Rank 0 breaks its copy `dir` of the checkpoint as `fault` says (file faults only).
+// Rank 0 breaks its copy `dir` of the checkpoint as `fault` says (IsBrokenCopy faults only).
+// overlapping_pieces: the index places in_proj.weight's last piece one row early, so that its
+// pieces overlap by one row and its last row is in none; the rows still add up to the global
+// shape, so only a check that the pieces tile the rows (each starting where the previous ended)
+// refuses it.
 void Break(const std::string& dir, const std::string& fault, int world) {
+  if (fault == "overlapping_pieces") {
+    const std::string index = dir + "/model.safetensors.index.json";
+    nlohmann::json j =
+        nlohmann::json::parse(serialization::ReadRegularFile(index, size_t{1} << 30));
+    nlohmann::json* last = nullptr;
+    for (auto& piece : j["shards"]["in_proj.weight"]["pieces"]) {
+      if (last == nullptr || piece["offsets"][0] > (*last)["offsets"][0]) last = &piece;
+    }
+    (*last)["offsets"][0] = (*last)["offsets"][0].get<int64_t>() - 1;
+    std::ofstream(index, std::ios::binary | std::ios::trunc) << j.dump(2) << "\n";
+    return;
+  }
   const std::string path = dir + "/" + LastRankFile(dir, world);
   std::string bytes = serialization::ReadRegularFile(path, size_t{1} << 30);
   if (fault == "truncated") bytes.resize(bytes.size() / 2);
@@ -254,7 +287,8 @@ void Break(const std::string& dir, const std::string& fault, int world) {
 }
 
 // The model's dict as the load sees it, changed as a key/dtype/shape fault says.
-nn::StateDict LikeFor(const nn::StateDict& sd, const std::string& fault) {
+nn::StateDict LikeFor(const nn::StateDict& sd, std::string fault, int rank, int world) {
+  if (fault == kOnLastRank) fault = rank == world - 1 ? "wrong_shape" : "";
   nn::StateDict like = sd;
   const nn::ShardedEntry entry = *sd.sharding("in_proj.weight");
   if (fault == "wrong_dtype") {
@@ -277,9 +311,11 @@ Scenario Faults() {
   Scenario s;
   s.info.name = "checkpoint/faults";
   s.info.description =
-      "loads of a broken checkpoint (truncated, corrupt header, missing rank file) or into a "
-      "disagreeing dict (dtype, shape, missing or unexpected key) fail on every rank, naming the "
-      "file and the key, and load nothing";
+      "loads of a broken checkpoint (truncated, corrupt header, missing rank file, an index whose "
+      "pieces overlap) or into a "
+      "disagreeing dict (dtype, shape, missing or unexpected key; a wider tensor on the last "
+      "rank only) fail on every rank, naming the file and the key (the other ranks of a one-rank "
+      "fault: Aborted), and load nothing";
   s.info.seed_test = std::string(kSeedDcp) + "test_dp_state_dict_save_load";
   s.info.params = StateDictModelParams();
   s.info.observations.Add(ObservationKey::Custom(
@@ -303,7 +339,7 @@ Scenario Faults() {
         const std::string copy = dir.path() + "/" + f.name;
         fs::create_directories(copy);
         fs::copy(good, copy, fs::copy_options::recursive);
-        if (IsFileFault(f.name)) Break(copy, f.name, env.world);
+        if (IsBrokenCopy(f.name)) Break(copy, f.name, env.world);
       }
     }
     pg.barrier();
@@ -315,7 +351,8 @@ Scenario Faults() {
       for (const auto& [k, v] : before) snapshot.push_back(v.clone());
       nlohmann::json result = {{"code", nullptr}, {"names_file", false}, {"names_key", false}};
       try {
-        const nn::StateDict like = LikeFor(checkpoint::get_model_state_dict(*model), f.name);
+        const nn::StateDict like =
+            LikeFor(checkpoint::get_model_state_dict(*model), f.name, env.rank, env.world);
         checkpoint::set_model_state_dict(
             *model, checkpoint::load(like, dir.path() + "/" + f.name, pg));
       } catch (const Error& e) {
@@ -338,11 +375,22 @@ Scenario Faults() {
     return obs;
   };
   s.expect = [](const CaseParams&, int world) {
-    nlohmann::json faults = nlohmann::json::object();
-    for (const Fault& f : kFaults) {
-      faults[f.name] = {{"code", f.code}, {"names_file", true}, {"names_key", true}, {"unchanged", true}};
+    std::vector<nlohmann::json> out;
+    for (int r = 0; r < world; ++r) {
+      nlohmann::json faults = nlohmann::json::object();
+      for (const Fault& f : kFaults) {
+        faults[f.name] = {
+            {"code", f.code}, {"names_file", true}, {"names_key", true}, {"unchanged", true}};
+        if (std::string(f.name) == kOnLastRank && r != world - 1) {
+          faults[f.name] = {{"code", kOtherRanksCode},
+                            {"names_file", false},
+                            {"names_key", false},
+                            {"unchanged", true}};
+        }
+      }
+      out.push_back({{"faults", faults}});
     }
-    return std::vector<nlohmann::json>(static_cast<size_t>(world), {{"faults", faults}});
+    return out;
   };
   s.judge = [expect = s.expect](const CaseParams& p, int world,
                                 const std::vector<nlohmann::json>& per_rank, CheckList& checks) {

@@ -8,6 +8,9 @@
 //   broadcast                broadcast_             dtype x async_op, root a size
 //   all_gather               allgather_ (a list)    dtype x counts x in_place x async_op
 //   barrier                  barrier                nobody leaves before the last one entered
+//   device_mesh              init_device_mesh       coordinates, local ranks, each dim's group
+//                                                   (its ranks, and an all-gather over it), the
+//                                                   sub-meshes of single and adjacent dims
 //
 // Inputs and expected results follow [Note: exact collective data] (collective_data.h): small
 // integers from (rank, index, world) that tell every reduce op apart and expose a lost,
@@ -33,6 +36,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,6 +46,7 @@
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "engine/core/error.h"
+#include "engine/distributed/device_mesh.h"
 #include "engine/distributed/functional_collectives.h"
 #include "engine/distributed/process_group.h"
 
@@ -730,6 +735,186 @@ Scenario Barrier() {
   return s;
 }
 
+// ---- device_mesh ----------------------------------------------------------------------------
+
+// mesh_shape "2,3,2" -> {2, 3, 2}.
+std::vector<int64_t> MeshShape(const CaseParams& p) {
+  std::vector<int64_t> shape;
+  std::stringstream ss(p.GetString("mesh_shape"));
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto n = ParseInt(item);
+    FSDP_CHECK(n && *n >= 1, "mesh_shape: '", item, "' is not a dim size >= 1");
+    shape.push_back(*n);
+  }
+  FSDP_CHECK(!shape.empty(), "mesh_shape must name at least one dim size");
+  return shape;
+}
+
+int64_t MeshSize(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  return n;
+}
+
+std::vector<std::string> MeshDimNames(size_t ndim) {
+  std::vector<std::string> names;
+  for (size_t d = 0; d < ndim; ++d) names.push_back("dim" + std::to_string(d));
+  return names;
+}
+
+// The sub-meshes each rank reports: every single dim, then every two adjacent dims, each as
+// its dim indices.
+std::vector<std::vector<size_t>> SubMeshDims(size_t ndim) {
+  std::vector<std::vector<size_t>> out;
+  for (size_t d = 0; d < ndim; ++d) out.push_back({d});
+  for (size_t d = 0; d + 1 < ndim; ++d) out.push_back({d, d + 1});
+  return out;
+}
+
+std::string SubMeshKey(const std::vector<std::string>& names, const std::vector<size_t>& dims) {
+  std::string key;
+  for (size_t d : dims) key += (key.empty() ? "" : ",") + names[d];
+  return key;
+}
+
+// init_device_mesh's rule: the mesh is arange(world).reshape(mesh_shape) (row-major), a rank's
+// coordinate is its index unravelled; the sub-mesh over `dims` holds, in row-major order over
+// those dims, the ranks whose coordinate equals this rank's on every other dim; a dim's group
+// is the sub-mesh of that dim alone, in group-rank order.
+nlohmann::json ExpectedDeviceMesh(const std::vector<int64_t>& shape, int rank) {
+  const size_t ndim = shape.size();
+  std::vector<int64_t> coord(ndim);
+  int64_t rest = rank;
+  for (size_t d = ndim; d-- > 0;) {
+    coord[d] = rest % shape[d];
+    rest /= shape[d];
+  }
+  auto flat = [&](const std::vector<int64_t>& c) {
+    int64_t f = 0;
+    for (size_t d = 0; d < ndim; ++d) f = f * shape[d] + c[d];
+    return f;
+  };
+  auto sub_ranks = [&](const std::vector<size_t>& dims) {
+    nlohmann::json ranks = nlohmann::json::array();
+    std::vector<int64_t> sub_shape;
+    for (size_t d : dims) sub_shape.push_back(shape[d]);
+    for (int64_t i = 0; i < MeshSize(sub_shape); ++i) {
+      std::vector<int64_t> c = coord;
+      int64_t r = i;
+      for (size_t k = dims.size(); k-- > 0;) {
+        c[dims[k]] = r % sub_shape[k];
+        r /= sub_shape[k];
+      }
+      ranks.push_back(flat(c));
+    }
+    return ranks;
+  };
+  const std::vector<std::string> names = MeshDimNames(ndim);
+  nlohmann::json obs;
+  obs["coordinate"] = coord;
+  obs["local_ranks"] = coord;
+  obs["group_ranks"] = nlohmann::json::array();
+  for (size_t d = 0; d < ndim; ++d) obs["group_ranks"].push_back(sub_ranks({d}));
+  obs["gathered"] = obs["group_ranks"];
+  obs["sub_meshes"] = nlohmann::json::object();
+  for (const auto& dims : SubMeshDims(ndim)) {
+    nlohmann::json sub_coord = nlohmann::json::array();
+    for (size_t d : dims) sub_coord.push_back(coord[d]);
+    obs["sub_meshes"][SubMeshKey(names, dims)] = {{"ranks", sub_ranks(dims)},
+                                                  {"coordinate", sub_coord}};
+  }
+  return obs;
+}
+
+Scenario DeviceMeshScenario() {
+  Scenario s;
+  s.info = CollectiveInfo(
+      "device_mesh",
+      "init_device_mesh(mesh_shape, mesh_dim_names=(dim0, dim1, ...)) over the world: every "
+      "rank's coordinate and local rank per dim, each dim's group (its ranks, and an all-gather "
+      "of the global rank over it), and the sub-meshes of single and adjacent dims (their ranks "
+      "and coordinate), against arange(world).reshape(mesh_shape)",
+      "test_device_mesh.py::TestDeviceMeshGetItem::test_get_item_3d (and "
+      "TestDeviceMesh::test_get_local_rank_3d, test_get_group_and_get_all_groups)",
+      {ParamSpec::SizeString("mesh_shape",
+                             "comma-separated dim sizes; their product must be the world size "
+                             "(dims of different sizes tell a transposed layout apart)",
+                             "2,3,2")});
+  s.info.default_world = 12;
+  s.info.test_runs = {{8, {{"mesh_shape", "2,2,2"}}},
+                      {6, {{"mesh_shape", "3,2"}}},
+                      {4, {{"mesh_shape", "4"}}},
+                      {6, {{"mesh_shape", "1,2,3"}}}};
+  s.info.observations.Add(ObservationKey::IntegerList("coordinate", "mesh.get_coordinate()"))
+      .Add(ObservationKey::IntegerList("local_ranks",
+                                       "mesh.get_local_rank(name) for every dim name, in order"))
+      .Add(ObservationKey::Custom(
+          "group_ranks", {{"type", "array"}, {"items", {{"type", "array"}}}},
+          "for every dim name, in order: the global ranks of mesh.get_group(name) in group-rank "
+          "order (dist.get_process_group_ranks)"))
+      .Add(ObservationKey::Custom(
+          "gathered", {{"type", "array"}, {"items", {{"type", "array"}}}},
+          "for every dim name, in order: all_gather_into_tensor over mesh.get_group(name) of "
+          "this rank's global rank (int64, one element per rank)"))
+      .Add(ObservationKey::Custom(
+          "sub_meshes", {{"type", "object"}},
+          "for every single dim and every two adjacent dims (key: the names joined by \",\"): "
+          "{\"ranks\": mesh[names].mesh flattened row-major, \"coordinate\": "
+          "mesh[names].get_coordinate()}"));
+  s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
+    const int64_t n = MeshSize(MeshShape(p));
+    if (n == world) return std::nullopt;
+    return "mesh_shape " + p.GetString("mesh_shape") + " has " + std::to_string(n) +
+           " ranks, not the world size " + std::to_string(world);
+  };
+  s.run_rank = [](RankEnv& env) {
+    const std::vector<int64_t> shape = MeshShape(env.params);
+    const std::vector<std::string> names = MeshDimNames(shape.size());
+    auto mesh =
+        distributed::DeviceMesh::Init(env.pg, env.device.is_cuda() ? "cuda" : "cpu", shape, names);
+    nlohmann::json obs;
+    obs["coordinate"] = *mesh->get_coordinate();
+    obs["local_ranks"] = nlohmann::json::array();
+    obs["group_ranks"] = nlohmann::json::array();
+    obs["gathered"] = nlohmann::json::array();
+    for (const std::string& name : names) {
+      obs["local_ranks"].push_back(mesh->get_local_rank(name));
+      distributed::ProcessGroup& group = *mesh->get_group(name);
+      obs["group_ranks"].push_back(group.global_ranks());
+      const Tensor mine = Tensor::from_int64s({env.rank}, {1}).to(group.default_device());
+      Tensor all = Tensor::empty({group.size()}, DType::kInt64, group.default_device());
+      group.all_gather_into_tensor(all, mine)->wait();
+      obs["gathered"].push_back(all.to(Device::CPU()).to_int64s());
+    }
+    obs["sub_meshes"] = nlohmann::json::object();
+    for (const auto& dims : SubMeshDims(shape.size())) {
+      std::vector<std::string> sub_names;
+      for (size_t d : dims) sub_names.push_back(names[d]);
+      auto sub = mesh->slice(sub_names);
+      obs["sub_meshes"][SubMeshKey(names, dims)] = {{"ranks", sub->mesh()},
+                                                    {"coordinate", *sub->get_coordinate()}};
+    }
+    return obs;
+  };
+  s.expect = [](const CaseParams& p, int world) {
+    std::vector<nlohmann::json> out;
+    for (int r = 0; r < world; ++r) out.push_back(ExpectedDeviceMesh(MeshShape(p), r));
+    return out;
+  };
+  s.judge = [expect = s.expect](const CaseParams& p, int world,
+                                const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
+    const std::vector<nlohmann::json> expected = expect(p, world);
+    for (int r = 0; r < world; ++r) {
+      for (const char* key :
+           {"coordinate", "local_ranks", "group_ranks", "gathered", "sub_meshes"}) {
+        CheckRankEqual(checks, per_rank, r, {key, key, expected[static_cast<size_t>(r)].at(key)});
+      }
+    }
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterCollectivesScenarios(ScenarioRegistry& registry) {
@@ -739,6 +924,7 @@ void RegisterCollectivesScenarios(ScenarioRegistry& registry) {
   registry.Add(Broadcast());
   registry.Add(AllGather());
   registry.Add(Barrier());
+  registry.Add(DeviceMeshScenario());
 }
 
 }  // namespace fsdp::conformance

@@ -82,9 +82,51 @@ ObservationKey EventsKey(const std::string& key, const std::string& meaning) {
                      "[kind, module FQN (root \"\"), training state]");
 }
 
-// Runs forward and backward under two CommDebugModes; `between` runs after forward.
+constexpr const char* kCommModuleCounts = "comm_module_counts";
+
+std::string Layer(int64_t i) { return "layers." + std::to_string(i); }
+
+// The FSDP modules of the sharded Transformer by FQN from the root: the root (""), then
+// "layers.0" ... "layers.<n-1>".
+std::vector<std::string> FsdpModuleFqns(int64_t n_layers) {
+  std::vector<std::string> fqns = {""};
+  for (int64_t i = 0; i < n_layers; ++i) fqns.push_back(Layer(i));
+  return fqns;
+}
+
+// `comm_module_counts` from CommDebugMode.get_comm_module_counts(): "Global" and every module of
+// `fqns`, keyed by its FQN from the root (the tracker's names are the root's class name, then
+// ".fqn": the first component is dropped), each {"forward": {op: n}, "backward": {op: n}}.
+// Modules of other FQNs (the tracker also credits the non-FSDP submodules in whose hooks a
+// collective runs) are left out.
+nlohmann::json ModuleCommCountsJson(const distributed::CommDebugMode::ModuleCounts& counts,
+                                    const std::vector<std::string>& fqns) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const std::string& key : fqns) out[key] = PhaseCommCountsJson({}, {});
+  out[distributed::kGlobalModule] = PhaseCommCountsJson({}, {});
+  for (const auto& [name, phases] : counts) {
+    std::string key = name;
+    if (name != distributed::kGlobalModule) {
+      const size_t dot = name.find('.');
+      key = dot == std::string::npos ? "" : name.substr(dot + 1);
+    }
+    if (!out.contains(key)) continue;
+    for (const auto& [phase, ops] : phases) {
+      for (const auto& [op, n] : ops) {
+        if (n > 0) out[key][phase][op] = n;
+      }
+    }
+  }
+  return out;
+}
+
+// Runs forward and backward under two CommDebugModes; `between` runs after forward. With
+// `module_fqns`, also reports comm_module_counts from a third mode over both passes (PyTorch's
+// tracker attributes backward collectives only when it saw the forward).
 nlohmann::json ForwardBackwardCounts(nn::Transformer& model, const Tensor& tokens,
-                                     const std::function<void()>& between) {
+                                     const std::function<void()>& between,
+                                     const std::vector<std::string>* module_fqns = nullptr) {
+  distributed::CommDebugMode module_mode;
   distributed::CommDebugMode fwd_mode;
   Tensor loss = model(tokens).tensor();
   fwd_mode.exit();
@@ -92,9 +134,14 @@ nlohmann::json ForwardBackwardCounts(nn::Transformer& model, const Tensor& token
   distributed::CommDebugMode bwd_mode;
   sum(loss).backward();
   bwd_mode.exit();
+  module_mode.exit();
   nlohmann::json obs;
   obs[kCommCounts] =
       PhaseCommCountsJson(fwd_mode.get_comm_counts(), bwd_mode.get_comm_counts());
+  if (module_fqns != nullptr) {
+    obs[kCommModuleCounts] =
+        ModuleCommCountsJson(module_mode.get_comm_module_counts(), *module_fqns);
+  }
   return obs;
 }
 
@@ -159,8 +206,6 @@ ScenarioInfo CommonInfo(const std::string& case_name, const std::string& descrip
   return info;
 }
 
-std::string Layer(int64_t i) { return "layers." + std::to_string(i); }
-
 // Forward of the sharded Transformer: (the root,) then every block, each unsharded in FORWARD.
 nlohmann::json ForwardUnshards(int64_t n_layers, bool with_root) {
   nlohmann::json events = nlohmann::json::array();
@@ -208,6 +253,30 @@ std::vector<ParamSpec> PrefetchParams() {
           SemanticsParam()};
 }
 
+// docs/fsdp-behaviour.md, "Collective counts by module": the counts CommDebugMode credits to
+// each FSDP module of the sharded Transformer over one forward and backward. A collective is
+// credited to the module whose hook issues it and to every module enclosing that one in forward
+// (and to "Global"). Forward: each group all-gathers in its own pre-forward. Backward: the root's
+// pre-backward all-gathers the root (when resharded after forward) and prefetches the last
+// block; block i's pre-backward prefetches block i-1 (blocks resharded after forward); each
+// group reduce-scatters in its own post-backward. The root encloses every block.
+nlohmann::json ExpectedModuleCommCounts(int64_t n, const Resharded& resharded) {
+  const int64_t b = resharded.blocks ? 1 : 0;
+  const int64_t root_issued = (resharded.root ? 1 : 0) + (n > 0 ? b : 0);
+  auto phases = [](int64_t fwd_all_gathers, int64_t bwd_all_gathers, int64_t reduce_scatters) {
+    std::map<std::string, int64_t> forward, backward;
+    if (fwd_all_gathers > 0) forward[kAllGather] = fwd_all_gathers;
+    if (bwd_all_gathers > 0) backward[kAllGather] = bwd_all_gathers;
+    if (reduce_scatters > 0) backward[kReduceScatter] = reduce_scatters;
+    return PhaseCommCountsJson(forward, backward);
+  };
+  // The root and Global: everything (the root's own and, enclosed, every block's).
+  const nlohmann::json whole = phases(n + 1, root_issued + b * std::max<int64_t>(n - 1, 0), n + 1);
+  nlohmann::json out = {{distributed::kGlobalModule, whole}, {"", whole}};
+  for (int64_t i = 0; i < n; ++i) out[Layer(i)] = phases(1, i >= 1 ? b : 0, 1);
+  return out;
+}
+
 ObservationSchema CountsSchema() {
   ObservationSchema schema;
   schema.Add(ObservationKey::CommCounts(
@@ -237,16 +306,47 @@ Scenario CommunicationCount() {
   }
   s.skip = SkipIntNotAFactor;
   s.info.observations = CountsSchema();
+  s.info.observations.Add(ObservationKey::Custom(
+      kCommModuleCounts,
+      {{"type", "object"},
+       {"additionalProperties",
+        {{"type", "object"},
+         {"additionalProperties",
+          {{"type", "object"}, {"additionalProperties", {{"type", "integer"}, {"minimum", 1}}}}}}}},
+      "CommDebugMode.get_comm_module_counts() of one mode over the forward and the backward: "
+      "\"Global\" and each FSDP module by its FQN from the root (\"\" for the root; the tracker's "
+      "name without its first component), each {\"forward\": {op: n}, \"backward\": {op: n}} "
+      "(ops with a count of 0 left out; other submodules left out)"));
   s.inputs = TransformerInputs;
   s.run_rank = [](RankEnv& env) {
     auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params));
-    return ForwardBackwardCounts(*model, TransformerTokens(env), [] {});
+    const std::vector<std::string> fqns = FsdpModuleFqns(env.params.GetInt("n_layers"));
+    return ForwardBackwardCounts(
+        *model, TransformerTokens(env), [] {}, &fqns);
   };
   // The root resharded after forward per the profile ("Semantics profiles").
   s.expect = SameOnEveryRank([](const CaseParams& params) {
-    return ExpectedCommCounts(params.GetInt("n_layers"), ReshardedOf(params));
+    nlohmann::json obs = ExpectedCommCounts(params.GetInt("n_layers"), ReshardedOf(params));
+    obs[kCommModuleCounts] =
+        ExpectedModuleCommCounts(params.GetInt("n_layers"), ReshardedOf(params));
+    return obs;
   });
-  s.judge = JudgeCountsAgainst(s.expect);
+  JudgeFn counts = JudgeCountsAgainst(s.expect);
+  s.judge = [counts, expect = s.expect](const CaseParams& params, int world,
+                                        const std::vector<nlohmann::json>& per_rank,
+                                        CheckList& checks) {
+    counts(params, world, per_rank, checks);
+    const nlohmann::json expected = expect(params, world).front().at(kCommModuleCounts);
+    std::vector<RankCheck> rank_checks;
+    for (const auto& [module, phases] : expected.items()) {
+      const std::string label = module.empty() ? "the root" : module;
+      for (const std::string phase : {"forward", "backward"}) {
+        rank_checks.push_back({kCommModuleCounts, label + " " + phase + " comm module counts",
+                               phases.at(phase), "/" + module + "/" + phase});
+      }
+    }
+    CheckEveryRank(checks, per_rank, world, rank_checks);
+  };
   return s;
 }
 

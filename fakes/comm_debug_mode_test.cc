@@ -122,6 +122,30 @@ TEST(CommDebugModeTest, CollectivesCountInEnclosingAndForwardParentModules) {
   EXPECT_EQ(distributed::CurrentCommPhase(), CommPhase::kForward);
 }
 
+// FSDP's pre-forward enters its module and the post-forward, another call, leaves it; the
+// modules entered inside are the entered one's forward children, and leaving truncates them.
+TEST(CommDebugModeTest, EnterAndExitCommModuleAcrossCalls) {
+  distributed::CommDebugMode mode;
+  testing::NiceMock<MockProcessGroup> pg(0, 1);
+  Tensor t = Tensor::zeros({1});
+  const size_t root = distributed::EnterCommModule("FSDPModel", CommPhase::kForward);
+  const size_t block = distributed::EnterCommModule("FSDPModel.block", CommPhase::kForward);
+  pg.all_reduce(t);
+  EXPECT_EQ(block, root + 1);
+  EXPECT_EQ(distributed::CurrentCommModule(), "FSDPModel.block");
+  distributed::ExitCommModule(root);  // also leaves the block, left open
+  EXPECT_EQ(distributed::CurrentCommModule(), "Global");
+  {
+    CommPhaseGuard backward("FSDPModel.block", CommPhase::kBackward);
+    pg.all_reduce(t);
+  }
+  const auto modules = mode.get_comm_module_counts();
+  EXPECT_EQ(modules.at("FSDPModel").at("forward").at("c10d.allreduce_"), 1);
+  EXPECT_EQ(modules.at("FSDPModel").at("backward").at("c10d.allreduce_"), 1);
+  EXPECT_EQ(modules.at("FSDPModel.block").at("forward").at("c10d.allreduce_"), 1);
+  EXPECT_EQ(modules.at("Global").at("backward").at("c10d.allreduce_"), 1);
+}
+
 TEST(CommDebugModeTest, NestedModesBothCount) {
   testing::NiceMock<MockProcessGroup> pg(0, 1);
   Tensor t = Tensor::zeros({1});

@@ -176,7 +176,7 @@ void RecordCollectiveToCommModes(const CollectiveInfo& info) {
 
 // ---- Guards -------------------------------------------------------------------------------
 
-CommPhaseGuard::CommPhaseGuard(std::string module_fqn, CommPhase phase) {
+size_t EnterCommModule(std::string module_fqn, CommPhase phase) {
   RankCommState& state = CurrentRankCommState();
   if (!module_fqn.empty() && phase == CommPhase::kForward &&
       !state.forward_parents.count(module_fqn)) {
@@ -190,14 +190,19 @@ CommPhaseGuard::CommPhaseGuard(std::string module_fqn, CommPhase phase) {
     state.forward_parents[module_fqn] = std::move(parents);
   }
   state.frames.push_back({std::move(module_fqn), phase});
-  depth_ = state.frames.size();
+  return state.frames.size();
 }
 
-CommPhaseGuard::~CommPhaseGuard() {
+void ExitCommModule(size_t depth) {
   RankCommState& state = CurrentRankCommState();
-  // Guards are scoped, so this one is the innermost; tolerate a mismatched order by truncating.
-  if (state.frames.size() >= depth_) state.frames.resize(depth_ - 1);
+  // Tolerate a mismatched order (a frame left open inside) by truncating.
+  if (depth >= 1 && state.frames.size() >= depth) state.frames.resize(depth - 1);
 }
+
+CommPhaseGuard::CommPhaseGuard(std::string module_fqn, CommPhase phase)
+    : depth_(EnterCommModule(std::move(module_fqn), phase)) {}
+
+CommPhaseGuard::~CommPhaseGuard() { ExitCommModule(depth_); }
 
 FunctionalCollectiveGuard::FunctionalCollectiveGuard(FunctionalCollective op) {
   RankCommState& state = CurrentRankCommState();

@@ -103,6 +103,15 @@ class CommDebugMode {
   std::vector<CommRecord> records_;
 };
 
+// Enters module `module_fqn` (empty: keep the enclosing module, set only the phase) and phase
+// on the calling rank until ExitCommModule(depth) with the depth it returns: CommPhaseGuard for a
+// scope that opens in one call and closes in another (FSDP's pre-forward and post-forward hooks
+// bracket a module's forward, as PyTorch's module tracker's forward hooks do). The first
+// forward entry of a module records the modules enclosing it (its forward parents).
+size_t EnterCommModule(std::string module_fqn, CommPhase phase);
+// Leaves the frame EnterCommModule returned `depth` for, and any frame opened inside it.
+void ExitCommModule(size_t depth);
+
 // Sets the current module FQN and phase of the calling rank for its lifetime (nests). An empty
 // FQN keeps the enclosing module and only sets the phase.
 class CommPhaseGuard {

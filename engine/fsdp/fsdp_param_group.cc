@@ -167,7 +167,9 @@ void FsdpParamGroup::unshard(bool async_op) {
   }
   auto [copy_in_stream, all_gather_stream] =
       comm_ctx_->get_all_gather_streams(async_op, training_state_);
-  distributed::CommPhaseGuard phase(module_fqn(), PhaseOf(training_state_));
+  // Credited to the module whose hook issues the all-gather (a prefetch: the prefetching
+  // module), as PyTorch's CommDebugMode credits the module its tracker is in.
+  distributed::CommPhaseGuard phase(PhaseOf(training_state_));
   all_gather_result_ = foreach_all_gather(fsdp_param_ptrs(), all_gather_process_group(),
                                           async_op, *copy_in_stream, *all_gather_stream, device_);
 }
@@ -332,7 +334,7 @@ void FsdpParamGroup::prefetch_unshard(FsdpParamGroup& target, TrainingState pass
 void FsdpParamGroup::post_backward() {
   // Idempotent and safe on a group that did not take part in this backward.
   training_state_ = TrainingState::kPostBackward;
-  distributed::CommPhaseGuard phase(module_fqn(), distributed::CommPhase::kBackward);
+  distributed::CommPhaseGuard phase(comm_module_name_, distributed::CommPhase::kBackward);
   for (auto& p : fsdp_params_) p->accumulate_unsharded_grad_if_needed();
   if (!reduce_grads) {
     if (reshard_after_backward) reshard();

@@ -109,6 +109,10 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
   // several paths). Empty before lazy init.
   std::string module_fqn() const { return module_fqn_.value_or(""); }
   void append_module_fqn(const std::string& fqn);
+  // The name CommDebugMode credits this group's post-backward collectives to: its (first)
+  // module's name as PyTorch's module tracker gives it (see FsdpState::comm_module_name).
+  const std::string& comm_module_name() const { return comm_module_name_; }
+  void set_comm_module_name(std::string name) { comm_module_name_ = std::move(name); }
   // The modules fully_shard was given (PyTorch's `modules`), in the order given.
   const std::vector<nn::Module*>& modules() const { return modules_; }
   const std::vector<std::unique_ptr<FsdpParam>>& fsdp_params() const { return fsdp_params_; }
@@ -157,6 +161,7 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
   Semantics semantics_;
   std::vector<std::unique_ptr<FsdpParam>> fsdp_params_;
   std::optional<std::string> module_fqn_;
+  std::string comm_module_name_;
   std::shared_ptr<CommContext> comm_ctx_;
 
   TrainingState training_state_ = TrainingState::kIdle;

@@ -10,6 +10,7 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/autograd/variable.h"
 #include "engine/core/error.h"
+#include "engine/distributed/comm_debug_mode.h"
 #include "engine/functional/functional.h"
 #include "engine/nn/module.h"
 
@@ -118,6 +119,12 @@ std::optional<std::pair<Value, Value>> FsdpState::pre_forward(nn::Module& module
   if (training_state_ == TrainingState::kPreBackward) return std::nullopt;
   training_state_ = TrainingState::kForward;
   root_pre_forward();
+  // The module's forward, for CommDebugMode: its all-gather and the prefetches it issues are
+  // credited to it and to the modules enclosing it (PyTorch's tracker enters the module in a
+  // global forward pre-hook, before FSDP's).
+  if (forward_comm_depth_) distributed::ExitCommModule(*forward_comm_depth_);
+  forward_comm_depth_ =
+      distributed::EnterCommModule(comm_module_name(module), distributed::CommPhase::kForward);
   Value new_args = args;
   Value new_kwargs = kwargs;
   if (state_ctx_->iter_forward_root == this && device_.is_cuda()) {
@@ -143,6 +150,10 @@ std::optional<std::pair<Value, Value>> FsdpState::pre_forward(nn::Module& module
 std::optional<Value> FsdpState::post_forward(nn::Module& module, const Value& output) {
   check_module(module);
   if (training_state_ == TrainingState::kPreBackward) return std::nullopt;
+  if (forward_comm_depth_) {
+    distributed::ExitCommModule(*forward_comm_depth_);
+    forward_comm_depth_.reset();
+  }
   Value new_output = output;
   if (param_group_) new_output = param_group_->post_forward(new_output);
   new_output = register_pre_backward_hook(new_output);
@@ -236,6 +247,23 @@ void FsdpState::init_fqns() {
     auto it = module_to_group.find(module.get());
     if (it != module_to_group.end()) it->second->append_module_fqn(name);
   }
+  // CommDebugMode's module names (ModTracker._get_mod_name): the root's class name, as
+  // fully_shard renames it, then each child's FQN under it.
+  const std::string root_name = "FSDP" + module()->type_name();
+  for (const auto& [name, module] : module()->named_modules()) {
+    FsdpState* state = GetFsdpState(*module);
+    if (state == nullptr || state->comm_module_names_.count(module.get())) continue;
+    const std::string comm_name = name.empty() ? root_name : root_name + "." + name;
+    state->comm_module_names_[module.get()] = comm_name;
+    if (state->param_group_ && state->param_group_->comm_module_name().empty()) {
+      state->param_group_->set_comm_module_name(comm_name);
+    }
+  }
+}
+
+std::string FsdpState::comm_module_name(const nn::Module& module) const {
+  auto it = comm_module_names_.find(&module);
+  return it == comm_module_names_.end() ? std::string() : it->second;
 }
 
 void FsdpState::init_shared_state() {
@@ -264,6 +292,10 @@ Value FsdpState::register_pre_backward_hook(const Value& output) {
 }
 
 void FsdpState::pre_backward() {
+  // The all-gathers this hook issues (its own, its prefetches) are credited to its module, as
+  // PyTorch's tracker enters the module in its backward pre-hook first.
+  distributed::CommPhaseGuard comm(comm_module_name(*modules_.front()),
+                                   distributed::CommPhase::kBackward);
   training_state_ = TrainingState::kPreBackward;
   register_root_post_backward_final_callback();
   if (param_group_) {

@@ -29,6 +29,7 @@
 // Thread-safety: used by its rank's thread only.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -117,6 +118,9 @@ class FsdpState : public std::enable_shared_from_this<FsdpState> {
   void backward_prefetch();
   void finalize_backward();
   void check_module(const nn::Module& module) const;
+  // The name PyTorch's module tracker (CommDebugMode) gives `module`: the lazy-init root's class
+  // name as fully_shard makes it ("FSDP" + the class), then ".fqn" (set by lazy init).
+  std::string comm_module_name(const nn::Module& module) const;
 
   std::vector<nn::Module*> modules_;
   Device device_;
@@ -131,6 +135,10 @@ class FsdpState : public std::enable_shared_from_this<FsdpState> {
   // Group forward hooks: the modules whose forward has not run since the group pre-hook ran.
   std::set<const nn::Module*> modules_to_run_forward_;
   std::vector<autograd::RemovableHandle> forward_hook_handles_;
+  // CommDebugMode attribution: each module's tracker name, and the frame the pre-forward
+  // entered (left by the post-forward).
+  std::map<const nn::Module*, std::string> comm_module_names_;
+  std::optional<size_t> forward_comm_depth_;
 };
 
 // The FSDP state of `module` (nullptr when fully_shard was not applied to it).

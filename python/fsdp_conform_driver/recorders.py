@@ -12,6 +12,10 @@
                  torch.distributed's reduce_scatter_tensor / reduce_scatter_single /
                  all_reduce for the recorder's lifetime (the outermost call only, when one
                  calls another)
+  ModuleCommCounts
+                 collectives by module over one CommDebugMode (its comm_module_counts, the
+                 module tracker's attribution), keyed by FQN from the root ("" for the root)
+                 for the modules asked for, and "Global"
   FsdpEvents     FSDP2's unshard / reshard / post_backward calls as the suite's events
                  [kind, module FQN (root ""), training state], recorded as the seeds' patches
                  record them (test_fully_shard_comm.py's unshard_with_record,
@@ -197,6 +201,41 @@ class ReduceOps:
         for name, original in self._saved.items():
             setattr(dist, name, original)
         self._saved.clear()
+
+
+class ModuleCommCounts:
+    """One CommDebugMode while active (`with ModuleCommCounts() as m:`); by_module(fqns) then
+    gives its per-module counts: {"Global" or FQN: {"forward": {op key: n}, "backward": {...}}}.
+    The tracker names the root by its class name and every other module "<root>.<fqn>", so the
+    first name component is dropped ("" for the root); modules outside `fqns` are left out, and
+    so are counts of 0. The tracker credits a backward collective only when it saw the forward
+    (its backward hooks are set up in forward), so the mode must span both."""
+
+    def __init__(self) -> None:
+        try:  # torch >= 2.5
+            from torch.distributed.tensor.debug import CommDebugMode
+        except ImportError:  # torch 2.4
+            from torch.distributed._tensor.debug import CommDebugMode
+        self.mode = CommDebugMode()
+
+    def __enter__(self) -> "ModuleCommCounts":
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.mode.__exit__(*exc)
+
+    def by_module(self, fqns) -> Dict[str, Dict[str, Dict[str, int]]]:
+        out = {key: {"forward": {}, "backward": {}} for key in ["Global", *fqns]}
+        for name, phases in self.mode.comm_module_counts.items():
+            key = name if name == "Global" else name.partition(".")[2]
+            if key not in out:
+                continue
+            for phase in ("forward", "backward"):
+                for op, n in phases.get(phase, {}).items():
+                    if n > 0:
+                        out[key][phase][str(op)] = int(n)
+        return out
 
 
 def _fsdp_param_group_class():

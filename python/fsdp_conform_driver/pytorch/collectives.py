@@ -14,6 +14,9 @@ test_c10d_nccl.py and distributed_test.py), on the suite's exact per-rank data
   all_gather              dist.all_gather(outputs, input) into a list (equal or uneven counts;
                           in place: outputs[rank] is the input itself)
   barrier                 dist.barrier() in rounds, one rank entering delay_ms late
+  device_mesh             init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dim0", ...)):
+                          coordinate, local ranks, each dim's group (its ranks, an all-gather
+                          of the global rank over it), sub-meshes of single and adjacent dims
 
 each with the case's dtype and async_op (a Work waited on). PREMUL_SUM is
 dist._make_nccl_premul_sum(factor) with the rank's factor. AVG and PREMUL_SUM on int64 must
@@ -260,6 +263,34 @@ def barrier(request):
     return {"enter_ns": enter, "leave_ns": leave}, None
 
 
+def device_mesh(request):
+    """test_device_mesh.py's TestDeviceMeshGetItem.test_get_item_3d (with test_get_local_rank_3d
+    and test_get_group_and_get_all_groups): one mesh over the world, everything a rank can read
+    of it, and one all-gather over each dim's group."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = tuple(int(s) for s in request.param("mesh_shape").split(","))
+    names = tuple(f"dim{d}" for d in range(len(shape)))
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    obs = {"coordinate": list(mesh.get_coordinate()), "local_ranks": [], "group_ranks": [],
+           "gathered": [], "sub_meshes": {}}
+    for name in names:
+        obs["local_ranks"].append(mesh.get_local_rank(name))
+        group = mesh.get_group(name)
+        obs["group_ranks"].append(dist.get_process_group_ranks(group))
+        gathered = torch.empty(dist.get_world_size(group), dtype=torch.int64)
+        dist.all_gather_into_tensor(gathered, torch.tensor([dist.get_rank()]), group=group)
+        obs["gathered"].append(gathered.tolist())
+    subs = [(d,) for d in range(len(names))] + [(d, d + 1) for d in range(len(names) - 1)]
+    for dims in subs:
+        sub = mesh[names[dims[0]]] if len(dims) == 1 else mesh[tuple(names[d] for d in dims)]
+        obs["sub_meshes"][",".join(names[d] for d in dims)] = {
+            "ranks": sub.mesh.flatten().tolist(), "coordinate": list(sub.get_coordinate())}
+    return obs, None
+
+
 SCENARIOS = {
     "collectives/all_gather_into_tensor": all_gather_into_tensor,
     "collectives/reduce_scatter_tensor": reduce_scatter_tensor,
@@ -267,4 +298,5 @@ SCENARIOS = {
     "collectives/broadcast": broadcast,
     "collectives/all_gather": all_gather,
     "collectives/barrier": barrier,
+    "collectives/device_mesh": device_mesh,
 }

@@ -10,6 +10,8 @@ Thread-safety: one case per process, on the main thread.
 
 from __future__ import annotations
 
+import contextlib
+
 from fsdp_conform_driver import ScenarioSkipped, inputs
 from fsdp_conform_driver.pytorch import (collectives, fsdp_prefetch, fsdp_state_dict, fsdp_wrap,
                                         fully_shard_autograd, fully_shard_collective_ops,
@@ -19,24 +21,35 @@ from fsdp_conform_driver.pytorch import (collectives, fsdp_prefetch, fsdp_state_
                                         fully_shard_training, grad_acc, models_scenarios, parity,
                                         tp_integration, unshard_params)
 from fsdp_conform_driver.pytorch.sharded_transformer import sharded_transformer
-from fsdp_conform_driver.recorders import CommCounts
+from fsdp_conform_driver.recorders import CommCounts, ModuleCommCounts
 
 
-def _forward_backward_counts(model, tokens, after_forward=lambda: None) -> dict:
+def _forward_backward_counts(model, tokens, after_forward=lambda: None,
+                             module_counts: bool = False) -> dict:
+    """comm_counts of one forward and `loss.sum().backward()`, one CommDebugMode per phase;
+    with `module_counts`, also comm_module_counts of a mode over both, for the FSDP modules."""
     counts = CommCounts()
-    with counts.phase("forward"):
-        loss = model(tokens)
-    after_forward()
-    with counts.phase("backward"):
-        loss.sum().backward()
-    return {"comm_counts": counts.by_phase("forward", "backward")}
+    modules = ModuleCommCounts() if module_counts else None
+    with modules if modules is not None else contextlib.nullcontext():
+        with counts.phase("forward"):
+            loss = model(tokens)
+        after_forward()
+        with counts.phase("backward"):
+            loss.sum().backward()
+    obs = {"comm_counts": counts.by_phase("forward", "backward")}
+    if modules is not None:
+        from fsdp_conform_driver.pytorch.fsdp_api import FSDPModule
+
+        obs["comm_module_counts"] = modules.by_module(
+            [fqn for fqn, m in model.named_modules() if isinstance(m, FSDPModule)])
+    return obs
 
 
 def communication_count(request):
     from fsdp_conform_driver.pytorch.fsdp_api import reshard_after_forward_of
 
     model = sharded_transformer(request, reshard_after_forward=reshard_after_forward_of(request))
-    return _forward_backward_counts(model, inputs.step_input(request, 0)), None
+    return _forward_backward_counts(model, inputs.step_input(request, 0), module_counts=True), None
 
 
 def set_reshard_after_forward(request):
