@@ -1,5 +1,6 @@
 #include "conformance/fsdp_params.h"
 
+#include <cmath>
 #include <vector>
 
 #include "engine/core/error.h"
@@ -145,6 +146,32 @@ bool ReshardsAfterForward(const CaseParams& params, bool is_root) {
   if (const bool* b = std::get_if<bool>(&*raf)) return *b;
   // An int k reshards to groups of k ranks; k == 1 means False.
   return std::get<int>(*raf) > 1;
+}
+
+ExpectedDivideFactors ExpectedGradientDivideFactors(DType reduce_dtype, int shard_size,
+                                                    int replicate_size,
+                                                    std::optional<double> factor, bool force_sum) {
+  ExpectedDivideFactors f;
+  const int data_parallel_size = shard_size * replicate_size;
+  const bool overflow_risk = reduce_dtype != DType::kFloat32 && reduce_dtype != DType::kBFloat16;
+  if (!overflow_risk && !force_sum) {
+    if (!factor) {
+      if (data_parallel_size == 1) f.reduce_scatter_op = f.all_reduce_op = "SUM";
+    } else {
+      if (*factor != shard_size) f.reduce_scatter_op = "PREMUL_SUM";
+      f.all_reduce_op = "SUM";
+    }
+    return f;
+  }
+  const double divisor = factor.value_or(data_parallel_size);
+  f.reduce_scatter_op = f.all_reduce_op = "SUM";
+  if (overflow_risk) {
+    // The loop of _get_gradient_divide_factors, quirk included: it tests the current pre, so
+    // a factor of 3 gives pre 2, post 1.5.
+    while (std::fmod(divisor, f.pre) == 0.0 && divisor / f.pre > f.pre) f.pre *= 2;
+  }
+  f.post = divisor / f.pre;
+  return f;
 }
 
 }  // namespace fsdp::conformance

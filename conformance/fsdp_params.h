@@ -78,4 +78,23 @@ std::vector<TestRun> LaterProfileRuns(int world, std::map<std::string, std::stri
 // never under torch-2.4; under torch-2.8 as a non-root module except for None.
 bool ReshardsAfterForward(const CaseParams& params, bool is_root);
 
+// How FSDP2 divides the reduced gradients, recomputed for a judge from PyTorch's
+// _get_gradient_divide_factors (docs/fsdp-behaviour.md, "Gradient divide factors"): the
+// reduce-scatter's op over `shard_size` ranks, the HSDP all-reduce's op across
+// `replicate_size` replicas, and the pre/post divides. A float32 or bfloat16 reduction without
+// force_sum averages (SUM over one rank), or with a divide factor uses PREMUL_SUM (AVG when the
+// factor is the shard size) and sums across the replicas; any other reduce dtype, or
+// force_sum, sums both and divides by the factor (default: the data-parallel size), split into
+// a pre- and a post-divide for those other dtypes (the pre-divide doubles while it divides the
+// factor and the factor over it exceeds it).
+struct ExpectedDivideFactors {
+  std::string reduce_scatter_op = "AVG";
+  std::string all_reduce_op = "AVG";
+  double pre = 1.0;
+  double post = 1.0;
+};
+ExpectedDivideFactors ExpectedGradientDivideFactors(DType reduce_dtype, int shard_size,
+                                                    int replicate_size,
+                                                    std::optional<double> factor, bool force_sum);
+
 }  // namespace fsdp::conformance

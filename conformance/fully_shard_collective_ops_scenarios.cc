@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "conformance/collective_data.h"
+#include "conformance/fsdp_params.h"
 #include "conformance/observations.h"
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
@@ -510,33 +511,10 @@ nlohmann::json ReduceScatterRank(RankEnv& env, DType reduce_dtype) {
   return obs;
 }
 
-// The divide factors of docs/fsdp-behaviour.md, "Gradient divide factors", recomputed: f32 and
-// bf16 reduce with AVG, or with SUM and a post-divide by world under force_sum_reduction; f16
-// sums with the factor world split into pre * post (pre doubles while it divides world and
-// world / pre > pre).
-struct ExpectedFactors {
-  std::string op = "AVG";
-  double pre = 1.0;
-  double post = 1.0;
-};
-
-ExpectedFactors DivideFactorsFor(DType reduce_dtype, int world, bool force_sum_reduction) {
-  ExpectedFactors f;
-  if (world == 1) return f;
-  if (reduce_dtype == DType::kFloat16) {
-    f.op = "SUM";
-    // _get_gradient_divide_factors' loop, quirk included: it tests the current factor, so
-    // world 3 gives pre 2, post 1.5.
-    while (static_cast<int64_t>(world) % static_cast<int64_t>(f.pre) == 0 &&
-           world / f.pre > f.pre) {
-      f.pre *= 2;
-    }
-    f.post = world / f.pre;
-  } else if (force_sum_reduction) {
-    f.op = "SUM";
-    f.post = world;
-  }
-  return f;
+// The reduce-scatter's divide factors at `world` (ExpectedGradientDivideFactors, no replicas
+// and no divide factor).
+ExpectedDivideFactors DivideFactorsFor(DType reduce_dtype, int world, bool force_sum_reduction) {
+  return ExpectedGradientDivideFactors(reduce_dtype, world, 1, std::nullopt, force_sum_reduction);
 }
 
 // The smallest world at which f16's split loop stops on world / pre == pre (pre == post, a
@@ -544,7 +522,7 @@ ExpectedFactors DivideFactorsFor(DType reduce_dtype, int world, bool force_sum_r
 // another split, which no other world shows (at 128 and odd worlds the two loops agree).
 int EqualSplitWorld(int max_world) {
   for (int world = 2; world <= max_world; ++world) {
-    const ExpectedFactors f = DivideFactorsFor(DType::kFloat16, world, false);
+    const ExpectedDivideFactors f = DivideFactorsFor(DType::kFloat16, world, false);
     if (f.pre == f.post) return world;
   }
   return 0;
@@ -577,12 +555,12 @@ std::vector<ExpectedTensor> GradsOfRank(const std::vector<ExpectedTensor>& full_
 std::vector<nlohmann::json> ExpectReduceScatter(DType reduce_dtype, const CaseParams& params,
                                                 int world) {
   const std::vector<ExpectedTensor> full_grads = ExpectedFullGrads(params, world);
-  const ExpectedFactors f =
+  const ExpectedDivideFactors f =
       DivideFactorsFor(reduce_dtype, world, params.GetBool("force_sum_reduction"));
   std::vector<nlohmann::json> expected(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     nlohmann::json& obs = expected[static_cast<size_t>(r)];
-    obs["divide_op"] = f.op;
+    obs["divide_op"] = f.reduce_scatter_op;
     obs["pre_divide"] = f.pre;
     obs["post_divide"] = f.post;
     obs[kTensors] = TensorsJson(GradsOfRank(full_grads, r, world));
@@ -647,11 +625,11 @@ Scenario ReduceScatter(const std::string& test, const std::string& seed_test, DT
   s.judge = [reduce_dtype](const CaseParams& params, int world,
                            const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
     const std::vector<ExpectedTensor> full_grads = ExpectedFullGrads(params, world);
-    const ExpectedFactors f =
+    const ExpectedDivideFactors f =
         DivideFactorsFor(reduce_dtype, world, params.GetBool("force_sum_reduction"));
     for (int r = 0; r < world; ++r) {
       if (world > 1) {
-        CheckRankEqual(checks, per_rank, r, {"divide_op", "divide op", f.op});
+        CheckRankEqual(checks, per_rank, r, {"divide_op", "divide op", f.reduce_scatter_op});
         checks.CheckEqual(RankName(r) + " pre/post divide factors",
                           nlohmann::json({f.pre, f.post}),
                           nlohmann::json({RankObservation(per_rank, r, "pre_divide"),

@@ -165,22 +165,6 @@ void CountReduceOp(nlohmann::json& counts, const std::string& key, const std::st
   ops[op] = ops.value(op, 0) + 1;
 }
 
-// The reduce ops of a group's reduce-scatter and HSDP all-reduce, by PyTorch's
-// _get_gradient_divide_factors (docs/fsdp-behaviour.md, "Gradient divide factors"): a float32
-// or bfloat16 reduction without force_sum_reduction averages (SUM over one rank), or with a
-// divide factor uses PREMUL_SUM (AVG when the factor is the shard size) and sums across the
-// replicas; any other reduce dtype, or force_sum_reduction, sums both.
-std::pair<std::string, std::string> PlanReduceOps(const FullyShardPlan& plan, DType reduce_dtype,
-                                                  int world) {
-  const bool overflow_risk = reduce_dtype != DType::kFloat32 && reduce_dtype != DType::kBFloat16;
-  if (overflow_risk || plan.force_sum_reduction) return {"SUM", "SUM"};
-  if (!plan.divide_factor) {
-    const std::string op = world == 1 ? "SUM" : "AVG";
-    return {op, op};
-  }
-  return {*plan.divide_factor == plan.ShardSize(world) ? "AVG" : "PREMUL_SUM", "SUM"};
-}
-
 // One micro-batch's expected collectives: counts and payload bytes by phase, and the backward's
 // reduce ops ({op key: {reduce op: n}}).
 struct PlanComms {
@@ -198,7 +182,7 @@ struct PlanComms {
 // backward reduce-scatters the group's gradients (in reduce dtype) and, under HSDP, all-reduces the
 // shard across the replicas (with defer_all_reduce, in the last micro-batch of a step only); a
 // shard group of one rank all-gathers nothing. Bytes are the collective's full buffer: S * the
-// padded shard. Reduce ops: PlanReduceOps.
+// padded shard. Reduce ops: ExpectedGradientDivideFactors (conformance/fsdp_params.h).
 PlanComms PlanCommCounts(const FullyShardPlan& plan, const ZooModel& model, int world, int64_t k,
                          int64_t i) {
   const int shard = plan.ShardSize(world);
@@ -247,14 +231,15 @@ PlanComms PlanCommCounts(const FullyShardPlan& plan, const ZooModel& model, int 
       const DType reduce_dtype = ReduceDType(plan, g.fqn);
       const auto item = static_cast<int64_t>(ElementSize(reduce_dtype));
       const int64_t reduce_numel = PaddedShardNumel(trainable[idx], model, shard) * shard;
-      const auto [reduce_scatter_op, all_reduce_op] = PlanReduceOps(plan, reduce_dtype, world);
+      const ExpectedDivideFactors factors = ExpectedGradientDivideFactors(
+          reduce_dtype, shard, world / shard, plan.divide_factor, plan.force_sum_reduction);
       backward[kReduceScatter] += 1;
       backward_bytes[kReduceScatter] += reduce_numel * item;
-      CountReduceOp(reduce_ops, kReduceScatter, reduce_scatter_op);
+      CountReduceOp(reduce_ops, kReduceScatter, factors.reduce_scatter_op);
       if (plan.hsdp && (!plan.defer_all_reduce || i + 1 == plan.micro_batches)) {
         backward[kAllReduce] += 1;
         backward_bytes[kAllReduce] += reduce_numel / shard * item;
-        CountReduceOp(reduce_ops, kAllReduce, all_reduce_op);
+        CountReduceOp(reduce_ops, kAllReduce, factors.all_reduce_op);
       }
     }
   }

@@ -30,6 +30,7 @@
 // the group stays sharded (no copy-out ran, so no reshard follows), the end of backward drops
 // the pending result, and the next forward all-gathers out_proj again; the training matches
 // the oracle at every step. Stateless; thread-safe.
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -154,73 +155,88 @@ ObservationSchema EventsSchema() {
   return schema;
 }
 
+// A sharded-parity scenario of zoo model `kind` judged with its events: the parity parameters in
+// float64 with `overrides`, worlds 1-8 (default 2), one step's events from `step_events`, each
+// rank's ShardPlan from `plan_of`. The caller names it and adds its own parameters and runs.
+Scenario EventsParityScenario(const std::string& kind, std::vector<ParamSpec> overrides,
+                              std::function<nlohmann::json(const CaseParams&)> step_events,
+                              std::function<ShardPlan(const CaseParams&)> plan_of) {
+  Scenario s;
+  s.info.params = ParityParams(
+      ZooModel::Kind(kind),
+      ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float64"));
+  for (ParamSpec& spec : overrides) {
+    s.info.params = OverrideParam(std::move(s.info.params), std::move(spec));
+  }
+  s.info.observations = EventsSchema();
+  s.info.inputs = ZooInputsDoc(ZooModel::Kind(kind), "the case's dtype");
+  s.info.default_world = 2;
+  s.info.min_world = 1;
+  s.info.max_world = 8;
+  s.inputs = ParityInputs(kind);
+  s.expect = ExpectWithEvents(kind, std::move(step_events));
+  s.run_rank = [kind, plan_of = std::move(plan_of)](RankEnv& env) {
+    return RunRecordingEvents(kind, plan_of(env.params), env);
+  };
+  s.judge = JudgeWithEvents(kind, s.expect);
+  return s;
+}
+
 Scenario MakePrefetchScenario(Direction direction) {
   const bool forward = direction == Direction::kForward;
   const std::string api =
       forward ? "set_modules_to_forward_prefetch" : "set_modules_to_backward_prefetch";
-  Scenario s;
+  Scenario s = EventsParityScenario(
+      kKind,
+      {ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 4, 1),
+       ParamSpec::SizeInt("steps", "training steps", 2, 1),
+       ParamSpec::Axis("optim", "optimizer", {"sgd"})},
+      [direction](const CaseParams& p) {
+        return ExpectedEvents(direction, p.GetInt("n_layers"), p.GetInt("num_to_prefetch"),
+                              p.GetInt("prefetch_stride"));
+      },
+      [direction](const CaseParams& p) -> ShardPlan {
+        const int64_t num = p.GetInt("num_to_prefetch");
+        const int64_t stride = p.GetInt("prefetch_stride");
+        return [direction, num, stride](const nn::ModulePtr& root,
+                                        const fsdp2::FullyShardOptions& options) {
+          std::vector<nn::ModulePtr> blocks;
+          for (const nn::ModulePtr& block : root->get_submodule("layers")->children()) {
+            fsdp2::fully_shard(block, options);
+            blocks.push_back(block);
+          }
+          fsdp2::fully_shard(root, options);
+          const auto n = static_cast<int64_t>(blocks.size());
+          for (int64_t i = 0; i < n; ++i) {
+            std::vector<nn::ModulePtr> targets;
+            for (int64_t j : Targets(direction, i, n, num, stride)) {
+              targets.push_back(blocks[static_cast<size_t>(j)]);
+            }
+            fsdp2::FSDPModule block(blocks[static_cast<size_t>(i)]);
+            if (direction == Direction::kForward) {
+              block.set_modules_to_forward_prefetch(targets);
+            } else {
+              block.set_modules_to_backward_prefetch(targets);
+            }
+          }
+        };
+      });
   s.info.name = "fully_shard_comm/" + api;
   s.info.description = "Transformer, block i " + api + "(the " + (forward ? "next" : "previous") +
                        " num_to_prefetch blocks, prefetch_stride apart): unshard events of every "
                        "step in the prefetch order, losses, "
                        "parameter and gradient shards vs the oracle";
-  s.info.seed_test =
-      "test_fully_shard_comm.py::TestFullyShardPrefetch::test_" + api;
-  s.info.params = ParityParams(
-      ZooModel::Kind(kKind),
-      ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float64"));
-  for (ParamSpec spec : {ParamSpec::SizeInt("n_layers", "ModelArgs.n_layers", 4, 1),
-                         ParamSpec::SizeInt("steps", "training steps", 2, 1),
-                         ParamSpec::Axis("optim", "optimizer", {"sgd"})}) {
-    s.info.params = OverrideParam(std::move(s.info.params), std::move(spec));
-  }
+  s.info.seed_test = "test_fully_shard_comm.py::TestFullyShardPrefetch::test_" + api;
   s.info.params.push_back(ParamSpec::Axis("num_to_prefetch", "blocks each block prefetches",
                                           {"1", "2"}));
   s.info.params.push_back(
       ParamSpec::SizeInt("prefetch_stride", "distance between a block's targets", 1, 1));
-  s.info.observations = EventsSchema();
-  s.info.inputs = ZooInputsDoc(ZooModel::Kind(kKind), "the case's dtype");
-  s.info.default_world = 2;
-  s.info.min_world = 1;
-  s.info.max_world = 8;
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {{"num_to_prefetch", "2"}}}};
   // Blocks called as layer(x=h): FSDP must register its post-backward on keyword tensors too,
   // or each block's reshard moves to the end of backward.
   // A stride of 2 tells an explicit list from the implicit backward prefetch it replaces (with
   // stride 1 both target the block before first).
   s.info.extra_default_runs = {{3, {{"block_kwargs", "True"}}}, {4, {{"prefetch_stride", "2"}}}};
-  s.inputs = ParityInputs(kKind);
-  s.expect = ExpectWithEvents(kKind, [direction](const CaseParams& p) {
-    return ExpectedEvents(direction, p.GetInt("n_layers"), p.GetInt("num_to_prefetch"),
-                          p.GetInt("prefetch_stride"));
-  });
-  s.run_rank = [direction](RankEnv& env) {
-    const int64_t num = env.params.GetInt("num_to_prefetch");
-    const int64_t stride = env.params.GetInt("prefetch_stride");
-    const ShardPlan plan = [direction, num, stride](const nn::ModulePtr& root,
-                                                    const fsdp2::FullyShardOptions& options) {
-      std::vector<nn::ModulePtr> blocks;
-      for (const nn::ModulePtr& block : root->get_submodule("layers")->children()) {
-        fsdp2::fully_shard(block, options);
-        blocks.push_back(block);
-      }
-      fsdp2::fully_shard(root, options);
-      const auto n = static_cast<int64_t>(blocks.size());
-      for (int64_t i = 0; i < n; ++i) {
-        std::vector<nn::ModulePtr> targets;
-        for (int64_t j : Targets(direction, i, n, num, stride))
-          targets.push_back(blocks[static_cast<size_t>(j)]);
-        fsdp2::FSDPModule block(blocks[static_cast<size_t>(i)]);
-        if (direction == Direction::kForward) {
-          block.set_modules_to_forward_prefetch(targets);
-        } else {
-          block.set_modules_to_backward_prefetch(targets);
-        }
-      }
-    };
-    return RunRecordingEvents(kKind, plan, env);
-  };
-  s.judge = JudgeWithEvents(kKind, s.expect);
   return s;
 }
 
@@ -245,7 +261,21 @@ nlohmann::json ExpectedMisprefetchEvents() {
 }
 
 Scenario BackwardMisprefetch() {
-  Scenario s;
+  Scenario s = EventsParityScenario(
+      kMlp,
+      {ParamSpec::SizeInt("steps", "training steps", 3, 1),
+       ParamSpec::Axis("optim", "optimizer (the test's Adam)", {"adam"})},
+      [](const CaseParams&) { return ExpectedMisprefetchEvents(); },
+      [](const CaseParams&) -> ShardPlan {
+        return [](const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options) {
+          const nn::ModulePtr in_proj = root->get_submodule("in_proj");
+          const nn::ModulePtr out_proj = root->get_submodule("out_proj");
+          fsdp2::fully_shard(in_proj, options);
+          fsdp2::fully_shard(out_proj, options);
+          fsdp2::fully_shard(root, options);
+          fsdp2::FSDPModule(in_proj).set_modules_to_backward_prefetch({out_proj});
+        };
+      });
   s.info.name = "fully_shard_comm/backward_misprefetch";
   s.info.description =
       "MLP, in_proj set_modules_to_backward_prefetch([out_proj]) (a prefetch after out_proj's "
@@ -253,33 +283,7 @@ Scenario BackwardMisprefetch() {
       "and gradient shards vs the oracle";
   s.info.seed_test =
       "test_fully_shard_comm.py::TestFullyShardCommunication::test_backward_misprefetch";
-  s.info.params = ParityParams(
-      ZooModel::Kind(kMlp),
-      ParamSpec::SizeString("dtype", "the engine's parameter and input dtype", "float64"));
-  for (ParamSpec spec : {ParamSpec::SizeInt("steps", "training steps", 3, 1),
-                         ParamSpec::Axis("optim", "optimizer (the test's Adam)", {"adam"})}) {
-    s.info.params = OverrideParam(std::move(s.info.params), std::move(spec));
-  }
-  s.info.observations = EventsSchema();
-  s.info.inputs = ZooInputsDoc(ZooModel::Kind(kMlp), "the case's dtype");
-  s.info.default_world = 2;
-  s.info.min_world = 1;
-  s.info.max_world = 8;
   s.info.extra_default_runs = {{3, {}}};
-  s.inputs = ParityInputs(kMlp);
-  s.expect = ExpectWithEvents(kMlp, [](const CaseParams&) { return ExpectedMisprefetchEvents(); });
-  s.run_rank = [](RankEnv& env) {
-    const ShardPlan plan = [](const nn::ModulePtr& root, const fsdp2::FullyShardOptions& options) {
-      const nn::ModulePtr in_proj = root->get_submodule("in_proj");
-      const nn::ModulePtr out_proj = root->get_submodule("out_proj");
-      fsdp2::fully_shard(in_proj, options);
-      fsdp2::fully_shard(out_proj, options);
-      fsdp2::fully_shard(root, options);
-      fsdp2::FSDPModule(in_proj).set_modules_to_backward_prefetch({out_proj});
-    };
-    return RunRecordingEvents(kMlp, plan, env);
-  };
-  s.judge = JudgeWithEvents(kMlp, s.expect);
   return s;
 }
 

@@ -87,6 +87,24 @@ void StatsToBuffers(const BatchNormStats<T>& s, const std::string& prefix, Tenso
       BasicRefTensor<T>(Shape{}, {static_cast<T>(s.num_batches_tracked)});
 }
 
+// BatchNorm `prefix`'s buffers over `dim` channels, in nn.BatchNorm's registration order.
+std::vector<TensorSpec> BatchNormBufferSpecs(const std::string& prefix, int64_t dim) {
+  return {{JoinFqn(prefix, "running_mean"), {dim}},
+          {JoinFqn(prefix, "running_var"), {dim}},
+          {JoinFqn(prefix, "num_batches_tracked"), {}}};
+}
+
+// Their values at construction: zero mean, unit variance, no batch tracked.
+template <typename T>
+TensorMap<T> BatchNormDefaultBuffers(const std::string& prefix, int64_t dim) {
+  BatchNormStats<T> s;
+  s.running_mean = Vector<T>::Zero(dim);
+  s.running_var = Vector<T>::Ones(dim);
+  TensorMap<T> buffers;
+  StatsToBuffers(s, prefix, &buffers);
+  return buffers;
+}
+
 }  // namespace
 
 // ---- LinearChain -------------------------------------------------------------------------------
@@ -526,18 +544,12 @@ std::vector<TensorSpec> LinearBatchNormLinear<T>::ParameterSpecs() const {
 
 template <typename T>
 std::vector<TensorSpec> LinearBatchNormLinear<T>::BufferSpecs() const {
-  return {{"1.running_mean", {config_.dim}},
-          {"1.running_var", {config_.dim}},
-          {"1.num_batches_tracked", {}}};
+  return BatchNormBufferSpecs("1", config_.dim);
 }
 
 template <typename T>
 TensorMap<T> LinearBatchNormLinear<T>::DefaultBuffers() const {
-  TensorMap<T> b;
-  b["1.running_mean"] = BasicRefTensor<T>({config_.dim});
-  b["1.running_var"] = Full<T>({config_.dim}, T(1));
-  b["1.num_batches_tracked"] = BasicRefTensor<T>(Shape{});
-  return b;
+  return BatchNormDefaultBuffers<T>("1", config_.dim);
 }
 
 template <typename T>
@@ -610,18 +622,12 @@ std::vector<TensorSpec> GatedNorms<T>::ParameterSpecs() const {
 
 template <typename T>
 std::vector<TensorSpec> GatedNorms<T>::BufferSpecs() const {
-  return {{"bn.running_mean", {config_.dim}},
-          {"bn.running_var", {config_.dim}},
-          {"bn.num_batches_tracked", {}}};
+  return BatchNormBufferSpecs("bn", config_.dim);
 }
 
 template <typename T>
 TensorMap<T> GatedNorms<T>::DefaultBuffers() const {
-  TensorMap<T> b;
-  b["bn.running_mean"] = BasicRefTensor<T>({config_.dim});
-  b["bn.running_var"] = Full<T>({config_.dim}, T(1));
-  b["bn.num_batches_tracked"] = BasicRefTensor<T>(Shape{});
-  return b;
+  return BatchNormDefaultBuffers<T>("bn", config_.dim);
 }
 
 namespace {

@@ -35,7 +35,7 @@ import contextlib
 import inspect
 from fsdp_conform_driver import ScenarioSkipped, inputs
 from fsdp_conform_driver.pytorch.collective_data import reduce_inputs
-from fsdp_conform_driver.recorders import reduce_op_name
+from fsdp_conform_driver.recorders import ReduceOps, reduce_op_name
 
 
 def _fsdp_modules():
@@ -201,25 +201,13 @@ def _grad_chunk_size(shape, world: int) -> int:
 
 @contextlib.contextmanager
 def _recording_divide(collectives, record: dict):
-    """Records the reduce op of every reduce-scatter (torch.distributed.reduce_scatter_tensor /
-    reduce_scatter_single, through which every release's foreach_reduce reduce-scatters) and
-    the factor of every _div_if_needed call foreach_reduce makes (the pre-divide on the
-    reduce-scatter input, then the post-divide on its output), for the case's duration; and
+    """Records the factor of every _div_if_needed call foreach_reduce makes (the pre-divide on
+    the reduce-scatter input, then the post-divide on its output), for the case's duration; and
     the reduce-scatter op _get_gradient_divide_factors chose where it returns one (2.6 and
-    later, whose foreach_reduce issues no reduce-scatter at world size 1)."""
-    import torch.distributed as dist
-
-    saved = {name: getattr(dist, name)
-             for name in ("reduce_scatter_tensor", "reduce_scatter_single")
-             if hasattr(dist, name)}
+    later, whose foreach_reduce issues no reduce-scatter at world size 1). The op of the
+    reduce-scatter issued is recorders.ReduceOps'."""
     saved_div = collectives._div_if_needed
     saved_factors = collectives._get_gradient_divide_factors
-
-    def recording(original):
-        def call(*args, **kwargs):
-            record["ops"].append(kwargs.get("op", args[2] if len(args) > 2 else None))
-            return original(*args, **kwargs)
-        return call
 
     def div(tensor, div_factor):
         record["factors"].append(div_factor)
@@ -231,15 +219,11 @@ def _recording_divide(collectives, record: dict):
             record["chosen_ops"].append(result[2])
         return result
 
-    for name, original in saved.items():
-        setattr(dist, name, recording(original))
     collectives._div_if_needed = div
     collectives._get_gradient_divide_factors = factors
     try:
         yield
     finally:
-        for name, original in saved.items():
-            setattr(dist, name, original)
         collectives._div_if_needed = saved_div
         collectives._get_gradient_divide_factors = saved_factors
 
@@ -282,12 +266,13 @@ def reduce_scatter(reduce_dtype_name: str):
             "force_sum_reduction_for_comms": force_sum}
         if hasattr(collectives, "DefaultReduceScatter"):
             known["reduce_scatter_comm"] = collectives.DefaultReduceScatter()
-        record = {"ops": [], "factors": [], "chosen_ops": []}
-        with _recording_divide(collectives, record):
+        record = {"factors": [], "chosen_ops": []}
+        with _recording_divide(collectives, record), ReduceOps() as reduce_ops:
             _call(collectives.foreach_reduce, known)
         factors = [1.0 if f is None else float(f) for f in record["factors"]]
-        ops = record["ops"] or record["chosen_ops"]
-        obs = {"divide_op": reduce_op_name(ops[0]) if ops else "none",
+        ops = (list(reduce_ops.counts.get("c10d._reduce_scatter_base_", {}))
+               or [reduce_op_name(op) for op in record["chosen_ops"]])
+        obs = {"divide_op": ops[0] if ops else "none",
                "pre_divide": factors[0] if factors else 1.0,
                "post_divide": factors[-1] if len(factors) > 1 else 1.0}
         tensors = {}
