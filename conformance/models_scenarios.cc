@@ -22,7 +22,8 @@
 // oracle can give the output; what any conforming dropout does can be judged instead. On one
 // rank, in float64, x[i] = 0.5 + (i % 13) / 8 (never 0) requiring grad passes through
 // nn.Dropout(p) in training mode; out.backward(g) with g[i] = 1 + (i % 7) / 4; then the same
-// module in eval mode runs on x again. The judge requires, element by element:
+// module runs on x once more in training mode and once in eval mode. The judge requires,
+// element by element:
 //   * out[i] = 0 and x.grad[i] = 0 (dropped), or out[i] = x[i] / (1 - p) and
 //     x.grad[i] = g[i] / (1 - p) (kept; within 1e-12 relative: PyTorch multiplies by the
 //     mask's 1 / (1 - p) rounded to float64), so the mask's scale, the gradient's scale and the
@@ -30,8 +31,12 @@
 //   * the number kept within 6 standard deviations of Binomial(n, 1 - p) (a mask keeping with
 //     probability p, or keeping all or none, fails; a conforming one fails with probability
 //     about 2e-9);
+//   * the second training-mode output dropped or x[i] / (1 - p) too, with another mask than
+//     the first (the generator advanced: PyTorch draws a fresh mask per call; two masks of 4096
+//     elements agree with probability below 1e-300);
 //   * the eval-mode output equal to x, exactly.
-// Observations (rank 0): tensors "output", "input_grad", "eval_output" [numel] float64.
+// Observations (rank 0): tensors "output", "input_grad", "output_again", "eval_output" [numel]
+// float64.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -337,11 +342,13 @@ nlohmann::json RunDropoutRank(RankEnv& env) {
   dropout->train();
   const Tensor out = dropout->forward(nn::Value(x)).tensor();
   out.backward(Tensor::from_doubles(RuleValues(n, DropoutGradAt), {n}, DType::kFloat64));
+  const Tensor out_again = dropout->forward(nn::Value(x)).tensor();
   dropout->eval();
   const Tensor eval_out = dropout->forward(nn::Value(x)).tensor();
   nlohmann::json tensors;
   tensors["output"] = TensorToJson(out.detach());
   tensors["input_grad"] = TensorToJson(x.grad());
+  tensors["output_again"] = TensorToJson(out_again.detach());
   tensors["eval_output"] = TensorToJson(eval_out.detach());
   nlohmann::json obs;
   obs[kTensors] = tensors;
@@ -357,11 +364,13 @@ void JudgeDropout(const CaseParams& params, const std::vector<nlohmann::json>& p
   const std::vector<double> g = RuleValues(n, DropoutGradAt);
   const std::vector<double> out = TensorData(per_rank, 0, "output");
   const std::vector<double> grad = TensorData(per_rank, 0, "input_grad");
+  const std::vector<double> again = TensorData(per_rank, 0, "output_again");
   checks.CheckClose("eval-mode output = input", x, TensorData(per_rank, 0, "eval_output"),
                     Tolerance{0.0, 0.0});
-  if (!checks.CheckTrue("output and input_grad sizes",
-                        out.size() == x.size() && grad.size() == x.size(),
-                        "expected " + std::to_string(n) + " elements each")) {
+  if (!checks.CheckTrue(
+          "output and input_grad sizes",
+          out.size() == x.size() && grad.size() == x.size() && again.size() == x.size(),
+          "expected " + std::to_string(n) + " elements each")) {
     return;
   }
   auto near = [](double actual, double expected) {
@@ -391,6 +400,16 @@ void JudgeDropout(const CaseParams& params, const std::vector<nlohmann::json>& p
                    std::to_string(kept) + " kept of " + std::to_string(n) + ", expected " +
                        std::to_string(mean) + " +- " + std::to_string(bound));
   checks.SetFigure("kept_fraction", static_cast<double>(kept) / static_cast<double>(n));
+
+  // The second training-mode call: the same rule, and a fresh mask.
+  bool again_ok = true, same_mask = true;
+  for (size_t k = 0; k < x.size(); ++k) {
+    again_ok = again_ok && (again[k] == 0.0 || near(again[k], x[k] * scale));
+    same_mask = same_mask && ((again[k] == 0.0) == (out[k] == 0.0));
+  }
+  checks.CheckTrue("second training-mode output: each element 0 or x / (1 - p)", again_ok);
+  checks.CheckTrue("second training-mode call draws a new mask (the generator advanced)",
+                   !same_mask, "both calls dropped exactly the same elements");
 }
 
 Scenario MakeDropoutTrainingScenario() {
@@ -398,7 +417,8 @@ Scenario MakeDropoutTrainingScenario() {
   s.info.name = "models/dropout_training";
   s.info.description =
       "nn.Dropout(p) in training mode (each output 0 or x / (1 - p), the gradient through the "
-      "kept elements only, with the same scale; the number kept ~ Binomial) and in eval mode "
+      "kept elements only, with the same scale; the number kept ~ Binomial; a fresh mask per "
+      "call) and in eval mode "
       "(the identity), judged by rule";
   s.info.seed_test = "none (torch.nn.Dropout as documented)";
   s.info.params = {
@@ -414,6 +434,8 @@ Scenario MakeDropoutTrainingScenario() {
                    "nn.Dropout(p) in training mode applied to x[i] = 0.5 + (i % 13) / 8"})
       .AddTensors({"input_grad", "float64", "[numel]",
                    "x.grad after output.backward(g), g[i] = 1 + (i % 7) / 4"})
+      .AddTensors({"output_again", "float64", "[numel]",
+                   "the same module called on x once more in training mode (a fresh mask)"})
       .AddTensors({"eval_output", "float64", "[numel]", "the same module in eval mode on x"});
   s.run_rank = [](RankEnv& env) { return RunDropoutRank(env); };
   s.judge = [](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,

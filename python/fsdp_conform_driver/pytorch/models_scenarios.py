@@ -103,7 +103,7 @@ def model(kind: str):
 def dropout_training(request):
     """models/dropout_training: nn.Dropout(p) on x[i] = 0.5 + (i % 13) / 8 (float64, requiring
     grad) in training mode, output.backward(g) with g[i] = 1 + (i % 7) / 4, then the same module
-    in eval mode on x. The judge checks the values by rule (PyTorch's mask comes from its own
+    once more in training mode and in eval mode on x. The judge checks the values by rule (PyTorch's mask comes from its own
     RNG)."""
     import torch
 
@@ -114,9 +114,11 @@ def dropout_training(request):
     dropout.train()
     out = dropout(x)
     out.backward(1 + torch.remainder(i, 7) / 4)
+    out_again = dropout(x)
     dropout.eval()
     eval_out = dropout(x)
     return {}, {"output": out.detach().clone(), "input_grad": x.grad.detach().clone(),
+                "output_again": out_again.detach().clone(),
                 "eval_output": eval_out.detach().clone()}
 
 
