@@ -130,7 +130,8 @@ class OpMixModule : public nn::Cloneable<OpMixModule> {
 // ---- OpProducts (the suite's own op-coverage model) -------------------------------------------
 
 // reference::OpProducts' engine module: u and gain [dim / 2] on the root, proj =
-// Linear(dim, dim, bias=False); forward y * gain.expand(N, k).clone() + (-a) * dot(u, gain) with
+// Linear(dim, dim, bias=False); forward y * gain.expand(N, k).clone() + (-a) * dot(u, gain) +
+// a * layer_norm(b, {k}) (no weight, no bias) with
 // a, b = h.split(k, 1), q = 1 - reciprocal(b * b + 1), y = mv(bmm(a.unsqueeze(2),
 // q.unsqueeze(1)).reshape(N * k, k), u).view(N, k), h = proj(x). Configuration-only;
 // thread-safety as nn::Module.
@@ -150,7 +151,8 @@ class OpProductsModule : public nn::Cloneable<OpProductsModule> {
     const Tensor o = bmm(unsqueeze(ab[0], 2), unsqueeze(q, 1));
     const Tensor y = view(mv(reshape(o, {n * k, k}), parameter("u")), {n, k});
     const Tensor gain = parameter("gain");
-    return y * clone(expand(gain, {n, k})) + neg(ab[0]) * dot(parameter("u"), gain);
+    return y * clone(expand(gain, {n, k})) + neg(ab[0]) * dot(parameter("u"), gain) +
+           ab[0] * layer_norm(ab[1], {k});
   }
 
  private:
@@ -296,10 +298,11 @@ std::vector<ZooModelKind> MakeKinds() {
        {ParamSpec::SizeInt("dim", "features (even)", 6, /*minimum=*/2), Batch(4)}});
   kinds.push_back(
       {"op_products",
-       "the suite's OpProducts: y * gain.expand(N, k).clone() + (-a) * dot(u, gain), y = mv(bmm("
+       "the suite's OpProducts: y * gain.expand(N, k).clone() + (-a) * dot(u, gain) + a * "
+       "layer_norm(b, (k,)), y = mv(bmm("
        "a.unsqueeze(2), q.unsqueeze(1)).reshape(N * k, k), u).view(N, k), q = 1 - reciprocal(b * b "
        "+ 1), a, b = Linear(x).split(k, 1) (split, reciprocal, rsub, bmm, mv, expand, clone, neg, "
-       "dot)",
+       "dot, layer_norm without elementwise affine)",
        "none (the suite's own model: no seed model differentiates these ops; each is torch's "
        "as documented)",
        {ParamSpec::SizeInt("dim", "features (even)", 6, /*minimum=*/2), Batch(4)}});

@@ -842,7 +842,8 @@ struct OpProductsActivations {
   Vector<T> t;    // q · u per row
   Matrix<T> y;    // a * t (row-wise)
   T dot = T(0);   // u · gain
-  Matrix<T> out;  // y * gain - a * dot
+  Matrix<T> n;    // layer_norm(b) (no weight, no bias)
+  Matrix<T> out;  // y * gain - a * dot + a * n
 };
 
 template <typename T>
@@ -862,6 +863,8 @@ OpProductsActivations<T> OpProductsForward(int64_t dim, const TensorMap<T>& para
   f.dot = u.dot(gain);
   f.out = f.y.array().rowwise() * gain.transpose().array();
   f.out -= f.a * f.dot;
+  f.n = LayerNormForward<T>(f.b, nullptr, nullptr);
+  f.out += f.a.cwiseProduct(f.n);
   return f;
 }
 
@@ -895,7 +898,7 @@ BackwardResult<T> OpProducts<T>::Backward(const TensorMap<T>& params,
   const Vector<T> u = ToVector(Lookup(params, "u"));
   const Vector<T> gain = ToVector(Lookup(params, "gain"));
   const Matrix<T>& g = *dout;
-  // out = y * gain - a * dot: d gain = Σ_rows g * y + d dot * u, dy = g * gain,
+  // out = y * gain - a * dot + a * n: d gain = Σ_rows g * y + d dot * u, dy = g * gain,
   // d dot = -Σ g * a (to u as d dot * gain, to gain as d dot * u).
   const T ddot = -(g.cwiseProduct(f.a)).sum();
   const Vector<T> dgain = (g.cwiseProduct(f.y)).colwise().sum().transpose() + ddot * u;
@@ -903,11 +906,14 @@ BackwardResult<T> OpProducts<T>::Backward(const TensorMap<T>& params,
   // y = a * t: da = dy * t - g * dot, dt = Σ_cols dy * a; t = q u: du = qᵀ dt, dq = dt uᵀ.
   Matrix<T> da = dy.array().colwise() * f.t.array();
   da -= g * f.dot;
+  da += g.cwiseProduct(f.n);
   const Vector<T> dt = dy.cwiseProduct(f.a).rowwise().sum();
   const Vector<T> du = f.q.transpose() * dt + ddot * gain;
   const Matrix<T> dq = dt * u.transpose();
   // q = 1 - 1 / (b² + 1): dq/db = 2 b r².
-  const Matrix<T> db = dq.cwiseProduct(f.b).cwiseProduct(f.r).cwiseProduct(f.r) * T(2);
+  // + a * layer_norm(b): db gets layer_norm's input gradient of g * a.
+  const Matrix<T> db = dq.cwiseProduct(f.b).cwiseProduct(f.r).cwiseProduct(f.r) * T(2) +
+                       LayerNormBackward<T>(f.b, nullptr, false, g.cwiseProduct(f.a)).input;
   Matrix<T> dh(g.rows(), dim);
   dh.leftCols(k) = da;
   dh.rightCols(k) = db;

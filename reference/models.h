@@ -400,6 +400,7 @@ class OpMix : public Model<T> {
 //   o = bmm(a.unsqueeze(2), q.unsqueeze(1))  [N, k, k] batched outer products, bmm
 //   y = mv(o.reshape(N * k, k), u).view(N, k)                         mv
 //   out = y * gain.expand(N, k).clone() + (-a) * dot(u, gain)   expand, clone, neg, dot
+//         + a * layer_norm(b, (k,))         LayerNorm without elementwise affine (eps 1e-5)
 // Every product has both operands requiring grad, so a swapped or transposed operand in a
 // backward formula changes the gradients. Parameters (named_parameters order): u [k],
 // gain [k], proj.weight [dim, dim].

@@ -261,10 +261,12 @@ class OpMix(nn.Module):
 
 class OpProducts(nn.Module):
     """The suite's op-coverage model for products and unary ops (reference::OpProducts):
-    y * gain.expand(N, k).clone() + (-a) * torch.dot(u, gain) with a, b = proj(x).split(k, 1),
+    y * gain.expand(N, k).clone() + (-a) * torch.dot(u, gain) + a * F.layer_norm(b, (k,)) with
+    a, b = proj(x).split(k, 1),
     q = 1 - torch.reciprocal(b * b + 1), y = torch.mv(torch.bmm(a.unsqueeze(2),
     q.unsqueeze(1)).reshape(N * k, k), u).view(N, k): split, reciprocal, rsub, bmm, mv, expand,
-    clone, neg and dot, every product with both operands requiring grad."""
+    clone, neg, dot (every product with both operands requiring grad) and a LayerNorm without
+    elementwise affine."""
 
     def __init__(self, dim: int) -> None:
         super().__init__()
@@ -279,7 +281,8 @@ class OpProducts(nn.Module):
         q = 1 - torch.reciprocal(b * b + 1)
         o = torch.bmm(a.unsqueeze(2), q.unsqueeze(1))
         y = torch.mv(o.reshape(n * self.k, self.k), self.u).view(n, self.k)
-        return y * self.gain.expand(n, self.k).clone() + (-a) * torch.dot(self.u, self.gain)
+        return (y * self.gain.expand(n, self.k).clone() + (-a) * torch.dot(self.u, self.gain)
+                + a * F.layer_norm(b, (self.k,)))
 
 
 class DoubleLinear(nn.Module):
