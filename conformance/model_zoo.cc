@@ -127,6 +127,38 @@ class OpMixModule : public nn::Cloneable<OpMixModule> {
   int64_t dim_;
 };
 
+// ---- OpProducts (the suite's own op-coverage model) -------------------------------------------
+
+// reference::OpProducts' engine module: u and gain [dim / 2] on the root, proj =
+// Linear(dim, dim, bias=False); forward y * gain.expand(N, k).clone() + (-a) * dot(u, gain) +
+// a * layer_norm(b, {k}) (no weight, no bias) with
+// a, b = h.split(k, 1), q = 1 - reciprocal(b * b + 1), y = mv(bmm(a.unsqueeze(2),
+// q.unsqueeze(1)).reshape(N * k, k), u).view(N, k), h = proj(x). Configuration-only;
+// thread-safety as nn::Module.
+class OpProductsModule : public nn::Cloneable<OpProductsModule> {
+ public:
+  explicit OpProductsModule(int64_t dim)
+      : nn::Cloneable<OpProductsModule>("OpProducts"), dim_(dim) {
+    register_parameter("u", Tensor::zeros({dim / 2}, DType::kFloat32));
+    register_parameter("gain", Tensor::zeros({dim / 2}, DType::kFloat32));
+    register_module("proj", std::make_shared<nn::Linear>(dim, dim, /*bias=*/false));
+  }
+  nn::Value forward(const nn::Value& x) override {
+    const int64_t k = dim_ / 2;
+    const std::vector<Tensor> ab = split(call_child("proj", x).tensor(), k, 1);
+    const int64_t n = ab[0].size(0);
+    const Tensor q = rsub(reciprocal(ab[1] * ab[1] + 1.0), 1.0);
+    const Tensor o = bmm(unsqueeze(ab[0], 2), unsqueeze(q, 1));
+    const Tensor y = view(mv(reshape(o, {n * k, k}), parameter("u")), {n, k});
+    const Tensor gain = parameter("gain");
+    return y * clone(expand(gain, {n, k})) + neg(ab[0]) * dot(parameter("u"), gain) +
+           ab[0] * layer_norm(ab[1], {k});
+  }
+
+ private:
+  int64_t dim_;
+};
+
 // ---- Kinds -------------------------------------------------------------------------------------
 
 nn::ContainerType ParseContainerType(const std::string& name) {
@@ -261,6 +293,16 @@ std::vector<ZooModelKind> MakeKinds() {
        "the suite's OpMix: c * log(1 + s * s) - c.mean(), c = cat([h[:, :k] / exp(t), "
        "sqrt(h[:, k:] ** 2 + 1)], 1), s = c.sum(1, keepdim=True), h = Linear(x) (division, exp, "
        "log, sqrt, slices, cat, sum over a dim, mean)",
+       "none (the suite's own model: no seed model differentiates these ops; each is torch's "
+       "as documented)",
+       {ParamSpec::SizeInt("dim", "features (even)", 6, /*minimum=*/2), Batch(4)}});
+  kinds.push_back(
+      {"op_products",
+       "the suite's OpProducts: y * gain.expand(N, k).clone() + (-a) * dot(u, gain) + a * "
+       "layer_norm(b, (k,)), y = mv(bmm("
+       "a.unsqueeze(2), q.unsqueeze(1)).reshape(N * k, k), u).view(N, k), q = 1 - reciprocal(b * b "
+       "+ 1), a, b = Linear(x).split(k, 1) (split, reciprocal, rsub, bmm, mv, expand, clone, neg, "
+       "dot, layer_norm without elementwise affine)",
        "none (the suite's own model: no seed model differentiates these ops; each is torch's "
        "as documented)",
        {ParamSpec::SizeInt("dim", "features (even)", 6, /*minimum=*/2), Batch(4)}});
@@ -767,6 +809,13 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
     FSDP_CHECK(c.dim % 2 == 0, "zoo op_mix: dim must be even, got ", c.dim);
     m.oracle_ = std::make_shared<reference::OpMix<double>>(c);
     m.build_engine_ = [dim = c.dim] { return std::make_shared<OpMixModule>(dim); };
+    m.input_row_shape_ = {c.dim};
+  } else if (kind_name == "op_products") {
+    reference::OpProductsConfig c;
+    c.dim = p.GetInt("dim");
+    FSDP_CHECK(c.dim % 2 == 0, "zoo op_products: dim must be even, got ", c.dim);
+    m.oracle_ = std::make_shared<reference::OpProducts<double>>(c);
+    m.build_engine_ = [dim = c.dim] { return std::make_shared<OpProductsModule>(dim); };
     m.input_row_shape_ = {c.dim};
   } else {
     FSDP_THROW(ErrorCode::kInternal, "zoo model ", kind_name, " has no construction");

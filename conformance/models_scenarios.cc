@@ -16,8 +16,31 @@
 // float64), "fd" {fqn: {"index": [...], "value": [...]}}.
 // The loss, outputs and differences are read at the model's finite-difference point
 // (ZooModel::fd_output_module): the Transformer's float64 logits before its final `.float()`.
+//
+// Scenario `models/dropout_training`: nn.Dropout in training and eval mode, judged by rule.
+// The kept elements come from an RNG stream that PyTorch and the engine do not share, so no
+// oracle can give the output; what any conforming dropout does can be judged instead. On one
+// rank, in float64, x[i] = 0.5 + (i % 13) / 8 (never 0) requiring grad passes through
+// nn.Dropout(p) in training mode; out.backward(g) with g[i] = 1 + (i % 7) / 4; then the same
+// module runs on x once more in training mode and once in eval mode. The judge requires,
+// element by element:
+//   * out[i] = 0 and x.grad[i] = 0 (dropped), or out[i] = x[i] / (1 - p) and
+//     x.grad[i] = g[i] / (1 - p) (kept; within 1e-12 relative: PyTorch multiplies by the
+//     mask's 1 / (1 - p) rounded to float64), so the mask's scale, the gradient's scale and the
+//     gradient flowing only through kept elements are all checked;
+//   * the number kept within 6 standard deviations of Binomial(n, 1 - p) (a mask keeping with
+//     probability p, or keeping all or none, fails; a conforming one fails with probability
+//     about 2e-9);
+//   * the second training-mode output dropped or x[i] / (1 - p) too, with another mask than
+//     the first (the generator advanced: PyTorch draws a fresh mask per call; two masks of 4096
+//     elements agree with probability below 1e-300);
+//   * the eval-mode output equal to x, exactly.
+// Observations (rank 0): tensors "output", "input_grad", "output_again", "eval_output" [numel]
+// float64.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -29,6 +52,8 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/core/dtype.h"
 #include "engine/core/error.h"
+#include "engine/functional/functional.h"
+#include "engine/nn/layers.h"
 
 namespace fsdp::conformance {
 
@@ -296,10 +321,133 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
   return s;
 }
 
+// ---- models/dropout_training -------------------------------------------------------------------
+
+// The scenario's input and upstream gradient, by rule (exact binary fractions, never 0).
+double DropoutInputAt(int64_t i) { return 0.5 + static_cast<double>(i % 13) / 8.0; }
+double DropoutGradAt(int64_t i) { return 1.0 + static_cast<double>(i % 7) / 4.0; }
+
+std::vector<double> RuleValues(int64_t n, double (*at)(int64_t)) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = at(i);
+  return v;
+}
+
+nlohmann::json RunDropoutRank(RankEnv& env) {
+  const double p = env.params.GetDouble("p");
+  const int64_t n = env.params.GetInt("numel");
+  Tensor x = Tensor::from_doubles(RuleValues(n, DropoutInputAt), {n}, DType::kFloat64);
+  x.set_requires_grad(true);
+  auto dropout = std::make_shared<nn::Dropout>(p);
+  dropout->train();
+  const Tensor out = dropout->forward(nn::Value(x)).tensor();
+  out.backward(Tensor::from_doubles(RuleValues(n, DropoutGradAt), {n}, DType::kFloat64));
+  const Tensor out_again = dropout->forward(nn::Value(x)).tensor();
+  dropout->eval();
+  const Tensor eval_out = dropout->forward(nn::Value(x)).tensor();
+  nlohmann::json tensors;
+  tensors["output"] = TensorToJson(out.detach());
+  tensors["input_grad"] = TensorToJson(x.grad());
+  tensors["output_again"] = TensorToJson(out_again.detach());
+  tensors["eval_output"] = TensorToJson(eval_out.detach());
+  nlohmann::json obs;
+  obs[kTensors] = tensors;
+  return obs;
+}
+
+void JudgeDropout(const CaseParams& params, const std::vector<nlohmann::json>& per_rank,
+                  CheckList& checks) {
+  const double p = params.GetDouble("p");
+  const int64_t n = params.GetInt("numel");
+  const double scale = 1.0 / (1.0 - p);
+  const std::vector<double> x = RuleValues(n, DropoutInputAt);
+  const std::vector<double> g = RuleValues(n, DropoutGradAt);
+  const std::vector<double> out = TensorData(per_rank, 0, "output");
+  const std::vector<double> grad = TensorData(per_rank, 0, "input_grad");
+  const std::vector<double> again = TensorData(per_rank, 0, "output_again");
+  checks.CheckClose("eval-mode output = input", x, TensorData(per_rank, 0, "eval_output"),
+                    Tolerance{0.0, 0.0});
+  if (!checks.CheckTrue(
+          "output and input_grad sizes",
+          out.size() == x.size() && grad.size() == x.size() && again.size() == x.size(),
+          "expected " + std::to_string(n) + " elements each")) {
+    return;
+  }
+  auto near = [](double actual, double expected) {
+    return std::abs(actual - expected) <= 1e-12 * std::abs(expected);
+  };
+  int64_t kept = 0;
+  std::string first_bad;
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t k = static_cast<size_t>(i);
+    const bool dropped = out[k] == 0.0 && grad[k] == 0.0;
+    const bool kept_here = near(out[k], x[k] * scale) && near(grad[k], g[k] * scale);
+    if (kept_here) ++kept;
+    if (!dropped && !kept_here && first_bad.empty()) {
+      first_bad = "element " + std::to_string(i) + ": output " + std::to_string(out[k]) +
+                  ", input_grad " + std::to_string(grad[k]) + "; expected 0 and 0 or " +
+                  std::to_string(x[k] * scale) + " and " + std::to_string(g[k] * scale);
+    }
+  }
+  checks.CheckTrue(
+      "each element dropped (output and gradient 0) or kept (both scaled by "
+      "1 / (1 - p))",
+      first_bad.empty(), first_bad);
+  const double mean = static_cast<double>(n) * (1.0 - p);
+  const double bound = 6.0 * std::sqrt(static_cast<double>(n) * p * (1.0 - p));
+  checks.CheckTrue("elements kept ~ Binomial(numel, 1 - p) (within 6 standard deviations)",
+                   std::abs(static_cast<double>(kept) - mean) <= bound,
+                   std::to_string(kept) + " kept of " + std::to_string(n) + ", expected " +
+                       std::to_string(mean) + " +- " + std::to_string(bound));
+  checks.SetFigure("kept_fraction", static_cast<double>(kept) / static_cast<double>(n));
+
+  // The second training-mode call: the same rule, and a fresh mask.
+  bool again_ok = true, same_mask = true;
+  for (size_t k = 0; k < x.size(); ++k) {
+    again_ok = again_ok && (again[k] == 0.0 || near(again[k], x[k] * scale));
+    same_mask = same_mask && ((again[k] == 0.0) == (out[k] == 0.0));
+  }
+  checks.CheckTrue("second training-mode output: each element 0 or x / (1 - p)", again_ok);
+  checks.CheckTrue("second training-mode call draws a new mask (the generator advanced)",
+                   !same_mask, "both calls dropped exactly the same elements");
+}
+
+Scenario MakeDropoutTrainingScenario() {
+  Scenario s;
+  s.info.name = "models/dropout_training";
+  s.info.description =
+      "nn.Dropout(p) in training mode (each output 0 or x / (1 - p), the gradient through the "
+      "kept elements only, with the same scale; the number kept ~ Binomial; a fresh mask per "
+      "call) and in eval mode "
+      "(the identity), judged by rule";
+  s.info.seed_test = "none (torch.nn.Dropout as documented)";
+  s.info.params = {
+      ParamSpec::Axis("p", "the dropout probability (1 / p differs from 1 / (1 - p))",
+                      {"0.2", "0.7"}),
+      ParamSpec::SizeInt("numel", "elements of the float64 input", 4096, /*minimum=*/1)};
+  s.info.default_world = 1;
+  s.info.min_world = 1;
+  s.info.max_world = 1;
+  s.info.requirements.devices = {DeviceType::kCPU};
+  s.info.observations
+      .AddTensors({"output", "float64", "[numel]",
+                   "nn.Dropout(p) in training mode applied to x[i] = 0.5 + (i % 13) / 8"})
+      .AddTensors({"input_grad", "float64", "[numel]",
+                   "x.grad after output.backward(g), g[i] = 1 + (i % 7) / 4"})
+      .AddTensors({"output_again", "float64", "[numel]",
+                   "the same module called on x once more in training mode (a fresh mask)"})
+      .AddTensors({"eval_output", "float64", "[numel]", "the same module in eval mode on x"});
+  s.run_rank = [](RankEnv& env) { return RunDropoutRank(env); };
+  s.judge = [](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) { JudgeDropout(p, per_rank, checks); };
+  return s;
+}
+
 }  // namespace
 
 void RegisterModelsScenarios(ScenarioRegistry& registry) {
   for (const ZooModelKind& kind : ZooModel::Kinds()) registry.Add(MakeModelScenario(kind));
+  registry.Add(MakeDropoutTrainingScenario());
 }
 
 }  // namespace fsdp::conformance

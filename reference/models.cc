@@ -815,6 +815,115 @@ BackwardResult<T> OpMix<T>::Backward(const TensorMap<T>& params, const TensorMap
   return r;
 }
 
+// ---- OpProducts --------------------------------------------------------------------------------
+
+template <typename T>
+std::vector<TensorSpec> OpProducts<T>::ParameterSpecs() const {
+  if (config_.dim < 2 || config_.dim % 2 != 0) {
+    throw std::invalid_argument("OpProducts: dim must be even and positive, got " +
+                                std::to_string(config_.dim));
+  }
+  std::vector<TensorSpec> specs = {{"u", {config_.dim / 2}}, {"gain", {config_.dim / 2}}};
+  AppendSpecs(&specs, LinearSpecs("proj", config_.dim, config_.dim, false));
+  return specs;
+}
+
+namespace {
+
+// The activations of OpProducts' forward (see the header), kept for its backward. The bmm and
+// mv collapse row by row: o[n, i, j] = a[n, i] q[n, j], so y[n, i] = a[n, i] (q[n] · u).
+template <typename T>
+struct OpProductsActivations {
+  Matrix<T> h;    // proj(x)
+  Matrix<T> a;    // h[:, :k]
+  Matrix<T> b;    // h[:, k:]
+  Matrix<T> r;    // 1 / (b² + 1)
+  Matrix<T> q;    // 1 - r
+  Vector<T> t;    // q · u per row
+  Matrix<T> y;    // a * t (row-wise)
+  T dot = T(0);   // u · gain
+  Matrix<T> n;    // layer_norm(b) (no weight, no bias)
+  Matrix<T> out;  // y * gain - a * dot + a * n
+};
+
+template <typename T>
+OpProductsActivations<T> OpProductsForward(int64_t dim, const TensorMap<T>& params,
+                                           const Matrix<T>& x) {
+  const int64_t k = dim / 2;
+  const Vector<T> u = ToVector(Lookup(params, "u"));
+  const Vector<T> gain = ToVector(Lookup(params, "gain"));
+  OpProductsActivations<T> f;
+  f.h = LinearAt(params, "proj", false, x);
+  f.a = f.h.leftCols(k);
+  f.b = f.h.rightCols(k);
+  f.r = (f.b.array().square() + T(1)).inverse();
+  f.q = (T(1) - f.r.array()).matrix();
+  f.t = f.q * u;
+  f.y = f.a.array().colwise() * f.t.array();
+  f.dot = u.dot(gain);
+  f.out = f.y.array().rowwise() * gain.transpose().array();
+  f.out -= f.a * f.dot;
+  f.n = LayerNormForward<T>(f.b, nullptr, nullptr);
+  f.out += f.a.cwiseProduct(f.n);
+  return f;
+}
+
+}  // namespace
+
+template <typename T>
+ForwardResult<T> OpProducts<T>::Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                        const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const OpProductsActivations<T> f = OpProductsForward(config_.dim, params, x);
+  return {{FromMatrix<T>(f.out, WithLastDim(leading, config_.dim / 2))}, buffers};
+}
+
+template <typename T>
+BackwardResult<T> OpProducts<T>::Backward(const TensorMap<T>& params,
+                                          const TensorMap<T>& /*buffers*/,
+                                          const ModelInput<T>& input,
+                                          const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  Shape leading;
+  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
+  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const int64_t dim = config_.dim, k = dim / 2;
+  const auto dout = OutputGrad(output_grads, 0, 1, WithLastDim(leading, k), Name());
+  BackwardResult<T> r;
+  if (!dout) return r;
+  const OpProductsActivations<T> f = OpProductsForward(dim, params, x);
+  const Vector<T> u = ToVector(Lookup(params, "u"));
+  const Vector<T> gain = ToVector(Lookup(params, "gain"));
+  const Matrix<T>& g = *dout;
+  // out = y * gain - a * dot + a * n: d gain = Σ_rows g * y + d dot * u, dy = g * gain,
+  // d dot = -Σ g * a (to u as d dot * gain, to gain as d dot * u).
+  const T ddot = -(g.cwiseProduct(f.a)).sum();
+  const Vector<T> dgain = (g.cwiseProduct(f.y)).colwise().sum().transpose() + ddot * u;
+  const Matrix<T> dy = g.array().rowwise() * gain.transpose().array();
+  // y = a * t: da = dy * t - g * dot, dt = Σ_cols dy * a; t = q u: du = qᵀ dt, dq = dt uᵀ.
+  Matrix<T> da = dy.array().colwise() * f.t.array();
+  da -= g * f.dot;
+  da += g.cwiseProduct(f.n);
+  const Vector<T> dt = dy.cwiseProduct(f.a).rowwise().sum();
+  const Vector<T> du = f.q.transpose() * dt + ddot * gain;
+  const Matrix<T> dq = dt * u.transpose();
+  // q = 1 - 1 / (b² + 1): dq/db = 2 b r².
+  // + a * layer_norm(b): db gets layer_norm's input gradient of g * a.
+  const Matrix<T> db = dq.cwiseProduct(f.b).cwiseProduct(f.r).cwiseProduct(f.r) * T(2) +
+                       LayerNormBackward<T>(f.b, nullptr, false, g.cwiseProduct(f.a)).input;
+  Matrix<T> dh(g.rows(), dim);
+  dh.leftCols(k) = da;
+  dh.rightCols(k) = db;
+  AccumulateInto(&r.grads, "u", FromVector<T>(du, {k}));
+  AccumulateInto(&r.grads, "gain", FromVector<T>(dgain, {k}));
+  const Matrix<T> dx = LinearAtBackward(params, "proj", false, x, dh, &r.grads);
+  r.input_grad = FromMatrix<T>(dx, input.features->shape);
+  return r;
+}
+
 template class LinearChain<float>;
 template class LinearChain<double>;
 template class Mlp<float>;
@@ -835,5 +944,7 @@ template class GatedNorms<float>;
 template class GatedNorms<double>;
 template class OpMix<float>;
 template class OpMix<double>;
+template class OpProducts<float>;
+template class OpProducts<double>;
 
 }  // namespace fsdp::reference

@@ -390,4 +390,40 @@ class OpMix : public Model<T> {
   OpMixConfig config_;
 };
 
+// ---- OpProducts (the suite's own op-coverage model)
+// ----------------------------------------------
+
+// Not a seed model: products and unary ops no other zoo model differentiates. With
+// h = proj(x) (Linear(dim, dim, bias=False), x [N, dim], dim even, k = dim / 2):
+//   a, b = h.split(k, 1)                     split (one node, two outputs)
+//   q = 1 - reciprocal(b * b + 1)            reciprocal, rsub
+//   o = bmm(a.unsqueeze(2), q.unsqueeze(1))  [N, k, k] batched outer products, bmm
+//   y = mv(o.reshape(N * k, k), u).view(N, k)                         mv
+//   out = y * gain.expand(N, k).clone() + (-a) * dot(u, gain)   expand, clone, neg, dot
+//         + a * layer_norm(b, (k,))         LayerNorm without elementwise affine (eps 1e-5)
+// Every product has both operands requiring grad, so a swapped or transposed operand in a
+// backward formula changes the gradients. Parameters (named_parameters order): u [k],
+// gain [k], proj.weight [dim, dim].
+struct OpProductsConfig {
+  int64_t dim = 6;  // Default: 6 (must be even).
+};
+// The model described above. Holds only its config; immutable, so const calls may run
+// concurrently (see Model).
+template <typename T>
+class OpProducts : public Model<T> {
+ public:
+  explicit OpProducts(const OpProductsConfig& config = {}) : config_(config) {}
+
+  std::string Name() const override { return "OpProducts"; }
+  std::vector<TensorSpec> ParameterSpecs() const override;
+  ForwardResult<T> Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                           const ModelInput<T>& input) const override;
+  BackwardResult<T> Backward(
+      const TensorMap<T>& params, const TensorMap<T>& buffers, const ModelInput<T>& input,
+      const std::vector<std::optional<BasicRefTensor<T>>>& output_grads) const override;
+
+ private:
+  OpProductsConfig config_;
+};
+
 }  // namespace fsdp::reference

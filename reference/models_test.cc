@@ -219,6 +219,12 @@ TEST(ModelGradientTest, OpMix) {
   ExpectModelGradientsMatch(m, Params(m, 32), {}, Features({5, 6}, 33));
 }
 
+TEST(ModelGradientTest, OpProducts) {
+  // split, reciprocal, rsub, bmm, mv, expand, clone, neg and dot.
+  const OpProducts<double> m;
+  ExpectModelGradientsMatch(m, Params(m, 34), {}, Features({5, 6}, 35));
+}
+
 TEST(ModelGradientTest, LinearBatchNormLinearTrainingAndEval) {
   for (bool training : {true, false}) {
     LinearBatchNormLinearConfig c;

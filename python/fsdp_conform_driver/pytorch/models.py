@@ -17,8 +17,8 @@ state_dict() keys are the keys of the suite's weights files:
   TransformerWithSharedParams
                             torch/testing/_internal/common_fsdp.py (nn.Transformer, output
                             projection tied to the embedding, vocab_bias, long_buffer, bn)
-  GatedNorms, OpMix         not seed models: the suite's own (reference/models.h), which
-                            differentiate ops no seed model does
+  GatedNorms, OpMix,        not seed models: the suite's own (reference/models.h), which
+  OpProducts                differentiate ops no seed model does
 
 Ownership: plain nn.Modules. Thread-safety: as any nn.Module.
 """
@@ -257,6 +257,32 @@ class OpMix(nn.Module):
                        torch.sqrt(b * b + 1)], 1)
         s = c.sum(1, keepdim=True)
         return c * torch.log(s * s + 1) - c.mean()
+
+
+class OpProducts(nn.Module):
+    """The suite's op-coverage model for products and unary ops (reference::OpProducts):
+    y * gain.expand(N, k).clone() + (-a) * torch.dot(u, gain) + a * F.layer_norm(b, (k,)) with
+    a, b = proj(x).split(k, 1),
+    q = 1 - torch.reciprocal(b * b + 1), y = torch.mv(torch.bmm(a.unsqueeze(2),
+    q.unsqueeze(1)).reshape(N * k, k), u).view(N, k): split, reciprocal, rsub, bmm, mv, expand,
+    clone, neg, dot (every product with both operands requiring grad) and a LayerNorm without
+    elementwise affine."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.u = nn.Parameter(torch.zeros(dim // 2))
+        self.gain = nn.Parameter(torch.zeros(dim // 2))
+        self.proj = nn.Linear(dim, dim, bias=False)
+        self.k = dim // 2
+
+    def forward(self, x):
+        a, b = self.proj(x).split(self.k, 1)
+        n = a.shape[0]
+        q = 1 - torch.reciprocal(b * b + 1)
+        o = torch.bmm(a.unsqueeze(2), q.unsqueeze(1))
+        y = torch.mv(o.reshape(n * self.k, self.k), self.u).view(n, self.k)
+        return (y * self.gain.expand(n, self.k).clone() + (-a) * torch.dot(self.u, self.gain)
+                + a * F.layer_norm(b, (self.k,)))
 
 
 class DoubleLinear(nn.Module):

@@ -24,7 +24,7 @@ _FD_OUTPUT_MODULE = {"transformer": "output"}
 
 _KINDS = ("transformer", "mlp", "mlp_stack", "mlp_stack_seq_parallel", "double_linear",
           "nontensor_activations", "mlp_module", "mlp_rms_norm", "tp_simple_model",
-          "state_dict_model", "gated_norms", "op_mix")
+          "state_dict_model", "gated_norms", "op_mix", "op_products")
 
 
 def sample_indices(numel: int, count: int) -> List[int]:
@@ -100,4 +100,27 @@ def model(kind: str):
     return run
 
 
+def dropout_training(request):
+    """models/dropout_training: nn.Dropout(p) on x[i] = 0.5 + (i % 13) / 8 (float64, requiring
+    grad) in training mode, output.backward(g) with g[i] = 1 + (i % 7) / 4, then the same module
+    once more in training mode and in eval mode on x. The judge checks the values by rule (PyTorch's mask comes from its own
+    RNG)."""
+    import torch
+
+    n = request.int_param("numel")
+    i = torch.arange(n, dtype=torch.float64)
+    x = (0.5 + torch.remainder(i, 13) / 8).requires_grad_()
+    dropout = torch.nn.Dropout(float(request.param("p")))
+    dropout.train()
+    out = dropout(x)
+    out.backward(1 + torch.remainder(i, 7) / 4)
+    out_again = dropout(x)
+    dropout.eval()
+    eval_out = dropout(x)
+    return {}, {"output": out.detach().clone(), "input_grad": x.grad.detach().clone(),
+                "output_again": out_again.detach().clone(),
+                "eval_output": eval_out.detach().clone()}
+
+
 SCENARIOS = {f"models/{kind}": model(kind) for kind in _KINDS}
+SCENARIOS["models/dropout_training"] = dropout_training

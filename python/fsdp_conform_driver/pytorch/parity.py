@@ -30,8 +30,8 @@ def _build(kind: str, request, dtype_name=None):
 
     from fsdp_conform_driver.pytorch.models import (MLP, DoubleLinear, GatedNorms, MLPModule,
                                                     MLPStack, ModelArgs, NontensorActivations,
-                                                    OpMix, SimpleModel, TpExtensionModel,
-                                                    Transformer)
+                                                    OpMix, OpProducts, SimpleModel,
+                                                    TpExtensionModel, Transformer)
 
     dtype = getattr(torch, _DTYPES[dtype_name or request.params.get("dtype", "float32")])
     if kind == "mlp":
@@ -66,6 +66,8 @@ def _build(kind: str, request, dtype_name=None):
         model = GatedNorms(request.int_param("dim"))
     elif kind == "op_mix":
         model = OpMix(request.int_param("dim"))
+    elif kind == "op_products":
+        model = OpProducts(request.int_param("dim"))
     elif kind == "state_dict_model":
         from fsdp_conform_driver.pytorch.fsdp_state_dict_models import Model
 
