@@ -42,13 +42,19 @@ namespace {
 
 constexpr const char* kStreamTrace = "stream_trace";
 
-// The modules whose post-forward reshard writes post-forward shards in this case: of the
+// The modules whose groups unshard with async_op (set_unshard_async_op on the root), and
+// those whose post-forward reshard writes post-forward shards in this case: of the
 // non-root FSDP modules `non_root` and the root, those that reshard after forward (fsdp_params.h,
 // ReshardsAfterForward), when reshard_after_forward is an int k with 1 < k < world (k = world
 // reshards to the world's own mesh: nothing is copied).
 StreamOrderFacts FactsOf(const CaseParams& params, int world,
                          const std::vector<std::string>& non_root) {
   StreamOrderFacts facts;
+  if (params.has("unshard_async_op") && params.GetBool("unshard_async_op")) {
+    // The root's set_unshard_async_op reaches every FSDP module under it.
+    facts.async_unshard_modules.insert(non_root.begin(), non_root.end());
+    facts.async_unshard_modules.insert("");
+  }
   const std::optional<fsdp2::ReshardAfterForward> raf = ReshardAfterForwardOf(params);
   const int* k = raf ? std::get_if<int>(&*raf) : nullptr;
   if (k == nullptr || *k <= 1 || *k >= world) return facts;
@@ -150,6 +156,12 @@ Scenario StreamOrder() {
       ParamSpec::SizeInt("steps", "training steps (forward, backward, optimizer step)", 2,
                          /*minimum=*/1),
       ParamSpec::SizeInt("seed", "seed of the weights and the token batches", 0),
+      ParamSpec::SizeBool(
+          "unshard_async_op",
+          "True: the root's set_unshard_async_op(True) (PyTorch's _set_unshard_async_op, which "
+          "sets every FSDP module under it): every all-gather and its copy-in run on the current "
+          "stream",
+          false),
       SemanticsParam()};
   // World 4: reshard_after_forward=2 reshards to a post-forward group of 2 ranks.
   info.default_world = 4;
@@ -163,6 +175,12 @@ Scenario StreamOrder() {
   info.extra_default_runs.push_back({4,
                                      {{"checkpoint_impl", "utils"},
                                       {"reshard_after_forward", "True"},
+                                      {"post_optim_event", "False"},
+                                      {"hsdp", "False"}}});
+  // set_unshard_async_op on the root: the blocks' all-gathers too move to the current stream.
+  info.extra_default_runs.push_back({4,
+                                     {{"unshard_async_op", "True"},
+                                      {"reshard_after_forward", "2"},
                                       {"post_optim_event", "False"},
                                       {"hsdp", "False"}}});
   info.inputs = TransformerInputsDoc(TokenBatches::kPerRank);
@@ -197,6 +215,7 @@ Scenario StreamOrder() {
     auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params),
                                     env.params.GetString("checkpoint_impl"), mesh);
     fsdp2::FSDPModule root(model);
+    if (env.params.GetBool("unshard_async_op")) root.set_unshard_async_op(true);
     optim::SGD optim(model->parameters(), optim::SGDOptions{.lr = 1e-2});
     const Tensor tokens = TransformerTokens(env);
     const bool post_optim_event = env.params.GetBool("post_optim_event");
