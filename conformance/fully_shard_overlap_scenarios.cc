@@ -50,10 +50,14 @@ constexpr const char* kStreamTrace = "stream_trace";
 StreamOrderFacts FactsOf(const CaseParams& params, int world,
                          const std::vector<std::string>& non_root) {
   StreamOrderFacts facts;
-  if (params.has("unshard_async_op") && params.GetBool("unshard_async_op")) {
+  const std::string async_on =
+      params.has("unshard_async_op") ? params.GetString("unshard_async_op") : "none";
+  if (async_on == "root") {
     // The root's set_unshard_async_op reaches every FSDP module under it.
     facts.async_unshard_modules.insert(non_root.begin(), non_root.end());
     facts.async_unshard_modules.insert("");
+  } else if (async_on != "none") {
+    facts.async_unshard_modules.insert(async_on);  // a block: no FSDP module under it
   }
   const std::optional<fsdp2::ReshardAfterForward> raf = ReshardAfterForwardOf(params);
   const int* k = raf ? std::get_if<int>(&*raf) : nullptr;
@@ -156,12 +160,13 @@ Scenario StreamOrder() {
       ParamSpec::SizeInt("steps", "training steps (forward, backward, optimizer step)", 2,
                          /*minimum=*/1),
       ParamSpec::SizeInt("seed", "seed of the weights and the token batches", 0),
-      ParamSpec::SizeBool(
+      ParamSpec::SizeString(
           "unshard_async_op",
-          "True: the root's set_unshard_async_op(True) (PyTorch's _set_unshard_async_op, which "
-          "sets every FSDP module under it): every all-gather and its copy-in run on the current "
-          "stream",
-          false),
+          "the module whose set_unshard_async_op(True) is called (PyTorch's _set_unshard_async_op, "
+          "torch 2.6+, which sets every FSDP module under it): none, root, or a block's FQN "
+          "(layers.<i>); those modules' all-gathers and copy-ins run on the current stream, a "
+          "backward prefetch with the target's async_op",
+          "none"),
       SemanticsParam()};
   // World 4: reshard_after_forward=2 reshards to a post-forward group of 2 ranks.
   info.default_world = 4;
@@ -177,12 +182,15 @@ Scenario StreamOrder() {
                                       {"reshard_after_forward", "True"},
                                       {"post_optim_event", "False"},
                                       {"hsdp", "False"}}});
-  // set_unshard_async_op on the root: the blocks' all-gathers too move to the current stream.
-  info.extra_default_runs.push_back({4,
-                                     {{"unshard_async_op", "True"},
-                                      {"reshard_after_forward", "2"},
-                                      {"post_optim_event", "False"},
-                                      {"hsdp", "False"}}});
+  // set_unshard_async_op on the root: the blocks' all-gathers too move to the current stream;
+  // on layers.0 alone: layers.1's backward prefetch of it runs async (the target's async_op).
+  for (const char* async_on : {"root", "layers.0"}) {
+    info.extra_default_runs.push_back({4,
+                                       {{"unshard_async_op", async_on},
+                                        {"reshard_after_forward", "2"},
+                                        {"post_optim_event", "False"},
+                                        {"hsdp", "False"}}});
+  }
   info.inputs = TransformerInputsDoc(TokenBatches::kPerRank);
   info.observations.Add(StreamTraceKey());
   s.skip = [](const CaseParams& params, int world) -> std::optional<std::string> {
@@ -215,7 +223,11 @@ Scenario StreamOrder() {
     auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params),
                                     env.params.GetString("checkpoint_impl"), mesh);
     fsdp2::FSDPModule root(model);
-    if (env.params.GetBool("unshard_async_op")) root.set_unshard_async_op(true);
+    if (const std::string async_on = env.params.GetString("unshard_async_op"); async_on == "root") {
+      root.set_unshard_async_op(true);
+    } else if (async_on != "none") {
+      fsdp2::FSDPModule(model->get_submodule(async_on)).set_unshard_async_op(true);
+    }
     optim::SGD optim(model->parameters(), optim::SGDOptions{.lr = 1e-2});
     const Tensor tokens = TransformerTokens(env);
     const bool post_optim_event = env.params.GetBool("post_optim_event");
