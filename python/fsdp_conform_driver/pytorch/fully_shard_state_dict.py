@@ -99,7 +99,7 @@ def _forward_without_grad(model, request):
         model(inputs.step_input(request, 0))
 
 
-def _replace_in_proj_weight(model):
+def replace_in_proj_weight(model):
     """model.in_proj.weight replaced by a new sharded parameter, its local piece negated."""
     import torch
 
@@ -115,7 +115,7 @@ def sharded_state_dict(request):
     after_forward = request.param("after_forward") == "True"
     model = _model(request, reshard_after_forward=not after_forward)
     if request.param("replace_param") == "True":
-        _replace_in_proj_weight(model)
+        replace_in_proj_weight(model)
         _forward_without_grad(model, request)  # lazy init
     if after_forward:
         # test_dp_state_dict_save_load's "Check that state dict hooks reshard", for the load
