@@ -17,9 +17,9 @@
 // at any n_layers, world size and reshard_after_forward.
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <variant>
 #include <vector>
@@ -37,8 +37,9 @@
 #include "engine/functional/functional.h"
 #include "engine/nn/init.h"
 #include "engine/nn/layers.h"
-#include "engine/optim/sgd.h"
 #include "engine/nn/models.h"
+#include "engine/ops/elementwise.h"
+#include "engine/optim/sgd.h"
 
 namespace fsdp::conformance {
 
@@ -818,6 +819,21 @@ Scenario UnshardWithoutLazyInit() {
                        "forward registers unsharded parameters equal to the reference copy");
   s.info.params.insert(s.info.params.begin(),
                        ParamSpec::SizeInt("dim", "MLP dim", 4, /*minimum=*/1));
+  s.info.params.push_back(ParamSpec::SizeBool(
+      "replace_param",
+      "True: between fully_shard and unshard(), in_proj.weight is replaced by a new sharded "
+      "parameter holding its local piece negated (nn.Parameter(DTensor.from_local(...)) in "
+      "PyTorch): unshard()'s lazy init must adopt it (FSDPParamGroup.lazy_init's "
+      "reset_sharded_param), so the unsharded in_proj.weight is the reference negated",
+      false));
+  s.info.params.push_back(ParamSpec::SizeBool(
+      "async_op",
+      "True: unshard(async_op=True) and a wait() on the handle it returns (the all-gather's work "
+      "must be waited before its output is copied out)",
+      false));
+  // The lazy init that unshard() runs (test_reset_sharded_param_in_lazy_init, through unshard),
+  // and an async unshard's values (at an uneven world too).
+  s.info.extra_default_runs = {{2, {{"replace_param", "True"}}}, {3, {{"async_op", "True"}}}};
   s.info.observations
       .AddTensors({"reference/{fqn}", "float32", "the parameter's shape",
                    "each parameter after the broadcast from rank 0, before fully_shard"})
@@ -838,13 +854,23 @@ Scenario UnshardWithoutLazyInit() {
     options.process_group = env.pg;
     options.semantics = SemanticsOf(env.params);
     fsdp2::FSDPModule fsdp_model = fsdp2::fully_shard(model, options);
-    fsdp_model.unshard();
+    if (env.params.GetBool("replace_param")) {
+      nn::Module& in_proj = *model->child("in_proj");
+      Tensor replaced = ops::kernels::Neg(in_proj.parameter("weight").detach());
+      replaced.set_requires_grad(true);
+      in_proj.set_parameter("weight", replaced);
+    }
+    if (env.params.GetBool("async_op")) {
+      fsdp_model.unshard(/*async_op=*/true).wait();
+    } else {
+      fsdp_model.unshard();
+    }
     for (const auto& [name, param] : model->named_parameters()) {
       tensors["unsharded/" + name] = TensorToJson(param);
     }
     return obs;
   };
-  s.judge = [](const CaseParams&, int world, const std::vector<nlohmann::json>& per_rank,
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
     for (int r = 0; r < world; ++r) {
       const nlohmann::json& tensors = RankObservation(per_rank, r, kTensors);
@@ -859,7 +885,11 @@ Scenario UnshardWithoutLazyInit() {
           continue;
         }
         checks.CheckEqual(who + " shape", value.at("shape"), tensors.at(unsharded).at("shape"));
-        checks.CheckClose(who + " values", value.at("data"), tensors.at(unsharded).at("data"),
+        nlohmann::json expected = value.at("data");
+        if (p.GetBool("replace_param") && name == "in_proj.weight") {
+          for (auto& x : expected) x = -x.get<double>();
+        }
+        checks.CheckClose(who + " values", expected, tensors.at(unsharded).at("data"),
                           Tolerance{0.0, 0.0});
         ++compared;
       }

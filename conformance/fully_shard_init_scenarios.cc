@@ -11,6 +11,10 @@
 //                     raises "Each distinct composable distributed API can only be applied to a
 //                     module once. fully_shard has already been applied to the following
 //                     module".
+//   uneven_shard_placement  fully_shard(MLP(5), shard_placement_fn=Shard(1) for every matrix):
+//                     in_proj.weight [20, 5] has dim 1 = 5, which no world > 1 in {2, 3, 4}
+//                     divides; FSDPParam._init_sharded_param raises NotImplementedError "FSDP
+//                     does not support uneven sharding on dim 1" (torch 2.6+: shard_placement_fn).
 // Every rank reports the message of the error it caught ("" when none) and the judge requires
 // PyTorch's phrases in it.
 //
@@ -27,6 +31,7 @@
 #include "engine/nn/init.h"
 #include "engine/nn/layers.h"
 #include "engine/nn/models.h"
+#include "engine/tensor_parallel/placement.h"
 
 namespace fsdp::conformance {
 
@@ -63,13 +68,13 @@ std::string ErrorOf(const std::function<void()>& misuse) {
 // `phrases` (PyTorch's message, split where it names a module by its repr).
 Scenario MisuseScenario(const std::string& name, const std::string& description,
                         const std::string& seed_test, std::function<void(RankEnv&)> misuse,
-                        std::vector<std::string> phrases) {
+                        std::vector<std::string> phrases, int min_world = 1) {
   Scenario s;
   s.info.name = "fully_shard_init/" + name;
   s.info.description = description;
   s.info.seed_test = seed_test;
   s.info.default_world = 2;
-  s.info.min_world = 1;
+  s.info.min_world = min_world;
   s.info.max_world = 8;
   s.info.deterministic = true;
   s.info.observations.Add(ObservationKey::String(
@@ -132,11 +137,36 @@ Scenario ApplyTwice() {
        "fully_shard has already been applied to the following module"});
 }
 
+// MLP(5)'s in_proj.weight [20, 5] is the first parameter fully_shard shards: Shard(1) of its
+// dim 1 (5) is uneven at every world from 2 to 4 (max_world stays at 8: 5 is prime).
+Scenario UnevenShardPlacement() {
+  return MisuseScenario(
+      "uneven_shard_placement",
+      "fully_shard(MLP(5), shard_placement_fn: Shard(1) for every 2-D parameter): in_proj.weight "
+      "[20, 5] cannot be sharded evenly on dim 1, which FSDP2 does not support",
+      "torch/distributed/fsdp/_fully_shard/_fsdp_param.py (FSDPParam._init_sharded_param's "
+      "NotImplementedError; test_fully_shard_init.py's TestFullyShardShardPlacementFn shards "
+      "even dims only)",
+      [](RankEnv& env) {
+        nn::ManualSeed(0);
+        auto model = std::make_shared<nn::MLP>(5);
+        fsdp2::FullyShardOptions options = OnWorld(env);
+        options.shard_placement_fn =
+            [](const Tensor& param) -> std::optional<tensor_parallel::Placement> {
+          if (param.dim() == 2) return tensor_parallel::Placement::Shard(1);
+          return std::nullopt;
+        };
+        fsdp2::fully_shard(model, options);
+      },
+      {"FSDP does not support uneven sharding on dim 1"}, /*min_world=*/2);
+}
+
 }  // namespace
 
 void RegisterFullyShardInitScenarios(ScenarioRegistry& registry) {
   registry.Add(DoubleLazyInit());
   registry.Add(ApplyTwice());
+  registry.Add(UnevenShardPlacement());
 }
 
 }  // namespace fsdp::conformance

@@ -42,13 +42,23 @@ namespace {
 
 constexpr const char* kStreamTrace = "stream_trace";
 
-// The modules whose post-forward reshard writes post-forward shards in this case: of the
+// The modules whose groups unshard with async_op (set_unshard_async_op on the root), and
+// those whose post-forward reshard writes post-forward shards in this case: of the
 // non-root FSDP modules `non_root` and the root, those that reshard after forward (fsdp_params.h,
 // ReshardsAfterForward), when reshard_after_forward is an int k with 1 < k < world (k = world
 // reshards to the world's own mesh: nothing is copied).
 StreamOrderFacts FactsOf(const CaseParams& params, int world,
                          const std::vector<std::string>& non_root) {
   StreamOrderFacts facts;
+  const std::string async_on =
+      params.has("unshard_async_op") ? params.GetString("unshard_async_op") : "none";
+  if (async_on == "root") {
+    // The root's set_unshard_async_op reaches every FSDP module under it.
+    facts.async_unshard_modules.insert(non_root.begin(), non_root.end());
+    facts.async_unshard_modules.insert("");
+  } else if (async_on != "none") {
+    facts.async_unshard_modules.insert(async_on);  // a block: no FSDP module under it
+  }
   const std::optional<fsdp2::ReshardAfterForward> raf = ReshardAfterForwardOf(params);
   const int* k = raf ? std::get_if<int>(&*raf) : nullptr;
   if (k == nullptr || *k <= 1 || *k >= world) return facts;
@@ -150,6 +160,13 @@ Scenario StreamOrder() {
       ParamSpec::SizeInt("steps", "training steps (forward, backward, optimizer step)", 2,
                          /*minimum=*/1),
       ParamSpec::SizeInt("seed", "seed of the weights and the token batches", 0),
+      ParamSpec::SizeString(
+          "unshard_async_op",
+          "the module whose set_unshard_async_op(True) is called (PyTorch's _set_unshard_async_op, "
+          "torch 2.6+, which sets every FSDP module under it): none, root, or a block's FQN "
+          "(layers.<i>); those modules' all-gathers and copy-ins run on the current stream, a "
+          "backward prefetch with the target's async_op",
+          "none"),
       SemanticsParam()};
   // World 4: reshard_after_forward=2 reshards to a post-forward group of 2 ranks.
   info.default_world = 4;
@@ -165,6 +182,15 @@ Scenario StreamOrder() {
                                       {"reshard_after_forward", "True"},
                                       {"post_optim_event", "False"},
                                       {"hsdp", "False"}}});
+  // set_unshard_async_op on the root: the blocks' all-gathers too move to the current stream;
+  // on layers.0 alone: layers.1's backward prefetch of it runs async (the target's async_op).
+  for (const char* async_on : {"root", "layers.0"}) {
+    info.extra_default_runs.push_back({4,
+                                       {{"unshard_async_op", async_on},
+                                        {"reshard_after_forward", "2"},
+                                        {"post_optim_event", "False"},
+                                        {"hsdp", "False"}}});
+  }
   info.inputs = TransformerInputsDoc(TokenBatches::kPerRank);
   info.observations.Add(StreamTraceKey());
   s.skip = [](const CaseParams& params, int world) -> std::optional<std::string> {
@@ -197,6 +223,11 @@ Scenario StreamOrder() {
     auto model = ShardedTransformer(env, ReshardAfterForwardOf(env.params),
                                     env.params.GetString("checkpoint_impl"), mesh);
     fsdp2::FSDPModule root(model);
+    if (const std::string async_on = env.params.GetString("unshard_async_op"); async_on == "root") {
+      root.set_unshard_async_op(true);
+    } else if (async_on != "none") {
+      fsdp2::FSDPModule(model->get_submodule(async_on)).set_unshard_async_op(true);
+    }
     optim::SGD optim(model->parameters(), optim::SGDOptions{.lr = 1e-2});
     const Tensor tokens = TransformerTokens(env);
     const bool post_optim_event = env.params.GetBool("post_optim_event");

@@ -18,7 +18,9 @@
 //                       broadcast_from_rank0 loads it into a zero model (rank 0 alone passes it)
 //   strict_load         set_model_state_dict's strict (test_state_dict.py's test_strict): an
 //                       unexpected key raises, strict=False returns the missing and unexpected
-//                       keys and loads the rest, a missing key raises
+//                       keys and loads the rest, a missing key raises; broadcast_from_rank0 with
+//                       strict=False from a rank-0 full dict that lacks a key: the key keeps the
+//                       model's value and is not missing (_broadcast_state_dict fills it in)
 //   optimizer_state_dict  get/set_optimizer_state_dict
 //   (conformance/optimizer_state_dict_scenario.h)
 // Model and rules: conformance/state_dict_model.h (dim 5: uneven dim 0 at every world > 1).
@@ -281,7 +283,8 @@ Scenario StrictLoad() {
   s.info.name = "fully_shard_state_dict/strict_load";
   s.info.description =
       "set_model_state_dict(strict): an unexpected key raises; strict=False returns the missing "
-      "and unexpected keys and loads the rest into a zero model; a missing key raises";
+      "and unexpected keys and loads the rest into a zero model; a missing key raises; "
+      "broadcast_from_rank0 with strict=False keeps a key rank 0 lacks, not reported missing";
   s.info.seed_test = "test/distributed/checkpoint/test_state_dict.py::TestStateDict::test_strict";
   s.info.params = StateDictModelParams();
   s.info.observations
@@ -298,7 +301,14 @@ Scenario StrictLoad() {
           "the error of set_model_state_dict (strict) of the dict without its "
           "first parameter's key and without \"abc\" (empty when it loads)"))
       .AddTensors({"loaded/{fqn}", "float32", "the rank's piece",
-                   "a zero model's state dict after the strict=False load"});
+                   "a zero model's state dict after the strict=False load"})
+      .Add(ObservationKey::StringList(
+          "broadcast_missing_keys",
+          "set_model_state_dict(full_state_dict, broadcast_from_rank0, strict=False) into the "
+          "model of rank 0's full dict negated and without the first parameter's key (the other "
+          "ranks pass {}): missing_keys"))
+      .AddTensors({"broadcast_loaded/{fqn}", "float32", "the rank's piece",
+                   "the model's state dict after that load"});
   s.info.default_world = 2;
   s.info.max_world = 8;
   s.info.test_runs = {{1, {}}, {3, {}}};
@@ -339,11 +349,33 @@ Scenario StrictLoad() {
         missing_only.sharded.insert(key, *entry);
     }
     obs["missing_error"] = ErrorOf([&] { checkpoint::set_model_state_dict(*model, missing_only); });
+    // broadcast_from_rank0 under strict=False: PyTorch's _broadcast_state_dict starts from the
+    // model's own dict, so a key rank 0's dict lacks keeps the model's value (not missing).
+    checkpoint::StateDictOptions rank0;
+    rank0.full_state_dict = true;
+    rank0.cpu_offload = true;
+    nn::StateDict negated_without_first;
+    for (const auto& [key, value] : checkpoint::get_model_state_dict(*model, rank0)) {
+      if (key != first) negated_without_first.insert(key, ops::kernels::Neg(value));
+    }
+    checkpoint::StateDictOptions broadcast = rank0;
+    broadcast.broadcast_from_rank0 = true;
+    broadcast.strict = false;
+    obs["broadcast_missing_keys"] =
+        checkpoint::set_model_state_dict(*model, negated_without_first, broadcast).missing_keys;
+    obs[kTensors].update(StateDictPiecesJson(model->state_dict(), "broadcast_loaded/"));
     return obs;
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
     NamedTensors weights = StateDictModelInputs(p, world).weights;
+    // The broadcast load: every value negated but the first parameter's, which keeps its own.
+    NamedTensors broadcast = weights;
+    bool first_seen = false;
+    for (auto& [key, t] : broadcast) {
+      if (first_seen || !IsShardedKey(key)) t = ops::kernels::Neg(t);
+      first_seen = first_seen || IsShardedKey(key);
+    }
     // The first parameter is not loaded: the zero model keeps zeros there.
     auto missing = std::find_if(weights.begin(), weights.end(),
                                 [](const auto& kv) { return IsShardedKey(kv.first); });
@@ -366,6 +398,11 @@ Scenario StrictLoad() {
       checks.CheckTrue(who + " strict load without a key raises \"Missing key\"",
                        missing_error.find("Missing key") != std::string::npos, missing_error);
       CheckRankTensorsExact(checks, per_rank, r, ExpectedPieces(weights, r, world, "loaded/", p));
+      CheckRankEqual(checks, per_rank, r,
+                     {"broadcast_missing_keys", "broadcast_from_rank0 strict=False missing_keys",
+                      nlohmann::json::array()});
+      CheckRankTensorsExact(checks, per_rank, r,
+                            ExpectedPieces(broadcast, r, world, "broadcast_loaded/", p));
     }
   };
   return s;

@@ -242,7 +242,12 @@ class Judge {
   void Work(const std::string& stream, const std::string& what, int64_t event,
             const std::string& where) {
     const Node node = clocks_.Work(stream, where);
-    const bool dedicated = unshard_state_ == "FORWARD" || unshard_state_ == "PRE_BACKWARD";
+    // An async_op unshard (set_unshard_async_op) issues its copy-in and all-gather on the
+    // current stream in every state; a sync one on the all-gather streams in forward and
+    // pre-backward (FSDPCommContext.get_all_gather_streams).
+    const bool on_current = facts_.async_unshard_modules.count(unshard_module_) != 0;
+    const bool dedicated =
+        !on_current && (unshard_state_ == "FORWARD" || unshard_state_ == "PRE_BACKWARD");
     auto expect_stream = [&](const char* expected) {
       if (stream != expected) {
         Violate(kDedicatedStreams, what + " " + where + " runs on " + stream + ", not on " +
@@ -251,6 +256,7 @@ class Judge {
     };
     if (what == "all_gather_copy_in") {
       if (dedicated) expect_stream(kCopyInStream);
+      if (on_current) expect_stream(kCurrent);
       if (last_optimizer_step_ && !clocks_.Covers(stream, *last_optimizer_step_)) {
         Violate(kCopyInAfterOptimizer,
                 "all-gather copy-in " + where + " is not ordered after the optimizer step");
@@ -266,6 +272,7 @@ class Judge {
       copy_in_ = node;
     } else if (what == "all_gather") {
       if (dedicated) expect_stream(kAllGatherStream);
+      if (on_current) expect_stream(kCurrent);
       if (!copy_in_ || !clocks_.Covers(stream, *copy_in_)) {
         Violate(kAllGatherAfterCopyIn,
                 "all-gather " + where + " is not ordered after its copy-in" +

@@ -60,6 +60,10 @@ struct StreamOrderFacts {
   // Modules (FQN, root "") whose post-forward reshard writes post-forward shards (an int
   // reshard_after_forward k with 1 < k < world on a module that reshards after forward).
   std::set<std::string> post_forward_mesh_modules;
+  // Modules (FQN, root "") whose groups unshard with async_op=True (set_unshard_async_op):
+  // their copy-ins and all-gathers run on the current stream (FSDPCommContext.
+  // get_all_gather_streams), not on the all-gather streams.
+  std::set<std::string> async_unshard_modules;
 };
 
 // The rule names above, in order.

@@ -141,8 +141,15 @@ nn::StateDict ToLocal(const nn::StateDict& like, const nn::StateDict& sd,
     nn::StateDict local;
     size_t i = 0;
     for (const auto& [key, value] : like) {
-      if (flags[i++] == 0) continue;
       const nn::ShardedEntry* entry = like.sharding(key);
+      if (flags[i++] == 0) {
+        // A key rank 0's dict lacks (strict=False; strict raised above): PyTorch's
+        // _broadcast_state_dict leaves the model's own value in the dict it loads, so the key
+        // keeps its value and is not reported missing.
+        local.insert(key, value.clone());
+        if (entry != nullptr) local.sharded.insert(key, *entry);
+        continue;
+      }
       const Shape global = entry != nullptr ? entry->global_shape : value.sizes();
       Tensor full = root ? sd.at(key).to(value.dtype()).to(value.device())
                          : Tensor::empty(global, value.dtype(), value.device());

@@ -9,7 +9,9 @@
 //  * set_model_state_dict(model, state_dict, options): sharded values load directly;
 //    full_state_dict values are cut into this rank's torch.chunk rows first. With
 //    broadcast_from_rank0 only rank 0 needs the dict: every tensor is broadcast from it over the
-//    default process group (rank 0's key or shape errors are raised on every rank). Keys and
+//    default process group (rank 0's key or shape errors are raised on every rank; under
+//    strict=False a key rank 0 lacks keeps the model's value and is not reported missing, as
+//    PyTorch's _broadcast_state_dict fills it from the model's own dict). Keys and
 //    shapes are checked before anything is loaded (strict: missing and unexpected keys, with
 //    PyTorch's wording).
 //  * get_optimizer_state_dict / set_optimizer_state_dict: the optimizer's state flattened and

@@ -271,7 +271,11 @@ void FSDPModule::set_unshard_in_backward(bool unshard_in_backward) {
 }
 
 void FSDPModule::set_unshard_async_op(bool async_op) {
-  if (const auto& group = state_->param_group()) group->unshard_async_op = async_op;
+  // PyTorch's _set_unshard_async_op sets every FSDP module's groups under this one (it loops
+  // over self.modules(), no recurse argument).
+  for (FsdpState* s : states(/*recurse=*/true)) {
+    if (const auto& group = s->param_group()) group->unshard_async_op = async_op;
+  }
 }
 
 void FSDPModule::set_post_optim_event(const CommEvent& event) {

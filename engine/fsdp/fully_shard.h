@@ -117,7 +117,8 @@ class FSDPModule {
   void set_gradient_divide_factor(double factor);
   void set_force_sum_reduction_for_comms(bool enable);
   void set_unshard_in_backward(bool unshard_in_backward);
-  // `_set_unshard_async_op`.
+  // `_set_unshard_async_op` (torch 2.6+): for this module and every FSDP module under it, the
+  // pre-forward and pre-backward all-gathers run with async_op=True, on the current stream.
   void set_unshard_async_op(bool async_op);
   // The next root pre-forward makes the all-gather streams wait for `event` (recorded by the
   // caller after its optimizer step) instead of for the current stream, then forgets it.

@@ -23,22 +23,28 @@ def reshard_after_forward_of(request):
     return int(value)
 
 
+def require_shard_placement_fn(what):
+    """Skips the case (`what` needs it) on a torch whose fully_shard has no shard_placement_fn
+    (before 2.6)."""
+    import inspect
+
+    if "shard_placement_fn" not in inspect.signature(fully_shard).parameters:
+        import torch
+
+        from fsdp_conform_driver.driver import ScenarioSkipped
+        raise ScenarioSkipped(f"{what} needs fully_shard(shard_placement_fn=...), "
+                              f"which torch {torch.__version__} does not have (2.6 and later do)")
+
+
 def shard_placement_kwargs(request, shard_world):
     """fully_shard's shard_placement_fn for the case's shard_placement: none for dim0 (Shard(0),
     fully_shard's default) or a case without the parameter; for largest_dim, Shard of each
     parameter's largest dim that `shard_world` divides evenly (the first of equal sizes; dim 0
     when no later dim qualifies), as the suite's expectations assume. Skips the case on a torch
     whose fully_shard has no shard_placement_fn (before 2.6)."""
-    import inspect
-
     if request.params.get("shard_placement", "dim0") != "largest_dim":
         return {}
-    if "shard_placement_fn" not in inspect.signature(fully_shard).parameters:
-        import torch
-
-        from fsdp_conform_driver.driver import ScenarioSkipped
-        raise ScenarioSkipped(f"shard_placement=largest_dim needs fully_shard(shard_placement_fn=...), "
-                              f"which torch {torch.__version__} does not have (2.6 and later do)")
+    require_shard_placement_fn("shard_placement=largest_dim")
     from torch.distributed.tensor import Shard
 
     def largest_even_dim(param):

@@ -21,7 +21,11 @@ over the whole world (conformance/state_dict_model.h):
                       broadcast_from_rank0=True) of that dict into a zero model
   strict_load         set_model_state_dict of the state dict plus "abc" (strict: its error),
                       without its first parameter's key into a zero model (strict=False: the
-                      returned keys and the loaded values), and without both (strict: its error)
+                      returned keys and the loaded values), and without both (strict: its error);
+                      then set_model_state_dict(full_state_dict, broadcast_from_rank0,
+                      strict=False) into the model of rank 0's full dict (cpu_offload) negated
+                      and without the first parameter's key: the returned missing_keys and the
+                      values (_broadcast_state_dict keeps the model's own value for that key)
   optimizer_state_dict  the zoo's MLP sharded as parity/fsdp shards it, trained `steps` steps
                       (parity.py's model, optimizer and loss): get_optimizer_state_dict(
                       full_state_dict=...) observed under flattened keys ("state.<fqn>.<name>",
@@ -95,7 +99,7 @@ def _forward_without_grad(model, request):
         model(inputs.step_input(request, 0))
 
 
-def _replace_in_proj_weight(model):
+def replace_in_proj_weight(model):
     """model.in_proj.weight replaced by a new sharded parameter, its local piece negated."""
     import torch
 
@@ -111,7 +115,7 @@ def sharded_state_dict(request):
     after_forward = request.param("after_forward") == "True"
     model = _model(request, reshard_after_forward=not after_forward)
     if request.param("replace_param") == "True":
-        _replace_in_proj_weight(model)
+        replace_in_proj_weight(model)
         _forward_without_grad(model, request)  # lazy init
     if after_forward:
         # test_dp_state_dict_save_load's "Check that state dict hooks reshard", for the load
@@ -188,6 +192,13 @@ def strict_load(request):
     tensors = _pieces(other.state_dict(), "loaded/")
     missing_only = {k: v for k, v in without_first.items() if k != "abc"}
     obs["missing_error"] = _error_of(lambda: set_model_state_dict(model, dict(missing_only)))
+    full_options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    on_rank0 = {k: -v for k, v in get_model_state_dict(model, options=full_options).items()
+                if k != first}
+    keys = set_model_state_dict(model, on_rank0, options=StateDictOptions(
+        full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True, strict=False))
+    obs["broadcast_missing_keys"] = list(keys.missing_keys)
+    tensors.update(_pieces(model.state_dict(), "broadcast_loaded/"))
     return obs, tensors
 
 

@@ -113,7 +113,12 @@ def unshard_without_lazy_init(request):
     tensors = {
         f"reference/{name}": param.detach().clone() for name, param in model.named_parameters()}
     fully_shard(model)
-    model.unshard()
+    if request.param("replace_param") == "True":
+        fully_shard_state_dict.replace_in_proj_weight(model)
+    if request.param("async_op") == "True":
+        model.unshard(async_op=True).wait()
+    else:
+        model.unshard()
     for name, param in model.named_parameters():
         tensors[f"unsharded/{name}"] = param.detach().clone()
     return {}, tensors
