@@ -38,6 +38,15 @@ def _placements(request):
     return Partial(reduce_op), kwargs
 
 
+def _chunk(t, n, dim, i):
+    """torch.chunk(t, n, dim)[i], or the empty piece of a trailing rank past torch.chunk's last
+    chunk (5 rows over 4 ranks: 2, 2, 1, 0), as DTensor's Shard pieces are."""
+    size = t.shape[dim]
+    c = -(-size // n)
+    start = min(i * c, size)
+    return t.narrow(dim, start, min(start + c, size) - start).contiguous()
+
+
 def redistribute(request):
     """Every rank's local tensor after each transform of the C++ scenario's schema."""
     import torch
@@ -59,27 +68,30 @@ def redistribute(request):
         "partial_to_shard1": from_partial().redistribute(mesh, [Shard(1)]).to_local(),
         "partial_to_replicate": from_partial().full_tensor(),
         "shard0_to_shard1": DTensor.from_local(
-            base.chunk(world, 0)[rank].contiguous(), mesh, [Shard(0)], shape=base.shape,
+            _chunk(base, world, 0, rank), mesh, [Shard(0)], shape=base.shape,
             stride=base.stride()).redistribute(mesh, [Shard(1)]).to_local(),
         "shard1_to_replicate": DTensor.from_local(
-            base.chunk(world, 1)[rank].contiguous(), mesh, [Shard(1)], shape=base.shape,
+            _chunk(base, world, 1, rank), mesh, [Shard(1)], shape=base.shape,
             stride=base.stride()).full_tensor(),
         "replicate_to_shard1": DTensor.from_local(base, mesh, [Replicate()]).redistribute(
             mesh, [Shard(1)]).to_local(),
-        "distribute_shard0": distribute_tensor(mine, mesh, [Shard(0)], **kwargs).to_local(),
-        "distribute_replicate": distribute_tensor(mine, mesh, [Replicate()], **kwargs).to_local(),
+        # A copy each time: distribute_tensor's Replicate broadcasts into its input's storage.
+        "distribute_shard0": distribute_tensor(mine.clone(), mesh, [Shard(0)],
+                                               **kwargs).to_local(),
+        "distribute_replicate": distribute_tensor(mine.clone(), mesh, [Replicate()],
+                                                  **kwargs).to_local(),
     }
     if world >= 4 and world % 2 == 0 and rows >= world // 2:
         mesh_2d = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("a", "b"))
         i, j = divmod(rank, world // 2)
-        piece = base.chunk(2, 0)[i].chunk(world // 2, 1)[j].contiguous()
+        piece = _chunk(_chunk(base, 2, 0, i), world // 2, 1, j)
         both = DTensor.from_local(piece, mesh_2d, [Shard(0), Shard(1)], shape=base.shape,
                                   stride=base.stride())
         t["mesh2d_shard0_shard1_to_replicate"] = both.full_tensor()
         t["mesh2d_shard0_shard1_to_shard1_replicate"] = both.redistribute(
             mesh_2d, [Shard(1), Replicate()]).to_local()
         t["mesh2d_distribute_shard1_shard0"] = distribute_tensor(
-            mine, mesh_2d, [Shard(1), Shard(0)], **kwargs).to_local()
+            mine.clone(), mesh_2d, [Shard(1), Shard(0)], **kwargs).to_local()
         # No shape: from_local infers dim 0 as 1 row x mesh dim 1's size.
         t["mesh2d_inferred_shape_to_replicate"] = DTensor.from_local(
             base[j:j + 1].contiguous(), mesh_2d, [Replicate(), Shard(0)]).full_tensor()
