@@ -24,6 +24,8 @@
 #include "conformance/scenario_registry.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/distributed/device_mesh.h"
+#include "engine/nn/layers.h"
+#include "engine/tensor_parallel/distribute_module.h"
 #include "engine/tensor_parallel/dtensor.h"
 #include "reference/sharding.h"
 
@@ -137,6 +139,17 @@ nlohmann::json RunRedistributeRank(RankEnv& env) {
       TensorToJson(distribute_tensor(mine, mesh, {Placement::Shard(0)}, src).local_tensor());
   t["distribute_replicate"] =
       TensorToJson(distribute_tensor(mine, mesh, {Placement::Replicate()}, src).local_tensor());
+  {
+    // distribute_module's default partition (replicate_module_params_buffers): a
+    // Linear(cols, rows, bias=False) whose weight and buffer "buf" are the rank's X_r.
+    auto linear = std::make_shared<nn::Linear>(cols, rows, /*bias=*/false, DType::kFloat64);
+    linear->to(env.device);
+    linear->weight().copy_(mine);
+    linear->register_buffer("buf", mine.clone());
+    tensor_parallel::distribute_module(*linear, mesh);
+    t["distribute_module_weight"] = TensorToJson(linear->weight());
+    t["distribute_module_buffer"] = TensorToJson(linear->buffer("buf"));
+  }
   if (Has2dMesh(env.world, rows)) {
     const auto mesh_2d =
         distributed::DeviceMesh::Init(env.pg, device_type, {2, env.world / 2}, {"a", "b"});
@@ -181,6 +194,9 @@ std::vector<nlohmann::json> ExpectRedistribute(const CaseParams& p, int world) {
     const Matrix source = Scaled(base, SourceRank(src, r, world, false) + 1);
     t["distribute_shard0"] = MatrixJson(ChunkOf(source, 0, world, r));
     t["distribute_replicate"] = MatrixJson(source);
+    // distribute_tensor's default src_data_rank 0, whatever the case's.
+    t["distribute_module_weight"] = MatrixJson(base);
+    t["distribute_module_buffer"] = MatrixJson(base);
     if (Has2dMesh(world, rows)) {
       const int i = r / (world / 2);
       const int j = r % (world / 2);
@@ -227,7 +243,11 @@ Scenario Redistribute() {
        "[Shard(1)]); shard1_to_replicate: from_local(chunk r of B along 1, [Shard(1)], shape)."
        "full_tensor(); replicate_to_shard1: from_local(B, [Replicate()]).redistribute([Shard(1)]); "
        "distribute_shard0 / distribute_replicate: distribute_tensor(X_r, mesh, [Shard(0)] / "
-       "[Replicate()], src_data_rank).to_local(); at an even world >= 4, on the (2, world / 2) "
+       "[Replicate()], src_data_rank).to_local(); distribute_module_weight / "
+       "distribute_module_buffer: distribute_module(Linear(cols, rows, bias=False), mesh) with "
+       "the rank's X_r as its weight and as its buffer \"buf\" (the default partition, "
+       "src_data_rank 0): weight.to_local() and buf.to_local(); at an even world >= 4, on the (2, "
+       "world / 2) "
        "mesh: mesh2d_shard0_shard1_to_replicate: from_local(the rank's piece of B, [Shard(0), "
        "Shard(1)], shape).full_tensor(), mesh2d_shard0_shard1_to_shard1_replicate: the same "
        "redistributed to [Shard(1), Replicate()], mesh2d_distribute_shard1_shard0: "

@@ -51,7 +51,8 @@ def redistribute(request):
     """Every rank's local tensor after each transform of the C++ scenario's schema."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor import (DTensor, Replicate, Shard, distribute_module,
+                                          distribute_tensor)
 
     partial, kwargs = _placements(request)
     rows, cols = request.int_param("rows"), request.int_param("cols")
@@ -81,6 +82,16 @@ def redistribute(request):
         "distribute_replicate": distribute_tensor(mine.clone(), mesh, [Replicate()],
                                                   **kwargs).to_local(),
     }
+    # distribute_module's default partition (replicate_module_params_buffers) on a
+    # Linear(cols, rows, bias=False) whose weight and buffer "buf" are the rank's X_r.
+    linear = torch.nn.Linear(cols, rows, bias=False, dtype=torch.float64)
+    with torch.no_grad():
+        linear.weight.copy_(mine)
+    linear.register_buffer("buf", mine.clone())
+    distribute_module(linear, mesh)
+    t["distribute_module_weight"] = linear.weight.to_local()
+    t["distribute_module_buffer"] = (linear.buf.to_local() if isinstance(linear.buf, DTensor)
+                                     else linear.buf)
     if world >= 4 and world % 2 == 0 and rows >= world // 2:
         mesh_2d = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("a", "b"))
         i, j = divmod(rank, world // 2)
