@@ -33,6 +33,7 @@ void RegisterFullyShardOverlapScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardRegisteredParamsScenarios(ScenarioRegistry& registry);
 void RegisterFsdpPrefetchScenarios(ScenarioRegistry& registry);
 void RegisterFsdpWrapScenarios(ScenarioRegistry& registry);
+void RegisterDtensorScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterModelsScenarios(registry);
@@ -61,6 +62,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardRegisteredParamsScenarios(registry);
   RegisterFsdpPrefetchScenarios(registry);
   RegisterFsdpWrapScenarios(registry);
+  RegisterDtensorScenarios(registry);
 }
 
 }  // namespace fsdp::conformance

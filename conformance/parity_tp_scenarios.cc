@@ -45,9 +45,11 @@
 #include "conformance/sharded_parity.h"
 #include "conformance/state_dict_model.h"
 #include "conformance/tp_plans.h"
+#include "engine/autograd/grad_mode.h"
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/distributed/device_mesh.h"
 #include "engine/fsdp/fully_shard.h"
+#include "engine/tensor_parallel/parallel_style.h"
 #include "reference/loss.h"
 #include "reference/sharding.h"
 
@@ -108,6 +110,24 @@ std::vector<nn::ModulePtr> TpChildrenToShard(const nn::ModulePtr& root,
     if (!sequence_parallel.count(child.get())) out.push_back(child);
   }
   return out;
+}
+
+// With `tp_src_only`, a rank off tensor-parallel index 0 zeroes the parameters of the plan's
+// ColwiseParallel and RowwiseParallel modules before parallelize_module: their styles
+// distribute_tensor them with src_data_rank=0 (ParallelStyle.src_data_rank's default; PyTorch
+// 2.5 always scatters Shard and broadcasts Replicate from group rank 0), so every rank's pieces
+// hold tp index 0's values and the run still matches the oracle. SequenceParallel's norms are
+// left alone: its _replicate_module_fn keeps each rank's own values (from_local).
+void ZeroDistributedParametersOffSource(const tensor_parallel::ParallelizePlan& plan,
+                                        nn::Module& module) {
+  autograd::NoGradGuard no_grad;
+  for (const auto& [fqn, style] : plan) {
+    if (dynamic_cast<const tensor_parallel::ColwiseParallel*>(style.get()) == nullptr &&
+        dynamic_cast<const tensor_parallel::RowwiseParallel*>(style.get()) == nullptr) {
+      continue;
+    }
+    for (Tensor p : module.get_submodule(fqn)->parameters()) p.zero_();
+  }
 }
 
 tensor_parallel::ParallelizePlan PlanOf(const std::string& kind, const nn::Module& module) {
@@ -237,6 +257,9 @@ nlohmann::json RunTpParityRank(const std::string& kind, RankEnv& env) {
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
   module->to(env.device);
   const tensor_parallel::ParallelizePlan plan = PlanOf(kind, *module);
+  if (env.params.GetBool("tp_src_only") && env.rank % m.tp != 0) {
+    ZeroDistributedParametersOffSource(plan, *module);
+  }
   ParallelizeZooModel(kind, *module, (*mesh)["tp"]);
   fsdp2::FullyShardOptions options;
   options.mesh = m.replicate > 1 ? mesh->slice({"dp_replicate", "dp_shard"}) : (*mesh)["dp"];
@@ -431,13 +454,21 @@ Scenario MakeScenario(const ZooModelKind& kind) {
       "HSDP replicate size: 1 is FSDP over dp; r > 1 is HSDP × TP on a (dp_replicate = r, "
       "dp_shard = dp / r, tp) mesh, fully_shard over mesh_3d[(\"dp_replicate\", \"dp_shard\")]",
       1, /*minimum=*/1));
+  s.info.params.push_back(ParamSpec::SizeBool(
+      "tp_src_only",
+      "ranks off tp index 0 zero the parameters of the plan's ColwiseParallel / RowwiseParallel "
+      "modules before parallelize_module: distribute_tensor's src_data_rank=0 (the default) must "
+      "hand every rank tp index 0's pieces",
+      false));
   s.info.observations = TpParitySchema();
   s.info.deterministic = true;
   s.info.default_world = 4;
   s.info.min_world = 2;
   s.info.max_world = 8;
-  // HSDP × TP on (2, 2, 2) in every default run, beside FSDP × TP at the run's world.
-  s.info.extra_default_runs = {{8, {{"replicate", "2"}}}};
+  // HSDP × TP on (2, 2, 2) in every default run, beside FSDP × TP at the run's world; its
+  // tp-index-1 ranks start from zeroed tensor-parallel parameters (distribute_tensor's
+  // src_data_rank).
+  s.info.extra_default_runs = {{8, {{"replicate", "2"}, {"tp_src_only", "True"}}}};
   // A tp size that divides none of MLPStack's sharded dims: torch.chunk's uneven pieces (the
   // last rank's shorter) in every colwise/rowwise weight, bias and activation. The Transformer
   // shards whole heads, so its tp must divide n_heads.

@@ -25,7 +25,8 @@ if [ ${#families[@]} -eq 0 ]; then
             'parity/fsdp1/*' 'fsdp_grad_acc/*' 'fsdp_tp_integration/*' 'parity/tp/*'
             'fully_shard_state_dict/*' 'fsdp_state_dict/*' 'fsdp_unshard_params/*' 'checkpoint/*'
             'fully_shard_training/*' 'fully_shard_frozen/*' 'fsdp_prefetch/*'
-            'fully_shard_mixed_precision/*' 'fsdp_wrap/*' 'collectives/*' 'models/*')
+            'fully_shard_mixed_precision/*' 'fsdp_wrap/*' 'collectives/*' 'models/*'
+            'dtensor/*')
 fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv="$root/.venv-torch-$version"

@@ -275,13 +275,16 @@ def fsdp(kind: str):
 def tp(kind: str):
     """parity/tp/*: tp_plans.plan over the "tp" dim, then fully_shard per block (less the norms
     the plan runs SequenceParallel on) and on the root over the "dp" dim (HSDP x TP with
-    replicate > 1: over ("dp_replicate", "dp_shard"))."""
+    replicate > 1: over ("dp_replicate", "dp_shard")); with tp_src_only, ranks off tp index 0
+    first zero the parameters the plan distribute_tensor-s (their src_data_rank=0 values win)."""
     def run(request):
         from fsdp_conform_driver.pytorch import tp_plans
         from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
 
         model, _ = _build(kind, request)
         mesh, dp_mesh = tp_plans.parity_mesh(request)
+        if request.param("tp_src_only") == "True":
+            tp_plans.zero_distributed_params_off_source(kind, model, mesh["tp"])
         tp_plans.parallelize(kind, model, mesh["tp"])
         for child in tp_plans.children_to_shard(kind, model, _children_to_shard(model)):
             fully_shard(child, mesh=dp_mesh)

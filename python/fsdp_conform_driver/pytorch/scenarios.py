@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 
 from fsdp_conform_driver import ScenarioSkipped, inputs
-from fsdp_conform_driver.pytorch import (collectives, fsdp_prefetch, fsdp_state_dict, fsdp_wrap,
-                                        fully_shard_autograd, fully_shard_collective_ops,
+from fsdp_conform_driver.pytorch import (collectives, dtensor_scenarios, fsdp_prefetch,
+                                        fsdp_state_dict, fsdp_wrap, fully_shard_autograd,
+                                        fully_shard_collective_ops,
                                         fully_shard_events, fully_shard_mixed_precision,
                                         fully_shard_init, fully_shard_mp_casts,
                                         fully_shard_registered_params, fully_shard_state_dict,
@@ -199,5 +200,6 @@ SCENARIOS = {
     **fully_shard_autograd.SCENARIOS,
     **fully_shard_registered_params.SCENARIOS,
     **collectives.SCENARIOS,
+    **dtensor_scenarios.SCENARIOS,
     **models_scenarios.SCENARIOS,
 }

@@ -74,6 +74,24 @@ def children_to_shard(kind: str, model, children):
     return [c for c in children if id(c) not in norms]
 
 
+def zero_distributed_params_off_source(kind: str, model, tp_mesh):
+    """On a rank off tp index 0, zero the parameters of plan(kind, model)'s ColwiseParallel and
+    RowwiseParallel modules (parity/tp's tp_src_only): their styles distribute_tensor them with
+    src_data_rank=0 (ParallelStyle.src_data_rank's default; 2.5 always scatters and broadcasts
+    from group rank 0), so parallelize_module hands every rank tp index 0's pieces.
+    SequenceParallel's norms keep their values (its _replicate_module_fn is from_local)."""
+    import torch
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if tp_mesh.get_local_rank() == 0:
+        return
+    with torch.no_grad():
+        for fqn, style in plan(kind, model).items():
+            if isinstance(style, (ColwiseParallel, RowwiseParallel)):
+                for p in model.get_submodule(fqn).parameters():
+                    p.zero_()
+
+
 def parallelize(kind: str, model, tp_mesh):
     """parallelize_module(model, tp_mesh, plan(kind, model)), dividing every Attention's heads."""
     from torch.distributed.tensor.parallel import parallelize_module

@@ -1,0 +1,286 @@
+// Family `dtensor` (test/distributed/tensor/test_redistribute.py, RedistributeTest, and
+// test_dtensor.py's distribute_tensor tests): DTensor redistribution and distribute_tensor on
+// the 1-D mesh init_device_mesh(device, (world,)) and, at an even world >= 4, on the 2-D mesh
+// (2, world / 2), with no model around them, so that a wrong collective, chunk or factor in a
+// path the tensor-parallel styles do not take (Partial(avg), Partial -> Shard of an uneven
+// dim, Shard(i) -> Shard(j), a tensor sharded over two mesh dims, distribute_tensor's
+// src_data_rank) shows as a wrong local tensor.
+//
+//   redistribute   every rank's local tensor after each transform (see RedistributeKeys); the
+//                  data are integers, so every result is exact (a Partial(avg) of them is a
+//                  multiple of 1/2 at the default worlds 3 and 4) and the judge compares
+//                  exactly.
+//
+// Data (float64, ROWS x COLS = 5 x 7 by default, uneven over 3 and 4 ranks along both dims):
+// the base B[i][j] = i * COLS + j - 17; rank r's own tensor X_r = (r + 1) * B (different on every
+// rank: the Partial inputs and distribute_tensor's sources); the replicated tensor is B.
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "conformance/observations.h"
+#include "conformance/rank_checks.h"
+#include "conformance/scenario_registry.h"
+#include "engine/autograd/grad_mode.h"
+#include "engine/distributed/device_mesh.h"
+#include "engine/nn/layers.h"
+#include "engine/tensor_parallel/distribute_module.h"
+#include "engine/tensor_parallel/dtensor.h"
+#include "reference/sharding.h"
+
+namespace fsdp::conformance {
+
+namespace {
+
+using tensor_parallel::distribute_tensor;
+using tensor_parallel::DTensor;
+using tensor_parallel::Placement;
+using tensor_parallel::Placements;
+
+// A row-major matrix of doubles: the judge's side of the data.
+struct Matrix {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  std::vector<double> data;
+  double at(int64_t i, int64_t j) const { return data[static_cast<size_t>(i * cols + j)]; }
+};
+
+Matrix Base(int64_t rows, int64_t cols) {
+  Matrix m{rows, cols, {}};
+  for (int64_t k = 0; k < rows * cols; ++k) m.data.push_back(static_cast<double>(k - 17));
+  return m;
+}
+
+Matrix Scaled(const Matrix& m, double factor) {
+  Matrix out = m;
+  for (double& v : out.data) v *= factor;
+  return out;
+}
+
+// torch.chunk(m, n, dim)[index] (reference/sharding.h's rule, not the engine's).
+Matrix ChunkOf(const Matrix& m, int64_t dim, int n, int index) {
+  const reference::ChunkLayout layout = reference::MakeChunkLayout(dim == 0 ? m.rows : m.cols, n);
+  const int64_t begin = layout.RowOffset(index);
+  const int64_t length = layout.RowsOnRank(index);
+  Matrix out{dim == 0 ? length : m.rows, dim == 0 ? m.cols : length, {}};
+  for (int64_t i = 0; i < out.rows; ++i) {
+    for (int64_t j = 0; j < out.cols; ++j) {
+      out.data.push_back(dim == 0 ? m.at(begin + i, j) : m.at(i, begin + j));
+    }
+  }
+  return out;
+}
+
+nlohmann::json MatrixJson(const Matrix& m) {
+  return TensorJson({m.rows, m.cols}, "float64", m.data);
+}
+
+Tensor MatrixTensor(const Matrix& m, const Device& device) {
+  return Tensor::from_doubles(m.data, {m.rows, m.cols}, DType::kFloat64, device);
+}
+
+// The case's src_data_rank: nullopt for "None".
+std::optional<int> SrcDataRank(const CaseParams& p) {
+  const std::string v = p.GetString("src_data_rank");
+  if (v == "None") return std::nullopt;
+  return std::stoi(v);
+}
+
+distributed::ReduceOp PartialReduce(const CaseParams& p) {
+  return p.GetString("partial_reduce") == "avg" ? distributed::ReduceOp::kAvg
+                                                : distributed::ReduceOp::kSum;
+}
+
+// The 2-D transforms need an even world >= 4 and a row of B per rank of mesh dim 1.
+bool Has2dMesh(int world, int64_t rows) {
+  return world >= 4 && world % 2 == 0 && rows >= world / 2;
+}
+
+// The source rank of distribute_tensor on a mesh whose every dim's group rank src is taken:
+// on the 1-D mesh, rank src; on the 2-D (2, world / 2) mesh, coordinate (src, src).
+int SourceRank(const std::optional<int>& src, int rank, int world, bool two_d) {
+  if (!src) return rank;
+  return two_d ? *src * (world / 2) + *src : *src;
+}
+
+nlohmann::json RunRedistributeRank(RankEnv& env) {
+  const int64_t rows = env.params.GetInt("rows");
+  const int64_t cols = env.params.GetInt("cols");
+  const std::optional<int> src = SrcDataRank(env.params);
+  const Placement partial = Placement::Partial(PartialReduce(env.params));
+  const std::string device_type = env.device.is_cuda() ? "cuda" : "cpu";
+  const auto mesh = distributed::DeviceMesh::Init(env.pg, device_type, {env.world});
+  const Matrix base = Base(rows, cols);
+  const Tensor b = MatrixTensor(base, env.device);
+  const Tensor mine = MatrixTensor(Scaled(base, env.rank + 1), env.device);
+  const Shape shape{rows, cols};
+  autograd::NoGradGuard no_grad;
+  nlohmann::json obs;
+  nlohmann::json& t = obs[kTensors];
+  auto from_partial = [&] { return DTensor::from_local(mine, mesh, {partial}); };
+  t["partial_to_shard0"] =
+      TensorToJson(from_partial().redistribute({Placement::Shard(0)}).to_local());
+  t["partial_to_shard1"] =
+      TensorToJson(from_partial().redistribute({Placement::Shard(1)}).to_local());
+  t["partial_to_replicate"] = TensorToJson(from_partial().full_tensor());
+  const DTensor rows_sharded =
+      DTensor::from_local(MatrixTensor(ChunkOf(base, 0, env.world, env.rank), env.device), mesh,
+                          {Placement::Shard(0)}, shape);
+  t["shard0_to_shard1"] = TensorToJson(rows_sharded.redistribute({Placement::Shard(1)}).to_local());
+  const DTensor cols_sharded =
+      DTensor::from_local(MatrixTensor(ChunkOf(base, 1, env.world, env.rank), env.device), mesh,
+                          {Placement::Shard(1)}, shape);
+  t["shard1_to_replicate"] = TensorToJson(cols_sharded.full_tensor());
+  t["replicate_to_shard1"] = TensorToJson(DTensor::from_local(b, mesh, {Placement::Replicate()})
+                                              .redistribute({Placement::Shard(1)})
+                                              .to_local());
+  t["distribute_shard0"] =
+      TensorToJson(distribute_tensor(mine, mesh, {Placement::Shard(0)}, src).local_tensor());
+  t["distribute_replicate"] =
+      TensorToJson(distribute_tensor(mine, mesh, {Placement::Replicate()}, src).local_tensor());
+  {
+    // distribute_module's default partition (replicate_module_params_buffers): a
+    // Linear(cols, rows, bias=False) whose weight and buffer "buf" are the rank's X_r.
+    auto linear = std::make_shared<nn::Linear>(cols, rows, /*bias=*/false, DType::kFloat64);
+    linear->to(env.device);
+    linear->weight().copy_(mine);
+    linear->register_buffer("buf", mine.clone());
+    tensor_parallel::distribute_module(*linear, mesh);
+    t["distribute_module_weight"] = TensorToJson(linear->weight());
+    t["distribute_module_buffer"] = TensorToJson(linear->buffer("buf"));
+  }
+  if (Has2dMesh(env.world, rows)) {
+    const auto mesh_2d =
+        distributed::DeviceMesh::Init(env.pg, device_type, {2, env.world / 2}, {"a", "b"});
+    const int i = env.rank / (env.world / 2);
+    const int j = env.rank % (env.world / 2);
+    const Matrix piece = ChunkOf(ChunkOf(base, 0, 2, i), 1, env.world / 2, j);
+    const DTensor both = DTensor::from_local(MatrixTensor(piece, env.device), mesh_2d,
+                                             {Placement::Shard(0), Placement::Shard(1)}, shape);
+    t["mesh2d_shard0_shard1_to_replicate"] = TensorToJson(both.full_tensor());
+    t["mesh2d_shard0_shard1_to_shard1_replicate"] =
+        TensorToJson(both.redistribute({Placement::Shard(1), Placement::Replicate()}).to_local());
+    t["mesh2d_distribute_shard1_shard0"] = TensorToJson(
+        distribute_tensor(mine, mesh_2d, {Placement::Shard(1), Placement::Shard(0)}, src)
+            .local_tensor());
+    // from_local without a shape: the global dim 0 inferred as local rows x mesh dim 1's size.
+    const Tensor row = MatrixTensor(ChunkOf(base, 0, static_cast<int>(rows), j), env.device);
+    t["mesh2d_inferred_shape_to_replicate"] = TensorToJson(
+        DTensor::from_local(row, mesh_2d, {Placement::Replicate(), Placement::Shard(0)})
+            .full_tensor());
+  }
+  return obs;
+}
+
+std::vector<nlohmann::json> ExpectRedistribute(const CaseParams& p, int world) {
+  const int64_t rows = p.GetInt("rows");
+  const int64_t cols = p.GetInt("cols");
+  const std::optional<int> src = SrcDataRank(p);
+  const Matrix base = Base(rows, cols);
+  // sum over r of (r + 1) * B, and its average.
+  const double sum_factor = world * (world + 1) / 2.0;
+  const Matrix reduced = Scaled(
+      base, PartialReduce(p) == distributed::ReduceOp::kAvg ? sum_factor / world : sum_factor);
+  std::vector<nlohmann::json> expected(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    nlohmann::json& t = expected[static_cast<size_t>(r)][kTensors];
+    t["partial_to_shard0"] = MatrixJson(ChunkOf(reduced, 0, world, r));
+    t["partial_to_shard1"] = MatrixJson(ChunkOf(reduced, 1, world, r));
+    t["partial_to_replicate"] = MatrixJson(reduced);
+    t["shard0_to_shard1"] = MatrixJson(ChunkOf(base, 1, world, r));
+    t["shard1_to_replicate"] = MatrixJson(base);
+    t["replicate_to_shard1"] = MatrixJson(ChunkOf(base, 1, world, r));
+    const Matrix source = Scaled(base, SourceRank(src, r, world, false) + 1);
+    t["distribute_shard0"] = MatrixJson(ChunkOf(source, 0, world, r));
+    t["distribute_replicate"] = MatrixJson(source);
+    // distribute_tensor's default src_data_rank 0, whatever the case's.
+    t["distribute_module_weight"] = MatrixJson(base);
+    t["distribute_module_buffer"] = MatrixJson(base);
+    if (Has2dMesh(world, rows)) {
+      const int i = r / (world / 2);
+      const int j = r % (world / 2);
+      t["mesh2d_shard0_shard1_to_replicate"] = MatrixJson(base);
+      t["mesh2d_shard0_shard1_to_shard1_replicate"] = MatrixJson(ChunkOf(base, 1, 2, i));
+      const Matrix source_2d = Scaled(base, SourceRank(src, r, world, true) + 1);
+      t["mesh2d_distribute_shard1_shard0"] =
+          MatrixJson(ChunkOf(ChunkOf(source_2d, 1, 2, i), 0, world / 2, j));
+      Matrix first_rows{world / 2, cols, {}};
+      first_rows.data.assign(base.data.begin(), base.data.begin() + (world / 2) * cols);
+      t["mesh2d_inferred_shape_to_replicate"] = MatrixJson(first_rows);
+    }
+  }
+  return expected;
+}
+
+Scenario Redistribute() {
+  Scenario s;
+  s.info.name = "dtensor/redistribute";
+  s.info.description =
+      "DTensor.redistribute between Partial(sum/avg), Shard(0), Shard(1) and Replicate() of an "
+      "uneven 5 x 7 tensor on a 1-D mesh (and Shard over both dims of a 2-D mesh at an even "
+      "world >= 4), and distribute_tensor with src_data_rank 0, 1 or None: every rank's local "
+      "tensor, exact";
+  s.info.seed_test =
+      "test_redistribute.py::RedistributeTest::test_partial_to_shard, test_shard_to_replicate_"
+      "forward_backward, test_redistribute_shard_dim_change; test_dtensor.py::"
+      "DTensorTest::test_distribute_tensor_src_data_rank (not in 2.5)";
+  s.info.params = {
+      ParamSpec::Axis("partial_reduce", "the reduce op of the Partial placements: sum or avg",
+                      {"sum", "avg"}),
+      ParamSpec::Axis("src_data_rank",
+                      "distribute_tensor's src_data_rank: the group rank on every mesh dim whose "
+                      "tensor is distributed (0, 1), or None: each rank chunks its own",
+                      {"0", "1", "None"}),
+      ParamSpec::SizeInt("rows", "dim 0 of the tensor", 5, /*minimum=*/1),
+      ParamSpec::SizeInt("cols", "dim 1 of the tensor", 7, /*minimum=*/1)};
+  s.info.observations.AddTensors(
+      {"{name}", "float64", "the local piece: torch.chunk's along each Shard dim",
+       "the rank's local tensor after a transform (B[i][j] = i * cols + j - 17, X_r = (r + 1) * "
+       "B): partial_to_shard0 / partial_to_shard1 / partial_to_replicate: "
+       "from_local(X_r, [Partial(op)]).redistribute([Shard(0)] / [Shard(1)] / [Replicate()]); "
+       "shard0_to_shard1: from_local(chunk r of B along 0, [Shard(0)], shape).redistribute("
+       "[Shard(1)]); shard1_to_replicate: from_local(chunk r of B along 1, [Shard(1)], shape)."
+       "full_tensor(); replicate_to_shard1: from_local(B, [Replicate()]).redistribute([Shard(1)]); "
+       "distribute_shard0 / distribute_replicate: distribute_tensor(X_r, mesh, [Shard(0)] / "
+       "[Replicate()], src_data_rank).to_local(); distribute_module_weight / "
+       "distribute_module_buffer: distribute_module(Linear(cols, rows, bias=False), mesh) with "
+       "the rank's X_r as its weight and as its buffer \"buf\" (the default partition, "
+       "src_data_rank 0): weight.to_local() and buf.to_local(); at an even world >= 4, on the (2, "
+       "world / 2) "
+       "mesh: mesh2d_shard0_shard1_to_replicate: from_local(the rank's piece of B, [Shard(0), "
+       "Shard(1)], shape).full_tensor(), mesh2d_shard0_shard1_to_shard1_replicate: the same "
+       "redistributed to [Shard(1), Replicate()], mesh2d_distribute_shard1_shard0: "
+       "distribute_tensor(X_r, mesh_2d, [Shard(1), Shard(0)], src_data_rank).to_local(), "
+       "mesh2d_inferred_shape_to_replicate: from_local(row j of B, mesh_2d, [Replicate(), "
+       "Shard(0)]).full_tensor() (no shape: dim 0 inferred as 1 x world / 2) on mesh "
+       "coordinate (i, j)"});
+  s.info.default_world = 3;
+  s.info.min_world = 2;
+  s.info.max_world = 8;
+  // An even world: an empty piece along dim 0 (5 over 4: 2, 2, 1, 0) and the 2-D mesh.
+  s.info.extra_default_runs = {{4, {}}};
+  s.run_rank = RunRedistributeRank;
+  s.expect = ExpectRedistribute;
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const std::vector<nlohmann::json> expected = ExpectRedistribute(p, world);
+    for (int r = 0; r < world; ++r) {
+      CheckRankTensorsExact(checks, per_rank, r, expected[static_cast<size_t>(r)].at(kTensors));
+    }
+  };
+  s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
+    const std::optional<int> src = SrcDataRank(p);
+    if (src && *src >= (Has2dMesh(world, p.GetInt("rows")) ? 2 : world)) {
+      return "src_data_rank " + std::to_string(*src) + " is not a rank of every mesh dim";
+    }
+    return std::nullopt;
+  };
+  return s;
+}
+
+}  // namespace
+
+void RegisterDtensorScenarios(ScenarioRegistry& registry) { registry.Add(Redistribute()); }
+
+}  // namespace fsdp::conformance
