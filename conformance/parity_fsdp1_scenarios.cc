@@ -22,7 +22,8 @@
 // the numels (the sharded views whatever the strategy) and whether that gradient stayed None
 // (_is_grad_none_mask), and, after one more forward with gradients enabled, the numels
 // named_parameters() lists before its backward (the whole unsharded views where SHARD_GRAD_OP /
-// _HYBRID_SHARD_ZERO2 keep them until backward). Every rank
+// _HYBRID_SHARD_ZERO2 keep them until backward) and whether that gradient is back after it. Every
+// rank
 // also reports the dtypes of its gradients before every optimizer step (the parameters' dtype:
 // keep_low_precision_grads is off) and of the reduce-scatters and all-reduces its backwards
 // issue (FSDP1's reduce dtype, Fsdp1ReduceDType; an extra default run sets param_dtype alone).
@@ -201,7 +202,16 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   const std::optional<reference::GradClip> clip = ClipOf(env.params);
   std::vector<double> grad_norms;
   std::set<std::string> grad_dtypes;
+  // use_orig_params: the numels named_parameters() lists between the last backward and its
+  // optimizer step (the sharded views: every flat parameter resharded by its post-backward or by
+  // _catch_all_reshard, which must also reshard one whose forward skipped the sharded views).
+  nlohmann::json numels_before_step = nlohmann::json::object();
   const std::function<void()> before_step = [&] {
+    if (options.use_orig_params) {
+      for (const auto& [name, param] : fsdp_model->named_parameters()) {
+        numels_before_step[fsdp1::CleanTensorName(name)] = param.numel();
+      }
+    }
     for (const Tensor& p : fsdp_model->parameters()) {
       if (p.grad().defined()) grad_dtypes.insert(DTypeName(p.grad().dtype()));
     }
@@ -224,16 +234,19 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   nlohmann::json obs = TrainingObservations(record, c.dtype);
   obs["grad_norms"] = grad_norms;
   obs["local_numels"] = std::move(local_numels);
+  obs["numels_before_step"] = std::move(numels_before_step);
   obs["grad_dtypes"] = grad_dtypes;
   obs["reduce_dtypes"] = reduce_dtypes;
   // use_orig_params: the user sets one gradient to None (SetOneGradToNone), then a forward under
   // no_grad (test_fsdp_fine_tune.py's evaluation forward between training steps), reporting the
   // original parameters' numels and whether that gradient stayed None (the flat parameter's
-  // _is_grad_none_mask); then one more forward (of step 0's input) with gradients enabled, and the
-  // original parameters' numels before its backward.
+  // _is_grad_none_mask); then one more forward (of step 0's input) with gradients enabled, the
+  // original parameters' numels before its backward, and, after it, whether that parameter has a
+  // gradient again (the post-backward clears its _is_grad_none_mask entry: _reset_is_grad_none).
   nlohmann::json numels_after_no_grad_forward = nlohmann::json::object();
   nlohmann::json numels_after_forward = nlohmann::json::object();
   bool user_none_grad_kept = true;
+  bool user_none_grad_restored = true;
   if (options.use_orig_params) {
     std::optional<Tensor> none_grad_param = SetOneGradToNone(*fsdp_model);
     {
@@ -244,13 +257,18 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
       numels_after_no_grad_forward[fsdp1::CleanTensorName(name)] = param.numel();
     }
     user_none_grad_kept = !none_grad_param || !none_grad_param->grad().defined();
-    c.model.Forward(*fsdp_model, env.Inputs().Get(StepInputName(0)).to(env.device));
+    Tensor loss = ZooModel::Loss(
+        c.model.Forward(*fsdp_model, env.Inputs().Get(StepInputName(0)).to(env.device)),
+        c.model.LossAt(0));
     for (const auto& [name, param] : fsdp_model->named_parameters()) {
       numels_after_forward[fsdp1::CleanTensorName(name)] = param.numel();
     }
+    loss.backward();
+    user_none_grad_restored = !none_grad_param || none_grad_param->grad().defined();
   }
   obs["numels_after_no_grad_forward"] = std::move(numels_after_no_grad_forward);
   obs["user_none_grad_kept"] = user_none_grad_kept;
+  obs["user_none_grad_restored"] = user_none_grad_restored;
   obs["numels_after_forward"] = std::move(numels_after_forward);
   return obs;
 }
@@ -389,6 +407,7 @@ std::vector<nlohmann::json> ExpectFsdp1Parity(const std::string& kind, const Cas
     e["grad_norms"] = nlohmann::json::array();
     e["local_numels"] = ExpectedLocalNumels(c, params, world, r, /*after_forward=*/false);
     e["numels_after_forward"] = ExpectedLocalNumels(c, params, world, r, /*after_forward=*/true);
+    e["numels_before_step"] = ExpectedLocalNumels(c, params, world, r, /*after_forward=*/false);
     // A forward under no_grad ends with the sharded views whatever the strategy
     // (_use_sharded_flat_param skips them only with gradients enabled).
     e["numels_after_no_grad_forward"] =
@@ -396,6 +415,8 @@ std::vector<nlohmann::json> ExpectFsdp1Parity(const std::string& kind, const Cas
     // The next forward's gradient views leave a gradient the user set to None None
     // (_writeback_orig_params marks it in _is_grad_none_mask; _use_sharded_grad_views reads it).
     e["user_none_grad_kept"] = true;
+    // A backward gives every parameter that requires gradient one again (_reset_is_grad_none).
+    e["user_none_grad_restored"] = true;
     // Gradients reach the optimizer in the parameters' dtype (keep_low_precision_grads=False),
     // after reductions in FSDP1's reduce dtype.
     e["grad_dtypes"] = {DTypeName(c.dtype)};
@@ -468,12 +489,18 @@ void JudgeFsdp1Parity(const std::string& kind, const CaseParams& params, int wor
     checks.CheckEqual(who + " use_orig_params parameter numels (flat-parameter layout)",
                       RankObservation(expected, r, "local_numels"),
                       RankObservation(per_rank, r, "local_numels"));
+    checks.CheckEqual(who + " use_orig_params parameter numels before the last optimizer step",
+                      RankObservation(expected, r, "numels_before_step"),
+                      RankObservation(per_rank, r, "numels_before_step"));
     checks.CheckEqual(who + " use_orig_params parameter numels after a no_grad forward",
                       RankObservation(expected, r, "numels_after_no_grad_forward"),
                       RankObservation(per_rank, r, "numels_after_no_grad_forward"));
     checks.CheckEqual(who + " use_orig_params: a gradient set to None stays None through a forward",
                       RankObservation(expected, r, "user_none_grad_kept"),
                       RankObservation(per_rank, r, "user_none_grad_kept"));
+    checks.CheckEqual(who + " use_orig_params: that gradient back after the next backward",
+                      RankObservation(expected, r, "user_none_grad_restored"),
+                      RankObservation(per_rank, r, "user_none_grad_restored"));
     checks.CheckEqual(who + " use_orig_params parameter numels after forward",
                       RankObservation(expected, r, "numels_after_forward"),
                       RankObservation(per_rank, r, "numels_after_forward"));
@@ -543,6 +570,10 @@ Scenario MakeScenario(const ZooModelKind& kind) {
       "use_orig_params: every original parameter's numel after wrapping (its part of the rank's "
       "flat shard), by clean FQN; empty without use_orig_params"));
   s.info.observations.Add(ObservationKey::IntegerMap(
+      "numels_before_step",
+      "use_orig_params: the numel of every parameter named_parameters() lists between the last "
+      "step's backward and its optimizer step, by clean FQN; empty without use_orig_params"));
+  s.info.observations.Add(ObservationKey::IntegerMap(
       "numels_after_no_grad_forward",
       "use_orig_params: after training, one forward under no_grad (step 0's input), then the "
       "numel of every parameter named_parameters() lists, by clean FQN; empty without "
@@ -552,6 +583,10 @@ Scenario MakeScenario(const ZooModelKind& kind) {
       "use_orig_params: after training the rank sets the first parameter with a non-empty "
       "gradient's .grad to None before the no_grad forward; whether it is still None after it "
       "(true without use_orig_params)"));
+  s.info.observations.Add(ObservationKey::Boolean(
+      "user_none_grad_restored",
+      "use_orig_params: whether the parameter whose .grad the rank set to None has a gradient "
+      "again after the backward of the last forward (true without use_orig_params)"));
   s.info.observations.Add(ObservationKey::IntegerMap(
       "numels_after_forward",
       "use_orig_params: after the no_grad forward, one more forward (step 0's input), then the "

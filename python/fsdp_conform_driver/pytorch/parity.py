@@ -335,9 +335,15 @@ def fsdp1(kind: str):
         clip = _clip_grad_norm(request)
         grad_dtypes, reduce_dtypes = set(), set()
 
+        use_orig_params = request.param("use_orig_params") == "True"
+
         def before_step(model, obs):
             grad_dtypes.update(_dtype_name(p.grad) for p in model.parameters()
                                if p.grad is not None)
+            # use_orig_params: the numels listed between the last backward and its step.
+            obs["numels_before_step"] = ({clean_fqn(name): p.numel()
+                                          for name, p in model.named_parameters()}
+                                         if use_orig_params else {})
             if clip is not None:
                 clip(model, obs)
 
@@ -345,6 +351,7 @@ def fsdp1(kind: str):
                               before_step=before_step,
                               backward_context=lambda: _recording_reduce_dtypes(reduce_dtypes))
         obs.setdefault("grad_norms", [])
+        obs.setdefault("numels_before_step", {})
         obs["local_numels"] = local_numels
         obs["grad_dtypes"] = sorted(grad_dtypes)
         obs["reduce_dtypes"] = sorted(reduce_dtypes)
@@ -354,7 +361,7 @@ def fsdp1(kind: str):
         # forward under no_grad (test_fsdp_fine_tune.py's evaluation forward between steps):
         # the sharded views whatever the strategy, and that gradient still None
         # (_is_grad_none_mask).
-        numels_after_no_grad_forward, user_none_grad_kept = {}, True
+        numels_after_no_grad_forward, user_none_grad_kept, user_none_grad_restored = {}, True, True
         numels_after_forward = {}
         if request.param("use_orig_params") == "True":
             none_grad_param = _set_one_grad_to_none(fsdp_model)
@@ -363,11 +370,15 @@ def fsdp1(kind: str):
             numels_after_no_grad_forward = {clean_fqn(name): p.numel()
                                             for name, p in fsdp_model.named_parameters()}
             user_none_grad_kept = none_grad_param is None or none_grad_param.grad is None
-            fsdp_model(inputs.rank_tensors(request)["step0/input"])
+            loss = _loss(request, 0, fsdp_model(inputs.rank_tensors(request)["step0/input"]))
             numels_after_forward = {clean_fqn(name): p.numel()
                                     for name, p in fsdp_model.named_parameters()}
+            # The backward gives that parameter a gradient again (_reset_is_grad_none).
+            loss.backward()
+            user_none_grad_restored = none_grad_param is None or none_grad_param.grad is not None
         obs["numels_after_no_grad_forward"] = numels_after_no_grad_forward
         obs["user_none_grad_kept"] = user_none_grad_kept
+        obs["user_none_grad_restored"] = user_none_grad_restored
         obs["numels_after_forward"] = numels_after_forward
         return obs, tensors
     return run
