@@ -11,7 +11,28 @@
 namespace fsdp::conformance {
 
 std::shared_ptr<fsdp1::FullyShardedDataParallel> WrapChildrenThenRoot(
-    const nn::ModulePtr& module, fsdp1::FullyShardedDataParallelOptions options) {
+    const nn::ModulePtr& module, fsdp1::FullyShardedDataParallelOptions options,
+    std::optional<fsdp1::ShardingStrategy> first_child_strategy) {
+  if (first_child_strategy) {
+    // Each child's parent and its name there, to replace it with its FSDP instance.
+    std::map<const nn::Module*, std::pair<nn::ModulePtr, std::string>> parents;
+    for (const auto& [name, m] : module->named_modules()) {
+      for (const auto& [child_name, child] : m->named_children()) {
+        parents[child.get()] = {m, child_name};
+      }
+    }
+    options.auto_wrap_policy = nullptr;
+    bool first = true;
+    for (const nn::ModulePtr& child : ChildrenToShard(module)) {
+      fsdp1::FullyShardedDataParallelOptions child_options = options;
+      if (first) child_options.sharding_strategy = *first_child_strategy;
+      first = false;
+      const auto& [parent, child_name] = parents.at(child.get());
+      parent->register_module(
+          child_name, std::make_shared<fsdp1::FullyShardedDataParallel>(child, child_options));
+    }
+    return std::make_shared<fsdp1::FullyShardedDataParallel>(module, std::move(options));
+  }
   std::set<const nn::Module*> nested;
   for (const nn::ModulePtr& child : ChildrenToShard(module)) nested.insert(child.get());
   options.auto_wrap_policy = std::make_shared<fsdp1::LambdaAutoWrapPolicy>(

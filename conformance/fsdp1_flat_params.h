@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,9 +24,13 @@ namespace fsdp::conformance {
 
 // FullyShardedDataParallel(module, options) with options.auto_wrap_policy replaced by a
 // LambdaAutoWrapPolicy that picks exactly ChildrenToShard(module) (the Transformer's blocks,
-// MLP's in_proj/out_proj, DoubleLinear's lin1/lin2).
+// MLP's in_proj/out_proj, DoubleLinear's lin1/lin2). With `first_child_strategy`, the children
+// are wrapped by hand instead (auto wrapping refuses modules already wrapped), the first with
+// that sharding strategy, the others and the root with options' (test_fsdp_clip_grad_norm.py's
+// "mixed_strategy").
 std::shared_ptr<fsdp1::FullyShardedDataParallel> WrapChildrenThenRoot(
-    const nn::ModulePtr& module, fsdp1::FullyShardedDataParallelOptions options);
+    const nn::ModulePtr& module, fsdp1::FullyShardedDataParallelOptions options,
+    std::optional<fsdp1::ShardingStrategy> first_child_strategy = std::nullopt);
 
 // One flat parameter WrapChildrenThenRoot makes: its original parameters by FQN, in flat order.
 struct Fsdp1FlatParamFqns {

@@ -14,10 +14,16 @@
 // data-parallel run (ExpectFsdp1Parity). Gradients are judged through the parameters they move.
 // With sync_module_states, ranks other than 0 zero their parameters before wrapping, so the run
 // matches the oracle only if FSDP broadcasts rank 0's (over both groups of a hybrid strategy).
-// Under use_orig_params each rank also reports its original parameters' numels after wrapping,
-// judged against the flat-parameter layout rule (ExpectedLocalNumels), and, after one more
-// forward at the end, the numels named_parameters() lists before its backward (the whole
-// unsharded views where SHARD_GRAD_OP / _HYBRID_SHARD_ZERO2 keep them until backward). Every rank
+// With mixed_strategy (test_fsdp_clip_grad_norm.py) the first nested instance uses NO_SHARD:
+// clip_grad_norm_ must count its gradients once, not once per rank. Under use_orig_params each
+// rank also reports its original parameters' numels after wrapping, judged against the
+// flat-parameter layout rule (ExpectedLocalNumels); then, after training, it sets one gradient to
+// None and runs a forward under no_grad (test_fsdp_fine_tune.py's evaluation forward), reporting
+// the numels (the sharded views whatever the strategy) and whether that gradient stayed None
+// (_is_grad_none_mask), and, after one more forward with gradients enabled, the numels
+// named_parameters() lists before its backward (the whole unsharded views where SHARD_GRAD_OP /
+// _HYBRID_SHARD_ZERO2 keep them until backward) and whether that gradient is back after it. Every
+// rank
 // also reports the dtypes of its gradients before every optimizer step (the parameters' dtype:
 // keep_low_precision_grads is off) and of the reduce-scatters and all-reduces its backwards
 // issue (FSDP1's reduce dtype, Fsdp1ReduceDType; an extra default run sets param_dtype alone).
@@ -103,6 +109,22 @@ std::optional<reference::GradClip> ClipOf(const CaseParams& params) {
   return ParseGradClip(params.GetString("clip_grad_norm")).value();
 }
 
+// mixed_strategy (test_fsdp_clip_grad_norm.py's "mixed_strategy"): the first nested instance
+// uses NO_SHARD, the others and the root the case's sharding_strategy.
+std::optional<fsdp1::ShardingStrategy> FirstChildStrategy(const CaseParams& params) {
+  if (!params.GetBool("mixed_strategy")) return std::nullopt;
+  return fsdp1::ShardingStrategy::kNoShard;
+}
+
+// Whether unit `index` of Fsdp1FlatParamsOf (the nested instances first, then the root's) is
+// sharded over a shard group of `shard_world` ranks under `strategy`: not the mixed_strategy's
+// NO_SHARD first child.
+bool UnitSharded(const CaseParams& params, fsdp1::ShardingStrategy strategy, int shard_world,
+                 const Fsdp1FlatParamFqns& unit, size_t index) {
+  if (FirstChildStrategy(params) && index == 0 && !unit.root) return false;
+  return shard_world > 1 && fsdp1::UsesShardedStrategy(strategy);
+}
+
 // The full parameters by clean FQN (every rank must call it: it all-gathers).
 reference::RefTensorMap FullParameters(nn::Module& module) {
   FSDP_INTERNAL_ASSERT(fsdp1::AsFsdp(module) != nullptr,
@@ -113,6 +135,32 @@ reference::RefTensorMap FullParameters(nn::Module& module) {
     out[fsdp1::CleanTensorName(name)] = ToRef(param);
   }
   return out;
+}
+
+// Sets the .grad of the first parameter with a non-empty local gradient to None, taking one
+// whose module has another parameter with a non-empty local gradient (so of the same flat
+// parameter, which keeps a gradient: were all of a flat parameter's gradients None,
+// _reset_flat_param_grad_info_if_needed would free its gradient, and under CPU offload the next
+// forward's gradient views would come from _cpu_grad with every mask entry cleared, in PyTorch
+// as here). Returns that parameter, or nullopt when there is none.
+std::optional<Tensor> SetOneGradToNone(nn::Module& module) {
+  const std::vector<nn::NamedTensor> params = module.named_parameters();
+  auto has_local_grad = [](const Tensor& p) { return p.numel() > 0 && p.grad().defined(); };
+  auto module_of = [](const std::string& fqn) {
+    const size_t dot = fqn.rfind('.');
+    return dot == std::string::npos ? std::string() : fqn.substr(0, dot);
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!has_local_grad(params[i].second)) continue;
+    for (size_t j = 0; j < params.size(); ++j) {
+      if (j != i && has_local_grad(params[j].second) &&
+          module_of(params[j].first) == module_of(params[i].first)) {
+        params[i].second.set_grad(Tensor());
+        return params[i].second;
+      }
+    }
+  }
+  return std::nullopt;
 }
 
 nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
@@ -143,7 +191,7 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   options.use_orig_params = env.params.GetBool("use_orig_params");
   options.cpu_offload.offload_params = env.params.GetBool("cpu_offload");
   options.sync_module_states = sync_module_states;
-  auto fsdp_model = WrapChildrenThenRoot(module, options);
+  auto fsdp_model = WrapChildrenThenRoot(module, options, FirstChildStrategy(env.params));
   // use_orig_params: the original parameters are views into this rank's flat shard.
   nlohmann::json local_numels = nlohmann::json::object();
   if (options.use_orig_params) {
@@ -154,7 +202,16 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   const std::optional<reference::GradClip> clip = ClipOf(env.params);
   std::vector<double> grad_norms;
   std::set<std::string> grad_dtypes;
+  // use_orig_params: the numels named_parameters() lists between the last backward and its
+  // optimizer step (the sharded views: every flat parameter resharded by its post-backward or by
+  // _catch_all_reshard, which must also reshard one whose forward skipped the sharded views).
+  nlohmann::json numels_before_step = nlohmann::json::object();
   const std::function<void()> before_step = [&] {
+    if (options.use_orig_params) {
+      for (const auto& [name, param] : fsdp_model->named_parameters()) {
+        numels_before_step[fsdp1::CleanTensorName(name)] = param.numel();
+      }
+    }
     for (const Tensor& p : fsdp_model->parameters()) {
       if (p.grad().defined()) grad_dtypes.insert(DTypeName(p.grad().dtype()));
     }
@@ -177,17 +234,41 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   nlohmann::json obs = TrainingObservations(record, c.dtype);
   obs["grad_norms"] = grad_norms;
   obs["local_numels"] = std::move(local_numels);
+  obs["numels_before_step"] = std::move(numels_before_step);
   obs["grad_dtypes"] = grad_dtypes;
   obs["reduce_dtypes"] = reduce_dtypes;
-  // use_orig_params: one more forward (of step 0's input), and the original parameters' numels
-  // before its backward.
+  // use_orig_params: the user sets one gradient to None (SetOneGradToNone), then a forward under
+  // no_grad (test_fsdp_fine_tune.py's evaluation forward between training steps), reporting the
+  // original parameters' numels and whether that gradient stayed None (the flat parameter's
+  // _is_grad_none_mask); then one more forward (of step 0's input) with gradients enabled, the
+  // original parameters' numels before its backward, and, after it, whether that parameter has a
+  // gradient again (the post-backward clears its _is_grad_none_mask entry: _reset_is_grad_none).
+  nlohmann::json numels_after_no_grad_forward = nlohmann::json::object();
   nlohmann::json numels_after_forward = nlohmann::json::object();
+  bool user_none_grad_kept = true;
+  bool user_none_grad_restored = true;
   if (options.use_orig_params) {
-    c.model.Forward(*fsdp_model, env.Inputs().Get(StepInputName(0)).to(env.device));
+    std::optional<Tensor> none_grad_param = SetOneGradToNone(*fsdp_model);
+    {
+      autograd::NoGradGuard no_grad;
+      c.model.Forward(*fsdp_model, env.Inputs().Get(StepInputName(0)).to(env.device));
+    }
+    for (const auto& [name, param] : fsdp_model->named_parameters()) {
+      numels_after_no_grad_forward[fsdp1::CleanTensorName(name)] = param.numel();
+    }
+    user_none_grad_kept = !none_grad_param || !none_grad_param->grad().defined();
+    Tensor loss = ZooModel::Loss(
+        c.model.Forward(*fsdp_model, env.Inputs().Get(StepInputName(0)).to(env.device)),
+        c.model.LossAt(0));
     for (const auto& [name, param] : fsdp_model->named_parameters()) {
       numels_after_forward[fsdp1::CleanTensorName(name)] = param.numel();
     }
+    loss.backward();
+    user_none_grad_restored = !none_grad_param || none_grad_param->grad().defined();
   }
+  obs["numels_after_no_grad_forward"] = std::move(numels_after_no_grad_forward);
+  obs["user_none_grad_kept"] = user_none_grad_kept;
+  obs["user_none_grad_restored"] = user_none_grad_restored;
   obs["numels_after_forward"] = std::move(numels_after_forward);
   return obs;
 }
@@ -214,16 +295,18 @@ std::vector<reference::Fsdp1FlatParam> Fsdp1FlatParams(const ParityCase& c,
   const bool offload_params = params.GetBool("cpu_offload");
   const fsdp1::ShardingStrategy strategy =
       ParseShardingStrategy(params.GetString("sharding_strategy"));
-  const bool sharded = ShardWorld(strategy, world) > 1 && fsdp1::UsesShardedStrategy(strategy);
-  // use_orig_params under a strategy that keeps the parameters after forward: the post-forward
-  // reshard skips the sharded views (and the gradient views), and _catch_all_reshard then frees
-  // the unsharded flat parameter after all.
-  const bool skips_views = params.GetBool("use_orig_params") && sharded &&
-                           !fsdp1::ReshardsAfterForward(strategy);
   const bool full_precision_summon =
       ParseMixedPrecision(params.GetString("mixed_precision")).param_dtype.has_value();
   std::vector<reference::Fsdp1FlatParam> out;
-  for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
+  const std::vector<Fsdp1FlatParamFqns> units = Fsdp1FlatParamsOf(c.model);
+  for (size_t i = 0; i < units.size(); ++i) {
+    const Fsdp1FlatParamFqns& unit = units[i];
+    const bool sharded = UnitSharded(params, strategy, ShardWorld(strategy, world), unit, i);
+    // use_orig_params under a strategy that keeps the parameters after forward: the
+    // post-forward reshard skips the sharded views (and the gradient views), and
+    // _catch_all_reshard then frees the unsharded flat parameter after all.
+    const bool skips_views =
+        params.GetBool("use_orig_params") && sharded && !fsdp1::ReshardsAfterForward(strategy);
     reference::Fsdp1FlatParam flat;
     flat.params = unit.fqns;
     flat.keeps_unsharded_after_forward =
@@ -256,18 +339,22 @@ nlohmann::json ExpectedLocalNumels(const ParityCase& c, const CaseParams& params
   const fsdp1::ShardingStrategy strategy =
       ParseShardingStrategy(params.GetString("sharding_strategy"));
   const int shard_world = ShardWorld(strategy, world);
-  const bool sharded = shard_world > 1 && fsdp1::UsesShardedStrategy(strategy);
-  // After a forward (grad enabled), a sharded strategy that keeps the unsharded flat parameter
-  // skips the sharded views (_use_sharded_flat_param): until backward, the original parameters
-  // listed are the unsharded views the forward set (`module._parameters[name] = view`).
-  const bool skips_views = after_forward && sharded && !fsdp1::ReshardsAfterForward(strategy);
   // DoubleLinear(use_second_linear=False) never calls lin2: its instance keeps the sharded views.
   const bool lin2_unused = params.has("use_second_linear") && !params.GetBool("use_second_linear");
-  const int64_t shard_rank = rank % shard_world;  // the (replicate, shard) mesh is row-major
-  for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
+  const std::vector<Fsdp1FlatParamFqns> units = Fsdp1FlatParamsOf(c.model);
+  for (size_t u = 0; u < units.size(); ++u) {
+    const Fsdp1FlatParamFqns& unit = units[u];
+    const bool sharded = UnitSharded(params, strategy, shard_world, unit, u);
+    // After a forward (grad enabled), a sharded strategy that keeps the unsharded flat
+    // parameter skips the sharded views (_use_sharded_flat_param): until backward, the original
+    // parameters listed are the unsharded views the forward set (`module._parameters[name] =
+    // view`).
+    const bool skips_views = after_forward && sharded && !fsdp1::ReshardsAfterForward(strategy);
+    const int64_t unit_world = sharded ? shard_world : 1;
+    const int64_t shard_rank = rank % unit_world;  // the (replicate, shard) mesh is row-major
     const bool runs_forward = !(lin2_unused && unit.fqns.front().rfind("lin2.", 0) == 0);
     const FlatParamLayout layout =
-        LayOutFlatParam(c.model, unit.fqns, ComputeDType(c, params), shard_world);
+        LayOutFlatParam(c.model, unit.fqns, ComputeDType(c, params), unit_world);
     for (size_t i = 0; i < layout.fqns.size(); ++i) {
       const auto [begin, end] = layout.ParamRangeOnRank(i, shard_rank);
       out[layout.fqns[i]] =
@@ -320,6 +407,16 @@ std::vector<nlohmann::json> ExpectFsdp1Parity(const std::string& kind, const Cas
     e["grad_norms"] = nlohmann::json::array();
     e["local_numels"] = ExpectedLocalNumels(c, params, world, r, /*after_forward=*/false);
     e["numels_after_forward"] = ExpectedLocalNumels(c, params, world, r, /*after_forward=*/true);
+    e["numels_before_step"] = ExpectedLocalNumels(c, params, world, r, /*after_forward=*/false);
+    // A forward under no_grad ends with the sharded views whatever the strategy
+    // (_use_sharded_flat_param skips them only with gradients enabled).
+    e["numels_after_no_grad_forward"] =
+        ExpectedLocalNumels(c, params, world, r, /*after_forward=*/false);
+    // The next forward's gradient views leave a gradient the user set to None None
+    // (_writeback_orig_params marks it in _is_grad_none_mask; _use_sharded_grad_views reads it).
+    e["user_none_grad_kept"] = true;
+    // A backward gives every parameter that requires gradient one again (_reset_is_grad_none).
+    e["user_none_grad_restored"] = true;
     // Gradients reach the optimizer in the parameters' dtype (keep_low_precision_grads=False),
     // after reductions in FSDP1's reduce dtype.
     e["grad_dtypes"] = {DTypeName(c.dtype)};
@@ -392,6 +489,18 @@ void JudgeFsdp1Parity(const std::string& kind, const CaseParams& params, int wor
     checks.CheckEqual(who + " use_orig_params parameter numels (flat-parameter layout)",
                       RankObservation(expected, r, "local_numels"),
                       RankObservation(per_rank, r, "local_numels"));
+    checks.CheckEqual(who + " use_orig_params parameter numels before the last optimizer step",
+                      RankObservation(expected, r, "numels_before_step"),
+                      RankObservation(per_rank, r, "numels_before_step"));
+    checks.CheckEqual(who + " use_orig_params parameter numels after a no_grad forward",
+                      RankObservation(expected, r, "numels_after_no_grad_forward"),
+                      RankObservation(per_rank, r, "numels_after_no_grad_forward"));
+    checks.CheckEqual(who + " use_orig_params: a gradient set to None stays None through a forward",
+                      RankObservation(expected, r, "user_none_grad_kept"),
+                      RankObservation(per_rank, r, "user_none_grad_kept"));
+    checks.CheckEqual(who + " use_orig_params: that gradient back after the next backward",
+                      RankObservation(expected, r, "user_none_grad_restored"),
+                      RankObservation(per_rank, r, "user_none_grad_restored"));
     checks.CheckEqual(who + " use_orig_params parameter numels after forward",
                       RankObservation(expected, r, "numels_after_forward"),
                       RankObservation(per_rank, r, "numels_after_forward"));
@@ -443,6 +552,11 @@ Scenario MakeScenario(const ZooModelKind& kind) {
       "FullyShardedDataParallel sync_module_states; ranks other than 0 start from zeroed "
       "parameters, so training matches the oracle only if every rank gets rank 0's weights",
       false));
+  s.info.params.push_back(ParamSpec::SizeBool(
+      "mixed_strategy",
+      "test_fsdp_clip_grad_norm.py's mixed_strategy: the first nested instance uses NO_SHARD, "
+      "the other nested instances and the root the case's sharding_strategy (not a hybrid one)",
+      false));
   s.info.observations = TrainingSchema(
       "the full parameter, read inside summon_full_params(writeback=False), by its clean FQN "
       "(no _fsdp_wrapped_module.)",
@@ -456,10 +570,28 @@ Scenario MakeScenario(const ZooModelKind& kind) {
       "use_orig_params: every original parameter's numel after wrapping (its part of the rank's "
       "flat shard), by clean FQN; empty without use_orig_params"));
   s.info.observations.Add(ObservationKey::IntegerMap(
+      "numels_before_step",
+      "use_orig_params: the numel of every parameter named_parameters() lists between the last "
+      "step's backward and its optimizer step, by clean FQN; empty without use_orig_params"));
+  s.info.observations.Add(ObservationKey::IntegerMap(
+      "numels_after_no_grad_forward",
+      "use_orig_params: after training, one forward under no_grad (step 0's input), then the "
+      "numel of every parameter named_parameters() lists, by clean FQN; empty without "
+      "use_orig_params"));
+  s.info.observations.Add(ObservationKey::Boolean(
+      "user_none_grad_kept",
+      "use_orig_params: after training the rank sets the first parameter with a non-empty "
+      "gradient's .grad to None before the no_grad forward; whether it is still None after it "
+      "(true without use_orig_params)"));
+  s.info.observations.Add(ObservationKey::Boolean(
+      "user_none_grad_restored",
+      "use_orig_params: whether the parameter whose .grad the rank set to None has a gradient "
+      "again after the backward of the last forward (true without use_orig_params)"));
+  s.info.observations.Add(ObservationKey::IntegerMap(
       "numels_after_forward",
-      "use_orig_params: after training, one more forward (step 0's input), then the numel of "
-      "every parameter named_parameters() lists before its backward, by clean FQN; empty "
-      "without use_orig_params"));
+      "use_orig_params: after the no_grad forward, one more forward (step 0's input), then the "
+      "numel of every parameter named_parameters() lists before its backward, by clean FQN; "
+      "empty without use_orig_params"));
   s.info.observations.Add(ObservationKey::StringList(
       "grad_dtypes",
       "the distinct dtypes of the parameters' gradients between backward and the optimizer "
@@ -495,6 +627,20 @@ Scenario MakeScenario(const ZooModelKind& kind) {
                                           {"mixed_precision", "None"},
                                           {"sync_module_states", world == 4 ? "True" : "False"}}});
   }
+  // test_fsdp_clip_grad_norm.py's mixed_strategy: a NO_SHARD instance among FULL_SHARD ones
+  // under the root's clip_grad_norm_ (its gradients counted once in the total norm, not once
+  // per rank, and clipped too), with and without use_orig_params: the 2-norm at an uneven
+  // world, the inf-norm (the largest of the sharded and the non-sharded maxima) at world 2.
+  for (const auto& [world, clip] :
+       std::vector<std::pair<int, std::string>>{{3, "0.5:2"}, {2, "0.5:inf"}}) {
+    s.info.extra_default_runs.push_back({world,
+                                         {{"mixed_strategy", "True"},
+                                          {"sharding_strategy", "FULL_SHARD"},
+                                          {"clip_grad_norm", clip},
+                                          {"backward_prefetch", "BACKWARD_PRE"},
+                                          {"cpu_offload", "False"},
+                                          {"mixed_precision", "None"}}});
+  }
   // MixedPrecision(param_dtype=bfloat16) alone: FSDP1 reduces in the param dtype (FSDP2 would
   // reduce in float32), every sharding strategy (the hybrid ones on a 2 x 2 mesh).
   s.info.extra_default_runs.push_back({4,
@@ -516,6 +662,11 @@ Scenario MakeScenario(const ZooModelKind& kind) {
              "oracle's updates";
     }
     const std::string strategy = p.GetString("sharding_strategy");
+    if (p.GetBool("mixed_strategy") && fsdp1::IsHybridStrategy(ParseShardingStrategy(strategy))) {
+      return "mixed_strategy with " + strategy +
+             ": a NO_SHARD instance on the whole world next to instances on a (replicate, "
+             "shard) mesh is not a configuration test_fsdp_clip_grad_norm.py runs";
+    }
     if (fsdp1::IsHybridStrategy(ParseShardingStrategy(strategy)) &&
         !HybridMeshShapeFor(world).has_value()) {
       return strategy + " needs a (replicate, shard) mesh with both dimensions >= 2; world " +

@@ -115,15 +115,16 @@ def check_sync_module_states():
                               "when `sync_module_states=True`, which requires them to be on GPU\")")
 
 
-def wrap(request, model, auto_wrap_policy, sync_module_states=False):
+def wrap(request, model, auto_wrap_policy, sync_module_states=False, sharding_strategy=None):
     """FullyShardedDataParallel(model) with the case's options (mixed_precision and
     forward_prefetch where the scenario has those parameters, else none and False),
-    `auto_wrap_policy` and `sync_module_states`."""
+    `auto_wrap_policy` and `sync_module_states`; `sharding_strategy` (a ShardingStrategy name)
+    instead of the case's when given."""
     import torch
     from torch.distributed.fsdp import (BackwardPrefetch, FullyShardedDataParallel,
                                         ShardingStrategy)
 
-    strategy = request.param("sharding_strategy")
+    strategy = sharding_strategy or request.param("sharding_strategy")
     kwargs = {}
     if strategy in _HYBRID:
         shape = hybrid_mesh_shape(request.world)

@@ -326,9 +326,12 @@ def fsdp1(kind: str):
             with torch.no_grad():
                 for p in model.parameters():
                     p.zero_()
-        nested = {id(m) for m in _children_to_shard(model)}
-        fsdp_model = wrap(request, model, nest_where(lambda m: id(m) in nested),
-                          sync_module_states=sync_module_states)
+        if request.params.get("mixed_strategy") == "True":
+            fsdp_model = _wrap_mixed_strategy(request, model, sync_module_states)
+        else:
+            nested = {id(m) for m in _children_to_shard(model)}
+            fsdp_model = wrap(request, model, nest_where(lambda m: id(m) in nested),
+                              sync_module_states=sync_module_states)
         # use_orig_params: each original parameter is a view of its part of the rank's flat
         # shard (named without _fsdp_wrapped_module.).
         local_numels = ({clean_fqn(name): p.numel()
@@ -337,9 +340,15 @@ def fsdp1(kind: str):
         clip = _clip_grad_norm(request)
         grad_dtypes, reduce_dtypes = set(), set()
 
+        use_orig_params = request.param("use_orig_params") == "True"
+
         def before_step(model, obs):
             grad_dtypes.update(_dtype_name(p.grad) for p in model.parameters()
                                if p.grad is not None)
+            # use_orig_params: the numels listed between the last backward and its step.
+            obs["numels_before_step"] = ({clean_fqn(name): p.numel()
+                                          for name, p in model.named_parameters()}
+                                         if use_orig_params else {})
             if clip is not None:
                 clip(model, obs)
 
@@ -347,19 +356,73 @@ def fsdp1(kind: str):
                               before_step=before_step,
                               backward_context=lambda: _recording_reduce_dtypes(reduce_dtypes))
         obs.setdefault("grad_norms", [])
+        obs.setdefault("numels_before_step", {})
         obs["local_numels"] = local_numels
         obs["grad_dtypes"] = sorted(grad_dtypes)
         obs["reduce_dtypes"] = sorted(reduce_dtypes)
         # use_orig_params: one more forward, then the parameters named_parameters() lists before
         # its backward (SHARD_GRAD_OP keeps listing the unsharded views the forward set).
+        # use_orig_params: the user sets one gradient to None (_set_one_grad_to_none), then a
+        # forward under no_grad (test_fsdp_fine_tune.py's evaluation forward between steps):
+        # the sharded views whatever the strategy, and that gradient still None
+        # (_is_grad_none_mask).
+        numels_after_no_grad_forward, user_none_grad_kept, user_none_grad_restored = {}, True, True
         numels_after_forward = {}
         if request.param("use_orig_params") == "True":
-            fsdp_model(inputs.rank_tensors(request)["step0/input"])
+            none_grad_param = _set_one_grad_to_none(fsdp_model)
+            with torch.no_grad():
+                fsdp_model(inputs.rank_tensors(request)["step0/input"])
+            numels_after_no_grad_forward = {clean_fqn(name): p.numel()
+                                            for name, p in fsdp_model.named_parameters()}
+            user_none_grad_kept = none_grad_param is None or none_grad_param.grad is None
+            loss = _loss(request, 0, fsdp_model(inputs.rank_tensors(request)["step0/input"]))
             numels_after_forward = {clean_fqn(name): p.numel()
                                     for name, p in fsdp_model.named_parameters()}
+            # The backward gives that parameter a gradient again (_reset_is_grad_none).
+            loss.backward()
+            user_none_grad_restored = none_grad_param is None or none_grad_param.grad is not None
+        obs["numels_after_no_grad_forward"] = numels_after_no_grad_forward
+        obs["user_none_grad_kept"] = user_none_grad_kept
+        obs["user_none_grad_restored"] = user_none_grad_restored
         obs["numels_after_forward"] = numels_after_forward
         return obs, tensors
     return run
+
+
+def _wrap_mixed_strategy(request, model, sync_module_states):
+    """test_fsdp_clip_grad_norm.py's "mixed_strategy": an instance around each child the suite
+    nests, by hand (auto wrapping refuses modules already wrapped), the first with NO_SHARD and
+    the others with the case's sharding_strategy, then the root's."""
+    from fsdp_conform_driver.pytorch.fsdp1_api import wrap
+
+    parents = {id(child): (parent, name) for parent in model.modules()
+               for name, child in parent.named_children()}
+    for i, child in enumerate(_children_to_shard(model)):
+        parent, name = parents[id(child)]
+        setattr(parent, name, wrap(request, child, None, sync_module_states=sync_module_states,
+                                   sharding_strategy="NO_SHARD" if i == 0 else None))
+    return wrap(request, model, None, sync_module_states=sync_module_states)
+
+
+def _set_one_grad_to_none(model):
+    """Sets the .grad of the first parameter with a non-empty local gradient whose module has
+    another such parameter (so one of the same flat parameter, which keeps a gradient) to None;
+    returns it, or None when there is none (conformance/parity_fsdp1_scenarios.cc,
+    SetOneGradToNone)."""
+    named = list(model.named_parameters())
+
+    def has_local_grad(p):
+        return p.numel() > 0 and p.grad is not None
+
+    def module_of(fqn):
+        return fqn.rsplit(".", 1)[0] if "." in fqn else ""
+
+    for i, (name, p) in enumerate(named):
+        if has_local_grad(p) and any(j != i and has_local_grad(q) and module_of(other) ==
+                                     module_of(name) for j, (other, q) in enumerate(named)):
+            p.grad = None
+            return p
+    return None
 
 
 def _dtype_name(tensor):
