@@ -559,8 +559,7 @@ ForwardResult<T> LinearBatchNormLinear<T>::Forward(const TensorMap<T>& params,
   CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
   CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
   Shape leading;
-  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
-  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const Matrix<T> x = BatchRowsAsMatrix(input, config_.dim, Name(), &leading);
   const Shape shape = WithLastDim(leading, config_.dim);
   const Matrix<T> h = LinearAt(params, "0", false, x);
   BatchNormStats<T> stats = StatsFromBuffers(buffers, "1");
@@ -584,8 +583,7 @@ BackwardResult<T> LinearBatchNormLinear<T>::Backward(const TensorMap<T>& params,
   CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
   CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
   Shape leading;
-  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
-  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const Matrix<T> x = BatchRowsAsMatrix(input, config_.dim, Name(), &leading);
   const Shape shape = WithLastDim(leading, config_.dim);
   const auto dout = OutputGrad(output_grads, 0, 1, shape, Name());
   BackwardResult<T> r;
@@ -670,8 +668,7 @@ ForwardResult<T> GatedNorms<T>::Forward(const TensorMap<T>& params, const Tensor
   CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
   CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
   Shape leading;
-  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
-  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const Matrix<T> x = BatchRowsAsMatrix(input, config_.dim, Name(), &leading);
   BatchNormStats<T> stats = StatsFromBuffers(buffers, "bn");
   const GatedNormsActivations<T> f = GatedNormsForward(config_, params, x, &stats);
   ForwardResult<T> r;
@@ -688,8 +685,7 @@ BackwardResult<T> GatedNorms<T>::Backward(const TensorMap<T>& params, const Tens
   CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
   CheckTensorMap(BufferSpecs(), buffers, Name(), "buffer");
   Shape leading;
-  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
-  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const Matrix<T> x = BatchRowsAsMatrix(input, config_.dim, Name(), &leading);
   const Shape shape = WithLastDim(leading, config_.dim);
   const auto dout = OutputGrad(output_grads, 0, 1, shape, Name());
   BackwardResult<T> r;
@@ -772,8 +768,7 @@ ForwardResult<T> OpMix<T>::Forward(const TensorMap<T>& params, const TensorMap<T
                                    const ModelInput<T>& input) const {
   CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
   Shape leading;
-  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
-  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const Matrix<T> x = BatchRowsAsMatrix(input, config_.dim, Name(), &leading);
   const OpMixActivations<T> f = OpMixForward(config_.dim, params, x);
   return {{FromMatrix<T>(f.out, WithLastDim(leading, config_.dim))}, buffers};
 }
@@ -784,8 +779,7 @@ BackwardResult<T> OpMix<T>::Backward(const TensorMap<T>& params, const TensorMap
                                      const OutputGrads<T>& output_grads) const {
   CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
   Shape leading;
-  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
-  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const Matrix<T> x = BatchRowsAsMatrix(input, config_.dim, Name(), &leading);
   const auto dout = OutputGrad(output_grads, 0, 1, WithLastDim(leading, config_.dim), Name());
   BackwardResult<T> r;
   if (!dout) return r;
@@ -875,8 +869,7 @@ ForwardResult<T> OpProducts<T>::Forward(const TensorMap<T>& params, const Tensor
                                         const ModelInput<T>& input) const {
   CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
   Shape leading;
-  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
-  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const Matrix<T> x = BatchRowsAsMatrix(input, config_.dim, Name(), &leading);
   const OpProductsActivations<T> f = OpProductsForward(config_.dim, params, x);
   return {{FromMatrix<T>(f.out, WithLastDim(leading, config_.dim / 2))}, buffers};
 }
@@ -888,8 +881,7 @@ BackwardResult<T> OpProducts<T>::Backward(const TensorMap<T>& params,
                                           const OutputGrads<T>& output_grads) const {
   CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
   Shape leading;
-  const Matrix<T> x = FeaturesAsMatrix(input, config_.dim, Name(), &leading);
-  if (leading.size() != 1) throw std::invalid_argument(Name() + ": expects [N, dim] input");
+  const Matrix<T> x = BatchRowsAsMatrix(input, config_.dim, Name(), &leading);
   const int64_t dim = config_.dim, k = dim / 2;
   const auto dout = OutputGrad(output_grads, 0, 1, WithLastDim(leading, k), Name());
   BackwardResult<T> r;

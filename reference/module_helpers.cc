@@ -92,6 +92,17 @@ Matrix<T> FeaturesAsMatrix(const ModelInput<T>& input, int64_t in_features,
   return ToMatrix(x);
 }
 
+template <typename T>
+Matrix<T> BatchRowsAsMatrix(const ModelInput<T>& input, int64_t in_features,
+                            const std::string& model_name, Shape* leading) {
+  Matrix<T> x = FeaturesAsMatrix(input, in_features, model_name, leading);
+  if (leading->size() != 1) {
+    throw std::invalid_argument(model_name + ": expects [N, " + std::to_string(in_features) +
+                                "] input, got " + ShapeToString(input.features->shape));
+  }
+  return x;
+}
+
 Shape WithLastDim(const Shape& leading, int64_t last) {
   Shape s = leading;
   s.push_back(last);
@@ -140,6 +151,8 @@ std::optional<Matrix<T>> OutputGrad(const std::vector<std::optional<BasicRefTens
                                           double);                                                 \
   template Matrix<T> FeaturesAsMatrix<T>(const ModelInput<T>&, int64_t, const std::string&,        \
                                          Shape*);                                                  \
+  template Matrix<T> BatchRowsAsMatrix<T>(const ModelInput<T>&, int64_t, const std::string&,       \
+                                          Shape*);                                                 \
   template bool AnyGrad<T>(const std::vector<std::optional<BasicRefTensor<T>>>&);                  \
   template std::optional<Matrix<T>> OutputGrad<T>(                                                 \
       const std::vector<std::optional<BasicRefTensor<T>>>&, size_t, size_t, const Shape&,          \

@@ -56,6 +56,12 @@ template <typename T>
 Matrix<T> FeaturesAsMatrix(const ModelInput<T>& input, int64_t in_features,
                            const std::string& model_name, Shape* leading);
 
+// FeaturesAsMatrix for a model that takes [N, in_features] input only: also throws unless the
+// features have exactly two dims.
+template <typename T>
+Matrix<T> BatchRowsAsMatrix(const ModelInput<T>& input, int64_t in_features,
+                            const std::string& model_name, Shape* leading);
+
 // `leading` + {last}.
 Shape WithLastDim(const Shape& leading, int64_t last);
 
