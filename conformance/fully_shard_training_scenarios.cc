@@ -169,7 +169,8 @@ Scenario TrainParityHsdp() {
   // In float32 the reduce ops tell the policies apart (a float64 reduction always sums): extra
   // default runs reduce in float32 as is, with set_force_sum_reduction_for_comms on every
   // module, and with a divide factor equal to the shard size (2 on the 2 x 2 mesh), where the
-  // reduce-scatter averages and the all-reduce across replicas sums.
+  // reduce-scatter averages and the all-reduce across replicas sums. And the forced SUM with a
+  // divide factor: the post-divide must be the factor, not the data-parallel size.
   // The deferred all-reduce turned back on by set_requires_gradient_sync(True), which sets
   // all_reduce_grads too (FSDPModule.set_requires_gradient_sync). And set_requires_all_reduce
   // called only where its value changes: the middle micro-batch relies on the switch holding.
@@ -181,6 +182,7 @@ Scenario TrainParityHsdp() {
       {4, {{"defer_all_reduce", "True"}, {"switches_on_change", "True"}}},
       {4, {{"dtype", "float32"}}},
       {4, {{"dtype", "float32"}, {"force_sum_reduction", "True"}}},
+      {4, {{"dtype", "float32"}, {"force_sum_reduction", "True"}, {"divide_factor_multiple", "2"}}},
       {4, {{"dtype", "float32"}, {"divide_factor_multiple", "0.5"}}}};
   s.info.test_runs = {{8, {}}};
   return s;
