@@ -417,6 +417,14 @@ Scenario SetReshardAfterForward() {
   s.info.params.insert(s.info.params.begin(), axes.begin(), axes.end());
   // ctest: the torch-2.8 profile too, where the switch decides the root's resharding.
   s.info.test_runs = {{3, {}}, {3, LaterProfile()}};
+  // And by default the one case where the switch must mark the root's value as the user's
+  // (FSDPState._auto_reshard_after_forward = False): the root fully_shard-ed with the default
+  // (None) and switched to True before lazy init, which then keeps it resharding.
+  std::map<std::string, std::string> later = LaterProfile();
+  later[kSetReshardAfterForward] = "True";
+  later["recurse"] = "False";
+  later["initial"] = "default";
+  s.info.extra_default_runs = {{3, later}};
   s.info.observations = CountsSchema();
   s.inputs = TransformerInputs;
   s.run_rank = [](RankEnv& env) {

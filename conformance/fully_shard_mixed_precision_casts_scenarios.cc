@@ -3,7 +3,8 @@
 // module's forward receives under per-module MixedPrecisionPolicy's, with cast_forward_inputs
 // on and off, an output_dtype, and an input a module receives from outside the FSDP module
 // before it (not another FSDP module's output):
-//   forward_input_casts               test_float16_on_one_submodule's three subtests
+//   forward_input_casts               test_float16_on_one_submodule's three subtests, and a
+//                                     root without parameters of its own that casts
 //   submodules_with_external_inputs   test_submodules_with_external_inputs, its input y passed
 //                                     positionally (the test) or by keyword
 //
@@ -183,6 +184,12 @@ CastCase ForwardInputCastCase(const std::string& subtest, DType low) {
     c.module_casts = true;
   } else if (subtest == "c1_param_dtype_output_float32") {
     c.policies["c1"] = Policy(low, true, DType::kFloat32);
+  } else if (subtest == "root_casts_without_own_params") {
+    // The root manages no parameter (c1 and c2 have their own groups) but still casts: FSDP's
+    // pre-forward casts the inputs by the module's policy whether it has a param group or not.
+    c.policies[""] = Policy(low, true);
+    c.policies["c1"] = Policy(low, false);
+    c.policies["c2"] = Policy(low, false);
   } else {
     FSDP_THROW(ErrorCode::kInvalidArgument, "forward_input_casts: unknown subtest '", subtest, "'");
   }
@@ -349,8 +356,11 @@ Scenario ForwardInputCasts() {
            "c2_param_dtype_module_casts: the same with cast_forward_inputs=False, "
            "the modules casting their input to their weight's dtype; "
            "c1_param_dtype_output_float32: fully_shard(c1, param_dtype, "
-           "output_dtype=float32)",
-           {"c2_param_dtype", "c2_param_dtype_module_casts", "c1_param_dtype_output_float32"}),
+           "output_dtype=float32); root_casts_without_own_params (the suite's): fully_shard(c1) "
+           "and fully_shard(c2) with param_dtype and cast_forward_inputs=False, then the root, "
+           "which has no parameter of its own, with param_dtype",
+           {"c2_param_dtype", "c2_param_dtype_module_casts", "c1_param_dtype_output_float32",
+            "root_casts_without_own_params"}),
        LowDtype(), Dim()},
       "\"\", c1, c2",
       [](const CaseParams& p) {

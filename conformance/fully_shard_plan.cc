@@ -232,7 +232,7 @@ PlanComms PlanCommCounts(const FullyShardPlan& plan, const ZooModel& model, int 
       const auto item = static_cast<int64_t>(ElementSize(reduce_dtype));
       const int64_t reduce_numel = PaddedShardNumel(trainable[idx], model, shard) * shard;
       const ExpectedDivideFactors factors = ExpectedGradientDivideFactors(
-          reduce_dtype, shard, world / shard, plan.divide_factor, plan.force_sum_reduction);
+          reduce_dtype, shard, world / shard, plan.DivideFactorOf(g.fqn), plan.force_sum_reduction);
       backward[kReduceScatter] += 1;
       backward_bytes[kReduceScatter] += reduce_numel * item;
       CountReduceOp(reduce_ops, kReduceScatter, factors.reduce_scatter_op);
@@ -485,7 +485,9 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
   for (const nn::ModulePtr& m : module->modules()) {
     if (!fsdp2::IsFsdpModule(*m)) continue;
     fsdp2::FSDPModule fsdp_module(m);
-    if (plan.divide_factor) fsdp_module.set_gradient_divide_factor(*plan.divide_factor);
+    if (plan.divide_factor && (!plan.divide_factor_root_only || m == module)) {
+      fsdp_module.set_gradient_divide_factor(*plan.divide_factor);
+    }
     if (plan.force_sum_reduction) fsdp_module.set_force_sum_reduction_for_comms(true);
   }
   // F.linear takes an input of its weight's dtype (PyTorch raises otherwise): record every
@@ -526,14 +528,14 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
   for (int64_t k = 0; k < plan.steps; ++k) {
     if (plan.unfreeze_at_step == k) set_frozen_requires_grad(true);
     for (int64_t i = 0; i < plan.micro_batches; ++i) {
-      if (plan.accumulate_without_sync) {
-        const bool last = i + 1 == plan.micro_batches;
+      const bool last = i + 1 == plan.micro_batches;
+      const bool set_switches = !plan.switches_on_change || i == 0 || last;
+      if (plan.accumulate_without_sync && set_switches) {
         root.set_requires_gradient_sync(last, plan.recurse);
         if (plan.no_reshard_after_backward) root.set_reshard_after_backward(last, plan.recurse);
         root.set_is_last_backward(last);
       }
-      if (plan.defer_all_reduce) {
-        const bool last = i + 1 == plan.micro_batches;
+      if (plan.defer_all_reduce && set_switches) {
         if (last && plan.resume_all_reduce_with_gradient_sync) {
           root.set_requires_gradient_sync(true);
         } else {
@@ -589,7 +591,13 @@ PlanOracle RunPlanOracle(const FullyShardPlan& plan, const CaseParams& params, i
   std::vector<nlohmann::json>& expected = run.expected;
   const ZooModel model = ZooModel::Make(plan.kind, params);
   const reference::Model<double>& oracle = model.oracle();
-  const double factor = plan.divide_factor.value_or(static_cast<double>(world));
+  // The divide factor of each managed parameter's group.
+  std::map<std::string, double> factors;
+  for (const PlanGroup& g : GroupsOf(plan, model)) {
+    for (const std::string& name : g.params) {
+      factors[name] = plan.DivideFactorOf(g.fqn).value_or(static_cast<double>(world));
+    }
+  }
   const std::string dtype = DTypeName(plan.dtype);
   std::vector<reference::RefTensorMap> rank_params(static_cast<size_t>(world),
                                                    model.MakeParameters(plan.seed, plan.dtype));
@@ -651,7 +659,7 @@ PlanOracle RunPlanOracle(const FullyShardPlan& plan, const CaseParams& params, i
             for (size_t e = 0; e < sum->data.size(); ++e) sum->data[e] += m.at(name).data[e];
           }
         }
-        for (double& v : sum->data) v /= factor;
+        for (double& v : sum->data) v /= factors.at(name);
         for (auto& g : grads) reference::AccumulateInto(&g, name, *sum);
       }
       const PlanComms comms = PlanCommCounts(plan, model, world, k, i);
@@ -691,6 +699,11 @@ std::vector<nlohmann::json> ExpectPlan(const FullyShardPlan& plan, const CasePar
 bool FullyShardPlan::Trains(const std::string& fqn, int64_t k) const {
   if (unfreeze_at_step && k >= *unfreeze_at_step) return true;
   return std::find(frozen_params.begin(), frozen_params.end(), fqn) == frozen_params.end();
+}
+
+std::optional<double> FullyShardPlan::DivideFactorOf(const std::string& fqn) const {
+  if (divide_factor_root_only && !fqn.empty()) return std::nullopt;
+  return divide_factor;
 }
 
 const fsdp2::MixedPrecisionPolicy& FullyShardPlan::PolicyOf(const std::string& fqn) const {

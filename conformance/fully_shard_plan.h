@@ -90,6 +90,10 @@ struct FullyShardPlan {
   bool no_reshard_after_backward = false;  // see accumulate_without_sync
   // set_gradient_divide_factor(factor) on every FSDP module. Default: unset (the world size).
   std::optional<double> divide_factor;
+  // divide_factor: set_gradient_divide_factor on the root only. FSDPModule's setter is not
+  // recursive (it sets the module's own group), so the other groups keep the data-parallel
+  // size. Default: off (every FSDP module).
+  bool divide_factor_root_only = false;
   bool hsdp = false;  // the 2-D (replicate, shard) mesh of HsdpMeshShape(world)
   // HSDP's shard size: > 0 the (world / it, it) mesh (1: every rank its own shard group, as the
   // seed's (2, 1) mesh at world 2); 0: HybridMeshShapeFor(world), both dims >= 2.
@@ -105,6 +109,11 @@ struct FullyShardPlan {
   // set_requires_gradient_sync(True) (which sets both switches) instead of
   // set_requires_all_reduce(True). Default: off.
   bool resume_all_reduce_with_gradient_sync = false;
+  // The switches of accumulate_without_sync and defer_all_reduce called only where their value
+  // changes (before the first and the last micro-batch of a step) instead of before every
+  // micro-batch as the tests do: FSDPModule's switches hold until set again, so the micro-batches
+  // between run with the first one's. Default: off.
+  bool switches_on_change = false;
   // Every fully_shard call's semantics profile: the case's `semantics` (the default profile
   // for a family without that parameter). It decides the reduce dtype of a group with
   // param_dtype and no reduce_dtype (fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset).
@@ -136,6 +145,8 @@ struct FullyShardPlan {
   int ShardSize(int world) const;
   // This rank's index within its shard group.
   int ShardRank(int rank, int world) const;
+  // The divide factor set on the group of module `fqn` ("" the root), nullopt where unset.
+  std::optional<double> DivideFactorOf(const std::string& fqn) const;
   // The policy of the group of module `fqn` ("" the root).
   const fsdp2::MixedPrecisionPolicy& PolicyOf(const std::string& fqn) const;
   // Some group's param_dtype or reduce_dtype differs from / is below the parameters' dtype.

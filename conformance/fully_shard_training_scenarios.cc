@@ -7,7 +7,8 @@
 //   gradient_accumulation        TestFullyShardGradientAccumulation.test_gradient_accumulation:
 //                                micro-batches with set_requires_gradient_sync(False, recurse),
 //                                optionally set_reshard_after_backward(False, recurse), and
-//                                set_is_last_backward(False) but the last of a step; mode "sync"
+//                                set_is_last_backward(False) but the last of a step (before
+//                                every micro-batch, or only where a value changes); mode "sync"
 //                                reduces in every backward (several backwards before one step)
 //   train_parity_hsdp            TestFullyShardHSDPTraining.test_train_parity_hsdp: the 2-D
 //                                (replicate, shard) mesh, reduce-scatter then all-reduce;
@@ -36,7 +37,8 @@
 //                                whatever its number of modules
 //   set_reduce_scatter_divide_factor (family fully_shard_comm)
 //                                TestFullyShardCommunication.test_set_reduce_scatter_divide_factor:
-//                                set_gradient_divide_factor(multiple * world) on every module
+//                                set_gradient_divide_factor(multiple * world) on every module,
+//                                or on the root only (its own group)
 #include <string>
 #include <vector>
 
@@ -52,6 +54,13 @@ constexpr const char* kTraining = "test_fully_shard_training.py::";
 
 ParamSpec MicroBatches(int64_t value) {
   return ParamSpec::SizeInt("micro_batches", "backwards per optimizer step", value, /*minimum=*/1);
+}
+
+ParamSpec SwitchesOnChange() {
+  return ParamSpec::SizeBool("switches_on_change",
+                             "call the switches only where their value changes (before the "
+                             "first and the last micro-batch of a step), not before every one",
+                             false);
 }
 
 FullyShardPlan Base(const CaseParams& p) {
@@ -76,13 +85,14 @@ Scenario GradientAccumulation() {
        ParamSpec::Axis("reshard_after_backward",
                        "False: set_reshard_after_backward(False) with the sync switch",
                        {"True", "False"}),
-       MicroBatches(3)},
+       SwitchesOnChange(), MicroBatches(3)},
       [](const CaseParams& p, int) {
         FullyShardPlan plan = Base(p);
         const std::string mode = p.GetString("mode");
         plan.accumulate_without_sync = mode != "sync";
         plan.recurse = mode != "root_only";
         plan.no_reshard_after_backward = !p.GetBool("reshard_after_backward");
+        plan.switches_on_change = p.GetBool("switches_on_change");
         return plan;
       });
   s.excluded = [](const CaseParams& p, int) -> std::optional<std::string> {
@@ -91,6 +101,12 @@ Scenario GradientAccumulation() {
     }
     return std::nullopt;
   };
+  // The test sets the switches before every micro-batch; user code often sets them once per
+  // change. The switches must persist: a set_requires_gradient_sync(False) (or
+  // set_reshard_after_backward(False)) that lasts one backward only passes the test's loop,
+  // while here the middle micro-batch then reduces (and reshards).
+  s.info.extra_default_runs = {
+      {2, {{"mode", "all"}, {"reshard_after_backward", "False"}, {"switches_on_change", "True"}}}};
   return s;
 }
 
@@ -125,7 +141,7 @@ Scenario TrainParityHsdp() {
                           "the mesh's shard size: (world / shard_size, shard_size); 0: the "
                           "smallest mesh with both dims >= 2",
                           0, /*minimum=*/0),
-       MicroBatches(3)},
+       SwitchesOnChange(), MicroBatches(3)},
       [](const CaseParams& p, int world) {
         FullyShardPlan plan = Base(p);
         plan.hsdp = true;
@@ -138,6 +154,7 @@ Scenario TrainParityHsdp() {
                    "set_requires_gradient_sync, not '",
                    resume, "'");
         plan.resume_all_reduce_with_gradient_sync = resume == "set_requires_gradient_sync";
+        plan.switches_on_change = p.GetBool("switches_on_change");
         if (const double multiple = p.GetDouble("divide_factor_multiple"); multiple > 0.0) {
           plan.divide_factor = multiple * world;
         }
@@ -152,16 +169,20 @@ Scenario TrainParityHsdp() {
   // In float32 the reduce ops tell the policies apart (a float64 reduction always sums): extra
   // default runs reduce in float32 as is, with set_force_sum_reduction_for_comms on every
   // module, and with a divide factor equal to the shard size (2 on the 2 x 2 mesh), where the
-  // reduce-scatter averages and the all-reduce across replicas sums.
+  // reduce-scatter averages and the all-reduce across replicas sums. And the forced SUM with a
+  // divide factor: the post-divide must be the factor, not the data-parallel size.
   // The deferred all-reduce turned back on by set_requires_gradient_sync(True), which sets
-  // all_reduce_grads too (FSDPModule.set_requires_gradient_sync).
+  // all_reduce_grads too (FSDPModule.set_requires_gradient_sync). And set_requires_all_reduce
+  // called only where its value changes: the middle micro-batch relies on the switch holding.
   s.info.default_world = 4;
   s.info.extra_default_runs = {
       {8, {{"divide_factor_multiple", "2"}}},
       {2, {{"shard_size", "1"}}},
       {4, {{"defer_all_reduce", "True"}, {"resume_all_reduce", "set_requires_gradient_sync"}}},
+      {4, {{"defer_all_reduce", "True"}, {"switches_on_change", "True"}}},
       {4, {{"dtype", "float32"}}},
       {4, {{"dtype", "float32"}, {"force_sum_reduction", "True"}}},
+      {4, {{"dtype", "float32"}, {"force_sum_reduction", "True"}, {"divide_factor_multiple", "2"}}},
       {4, {{"dtype", "float32"}, {"divide_factor_multiple", "0.5"}}}};
   s.info.test_runs = {{8, {}}};
   return s;
@@ -286,21 +307,35 @@ Scenario TrainParityMultiGroup() {
 }
 
 Scenario SetReduceScatterDivideFactor() {
-  return MakePlanScenario(
+  Scenario s = MakePlanScenario(
       "fully_shard_comm/set_reduce_scatter_divide_factor",
-      "MLPStack with set_gradient_divide_factor(multiple * world) on every module: gradients "
-      "are the ranks' sum divided by that factor, vs the oracle",
+      "MLPStack with set_gradient_divide_factor(multiple * world) on every module (or the root "
+      "only): gradients of the groups it was set on are the ranks' sum divided by that factor, "
+      "the others' the ranks' average, vs the oracle",
       "test_fully_shard_comm.py::TestFullyShardCommunication::"
       "test_set_reduce_scatter_divide_factor",
       kKind, "float64",
       {ParamSpec::SizeDouble("divide_factor_multiple",
                              "the divide factor over the world size (the seed's 2)", 2.0),
+       ParamSpec::SizeString("set_on",
+                             "every: set_gradient_divide_factor on every FSDP module; root: on "
+                             "the root only (its own group: the blocks keep the world size)",
+                             "every"),
        MicroBatches(1)},
       [](const CaseParams& p, int world) {
         FullyShardPlan plan = Base(p);
         plan.divide_factor = p.GetDouble("divide_factor_multiple") * world;
+        const std::string set_on = p.GetString("set_on");
+        FSDP_CHECK(set_on == "every" || set_on == "root", "set_on must be every or root, not '",
+                   set_on, "'");
+        plan.divide_factor_root_only = set_on == "root";
         return plan;
       });
+  // FSDPModule.set_gradient_divide_factor sets the called module's own group only: called on
+  // the root, the blocks' gradients are still averaged (a setter that recursed would divide
+  // them by the factor too).
+  s.info.extra_default_runs = {{2, {{"set_on", "root"}}}};
+  return s;
 }
 
 }  // namespace

@@ -288,12 +288,14 @@ def reduce_scatter(reduce_dtype_name: str):
 
 def set_reduce_scatter_divide_factor(request):
     """TestFullyShardCommunication.test_set_reduce_scatter_divide_factor as the suite's plan:
-    set_gradient_divide_factor(divide_factor_multiple * world) on every FSDP module."""
+    set_gradient_divide_factor(divide_factor_multiple * world) on every FSDP module, or on the
+    root only (set_on=root: FSDPModule's setter sets its own group)."""
     from fsdp_conform_driver.pytorch import fully_shard_plan
 
     plan = fully_shard_plan.plan_base(request, "mlp_stack")
     plan.micro_batches = request.int_param("micro_batches")
     plan.divide_factor = float(request.param("divide_factor_multiple")) * request.world
+    plan.divide_factor_root_only = request.param("set_on") == "root"
     return fully_shard_plan.run(request, plan)
 
 

@@ -2,7 +2,8 @@
 (TestFullyShardMixedPrecisionCasts; the suite's side: conformance/
 fully_shard_mixed_precision_casts_scenarios.cc):
 
-  forward_input_casts              test_float16_on_one_submodule's three subtests
+  forward_input_casts              test_float16_on_one_submodule's three subtests, and a root
+                                   without parameters of its own that casts the input
   submodules_with_external_inputs  test_submodules_with_external_inputs, l2's second input
                                    passed positionally (the test) or by keyword
 
@@ -75,6 +76,11 @@ def forward_input_casts(request):
         "c2_param_dtype_module_casts": {"c2": {"param_dtype": low, "cast_forward_inputs": False}},
         "c1_param_dtype_output_float32": {
             "c1": {"param_dtype": low, "output_dtype": torch.float32}},
+        # The suite's: the root has no parameter of its own (c1, c2 have their groups) and casts.
+        "root_casts_without_own_params": {
+            "c1": {"param_dtype": low, "cast_forward_inputs": False},
+            "c2": {"param_dtype": low, "cast_forward_inputs": False},
+            "": {"param_dtype": low}},
     }[subtest]
     forward_inputs = {}
     torch.manual_seed(0)

@@ -60,6 +60,9 @@ class Plan:
     recurse: bool = True
     no_reshard_after_backward: bool = False
     divide_factor: Optional[float] = None
+    # set_gradient_divide_factor on the root only (a non-recursive setter: the other groups
+    # keep the data-parallel size) instead of on every FSDP module.
+    divide_factor_root_only: bool = False
     force_sum_reduction: bool = False
     hsdp: bool = False
     hsdp_shard_size: int = 0  # > 0: the (world / it, it) mesh; 0: HybridMeshShapeFor's
@@ -67,6 +70,9 @@ class Plan:
     # defer_all_reduce: the last micro-batch calls set_requires_gradient_sync(True) instead of
     # set_requires_all_reduce(True).
     resume_all_reduce_with_gradient_sync: bool = False
+    # The switches of accumulate_without_sync / defer_all_reduce called only where their value
+    # changes (before the first and the last micro-batch of a step), not before every one.
+    switches_on_change: bool = False
     cpu_offload_pin_memory: Optional[bool] = None  # None: no CPUOffloadPolicy
     ignored_params: List[str] = dataclasses.field(default_factory=list)
     # Whether a parameter (by FQN) is frozen (FullyShardPlan::frozen_params as a predicate).
@@ -217,7 +223,8 @@ def shard(request, plan: Plan, model):
                  "set_force_sum_reduction_for_comms(True)")
     for module in model.modules():
         if isinstance(module, FSDPModule):
-            if plan.divide_factor is not None:
+            if plan.divide_factor is not None and (
+                    not plan.divide_factor_root_only or module is model):
                 _set_divide_factor(module, plan.divide_factor)
             if plan.force_sum_reduction:
                 module.set_force_sum_reduction_for_comms(True)
@@ -278,12 +285,13 @@ def run(request, plan: Plan):
             _set_frozen_requires_grad(model, plan, True)
         for i in range(plan.micro_batches):
             last = i + 1 == plan.micro_batches
-            if plan.accumulate_without_sync:
+            set_switches = not plan.switches_on_change or i == 0 or last
+            if plan.accumulate_without_sync and set_switches:
                 model.set_requires_gradient_sync(last, recurse=plan.recurse)
                 if plan.no_reshard_after_backward:
                     model.set_reshard_after_backward(last, recurse=plan.recurse)
                 model.set_is_last_backward(last)
-            if plan.defer_all_reduce:
+            if plan.defer_all_reduce and set_switches:
                 if last and plan.resume_all_reduce_with_gradient_sync:
                     model.set_requires_gradient_sync(True)
                 else:

@@ -56,6 +56,7 @@ def gradient_accumulation(request) -> Plan:
     plan.accumulate_without_sync = mode != "sync"
     plan.recurse = mode != "root_only"
     plan.no_reshard_after_backward = not _true(request, "reshard_after_backward")
+    plan.switches_on_change = _true(request, "switches_on_change")
     return plan
 
 
@@ -67,6 +68,7 @@ def train_parity_hsdp(request) -> Plan:
     plan.force_sum_reduction = _true(request, "force_sum_reduction")
     plan.resume_all_reduce_with_gradient_sync = (
         request.param("resume_all_reduce") == "set_requires_gradient_sync")
+    plan.switches_on_change = _true(request, "switches_on_change")
     multiple = float(request.param("divide_factor_multiple"))
     if multiple > 0:
         plan.divide_factor = multiple * request.world
