@@ -472,6 +472,71 @@ nn::StateDict LikeFor(const nn::StateDict& sd, std::string fault, int rank, int 
   return like;
 }
 
+// Saves that must fail on every rank and leave the checkpoint already in the directory as it
+// was (docs/checkpoint.md, "Commit protocol"), each saving the model's dict negated so that a
+// save that commits anyway would load other values:
+//   save_wrong_slice_on_last_rank         the last rank's in_proj.weight claims a piece that is
+//                                         not a dim-0 slice: its own write fails, every other
+//                                         rank must fail too, naming it, and nobody commits
+//   save_other_global_shape_on_last_rank  the last rank's in_proj.weight claims one more global
+//                                         row (its piece still a dim-0 slice of it): rank 0's
+//                                         commit finds the rank files disagreeing and fails,
+//                                         and every rank with it, naming rank 0
+struct SaveFault {
+  const char* name;
+  bool blames_last_rank;  // the rank an error must name: the last rank, else rank 0
+};
+constexpr SaveFault kSaveFaults[] = {{"save_wrong_slice_on_last_rank", true},
+                                     {"save_other_global_shape_on_last_rank", false}};
+
+// The dict `rank` saves for `fault`: the model's, negated, changed on the last rank only.
+nn::StateDict SaveDictFor(const nn::StateDict& sd, const std::string& fault, int rank, int world) {
+  nn::StateDict out = ClonedStateDict(sd, /*negate=*/true);
+  if (rank != world - 1) return out;
+  nn::ShardedEntry entry = *sd.sharding("in_proj.weight");
+  if (fault == "save_wrong_slice_on_last_rank") entry.offsets[1] = 1;
+  if (fault == "save_other_global_shape_on_last_rank") entry.global_shape[0] += 1;
+  out.sharded.insert("in_proj.weight", entry);
+  return out;
+}
+
+// Every save fault of kSaveFaults into a copy of the checkpoint `good` (made by rank 0 as
+// `dir`/<fault>): the save's error code, whether it names the rank at fault, and whether the
+// directory still loads the model's own values afterwards.
+nlohmann::json RunSaveFaults(nn::Module& model, const std::string& dir, const std::string& good,
+                             RankEnv& env) {
+  distributed::ProcessGroup& pg = env.group();
+  if (env.rank == 0) {
+    for (const SaveFault& f : kSaveFaults) {
+      const std::string copy = dir + "/" + f.name;
+      fs::create_directories(copy);
+      fs::copy(good, copy, fs::copy_options::recursive);
+    }
+  }
+  pg.barrier();
+  nlohmann::json out = nlohmann::json::object();
+  for (const SaveFault& f : kSaveFaults) {
+    const std::string copy = dir + "/" + f.name;
+    const nn::StateDict sd = checkpoint::get_model_state_dict(model);
+    nlohmann::json result = {{"code", nullptr}, {"names_rank", false}};
+    try {
+      checkpoint::save(SaveDictFor(sd, f.name, env.rank, env.world), copy, pg);
+    } catch (const Error& e) {
+      result["code"] = ErrorCodeName(e.code());
+      result["names_rank"] = NamesRank(e.message(), f.blames_last_rank ? env.world - 1 : 0);
+    }
+    bool kept = true;
+    const nn::StateDict loaded = checkpoint::load(sd, copy, pg);
+    for (const auto& [key, value] : sd) {
+      const Tensor* got = loaded.find(key);
+      kept &= got != nullptr && BitwiseEqual(*got, value);
+    }
+    result["previous_kept"] = kept;
+    out[f.name] = result;
+  }
+  return out;
+}
+
 Scenario Faults() {
   Scenario s;
   s.info.name = "checkpoint/faults";
@@ -480,7 +545,9 @@ Scenario Faults() {
       "pieces overlap) or into a "
       "disagreeing dict (dtype, shape, missing or unexpected key; a wider tensor on the last "
       "rank only) fail on every rank, naming the file and the key (the other ranks of a one-rank "
-      "fault: Aborted), and load nothing";
+      "fault: Aborted), and load nothing; saves whose last rank's dict is inconsistent (not a "
+      "dim-0 slice, another global shape) fail on every rank, naming the rank at fault, and "
+      "leave the previous checkpoint loadable";
   s.info.seed_test = std::string(kSeedDcp) + "test_dp_state_dict_save_load";
   s.info.params = StateDictModelParams();
   s.info.observations.Add(ObservationKey::Custom(
@@ -488,6 +555,13 @@ Scenario Faults() {
       "per fault: {\"code\": the load's ErrorCode name (null when it loaded), \"names_file\", "
       "\"names_key\": whether the message names the broken file (the index for dict faults) "
       "and the key, \"unchanged\": whether the model kept its values}"));
+  s.info.observations.Add(ObservationKey::Custom(
+      "save_faults", {{"type", "object"}},
+      "per save fault (a save into a copy of a good checkpoint whose last rank's dict is "
+      "inconsistent): {\"code\": the save's ErrorCode name (null when it saved), "
+      "\"names_rank\": whether the message names the rank at fault (the last rank, or rank 0 "
+      "whose commit found the files disagreeing), \"previous_kept\": whether the directory "
+      "still loads the model's own values}"));
   s.info.default_world = 2;
   s.info.max_world = 8;
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}};
@@ -537,6 +611,7 @@ Scenario Faults() {
     }
     nlohmann::json obs;
     obs["faults"] = faults;
+    obs["save_faults"] = RunSaveFaults(*model, dir.path(), good, env);
     return obs;
   };
   s.expect = [](const CaseParams&, int world) {
@@ -553,7 +628,12 @@ Scenario Faults() {
                             {"unchanged", true}};
         }
       }
-      out.push_back({{"faults", faults}});
+      nlohmann::json save_faults = nlohmann::json::object();
+      for (const SaveFault& f : kSaveFaults) {
+        save_faults[f.name] = {
+            {"code", "Unavailable"}, {"names_rank", true}, {"previous_kept", true}};
+      }
+      out.push_back({{"faults", faults}, {"save_faults", save_faults}});
     }
     return out;
   };
@@ -565,6 +645,11 @@ Scenario Faults() {
         CheckRankEqual(checks, per_rank, r,
                        {"faults", std::string(f.name) + " load", expected[r]["faults"][f.name],
                         std::string("/") + f.name});
+      }
+      for (const SaveFault& f : kSaveFaults) {
+        CheckRankEqual(
+            checks, per_rank, r,
+            {"save_faults", f.name, expected[r]["save_faults"][f.name], std::string("/") + f.name});
       }
     }
   };

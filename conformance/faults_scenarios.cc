@@ -379,18 +379,6 @@ std::optional<int64_t> LastIssued(const std::vector<nlohmann::json>& per_rank, i
 
 // ---- Scenarios ------------------------------------------------------------------------------
 
-// True when `message` names rank `rank` ("rank 3" not followed by another digit).
-bool NamesRank(const std::string& message, int rank) {
-  const std::string name = "rank " + std::to_string(rank);
-  for (size_t at = message.find(name); at != std::string::npos; at = message.find(name, at + 1)) {
-    const size_t end = at + name.size();
-    if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) {
-      return true;
-    }
-  }
-  return false;
-}
-
 // A mismatch: every rank fails, as soon as the last rank issued its collective, with an error
 // that names the faulty rank (as PyTorch's ProcessGroupWrapper names the rank whose collective
 // differs from rank 0's): a checker that reports another rank than the one that differs would
