@@ -16,6 +16,8 @@
 // ranks of a case share a file system), removed at the end.
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -33,6 +35,7 @@
 #include "engine/checkpoint/state_dict.h"
 #include "engine/core/bitwise_equal.h"
 #include "engine/core/error.h"
+#include "engine/functional/functional.h"
 #include "engine/serialization/atomic_file.h"
 #include "engine/serialization/checkpoint_index.h"
 #include "engine/serialization/checkpoint_reader.h"
@@ -118,6 +121,132 @@ std::string LoadName(const char* kind, int m, int r) {
   return std::string(kind) + std::to_string(m) + "/rank" + std::to_string(r) + "/";
 }
 
+// The JSON header of the safetensors file at `path`, parsed by the format's rule (an 8-byte
+// little-endian length, then that many bytes of JSON) rather than by the engine's reader, so
+// that a writer and a reader sharing one mistake cannot hide it.
+nlohmann::json RawSafetensorsHeader(const std::string& path) {
+  const std::string bytes = serialization::ReadRegularFile(path, size_t{1} << 30);
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, bytes.size() >= 8, path, ": shorter than 8 bytes");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, n <= bytes.size() - 8, path, ": header length ", n,
+                  " runs past the end of the file");
+  return nlohmann::json::parse(bytes.substr(8, n));
+}
+
+// A rank file's name without its "-<16 hex digits>.safetensors" content hash.
+std::string WithoutHash(const std::string& name) {
+  constexpr size_t kHashSuffix = 1 + 16 + std::char_traits<char>::length(".safetensors");
+  return name.size() > kHashSuffix ? name.substr(0, name.size() - kHashSuffix) : name;
+}
+
+// "model-<r + 1>-of-<world>", five digits each: rank r's file name before its hash
+// (docs/checkpoint.md, Hugging Face's 1-based convention).
+std::string RankFileStem(int rank, int world) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "model-%05d-of-%05d", rank + 1, world);
+  return buf;
+}
+
+// The sharded checkpoint's files as written, read raw: the index's metadata and weight_map
+// (each file name without its hash), and every rank file's __metadata__ (without the
+// fsdp.sharding JSON, which the loads judge) and the dtype of each of its tensors, ordered by
+// file name.
+nlohmann::json RawCheckpointFiles(const std::string& dir) {
+  const nlohmann::json index = nlohmann::json::parse(serialization::ReadRegularFile(
+      dir + "/" + serialization::IndexFileName("model"), size_t{1} << 30));
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (const auto& [key, file] : index.at("weight_map").items()) {
+    weight_map[key] = WithoutHash(file.get<std::string>());
+  }
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (serialization::IsShardFileName("model", name)) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  nlohmann::json files = nlohmann::json::array();
+  for (const std::string& name : names) {
+    nlohmann::json header = RawSafetensorsHeader(dir + "/" + name);
+    nlohmann::json metadata = header.value("__metadata__", nlohmann::json::object());
+    metadata.erase(serialization::kShardingMetadataKey);
+    nlohmann::json dtypes = nlohmann::json::object();
+    for (const auto& [key, entry] : header.items()) {
+      if (key != "__metadata__") dtypes[key] = entry.value("dtype", "");
+    }
+    files.push_back({{"name", WithoutHash(name)}, {"metadata", metadata}, {"dtypes", dtypes}});
+  }
+  return {{"metadata", index.at("metadata")}, {"weight_map", weight_map}, {"rank_files", files}};
+}
+
+// What RawCheckpointFiles reports for the MLP's checkpoint saved by `world` ranks, by
+// docs/checkpoint.md's rules: total_size the bytes of every global tensor (float32), every
+// tensor's first rows in rank 0's file, every rank file holding its piece of every parameter
+// (the buffer, replicated, in rank 0's only) as "F32", its metadata naming its rank and the
+// world.
+nlohmann::json ExpectedCheckpointFiles(const NamedTensors& weights, int world) {
+  int64_t total = 0;
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (const auto& [key, t] : weights) {
+    total += t.numel() * 4;
+    weight_map[key] = RankFileStem(0, world);
+  }
+  nlohmann::json files = nlohmann::json::array();
+  for (int r = 0; r < world; ++r) {
+    nlohmann::json dtypes = nlohmann::json::object();
+    for (const auto& [key, t] : weights) {
+      if (IsShardedKey(key) || r == 0) dtypes[key] = "F32";
+    }
+    files.push_back({{"name", RankFileStem(r, world)},
+                     {"metadata",
+                      {{"format", "pt"},
+                       {"fsdp.rank", std::to_string(r)},
+                       {"fsdp.world_size", std::to_string(world)}}},
+                     {"dtypes", dtypes}});
+  }
+  return {
+      {"metadata",
+       {{"total_size", total}, {"format", "fsdp-sharded"}, {"world_size", std::to_string(world)}}},
+      {"weight_map", weight_map},
+      {"rank_files", files}};
+}
+
+// The dtypes of the safetensors format's names (its specification), each written once by
+// DtypesFile.
+const std::vector<std::pair<DType, const char*>>& FormatDTypes() {
+  static const std::vector<std::pair<DType, const char*>> kDTypes = {{DType::kFloat32, "F32"},
+                                                                     {DType::kFloat64, "F64"},
+                                                                     {DType::kFloat16, "F16"},
+                                                                     {DType::kBFloat16, "BF16"},
+                                                                     {DType::kInt64, "I64"}};
+  return kDTypes;
+}
+
+// Rank 0 saves `weight` cast to every dtype of FormatDTypes as one full checkpoint `path`
+// (keys: the dtypes' names); every rank then reports each key's dtype in the raw header and
+// whether the engine's reader gives back exactly the tensor written.
+nlohmann::json DtypesFile(const Tensor& weight, const std::string& path, int rank,
+                          distributed::ProcessGroup& pg) {
+  nn::StateDict written;
+  for (const auto& [dtype, name] : FormatDTypes()) {
+    written.insert(DTypeName(dtype), fsdp::mul(weight, 100.0).to(dtype));
+  }
+  if (rank == 0) serialization::SaveFullCheckpoint(path, written);
+  pg.barrier();
+  nn::StateDict like;
+  for (const auto& [key, t] : written) like.insert(key, Tensor::zeros(t.sizes(), t.dtype()));
+  const nn::StateDict got = serialization::CheckpointReader::Open(path).Read(like);
+  const nlohmann::json header = RawSafetensorsHeader(path);
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [key, t] : written) {
+    const Tensor* read = got.find(key);
+    out[key] = {{"dtype", header.contains(key) ? header[key].value("dtype", "") : ""},
+                {"read_back_exact",
+                 read != nullptr && read->dtype() == t.dtype() && BitwiseEqual(*read, t)}};
+  }
+  return out;
+}
+
 Scenario RoundTrip() {
   Scenario s;
   s.info.name = "checkpoint/round_trip";
@@ -135,7 +264,18 @@ Scenario RoundTrip() {
                    "the sharded checkpoint read into rank r' of world M's layout "
                    "(\"load<M>/rank<r'>/\", r' % world == this rank)"})
       .AddTensors({"full{name}/rank{name}/{fqn}", "float32", "rank r' of M's piece",
-                   "model.safetensors (rank 0's full state dict) read the same way"});
+                   "model.safetensors (rank 0's full state dict) read the same way"})
+      .Add(ObservationKey::Custom(
+          "files", {{"type", "object"}},
+          "the sharded checkpoint's files read raw (docs/checkpoint.md): {\"metadata\": the "
+          "index's metadata, \"weight_map\": FQN -> file name without its hash, "
+          "\"rank_files\": [{\"name\": without its hash, \"metadata\": the header's "
+          "__metadata__ without fsdp.sharding, \"dtypes\": key -> header dtype}] by name}"))
+      .Add(ObservationKey::Custom(
+          "dtypes_file", {{"type", "object"}},
+          "a full checkpoint of in_proj.weight * 100 cast to float32, float64, float16, "
+          "bfloat16 and int64 (keys: the dtype names): per key {\"dtype\": its dtype in the raw "
+          "header, \"read_back_exact\": whether the reader returns the tensor written}"));
   s.info.default_world = 2;
   s.info.max_world = 8;
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
@@ -147,6 +287,10 @@ Scenario RoundTrip() {
     SharedTempDir dir(pg);
     const std::string sharded = dir.path() + "/sharded";
     const std::string full = dir.path() + "/full";
+    // A previous checkpoint in the directory first (the dict negated): the save replaces it,
+    // and once its index is committed the previous rank files (other hashes) must be gone.
+    checkpoint::save(ClonedStateDict(checkpoint::get_model_state_dict(*model), /*negate=*/true),
+                     sharded, pg);
     checkpoint::save(checkpoint::get_model_state_dict(*model), sharded, pg);
     checkpoint::StateDictOptions rank0;
     rank0.full_state_dict = true;
@@ -164,8 +308,11 @@ Scenario RoundTrip() {
     }
     obs["rank_files"] = rank_files;
     obs["index_world_size"] = serialization::CheckpointReader::Open(sharded).index().world_size;
+    obs["files"] = RawCheckpointFiles(sharded);
     obs[kTensors] = nlohmann::json::object();
     const NamedTensors weights = env.Inputs().weights().items();
+    obs["dtypes_file"] = DtypesFile(env.Inputs().weights().at("in_proj.weight"),
+                                    dir.path() + "/dtypes.safetensors", env.rank, pg);
     for (int m : LoadWorlds(env.params)) {
       for (int r = env.rank; r < m; r += env.world) {
         for (const auto& [kind, path] : {std::pair<const char*, std::string>{"load", sharded},
@@ -185,6 +332,11 @@ Scenario RoundTrip() {
       nlohmann::json obs;
       obs["rank_files"] = world;
       obs["index_world_size"] = world;
+      obs["files"] = ExpectedCheckpointFiles(weights, world);
+      obs["dtypes_file"] = nlohmann::json::object();
+      for (const auto& [dtype, name] : FormatDTypes()) {
+        obs["dtypes_file"][DTypeName(dtype)] = {{"dtype", name}, {"read_back_exact", true}};
+      }
       obs[kTensors] = nlohmann::json::object();
       for (int m : LoadWorlds(p)) {
         for (int r = rank; r < m; r += world) {
@@ -203,6 +355,17 @@ Scenario RoundTrip() {
       CheckRankEqual(checks, per_rank, r, {"rank_files", "rank files", expected[r]["rank_files"]});
       CheckRankEqual(checks, per_rank, r,
                      {"index_world_size", "index world size", expected[r]["index_world_size"]});
+      for (const char* part : {"metadata", "weight_map", "rank_files"}) {
+        CheckRankEqual(checks, per_rank, r,
+                       {"files", std::string("checkpoint files' ") + part,
+                        expected[r]["files"][part], std::string("/") + part});
+      }
+      for (const auto& [dtype, name] : FormatDTypes()) {
+        const std::string key = DTypeName(dtype);
+        CheckRankEqual(checks, per_rank, r,
+                       {"dtypes_file", key + " tensor in a full checkpoint",
+                        expected[r]["dtypes_file"][key], "/" + key});
+      }
       CheckRankTensorsExact(checks, per_rank, r, expected[r][kTensors]);
     }
   };
@@ -269,6 +432,8 @@ void Break(const std::string& dir, const std::string& fault, int world) {
         nlohmann::json::parse(serialization::ReadRegularFile(index, size_t{1} << 30));
     nlohmann::json* last = nullptr;
     for (auto& piece : j["shards"]["in_proj.weight"]["pieces"]) {
+      // The last piece that holds rows (torch.chunk leaves the last ranks empty at world 8).
+      if (piece["shape"][0].get<int64_t>() == 0) continue;
       if (last == nullptr || piece["offsets"][0] > (*last)["offsets"][0]) last = &piece;
     }
     (*last)["offsets"][0] = (*last)["offsets"][0].get<int64_t>() - 1;
@@ -307,6 +472,71 @@ nn::StateDict LikeFor(const nn::StateDict& sd, std::string fault, int rank, int 
   return like;
 }
 
+// Saves that must fail on every rank and leave the checkpoint already in the directory as it
+// was (docs/checkpoint.md, "Commit protocol"), each saving the model's dict negated so that a
+// save that commits anyway would load other values:
+//   save_wrong_slice_on_last_rank         the last rank's in_proj.weight claims a piece that is
+//                                         not a dim-0 slice: its own write fails, every other
+//                                         rank must fail too, naming it, and nobody commits
+//   save_other_global_shape_on_last_rank  the last rank's in_proj.weight claims one more global
+//                                         row (its piece still a dim-0 slice of it): rank 0's
+//                                         commit finds the rank files disagreeing and fails,
+//                                         and every rank with it, naming rank 0
+struct SaveFault {
+  const char* name;
+  bool blames_last_rank;  // the rank an error must name: the last rank, else rank 0
+};
+constexpr SaveFault kSaveFaults[] = {{"save_wrong_slice_on_last_rank", true},
+                                     {"save_other_global_shape_on_last_rank", false}};
+
+// The dict `rank` saves for `fault`: the model's, negated, changed on the last rank only.
+nn::StateDict SaveDictFor(const nn::StateDict& sd, const std::string& fault, int rank, int world) {
+  nn::StateDict out = ClonedStateDict(sd, /*negate=*/true);
+  if (rank != world - 1) return out;
+  nn::ShardedEntry entry = *sd.sharding("in_proj.weight");
+  if (fault == "save_wrong_slice_on_last_rank") entry.offsets[1] = 1;
+  if (fault == "save_other_global_shape_on_last_rank") entry.global_shape[0] += 1;
+  out.sharded.insert("in_proj.weight", entry);
+  return out;
+}
+
+// Every save fault of kSaveFaults into a copy of the checkpoint `good` (made by rank 0 as
+// `dir`/<fault>): the save's error code, whether it names the rank at fault, and whether the
+// directory still loads the model's own values afterwards.
+nlohmann::json RunSaveFaults(nn::Module& model, const std::string& dir, const std::string& good,
+                             RankEnv& env) {
+  distributed::ProcessGroup& pg = env.group();
+  if (env.rank == 0) {
+    for (const SaveFault& f : kSaveFaults) {
+      const std::string copy = dir + "/" + f.name;
+      fs::create_directories(copy);
+      fs::copy(good, copy, fs::copy_options::recursive);
+    }
+  }
+  pg.barrier();
+  nlohmann::json out = nlohmann::json::object();
+  for (const SaveFault& f : kSaveFaults) {
+    const std::string copy = dir + "/" + f.name;
+    const nn::StateDict sd = checkpoint::get_model_state_dict(model);
+    nlohmann::json result = {{"code", nullptr}, {"names_rank", false}};
+    try {
+      checkpoint::save(SaveDictFor(sd, f.name, env.rank, env.world), copy, pg);
+    } catch (const Error& e) {
+      result["code"] = ErrorCodeName(e.code());
+      result["names_rank"] = NamesRank(e.message(), f.blames_last_rank ? env.world - 1 : 0);
+    }
+    bool kept = true;
+    const nn::StateDict loaded = checkpoint::load(sd, copy, pg);
+    for (const auto& [key, value] : sd) {
+      const Tensor* got = loaded.find(key);
+      kept &= got != nullptr && BitwiseEqual(*got, value);
+    }
+    result["previous_kept"] = kept;
+    out[f.name] = result;
+  }
+  return out;
+}
+
 Scenario Faults() {
   Scenario s;
   s.info.name = "checkpoint/faults";
@@ -315,7 +545,9 @@ Scenario Faults() {
       "pieces overlap) or into a "
       "disagreeing dict (dtype, shape, missing or unexpected key; a wider tensor on the last "
       "rank only) fail on every rank, naming the file and the key (the other ranks of a one-rank "
-      "fault: Aborted), and load nothing";
+      "fault: Aborted), and load nothing; saves whose last rank's dict is inconsistent (not a "
+      "dim-0 slice, another global shape) fail on every rank, naming the rank at fault, and "
+      "leave the previous checkpoint loadable";
   s.info.seed_test = std::string(kSeedDcp) + "test_dp_state_dict_save_load";
   s.info.params = StateDictModelParams();
   s.info.observations.Add(ObservationKey::Custom(
@@ -323,6 +555,13 @@ Scenario Faults() {
       "per fault: {\"code\": the load's ErrorCode name (null when it loaded), \"names_file\", "
       "\"names_key\": whether the message names the broken file (the index for dict faults) "
       "and the key, \"unchanged\": whether the model kept its values}"));
+  s.info.observations.Add(ObservationKey::Custom(
+      "save_faults", {{"type", "object"}},
+      "per save fault (a save into a copy of a good checkpoint whose last rank's dict is "
+      "inconsistent): {\"code\": the save's ErrorCode name (null when it saved), "
+      "\"names_rank\": whether the message names the rank at fault (the last rank, or rank 0 "
+      "whose commit found the files disagreeing), \"previous_kept\": whether the directory "
+      "still loads the model's own values}"));
   s.info.default_world = 2;
   s.info.max_world = 8;
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}};
@@ -372,6 +611,7 @@ Scenario Faults() {
     }
     nlohmann::json obs;
     obs["faults"] = faults;
+    obs["save_faults"] = RunSaveFaults(*model, dir.path(), good, env);
     return obs;
   };
   s.expect = [](const CaseParams&, int world) {
@@ -388,7 +628,12 @@ Scenario Faults() {
                             {"unchanged", true}};
         }
       }
-      out.push_back({{"faults", faults}});
+      nlohmann::json save_faults = nlohmann::json::object();
+      for (const SaveFault& f : kSaveFaults) {
+        save_faults[f.name] = {
+            {"code", "Unavailable"}, {"names_rank", true}, {"previous_kept", true}};
+      }
+      out.push_back({{"faults", faults}, {"save_faults", save_faults}});
     }
     return out;
   };
@@ -400,6 +645,11 @@ Scenario Faults() {
         CheckRankEqual(checks, per_rank, r,
                        {"faults", std::string(f.name) + " load", expected[r]["faults"][f.name],
                         std::string("/") + f.name});
+      }
+      for (const SaveFault& f : kSaveFaults) {
+        CheckRankEqual(
+            checks, per_rank, r,
+            {"save_faults", f.name, expected[r]["save_faults"][f.name], std::string("/") + f.name});
       }
     }
   };

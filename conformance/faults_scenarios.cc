@@ -379,10 +379,21 @@ std::optional<int64_t> LastIssued(const std::vector<nlohmann::json>& per_rank, i
 
 // ---- Scenarios ------------------------------------------------------------------------------
 
-// A mismatch: every rank fails, as soon as the last rank issued its collective.
+// A mismatch: every rank fails, as soon as the last rank issued its collective, with an error
+// that names the faulty rank (as PyTorch's ProcessGroupWrapper names the rank whose collective
+// differs from rank 0's): a checker that reports another rank than the one that differs would
+// send whoever debugs the hang to the wrong rank.
 void JudgeMismatch(CheckList& checks, const CaseParams& p, int world,
                    const std::vector<nlohmann::json>& per_rank) {
-  for (int r = 0; r < world; ++r) CheckRankFailed(checks, per_rank, r, "fails");
+  const int faulty = FaultyRank(p, world);
+  for (int r = 0; r < world; ++r) {
+    CheckRankFailed(checks, per_rank, r, "fails");
+    const nlohmann::json& error = RankObservation(per_rank, r, "error");
+    if (!error.is_object()) continue;
+    const std::string message = error.value("message", "");
+    checks.CheckTrue(RankName(r) + " error names the faulty rank " + std::to_string(faulty),
+                     NamesRank(message, faulty), message);
+  }
   const auto last = LastIssued(per_rank, world);
   CheckTimes(checks, p, world, per_rank, [&](int) { return last; });
 }
@@ -584,18 +595,6 @@ std::chrono::milliseconds MissingPeerDeadline(const RankEnv& env) {
         "rank would be found only at the collective's own deadline");
   }
   return env.straggler_timeout;
-}
-
-// True when `message` names rank `rank` ("rank 3" not followed by another digit).
-bool NamesRank(const std::string& message, int rank) {
-  const std::string name = "rank " + std::to_string(rank);
-  for (size_t at = message.find(name); at != std::string::npos; at = message.find(name, at + 1)) {
-    const size_t end = at + name.size();
-    if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) {
-      return true;
-    }
-  }
-  return false;
 }
 
 Scenario MissingRank() {

@@ -2,11 +2,24 @@
 // Thread-safety: stateless functions over the caller's CheckList.
 #include "conformance/rank_checks.h"
 
+#include <cctype>
+
 #include "conformance/observations.h"
 
 namespace fsdp::conformance {
 
 std::string RankName(int rank) { return "rank " + std::to_string(rank); }
+
+bool NamesRank(const std::string& message, int rank) {
+  const std::string name = RankName(rank);
+  for (size_t at = message.find(name); at != std::string::npos; at = message.find(name, at + 1)) {
+    const size_t end = at + name.size();
+    if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) {
+      return true;
+    }
+  }
+  return false;
+}
 
 bool CheckRankEqual(CheckList& checks, const std::vector<nlohmann::json>& per_rank, int rank,
                     const RankCheck& check) {

@@ -24,6 +24,8 @@ namespace fsdp::conformance {
 
 // "rank 3": how check names and messages name a rank.
 std::string RankName(int rank);
+// True when `message` names rank `rank` ("rank 3" not followed by another digit).
+bool NamesRank(const std::string& message, int rank);
 
 // One per-rank equality: the rank's observation `key` (or, when `path` is set, the value at
 // that JSON pointer inside it: "/forward" for a member, "/2" for an element; null when

@@ -127,5 +127,15 @@ TEST(RankChecks, TensorExactComparesDtypeShapeAndEveryValue) {
   EXPECT_FALSE(checks.checks()[3].passed);
 }
 
+TEST(RankChecks, NamesRankMatchesTheWholeNumberOnly) {
+  EXPECT_TRUE(NamesRank("rank 3 issued: allreduce_", 3));
+  EXPECT_TRUE(NamesRank("failed on rank 3", 3));
+  EXPECT_TRUE(NamesRank("(rank 3/4, global rank 3)", 3));
+  EXPECT_FALSE(NamesRank("rank 31 issued", 3));
+  EXPECT_FALSE(NamesRank("rank 13 issued", 3));
+  EXPECT_FALSE(NamesRank("rank 0 issued", 3));
+  EXPECT_TRUE(NamesRank("rank 31 issued; rank 3 issued", 3));
+}
+
 }  // namespace
 }  // namespace fsdp::conformance
