@@ -38,6 +38,17 @@
 //                          parameter's storage), so summon_full_params(writeback=False) reads
 //                          every full parameter doubled (sharded strategies only: without
 //                          sharding the writeback refuses the unflattened shape).
+//   with_grads_rank0_only  summon_full_params(rank0_only=True, with_grads=True) after forward and
+//                          backward (_unshard_fsdp_state_params): sharding_strategy. Rank 0
+//                          reads the full parameters and the averaged gradients (in_scope/);
+//                          under sharding every other rank resharded the parameter and the
+//                          gradient at once (_reshard, _reshard_grads) and so reads its sharded
+//                          views (_use_sharded_views, _use_sharded_grad_views): the elements of
+//                          each parameter its shard holds, flattened (size 0 and no gradient when
+//                          none). Then every rank reads the full parameters and gradients inside
+//                          summon_full_params(with_grads=True) (after_scope/): the averaged
+//                          gradient everywhere, so a rank that kept the unsharded gradient (or
+//                          lost its shard) fails.
 //
 // Each rank loads the zoo's Transformer (the seed's TransformerWithSharedParams family; tied
 // output and embedding weights by default) from the case's runner-owned weights and wraps it as
@@ -144,9 +155,10 @@ Tensor StepLoss(const UnshardCase& c, nn::Module& module, RankEnv& env, int64_t 
 // and its gradient as `prefix`grad/<fqn> (absent when None), by clean FQN, into `tensors`; then,
 // with `scale`, every gradient multiplied by kWritebackFactor (the seed's p2.grad *= 2).
 void ReadWithGrads(fsdp1::FullyShardedDataParallel& model, bool writeback, bool scale,
-                   const std::string& prefix, nlohmann::json& tensors) {
-  fsdp1::SummonFullParams full(model.shared_from_this(),
-                               {.writeback = writeback, .with_grads = true});
+                   const std::string& prefix, nlohmann::json& tensors, bool rank0_only = false) {
+  fsdp1::SummonFullParams full(
+      model.shared_from_this(),
+      {.writeback = writeback, .rank0_only = rank0_only, .with_grads = true});
   reference::RefTensorMap params;
   reference::RefTensorMap grads;
   for (const auto& [name, param] : model.named_parameters()) {
@@ -193,6 +205,22 @@ nlohmann::json RunWithGradsNoneGradsRank(RankEnv& env) {
   }
   nlohmann::json tensors = nlohmann::json::object();
   ReadWithGrads(*model, /*writeback=*/true, /*scale=*/false, "", tensors);
+  nlohmann::json obs;
+  obs[kTensors] = std::move(tensors);
+  return obs;
+}
+
+// with_grads_rank0_only: the parameters and gradients read inside summon_full_params(
+// rank0_only=True, with_grads=True, writeback=False) (in_scope/), then inside
+// summon_full_params(with_grads=True) on every rank (after_scope/).
+nlohmann::json RunWithGradsRank0OnlyRank(RankEnv& env) {
+  const UnshardCase c = DecodeCase(env.params);
+  auto model = BuildWrapped(c, env);
+  StepLoss(c, *model, env, 0).backward();
+  nlohmann::json tensors = nlohmann::json::object();
+  ReadWithGrads(*model, /*writeback=*/false, /*scale=*/false, kInScope, tensors,
+                /*rank0_only=*/true);
+  ReadWithGrads(*model, /*writeback=*/false, /*scale=*/false, kAfterScope, tensors);
   nlohmann::json obs;
   obs[kTensors] = std::move(tensors);
   return obs;
@@ -343,6 +371,48 @@ std::vector<nlohmann::json> ExpectWithGradsNoneGrads(const CaseParams& params, i
   for (int r = 0; r < world; ++r) {
     nlohmann::json tensors = MapToJson(weights, "float32", "param/");
     tensors.update(MapToJson(ExpectedNoneGrads(c, params, world, r, grads), "float32", "grad/"));
+    nlohmann::json obs;
+    obs[kTensors] = std::move(tensors);
+    expected.push_back(std::move(obs));
+  }
+  return expected;
+}
+
+// What a rank other than 0 sees of the full tensors `full` inside summon_full_params(
+// rank0_only=True) under sharding: each parameter's elements that the rank's shard holds,
+// flattened (FlatParamHandle._use_sharded_views: size 0 when none). With `grads`, a parameter
+// without elements in the shard is absent (_use_sharded_grad_views sets its .grad to None).
+reference::RefTensorMap ShardedViews(const UnshardCase& c, int world, int rank,
+                                     const reference::RefTensorMap& full, bool grads) {
+  reference::RefTensorMap out;
+  for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
+    const FlatParamLayout layout = LayOutFlatParam(c.model, unit.fqns, DType::kFloat32, world);
+    for (size_t i = 0; i < layout.fqns.size(); ++i) {
+      const auto it = full.find(layout.fqns[i]);
+      if (it == full.end()) continue;
+      const auto [begin, end] = layout.ParamRangeOnRank(i, rank);
+      if (grads && begin == end) continue;
+      out[layout.fqns[i]] = reference::RefTensor(
+          {end - begin},
+          std::vector<double>(it->second.data.begin() + begin, it->second.data.begin() + end));
+    }
+  }
+  return out;
+}
+
+std::vector<nlohmann::json> ExpectWithGradsRank0Only(const CaseParams& params, int world) {
+  const UnshardCase c = DecodeCase(params);
+  const reference::RefTensorMap weights = c.model.MakeParameters(c.seed, DType::kFloat32);
+  const reference::RefTensorMap grads = AveragedGradient(c, world);
+  std::vector<nlohmann::json> expected;
+  for (int r = 0; r < world; ++r) {
+    const bool views = r != 0 && Sharded(c, world);
+    nlohmann::json tensors = MapToJson(views ? ShardedViews(c, world, r, weights, false) : weights,
+                                       "float32", std::string(kInScope) + "param/");
+    tensors.update(MapToJson(views ? ShardedViews(c, world, r, grads, true) : grads, "float32",
+                             std::string(kInScope) + "grad/"));
+    tensors.update(MapToJson(weights, "float32", std::string(kAfterScope) + "param/"));
+    tensors.update(MapToJson(grads, "float32", std::string(kAfterScope) + "grad/"));
     nlohmann::json obs;
     obs[kTensors] = std::move(tensors);
     expected.push_back(std::move(obs));
@@ -529,6 +599,38 @@ Scenario MakeOrigParamDataWriteback() {
   return s;
 }
 
+Scenario MakeWithGradsRank0Only() {
+  Scenario s = MakeUnshardScenario(
+      "with_grads_rank0_only",
+      "the zoo Transformer under FullyShardedDataParallel(use_orig_params=True): after forward "
+      "and backward, summon_full_params(rank0_only=True, with_grads=True) exposes the full "
+      "parameters and averaged gradients on rank 0 and, under sharding, each other rank's "
+      "sharded views; a later summon_full_params(with_grads=True) the full ones everywhere",
+      ShardingStrategyAxis());
+  // MakeUnshardScenario put the strategy axis first already: keep one.
+  s.info.params.erase(s.info.params.begin() + 1);
+  s.info.seed_test =
+      "torch/distributed/fsdp/_unshard_param_utils.py::_unshard_fsdp_state_params (rank0_only: "
+      "the other ranks reshard the parameter and gradient at once)";
+  AddReadSchema(s.info.observations, kInScope,
+                "inside summon_full_params(rank0_only=True, with_grads=True, writeback=False); "
+                "on a rank other than 0 under sharding the sharded view (the parameter's "
+                "elements of the rank's shard, flattened, size 0 when none)",
+                "the averaged gradient (or, where the parameter is a sharded view, its "
+                "elements of the rank's shard)");
+  AddReadSchema(s.info.observations, kAfterScope,
+                "after that scope, inside summon_full_params(with_grads=True) on every rank",
+                "the averaged gradient");
+  s.run_rank = RunWithGradsRank0OnlyRank;
+  s.expect = ExpectWithGradsRank0Only;
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    JudgeAgainst({kInScope, kAfterScope}, p, world, ExpectWithGradsRank0Only(p, world), per_rank,
+                 checks);
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry) {
@@ -536,6 +638,7 @@ void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry) {
   registry.Add(MakeWithGradsNoneGrads());
   registry.Add(MakeUnshardParamsWriteback());
   registry.Add(MakeOrigParamDataWriteback());
+  registry.Add(MakeWithGradsRank0Only());
 }
 
 }  // namespace fsdp::conformance

@@ -19,6 +19,11 @@ docs/observations.md lists them:
                          every original parameter's data rebound outside forward
                          (param.data = 2 * param), then the full parameters read inside
                          summon_full_params(writeback=False) (after_scope/...)
+  with_grads_rank0_only  after forward and backward, the parameters and gradients read inside
+                         summon_full_params(rank0_only=True, with_grads=True, writeback=False)
+                         (in_scope/...: rank 0 the full ones, another rank under sharding its
+                         sharded views), then inside summon_full_params(with_grads=True)
+                         (after_scope/...)
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -52,14 +57,16 @@ def _loss(request, model, step):
     return _loss(request, step, model(inputs.step_input(request, step)))
 
 
-def _read_with_grads(model, writeback, scale, prefix, tensors):
-    """Inside summon_full_params(writeback=..., with_grads=True): {prefix}param/{fqn} and
-    {prefix}grad/{fqn} (absent when None); with `scale`, every gradient doubled there."""
+def _read_with_grads(model, writeback, scale, prefix, tensors, rank0_only=False):
+    """Inside summon_full_params(writeback=..., rank0_only=..., with_grads=True):
+    {prefix}param/{fqn} and {prefix}grad/{fqn} (absent when None); with `scale`, every gradient
+    doubled there."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     from fsdp_conform_driver.pytorch.fsdp1_api import clean_fqn
 
-    with FSDP.summon_full_params(model, writeback=writeback, with_grads=True):
+    with FSDP.summon_full_params(model, writeback=writeback, rank0_only=rank0_only,
+                                 with_grads=True):
         for name, p in model.named_parameters():
             name = clean_fqn(name)
             tensors[f"{prefix}param/{name}"] = p.detach().clone()
@@ -151,9 +158,19 @@ def orig_param_data_writeback(request):
     return {}, tensors
 
 
+def with_grads_rank0_only(request):
+    model = _wrapped(request)
+    _loss(request, model, 0).backward()
+    tensors = {}
+    _read_with_grads(model, False, False, "in_scope/", tensors, rank0_only=True)
+    _read_with_grads(model, False, False, "after_scope/", tensors)
+    return {}, tensors
+
+
 SCENARIOS = {
     "fsdp_unshard_params/with_grads_core": with_grads_core,
     "fsdp_unshard_params/with_grads_none_grads": with_grads_none_grads,
     "fsdp_unshard_params/unshard_params_writeback": unshard_params_writeback,
     "fsdp_unshard_params/orig_param_data_writeback": orig_param_data_writeback,
+    "fsdp_unshard_params/with_grads_rank0_only": with_grads_rank0_only,
 }
