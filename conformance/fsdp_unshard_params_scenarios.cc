@@ -49,6 +49,21 @@
 //                          summon_full_params(with_grads=True) (after_scope/): the averaged
 //                          gradient everywhere, so a rank that kept the unsharded gradient (or
 //                          lost its shard) fails.
+//   clip_grad_norm_ignored_modules  FullyShardedDataParallel.clip_grad_norm_(max_norm,
+//                          norm_type) on the model wrapped with ignored_modules=[norm] (its
+//                          parameters FSDP does not manage), after forward and backward:
+//                          sharding_strategy x norm_type. PyTorch's FSDP1 clip counts the
+//                          unmanaged parameters' gradients as non-sharded (not reduced, so each
+//                          rank's own) and clips them too: rank r's total norm is
+//                          (S + I_r)^(1/p), S over the averaged managed gradient, I_r over its
+//                          own ignored gradient; for inf, max(S, I_r) max-reduced over the ranks
+//                          (max(S, I_r) alone without sharding, where FSDP runs
+//                          torch.nn.utils.clip_grad_norm_ on the rank's parameters); its
+//                          coefficient min(max_norm / (total + 1e-6), 1) scales what it holds: its
+//                          shard of the managed gradient (all of it without sharding) and its
+//                          ignored gradient. Every rank reports the total norm and reads the
+//                          gradients inside summon_full_params(with_grads=True): the managed
+//                          gradient's elements of rank q's shard scaled by q's coefficient.
 //
 // Each rank loads the zoo's Transformer (the seed's TransformerWithSharedParams family; tied
 // output and embedding weights by default) from the case's runner-owned weights and wraps it as
@@ -56,6 +71,9 @@
 // averaged gradient is the oracle's data-parallel gradient of step 0 (the mean over ranks of each
 // rank's gradient on its own batch, the seed's DDP reference); the parameters are the initial
 // weights. Every rule is computed for any world and size; nothing is tabulated.
+#include <cmath>
+#include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -134,11 +152,15 @@ CaseInputs UnshardInputs(const CaseParams& params, int world) {
 
 // The zoo model on this rank, wrapped as parity/fsdp1 wraps it with the case's strategy and
 // use_orig_params (True unless said otherwise).
-std::shared_ptr<fsdp1::FullyShardedDataParallel> BuildWrapped(const UnshardCase& c, RankEnv& env,
-                                                              bool use_orig_params = true) {
+std::shared_ptr<fsdp1::FullyShardedDataParallel> BuildWrapped(
+    const UnshardCase& c, RankEnv& env, bool use_orig_params = true,
+    const std::vector<std::string>& ignored_modules = {}) {
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), DType::kFloat32);
   module->to(env.device);
   fsdp1::FullyShardedDataParallelOptions options;
+  for (const std::string& fqn : ignored_modules) {
+    options.ignored_modules.push_back(module->get_submodule(fqn));
+  }
   options.process_group = env.pg;
   options.sharding_strategy = c.strategy;
   options.use_orig_params = use_orig_params;
@@ -222,6 +244,36 @@ nlohmann::json RunWithGradsRank0OnlyRank(RankEnv& env) {
                 /*rank0_only=*/true);
   ReadWithGrads(*model, /*writeback=*/false, /*scale=*/false, kAfterScope, tensors);
   nlohmann::json obs;
+  obs[kTensors] = std::move(tensors);
+  return obs;
+}
+
+// clip_grad_norm_ignored_modules: the module FSDP is told to ignore (the Transformer's final
+// norm: outside every nested instance, not tied to anything), and its parameters' FQN prefix.
+constexpr const char* kIgnoredModule = "norm";
+bool IsIgnoredFqn(const std::string& fqn) {
+  return fqn.rfind(std::string(kIgnoredModule) + ".", 0) == 0;
+}
+
+// The case's clip_grad_norm_ norm_type ("2" or "inf").
+double NormTypeOf(const CaseParams& params) {
+  return params.GetString("norm_type") == "inf" ? std::numeric_limits<double>::infinity()
+                                                : std::stod(params.GetString("norm_type"));
+}
+
+// clip_grad_norm_ignored_modules: after forward and backward, the total norm clip_grad_norm_
+// returns (grad_norms, one element), then the parameters and gradients read inside
+// summon_full_params(with_grads=True, writeback=False).
+nlohmann::json RunClipGradNormIgnoredModulesRank(RankEnv& env) {
+  const UnshardCase c = DecodeCase(env.params);
+  auto model = BuildWrapped(c, env, /*use_orig_params=*/true, {kIgnoredModule});
+  StepLoss(c, *model, env, 0).backward();
+  const double total =
+      model->clip_grad_norm_(env.params.GetDouble("max_norm"), NormTypeOf(env.params)).item();
+  nlohmann::json tensors = nlohmann::json::object();
+  ReadWithGrads(*model, /*writeback=*/false, /*scale=*/false, "", tensors);
+  nlohmann::json obs;
+  obs["grad_norms"] = std::vector<double>{total};
   obs[kTensors] = std::move(tensors);
   return obs;
 }
@@ -414,6 +466,106 @@ std::vector<nlohmann::json> ExpectWithGradsRank0Only(const CaseParams& params, i
     tensors.update(MapToJson(weights, "float32", std::string(kAfterScope) + "param/"));
     tensors.update(MapToJson(grads, "float32", std::string(kAfterScope) + "grad/"));
     nlohmann::json obs;
+    obs[kTensors] = std::move(tensors);
+    expected.push_back(std::move(obs));
+  }
+  return expected;
+}
+
+// Every rank's own gradient of step 0 (the oracle's forward and backward of its slice of the
+// global batch), before any reduction.
+std::vector<reference::RefTensorMap> LocalGradients(const UnshardCase& c, int world) {
+  const ZooInput global = c.model.MakeInput(c.seed, 0, DType::kFloat32, world * c.model.batch());
+  const auto inputs = reference::SplitBatch(global.oracle, world);
+  const reference::RefTensorMap params = c.model.MakeParameters(c.seed, DType::kFloat32);
+  const reference::RefTensorMap buffers = c.model.MakeBuffers(c.seed, DType::kFloat32);
+  std::vector<reference::RefTensorMap> out;
+  for (int r = 0; r < world; ++r) {
+    out.push_back(reference::ForwardBackward(c.model.oracle(), params, buffers,
+                                             inputs[static_cast<size_t>(r)], c.model.LossAt(0))
+                      .grads);
+  }
+  return out;
+}
+
+// sum |g|^p over `map`'s elements whose FQN `pick` accepts (max |g| for an infinite p).
+double NormPower(const reference::RefTensorMap& map, double p,
+                 const std::function<bool(const std::string&)>& pick) {
+  double acc = 0.0;
+  for (const auto& [fqn, t] : map) {
+    if (!pick(fqn)) continue;
+    for (double v : t.data)
+      acc = std::isinf(p) ? std::max(acc, std::fabs(v)) : acc + std::pow(std::fabs(v), p);
+  }
+  return acc;
+}
+
+// clip_grad_norm_ignored_modules by FSDP1's rule (see the file comment).
+std::vector<nlohmann::json> ExpectClipGradNormIgnoredModules(const CaseParams& params, int world) {
+  const UnshardCase c = DecodeCase(params);
+  const double p = NormTypeOf(params);
+  const double max_norm = params.GetDouble("max_norm");
+  const std::vector<reference::RefTensorMap> local = LocalGradients(c, world);
+  // The managed gradient: averaged over the ranks.
+  reference::RefTensorMap averaged;
+  for (const auto& [fqn, g] : local.front()) {
+    if (IsIgnoredFqn(fqn)) continue;
+    reference::RefTensor sum = g;
+    for (int r = 1; r < world; ++r) {
+      const auto& other = local[static_cast<size_t>(r)].at(fqn).data;
+      for (size_t e = 0; e < sum.data.size(); ++e) sum.data[e] += other[e];
+    }
+    for (double& v : sum.data) v /= world;
+    averaged[fqn] = std::move(sum);
+  }
+  const double managed = NormPower(averaged, p, [](const std::string&) { return true; });
+  // inf under sharding: every rank's local maximum (its shard and its ignored gradients),
+  // max-reduced over the ranks; without (torch.nn.utils.clip_grad_norm_), the rank's own.
+  double max_ignored = 0.0;
+  for (const reference::RefTensorMap& mine : local) {
+    max_ignored = std::max(max_ignored, NormPower(mine, p, IsIgnoredFqn));
+  }
+  std::vector<double> totals;
+  std::vector<double> coefs;
+  for (int r = 0; r < world; ++r) {
+    const double ignored = NormPower(local[static_cast<size_t>(r)], p, IsIgnoredFqn);
+    totals.push_back(std::isinf(p) ? std::max(managed, Sharded(c, world) ? max_ignored : ignored)
+                                   : std::pow(managed + ignored, 1.0 / p));
+    coefs.push_back(std::min(max_norm / (totals.back() + 1e-6), 1.0));
+  }
+  // The managed gradient as summon_full_params gathers it: each element scaled by the
+  // coefficient of the rank whose shard holds it (without sharding, every rank's own).
+  auto gathered = [&](int rank) {
+    reference::RefTensorMap out = averaged;
+    if (!Sharded(c, world)) return Scaled(out, coefs[static_cast<size_t>(rank)]);
+    for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
+      std::vector<std::string> fqns;
+      for (const std::string& fqn : unit.fqns) {
+        if (!IsIgnoredFqn(fqn)) fqns.push_back(fqn);
+      }
+      const FlatParamLayout layout = LayOutFlatParam(c.model, fqns, DType::kFloat32, world);
+      for (size_t i = 0; i < layout.fqns.size(); ++i) {
+        for (int q = 0; q < world; ++q) {
+          const auto [begin, end] = layout.ParamRangeOnRank(i, q);
+          std::vector<double>& data = out.at(layout.fqns[i]).data;
+          for (int64_t e = begin; e < end; ++e)
+            data[static_cast<size_t>(e)] *= coefs[static_cast<size_t>(q)];
+        }
+      }
+    }
+    return out;
+  };
+  const reference::RefTensorMap weights = c.model.MakeParameters(c.seed, DType::kFloat32);
+  std::vector<nlohmann::json> expected;
+  for (int r = 0; r < world; ++r) {
+    reference::RefTensorMap grads = gathered(r);
+    for (const auto& [fqn, g] : local[static_cast<size_t>(r)]) {
+      if (IsIgnoredFqn(fqn)) grads[fqn] = Scaled({{fqn, g}}, coefs[static_cast<size_t>(r)]).at(fqn);
+    }
+    nlohmann::json tensors = MapToJson(weights, "float32", "param/");
+    tensors.update(MapToJson(grads, "float32", "grad/"));
+    nlohmann::json obs;
+    obs["grad_norms"] = std::vector<double>{totals[static_cast<size_t>(r)]};
     obs[kTensors] = std::move(tensors);
     expected.push_back(std::move(obs));
   }
@@ -631,6 +783,43 @@ Scenario MakeWithGradsRank0Only() {
   return s;
 }
 
+Scenario MakeClipGradNormIgnoredModules() {
+  Scenario s = MakeUnshardScenario(
+      "clip_grad_norm_ignored_modules",
+      "the zoo Transformer under FullyShardedDataParallel(use_orig_params=True, "
+      "ignored_modules=[norm]): clip_grad_norm_ after forward and backward counts the unmanaged "
+      "parameters' (unreduced, per-rank) gradients once and clips them with the managed ones; "
+      "the total norm and the gradients read in summon_full_params(with_grads=True) vs the rule",
+      ParamSpec::Axis("norm_type", "clip_grad_norm_ norm_type", {"2", "inf"}));
+  s.info.params.push_back(ParamSpec::SizeDouble(
+      "max_norm", "clip_grad_norm_ max_norm (below the total norms, so that the ranks clip)", 500));
+  s.info.seed_test =
+      "torch/distributed/fsdp/fully_sharded_data_parallel.py::FullyShardedDataParallel."
+      "clip_grad_norm_ (non-FSDP-managed parameters counted as non-sharded)";
+  s.info.observations.Add(ObservationKey::NumberList(
+      "grad_norms", "the total norm clip_grad_norm_ returned (one element)"));
+  AddReadSchema(s.info.observations, "",
+                "after clip_grad_norm_, inside summon_full_params(with_grads=True, "
+                "writeback=False)",
+                "the clipped gradient: the managed ones averaged over the ranks, each element "
+                "scaled by the coefficient of the rank whose shard holds it; the ignored "
+                "module's the rank's own, scaled by its coefficient");
+  s.run_rank = RunClipGradNormIgnoredModulesRank;
+  s.expect = ExpectClipGradNormIgnoredModules;
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const std::vector<nlohmann::json> expected = ExpectClipGradNormIgnoredModules(p, world);
+    const Tolerance tol = DecodeCase(p).tolerance;
+    for (int r = 0; r < world; ++r) {
+      checks.CheckClose(RankName(r) + " clip_grad_norm_ total norm (ignored modules counted)",
+                        RankObservation(expected, r, "grad_norms"),
+                        RankObservation(per_rank, r, "grad_norms"), tol);
+    }
+    JudgeAgainst({""}, p, world, expected, per_rank, checks);
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry) {
@@ -639,6 +828,7 @@ void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry) {
   registry.Add(MakeUnshardParamsWriteback());
   registry.Add(MakeOrigParamDataWriteback());
   registry.Add(MakeWithGradsRank0Only());
+  registry.Add(MakeClipGradNormIgnoredModules());
 }
 
 }  // namespace fsdp::conformance

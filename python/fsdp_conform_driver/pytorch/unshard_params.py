@@ -24,6 +24,10 @@ docs/observations.md lists them:
                          (in_scope/...: rank 0 the full ones, another rank under sharding its
                          sharded views), then inside summon_full_params(with_grads=True)
                          (after_scope/...)
+  clip_grad_norm_ignored_modules
+                         ignored_modules=[norm]; after forward and backward,
+                         clip_grad_norm_(max_norm, norm_type) (grad_norms), then the parameters
+                         and gradients read inside summon_full_params(with_grads=True)
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -36,7 +40,7 @@ _KIND = "transformer"
 _WRITEBACK_FACTOR = 2
 
 
-def _wrapped(request, use_orig_params=True):
+def _wrapped(request, use_orig_params=True, ignored_modules=()):
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
@@ -48,6 +52,7 @@ def _wrapped(request, use_orig_params=True):
     return FullyShardedDataParallel(
         model, sharding_strategy=ShardingStrategy[request.param("sharding_strategy")],
         use_orig_params=use_orig_params, auto_wrap_policy=nest_where(lambda m: id(m) in nested),
+        ignored_modules=[model.get_submodule(fqn) for fqn in ignored_modules] or None,
         device_id=torch.device("cpu"))
 
 
@@ -167,10 +172,21 @@ def with_grads_rank0_only(request):
     return {}, tensors
 
 
+def clip_grad_norm_ignored_modules(request):
+    model = _wrapped(request, ignored_modules=("norm",))
+    _loss(request, model, 0).backward()
+    norm_type = float(request.param("norm_type"))  # "inf" -> math.inf
+    total = model.clip_grad_norm_(float(request.param("max_norm")), norm_type)
+    tensors = {}
+    _read_with_grads(model, False, False, "", tensors)
+    return {"grad_norms": [total.item()]}, tensors
+
+
 SCENARIOS = {
     "fsdp_unshard_params/with_grads_core": with_grads_core,
     "fsdp_unshard_params/with_grads_none_grads": with_grads_none_grads,
     "fsdp_unshard_params/unshard_params_writeback": unshard_params_writeback,
     "fsdp_unshard_params/orig_param_data_writeback": orig_param_data_writeback,
     "fsdp_unshard_params/with_grads_rank0_only": with_grads_rank0_only,
+    "fsdp_unshard_params/clip_grad_norm_ignored_modules": clip_grad_norm_ignored_modules,
 }
