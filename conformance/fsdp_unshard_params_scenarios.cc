@@ -64,6 +64,20 @@
 //                          ignored gradient. Every rank reports the total norm and reads the
 //                          gradients inside summon_full_params(with_grads=True): the managed
 //                          gradient's elements of rank q's shard scaled by q's coefficient.
+//   backward_with_inputs   _prepare_gradient_for_optim after a backward that reaches the nested
+//                          instances' outputs but not their flat parameters: sharding_strategy,
+//                          use_orig_params=False. After one full forward and backward (every
+//                          flat parameter holds its sharded gradient), the next forward's loss is
+//                          backpropagated with inputs=[the root's flat parameter]
+//                          (torch.autograd.backward(loss, inputs=...)): the pre-backward hook of
+//                          every block and of the final norm runs (their outputs lie on the path
+//                          to the root's tied embedding), saving the gradient aside
+//                          (_saved_grad_shard), but no post-backward hook does, so under sharding
+//                          FSDP forwards nothing to their .grad, which stays None; without
+//                          sharding nothing was saved and the .grad keeps the first backward's
+//                          gradient, as does pos_embeddings' (its output leads to no root
+//                          parameter, so its hook never runs). The root's flat parameter has a
+//                          gradient in every case.
 //
 // Each rank loads the zoo's Transformer (the seed's TransformerWithSharedParams family; tied
 // output and embedding weights by default) from the case's runner-owned weights and wraps it as
@@ -88,6 +102,7 @@
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "conformance/sharded_parity.h"
+#include "engine/autograd/engine.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
 #include "engine/fsdp1/tensor_data.h"
@@ -276,6 +291,53 @@ nlohmann::json RunClipGradNormIgnoredModulesRank(RankEnv& env) {
   obs["grad_norms"] = std::vector<double>{total};
   obs[kTensors] = std::move(tensors);
   return obs;
+}
+
+// backward_with_inputs: whether each instance's flat parameter has a .grad after a backward
+// restricted to the root's flat parameter (flat_grad_defined, fsdp_modules order: 1 or 0).
+nlohmann::json RunBackwardWithInputsRank(RankEnv& env) {
+  const UnshardCase c = DecodeCase(env.params);
+  auto model = BuildWrapped(c, env, /*use_orig_params=*/false);
+  StepLoss(c, *model, env, 0).backward();
+  const Tensor loss = StepLoss(c, *model, env, 1);
+  FSDP_CHECK(model->handle != nullptr, "backward_with_inputs: the root manages no parameters");
+  autograd::backward({loss}, {}, /*retain_graph=*/false, /*create_graph=*/false,
+                     {model->handle->flat_param()});
+  std::vector<int64_t> defined;
+  for (fsdp1::FullyShardedDataParallel* state :
+       fsdp1::FullyShardedDataParallel::fsdp_modules(model)) {
+    defined.push_back(state->handle && state->handle->flat_param().grad().defined() ? 1 : 0);
+  }
+  nlohmann::json obs;
+  obs["flat_grad_defined"] = defined;
+  return obs;
+}
+
+// Whether the restricted backward runs the pre-backward hook of the nested instance of `unit`:
+// its output lies on a path to a root parameter. The Transformer computes
+// h = tok_embeddings(tokens) + pos_embeddings(positions) (tok_embeddings, tied to the output
+// projection, is the root's), so every block and the final norm are upstream of the root's
+// embedding and output weights, but pos_embeddings' output leads only to its own parameters.
+bool ReachedByRootInputsBackward(const Fsdp1FlatParamFqns& unit) {
+  for (const std::string& fqn : unit.fqns) {
+    if (fqn.rfind("pos_embeddings.", 0) != 0) return true;
+  }
+  return false;
+}
+
+// The root first (its gradient reaches the restricted backward's input), then every nested
+// instance in module order: where its pre-backward hook ran, None under sharding (nothing
+// forwarded without a post-backward); otherwise (or without sharding) the first backward's.
+std::vector<nlohmann::json> ExpectBackwardWithInputs(const CaseParams& params, int world) {
+  const UnshardCase c = DecodeCase(params);
+  std::vector<int64_t> defined = {1};
+  for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
+    if (!unit.root)
+      defined.push_back(Sharded(c, world) && ReachedByRootInputsBackward(unit) ? 0 : 1);
+  }
+  nlohmann::json obs;
+  obs["flat_grad_defined"] = defined;
+  return std::vector<nlohmann::json>(static_cast<size_t>(world), obs);
 }
 
 // unshard_params_writeback: the full parameters read inside summon_full_params(writeback,
@@ -820,6 +882,37 @@ Scenario MakeClipGradNormIgnoredModules() {
   return s;
 }
 
+Scenario MakeBackwardWithInputs() {
+  Scenario s = MakeUnshardScenario(
+      "backward_with_inputs",
+      "the zoo Transformer under FullyShardedDataParallel(use_orig_params=False): after a full "
+      "backward, a backward with inputs=[the root's flat parameter] runs every block's "
+      "pre-backward hook but no post-backward; the blocks' flat parameters then have no .grad "
+      "under sharding (_prepare_gradient_for_optim forwards nothing), their old one without",
+      ShardingStrategyAxis());
+  // MakeUnshardScenario put the strategy axis first already: keep one.
+  s.info.params.erase(s.info.params.begin() + 1);
+  s.info.seed_test =
+      "torch/distributed/fsdp/_flat_param.py::FlatParamHandle.prepare_gradient_for_optim (no "
+      "sharded gradient computed this iteration: nothing forwarded to .grad)";
+  s.info.observations.Add(ObservationKey::IntegerList(
+      "flat_grad_defined",
+      "after the restricted backward, for every instance in FSDP.fsdp_modules(model) order (the "
+      "root first): 1 if its flat parameter's .grad is not None, else 0"));
+  s.run_rank = RunBackwardWithInputsRank;
+  s.expect = ExpectBackwardWithInputs;
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const std::vector<nlohmann::json> expected = ExpectBackwardWithInputs(p, world);
+    for (int r = 0; r < world; ++r) {
+      checks.CheckEqual(RankName(r) + " flat parameters with a .grad after backward(inputs=...)",
+                        RankObservation(expected, r, "flat_grad_defined"),
+                        RankObservation(per_rank, r, "flat_grad_defined"));
+    }
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry) {
@@ -829,6 +922,7 @@ void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry) {
   registry.Add(MakeOrigParamDataWriteback());
   registry.Add(MakeWithGradsRank0Only());
   registry.Add(MakeClipGradNormIgnoredModules());
+  registry.Add(MakeBackwardWithInputs());
 }
 
 }  // namespace fsdp::conformance

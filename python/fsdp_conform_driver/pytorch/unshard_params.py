@@ -28,6 +28,9 @@ docs/observations.md lists them:
                          ignored_modules=[norm]; after forward and backward,
                          clip_grad_norm_(max_norm, norm_type) (grad_norms), then the parameters
                          and gradients read inside summon_full_params(with_grads=True)
+  backward_with_inputs   use_orig_params=False; after a full backward, the next loss
+                         backpropagated with inputs=[the root's flat parameter]; whether each
+                         instance's flat parameter (FSDP.fsdp_modules order) has a .grad
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -182,6 +185,19 @@ def clip_grad_norm_ignored_modules(request):
     return {"grad_norms": [total.item()]}, tensors
 
 
+def backward_with_inputs(request):
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    model = _wrapped(request, use_orig_params=False)
+    _loss(request, model, 0).backward()
+    loss = _loss(request, model, 1)
+    torch.autograd.backward(loss, inputs=[model._handle.flat_param])
+    defined = [int(m._handle is not None and m._handle.flat_param.grad is not None)
+               for m in FSDP.fsdp_modules(model)]
+    return {"flat_grad_defined": defined}, {}
+
+
 SCENARIOS = {
     "fsdp_unshard_params/with_grads_core": with_grads_core,
     "fsdp_unshard_params/with_grads_none_grads": with_grads_none_grads,
@@ -189,4 +205,5 @@ SCENARIOS = {
     "fsdp_unshard_params/orig_param_data_writeback": orig_param_data_writeback,
     "fsdp_unshard_params/with_grads_rank0_only": with_grads_rank0_only,
     "fsdp_unshard_params/clip_grad_norm_ignored_modules": clip_grad_norm_ignored_modules,
+    "fsdp_unshard_params/backward_with_inputs": backward_with_inputs,
 }
