@@ -117,7 +117,8 @@ def check_sync_module_states():
 
 def wrap(request, model, auto_wrap_policy, sync_module_states=False, sharding_strategy=None):
     """FullyShardedDataParallel(model) with the case's options (mixed_precision and
-    forward_prefetch where the scenario has those parameters, else none and False),
+    forward_prefetch where the scenario has those parameters, else none and False; an
+    ignored_module parameter other than "none" as ignored_modules=[that submodule]),
     `auto_wrap_policy` and `sync_module_states`; `sharding_strategy` (a ShardingStrategy name)
     instead of the case's when given."""
     import torch
@@ -135,6 +136,9 @@ def wrap(request, model, auto_wrap_policy, sync_module_states=False, sharding_st
 
         kwargs["device_mesh"] = init_device_mesh("cpu", shape,
                                                  mesh_dim_names=("replicate", "shard"))
+    ignored = request.params.get("ignored_module", "none")
+    if ignored != "none":
+        kwargs["ignored_modules"] = [model.get_submodule(ignored)]
     prefetch = request.param("backward_prefetch")
     precision = (request.param("mixed_precision") if "mixed_precision" in request.params
                  else "None")
