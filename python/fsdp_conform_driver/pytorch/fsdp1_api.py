@@ -35,13 +35,17 @@ def hybrid_mesh_shape(world: int):
 
 
 def mixed_precision(name: str):
-    """The case's MixedPrecision: None, all-bfloat16, all-float16, reduce_dtype=bfloat16 or
-    param_dtype=bfloat16 (param_bfloat16)."""
+    """The case's MixedPrecision: None, all-bfloat16, all-float16, reduce_dtype=bfloat16,
+    param_dtype=bfloat16 (param_bfloat16) or all-bfloat16 with keep_low_precision_grads
+    (bfloat16_keep_low)."""
     import torch
     from torch.distributed.fsdp import MixedPrecision
 
     if name == "None":
         return None
+    if name == "bfloat16_keep_low":
+        return MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
+                              buffer_dtype=torch.bfloat16, keep_low_precision_grads=True)
     if name == "reduce_bfloat16":
         return MixedPrecision(reduce_dtype=torch.bfloat16)
     if name == "param_bfloat16":
