@@ -34,16 +34,19 @@ ParamSpec MixedPrecisionAxis() {
                                 "MixedPrecision: None, param/reduce/buffer dtypes all bfloat16 or "
                                 "all float16, reduce_dtype=bfloat16 only, or (accepted when fixed) "
                                 "param_bfloat16: param_dtype=bfloat16 only (the reduce dtype "
-                                "follows it)",
+                                "follows it), bfloat16_keep_low: all bfloat16 with "
+                                "keep_low_precision_grads=True",
                                 {"None", "bfloat16", "float16", "reduce_bfloat16"});
-  p.domain = ParamDomain{"None, bfloat16, float16, reduce_bfloat16 or param_bfloat16",
-                         [](const std::string& v) -> std::optional<std::string> {
-                           for (const char* known : {"None", "bfloat16", "float16",
-                                                     "reduce_bfloat16", "param_bfloat16"}) {
-                             if (v == known) return v;
-                           }
-                           return std::nullopt;
-                         }};
+  p.domain = ParamDomain{
+      "None, bfloat16, float16, reduce_bfloat16, param_bfloat16 or "
+      "bfloat16_keep_low",
+      [](const std::string& v) -> std::optional<std::string> {
+        for (const char* known : {"None", "bfloat16", "float16", "reduce_bfloat16",
+                                  "param_bfloat16", "bfloat16_keep_low"}) {
+          if (v == known) return v;
+        }
+        return std::nullopt;
+      }};
   return p;
 }
 
@@ -58,8 +61,13 @@ fsdp1::MixedPrecision ParseMixedPrecision(const std::string& name) {
     mp.param_dtype = DType::kBFloat16;
     return mp;
   }
+  if (name == "bfloat16_keep_low") {
+    mp.param_dtype = mp.reduce_dtype = mp.buffer_dtype = DType::kBFloat16;
+    mp.keep_low_precision_grads = true;
+    return mp;
+  }
   FSDP_CHECK(name == "bfloat16" || name == "float16", "unknown mixed_precision '", name,
-             "' (None, bfloat16, float16, reduce_bfloat16 or param_bfloat16)");
+             "' (None, bfloat16, float16, reduce_bfloat16, param_bfloat16 or bfloat16_keep_low)");
   const DType low = name == "bfloat16" ? DType::kBFloat16 : DType::kFloat16;
   mp.param_dtype = mp.reduce_dtype = mp.buffer_dtype = low;
   return mp;

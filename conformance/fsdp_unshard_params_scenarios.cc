@@ -38,6 +38,46 @@
 //                          parameter's storage), so summon_full_params(writeback=False) reads
 //                          every full parameter doubled (sharded strategies only: without
 //                          sharding the writeback refuses the unflattened shape).
+//   with_grads_rank0_only  summon_full_params(rank0_only=True, with_grads=True) after forward and
+//                          backward (_unshard_fsdp_state_params): sharding_strategy. Rank 0
+//                          reads the full parameters and the averaged gradients (in_scope/);
+//                          under sharding every other rank resharded the parameter and the
+//                          gradient at once (_reshard, _reshard_grads) and so reads its sharded
+//                          views (_use_sharded_views, _use_sharded_grad_views): the elements of
+//                          each parameter its shard holds, flattened (size 0 and no gradient when
+//                          none). Then every rank reads the full parameters and gradients inside
+//                          summon_full_params(with_grads=True) (after_scope/): the averaged
+//                          gradient everywhere, so a rank that kept the unsharded gradient (or
+//                          lost its shard) fails.
+//   clip_grad_norm_ignored_modules  FullyShardedDataParallel.clip_grad_norm_(max_norm,
+//                          norm_type) on the model wrapped with ignored_modules=[norm] (its
+//                          parameters FSDP does not manage), after forward and backward:
+//                          sharding_strategy x norm_type. PyTorch's FSDP1 clip counts the
+//                          unmanaged parameters' gradients as non-sharded (not reduced, so each
+//                          rank's own) and clips them too: rank r's total norm is
+//                          (S + I_r)^(1/p), S over the averaged managed gradient, I_r over its
+//                          own ignored gradient; for inf, max(S, I_r) max-reduced over the ranks
+//                          (max(S, I_r) alone without sharding, where FSDP runs
+//                          torch.nn.utils.clip_grad_norm_ on the rank's parameters); its
+//                          coefficient min(max_norm / (total + 1e-6), 1) scales what it holds: its
+//                          shard of the managed gradient (all of it without sharding) and its
+//                          ignored gradient. Every rank reports the total norm and reads the
+//                          gradients inside summon_full_params(with_grads=True): the managed
+//                          gradient's elements of rank q's shard scaled by q's coefficient.
+//   backward_with_inputs   _prepare_gradient_for_optim after a backward that reaches the nested
+//                          instances' outputs but not their flat parameters: sharding_strategy,
+//                          use_orig_params=False. After one full forward and backward (every
+//                          flat parameter holds its sharded gradient), the next forward's loss is
+//                          backpropagated with inputs=[the root's flat parameter]
+//                          (torch.autograd.backward(loss, inputs=...)): the pre-backward hook of
+//                          every block and of the final norm runs (their outputs lie on the path
+//                          to the root's tied embedding), saving the gradient aside
+//                          (_saved_grad_shard), but no post-backward hook does, so under sharding
+//                          FSDP forwards nothing to their .grad, which stays None; without
+//                          sharding nothing was saved and the .grad keeps the first backward's
+//                          gradient, as does pos_embeddings' (its output leads to no root
+//                          parameter, so its hook never runs). The root's flat parameter has a
+//                          gradient in every case.
 //
 // Each rank loads the zoo's Transformer (the seed's TransformerWithSharedParams family; tied
 // output and embedding weights by default) from the case's runner-owned weights and wraps it as
@@ -45,6 +85,9 @@
 // averaged gradient is the oracle's data-parallel gradient of step 0 (the mean over ranks of each
 // rank's gradient on its own batch, the seed's DDP reference); the parameters are the initial
 // weights. Every rule is computed for any world and size; nothing is tabulated.
+#include <cmath>
+#include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -59,6 +102,7 @@
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "conformance/sharded_parity.h"
+#include "engine/autograd/engine.h"
 #include "engine/autograd/grad_mode.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
 #include "engine/fsdp1/tensor_data.h"
@@ -123,11 +167,15 @@ CaseInputs UnshardInputs(const CaseParams& params, int world) {
 
 // The zoo model on this rank, wrapped as parity/fsdp1 wraps it with the case's strategy and
 // use_orig_params (True unless said otherwise).
-std::shared_ptr<fsdp1::FullyShardedDataParallel> BuildWrapped(const UnshardCase& c, RankEnv& env,
-                                                              bool use_orig_params = true) {
+std::shared_ptr<fsdp1::FullyShardedDataParallel> BuildWrapped(
+    const UnshardCase& c, RankEnv& env, bool use_orig_params = true,
+    const std::vector<std::string>& ignored_modules = {}) {
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), DType::kFloat32);
   module->to(env.device);
   fsdp1::FullyShardedDataParallelOptions options;
+  for (const std::string& fqn : ignored_modules) {
+    options.ignored_modules.push_back(module->get_submodule(fqn));
+  }
   options.process_group = env.pg;
   options.sharding_strategy = c.strategy;
   options.use_orig_params = use_orig_params;
@@ -144,9 +192,10 @@ Tensor StepLoss(const UnshardCase& c, nn::Module& module, RankEnv& env, int64_t 
 // and its gradient as `prefix`grad/<fqn> (absent when None), by clean FQN, into `tensors`; then,
 // with `scale`, every gradient multiplied by kWritebackFactor (the seed's p2.grad *= 2).
 void ReadWithGrads(fsdp1::FullyShardedDataParallel& model, bool writeback, bool scale,
-                   const std::string& prefix, nlohmann::json& tensors) {
-  fsdp1::SummonFullParams full(model.shared_from_this(),
-                               {.writeback = writeback, .with_grads = true});
+                   const std::string& prefix, nlohmann::json& tensors, bool rank0_only = false) {
+  fsdp1::SummonFullParams full(
+      model.shared_from_this(),
+      {.writeback = writeback, .rank0_only = rank0_only, .with_grads = true});
   reference::RefTensorMap params;
   reference::RefTensorMap grads;
   for (const auto& [name, param] : model.named_parameters()) {
@@ -196,6 +245,99 @@ nlohmann::json RunWithGradsNoneGradsRank(RankEnv& env) {
   nlohmann::json obs;
   obs[kTensors] = std::move(tensors);
   return obs;
+}
+
+// with_grads_rank0_only: the parameters and gradients read inside summon_full_params(
+// rank0_only=True, with_grads=True, writeback=False) (in_scope/), then inside
+// summon_full_params(with_grads=True) on every rank (after_scope/).
+nlohmann::json RunWithGradsRank0OnlyRank(RankEnv& env) {
+  const UnshardCase c = DecodeCase(env.params);
+  auto model = BuildWrapped(c, env);
+  StepLoss(c, *model, env, 0).backward();
+  nlohmann::json tensors = nlohmann::json::object();
+  ReadWithGrads(*model, /*writeback=*/false, /*scale=*/false, kInScope, tensors,
+                /*rank0_only=*/true);
+  ReadWithGrads(*model, /*writeback=*/false, /*scale=*/false, kAfterScope, tensors);
+  nlohmann::json obs;
+  obs[kTensors] = std::move(tensors);
+  return obs;
+}
+
+// clip_grad_norm_ignored_modules: the module FSDP is told to ignore (the Transformer's final
+// norm: outside every nested instance, not tied to anything), and its parameters' FQN prefix.
+constexpr const char* kIgnoredModule = "norm";
+bool IsIgnoredFqn(const std::string& fqn) {
+  return fqn.rfind(std::string(kIgnoredModule) + ".", 0) == 0;
+}
+
+// The case's clip_grad_norm_ norm_type ("2" or "inf").
+double NormTypeOf(const CaseParams& params) {
+  return params.GetString("norm_type") == "inf" ? std::numeric_limits<double>::infinity()
+                                                : std::stod(params.GetString("norm_type"));
+}
+
+// clip_grad_norm_ignored_modules: after forward and backward, the total norm clip_grad_norm_
+// returns (grad_norms, one element), then the parameters and gradients read inside
+// summon_full_params(with_grads=True, writeback=False).
+nlohmann::json RunClipGradNormIgnoredModulesRank(RankEnv& env) {
+  const UnshardCase c = DecodeCase(env.params);
+  auto model = BuildWrapped(c, env, /*use_orig_params=*/true, {kIgnoredModule});
+  StepLoss(c, *model, env, 0).backward();
+  const double total =
+      model->clip_grad_norm_(env.params.GetDouble("max_norm"), NormTypeOf(env.params)).item();
+  nlohmann::json tensors = nlohmann::json::object();
+  ReadWithGrads(*model, /*writeback=*/false, /*scale=*/false, "", tensors);
+  nlohmann::json obs;
+  obs["grad_norms"] = std::vector<double>{total};
+  obs[kTensors] = std::move(tensors);
+  return obs;
+}
+
+// backward_with_inputs: whether each instance's flat parameter has a .grad after a backward
+// restricted to the root's flat parameter (flat_grad_defined, fsdp_modules order: 1 or 0).
+nlohmann::json RunBackwardWithInputsRank(RankEnv& env) {
+  const UnshardCase c = DecodeCase(env.params);
+  auto model = BuildWrapped(c, env, /*use_orig_params=*/false);
+  StepLoss(c, *model, env, 0).backward();
+  const Tensor loss = StepLoss(c, *model, env, 1);
+  FSDP_CHECK(model->handle != nullptr, "backward_with_inputs: the root manages no parameters");
+  autograd::backward({loss}, {}, /*retain_graph=*/false, /*create_graph=*/false,
+                     {model->handle->flat_param()});
+  std::vector<int64_t> defined;
+  for (fsdp1::FullyShardedDataParallel* state :
+       fsdp1::FullyShardedDataParallel::fsdp_modules(model)) {
+    defined.push_back(state->handle && state->handle->flat_param().grad().defined() ? 1 : 0);
+  }
+  nlohmann::json obs;
+  obs["flat_grad_defined"] = defined;
+  return obs;
+}
+
+// Whether the restricted backward runs the pre-backward hook of the nested instance of `unit`:
+// its output lies on a path to a root parameter. The Transformer computes
+// h = tok_embeddings(tokens) + pos_embeddings(positions) (tok_embeddings, tied to the output
+// projection, is the root's), so every block and the final norm are upstream of the root's
+// embedding and output weights, but pos_embeddings' output leads only to its own parameters.
+bool ReachedByRootInputsBackward(const Fsdp1FlatParamFqns& unit) {
+  for (const std::string& fqn : unit.fqns) {
+    if (fqn.rfind("pos_embeddings.", 0) != 0) return true;
+  }
+  return false;
+}
+
+// The root first (its gradient reaches the restricted backward's input), then every nested
+// instance in module order: where its pre-backward hook ran, None under sharding (nothing
+// forwarded without a post-backward); otherwise (or without sharding) the first backward's.
+std::vector<nlohmann::json> ExpectBackwardWithInputs(const CaseParams& params, int world) {
+  const UnshardCase c = DecodeCase(params);
+  std::vector<int64_t> defined = {1};
+  for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
+    if (!unit.root)
+      defined.push_back(Sharded(c, world) && ReachedByRootInputsBackward(unit) ? 0 : 1);
+  }
+  nlohmann::json obs;
+  obs["flat_grad_defined"] = defined;
+  return std::vector<nlohmann::json>(static_cast<size_t>(world), obs);
 }
 
 // unshard_params_writeback: the full parameters read inside summon_full_params(writeback,
@@ -344,6 +486,148 @@ std::vector<nlohmann::json> ExpectWithGradsNoneGrads(const CaseParams& params, i
     nlohmann::json tensors = MapToJson(weights, "float32", "param/");
     tensors.update(MapToJson(ExpectedNoneGrads(c, params, world, r, grads), "float32", "grad/"));
     nlohmann::json obs;
+    obs[kTensors] = std::move(tensors);
+    expected.push_back(std::move(obs));
+  }
+  return expected;
+}
+
+// What a rank other than 0 sees of the full tensors `full` inside summon_full_params(
+// rank0_only=True) under sharding: each parameter's elements that the rank's shard holds,
+// flattened (FlatParamHandle._use_sharded_views: size 0 when none). With `grads`, a parameter
+// without elements in the shard is absent (_use_sharded_grad_views sets its .grad to None).
+reference::RefTensorMap ShardedViews(const UnshardCase& c, int world, int rank,
+                                     const reference::RefTensorMap& full, bool grads) {
+  reference::RefTensorMap out;
+  for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
+    const FlatParamLayout layout = LayOutFlatParam(c.model, unit.fqns, DType::kFloat32, world);
+    for (size_t i = 0; i < layout.fqns.size(); ++i) {
+      const auto it = full.find(layout.fqns[i]);
+      if (it == full.end()) continue;
+      const auto [begin, end] = layout.ParamRangeOnRank(i, rank);
+      if (grads && begin == end) continue;
+      out[layout.fqns[i]] = reference::RefTensor(
+          {end - begin},
+          std::vector<double>(it->second.data.begin() + begin, it->second.data.begin() + end));
+    }
+  }
+  return out;
+}
+
+std::vector<nlohmann::json> ExpectWithGradsRank0Only(const CaseParams& params, int world) {
+  const UnshardCase c = DecodeCase(params);
+  const reference::RefTensorMap weights = c.model.MakeParameters(c.seed, DType::kFloat32);
+  const reference::RefTensorMap grads = AveragedGradient(c, world);
+  std::vector<nlohmann::json> expected;
+  for (int r = 0; r < world; ++r) {
+    const bool views = r != 0 && Sharded(c, world);
+    nlohmann::json tensors = MapToJson(views ? ShardedViews(c, world, r, weights, false) : weights,
+                                       "float32", std::string(kInScope) + "param/");
+    tensors.update(MapToJson(views ? ShardedViews(c, world, r, grads, true) : grads, "float32",
+                             std::string(kInScope) + "grad/"));
+    tensors.update(MapToJson(weights, "float32", std::string(kAfterScope) + "param/"));
+    tensors.update(MapToJson(grads, "float32", std::string(kAfterScope) + "grad/"));
+    nlohmann::json obs;
+    obs[kTensors] = std::move(tensors);
+    expected.push_back(std::move(obs));
+  }
+  return expected;
+}
+
+// Every rank's own gradient of step 0 (the oracle's forward and backward of its slice of the
+// global batch), before any reduction.
+std::vector<reference::RefTensorMap> LocalGradients(const UnshardCase& c, int world) {
+  const ZooInput global = c.model.MakeInput(c.seed, 0, DType::kFloat32, world * c.model.batch());
+  const auto inputs = reference::SplitBatch(global.oracle, world);
+  const reference::RefTensorMap params = c.model.MakeParameters(c.seed, DType::kFloat32);
+  const reference::RefTensorMap buffers = c.model.MakeBuffers(c.seed, DType::kFloat32);
+  std::vector<reference::RefTensorMap> out;
+  for (int r = 0; r < world; ++r) {
+    out.push_back(reference::ForwardBackward(c.model.oracle(), params, buffers,
+                                             inputs[static_cast<size_t>(r)], c.model.LossAt(0))
+                      .grads);
+  }
+  return out;
+}
+
+// sum |g|^p over `map`'s elements whose FQN `pick` accepts (max |g| for an infinite p).
+double NormPower(const reference::RefTensorMap& map, double p,
+                 const std::function<bool(const std::string&)>& pick) {
+  double acc = 0.0;
+  for (const auto& [fqn, t] : map) {
+    if (!pick(fqn)) continue;
+    for (double v : t.data)
+      acc = std::isinf(p) ? std::max(acc, std::fabs(v)) : acc + std::pow(std::fabs(v), p);
+  }
+  return acc;
+}
+
+// clip_grad_norm_ignored_modules by FSDP1's rule (see the file comment).
+std::vector<nlohmann::json> ExpectClipGradNormIgnoredModules(const CaseParams& params, int world) {
+  const UnshardCase c = DecodeCase(params);
+  const double p = NormTypeOf(params);
+  const double max_norm = params.GetDouble("max_norm");
+  const std::vector<reference::RefTensorMap> local = LocalGradients(c, world);
+  // The managed gradient: averaged over the ranks.
+  reference::RefTensorMap averaged;
+  for (const auto& [fqn, g] : local.front()) {
+    if (IsIgnoredFqn(fqn)) continue;
+    reference::RefTensor sum = g;
+    for (int r = 1; r < world; ++r) {
+      const auto& other = local[static_cast<size_t>(r)].at(fqn).data;
+      for (size_t e = 0; e < sum.data.size(); ++e) sum.data[e] += other[e];
+    }
+    for (double& v : sum.data) v /= world;
+    averaged[fqn] = std::move(sum);
+  }
+  const double managed = NormPower(averaged, p, [](const std::string&) { return true; });
+  // inf under sharding: every rank's local maximum (its shard and its ignored gradients),
+  // max-reduced over the ranks; without (torch.nn.utils.clip_grad_norm_), the rank's own.
+  double max_ignored = 0.0;
+  for (const reference::RefTensorMap& mine : local) {
+    max_ignored = std::max(max_ignored, NormPower(mine, p, IsIgnoredFqn));
+  }
+  std::vector<double> totals;
+  std::vector<double> coefs;
+  for (int r = 0; r < world; ++r) {
+    const double ignored = NormPower(local[static_cast<size_t>(r)], p, IsIgnoredFqn);
+    totals.push_back(std::isinf(p) ? std::max(managed, Sharded(c, world) ? max_ignored : ignored)
+                                   : std::pow(managed + ignored, 1.0 / p));
+    coefs.push_back(std::min(max_norm / (totals.back() + 1e-6), 1.0));
+  }
+  // The managed gradient as summon_full_params gathers it: each element scaled by the
+  // coefficient of the rank whose shard holds it (without sharding, every rank's own).
+  auto gathered = [&](int rank) {
+    reference::RefTensorMap out = averaged;
+    if (!Sharded(c, world)) return Scaled(out, coefs[static_cast<size_t>(rank)]);
+    for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
+      std::vector<std::string> fqns;
+      for (const std::string& fqn : unit.fqns) {
+        if (!IsIgnoredFqn(fqn)) fqns.push_back(fqn);
+      }
+      const FlatParamLayout layout = LayOutFlatParam(c.model, fqns, DType::kFloat32, world);
+      for (size_t i = 0; i < layout.fqns.size(); ++i) {
+        for (int q = 0; q < world; ++q) {
+          const auto [begin, end] = layout.ParamRangeOnRank(i, q);
+          std::vector<double>& data = out.at(layout.fqns[i]).data;
+          for (int64_t e = begin; e < end; ++e)
+            data[static_cast<size_t>(e)] *= coefs[static_cast<size_t>(q)];
+        }
+      }
+    }
+    return out;
+  };
+  const reference::RefTensorMap weights = c.model.MakeParameters(c.seed, DType::kFloat32);
+  std::vector<nlohmann::json> expected;
+  for (int r = 0; r < world; ++r) {
+    reference::RefTensorMap grads = gathered(r);
+    for (const auto& [fqn, g] : local[static_cast<size_t>(r)]) {
+      if (IsIgnoredFqn(fqn)) grads[fqn] = Scaled({{fqn, g}}, coefs[static_cast<size_t>(r)]).at(fqn);
+    }
+    nlohmann::json tensors = MapToJson(weights, "float32", "param/");
+    tensors.update(MapToJson(grads, "float32", "grad/"));
+    nlohmann::json obs;
+    obs["grad_norms"] = std::vector<double>{totals[static_cast<size_t>(r)]};
     obs[kTensors] = std::move(tensors);
     expected.push_back(std::move(obs));
   }
@@ -529,6 +813,106 @@ Scenario MakeOrigParamDataWriteback() {
   return s;
 }
 
+Scenario MakeWithGradsRank0Only() {
+  Scenario s = MakeUnshardScenario(
+      "with_grads_rank0_only",
+      "the zoo Transformer under FullyShardedDataParallel(use_orig_params=True): after forward "
+      "and backward, summon_full_params(rank0_only=True, with_grads=True) exposes the full "
+      "parameters and averaged gradients on rank 0 and, under sharding, each other rank's "
+      "sharded views; a later summon_full_params(with_grads=True) the full ones everywhere",
+      ShardingStrategyAxis());
+  // MakeUnshardScenario put the strategy axis first already: keep one.
+  s.info.params.erase(s.info.params.begin() + 1);
+  s.info.seed_test =
+      "torch/distributed/fsdp/_unshard_param_utils.py::_unshard_fsdp_state_params (rank0_only: "
+      "the other ranks reshard the parameter and gradient at once)";
+  AddReadSchema(s.info.observations, kInScope,
+                "inside summon_full_params(rank0_only=True, with_grads=True, writeback=False); "
+                "on a rank other than 0 under sharding the sharded view (the parameter's "
+                "elements of the rank's shard, flattened, size 0 when none)",
+                "the averaged gradient (or, where the parameter is a sharded view, its "
+                "elements of the rank's shard)");
+  AddReadSchema(s.info.observations, kAfterScope,
+                "after that scope, inside summon_full_params(with_grads=True) on every rank",
+                "the averaged gradient");
+  s.run_rank = RunWithGradsRank0OnlyRank;
+  s.expect = ExpectWithGradsRank0Only;
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    JudgeAgainst({kInScope, kAfterScope}, p, world, ExpectWithGradsRank0Only(p, world), per_rank,
+                 checks);
+  };
+  return s;
+}
+
+Scenario MakeClipGradNormIgnoredModules() {
+  Scenario s = MakeUnshardScenario(
+      "clip_grad_norm_ignored_modules",
+      "the zoo Transformer under FullyShardedDataParallel(use_orig_params=True, "
+      "ignored_modules=[norm]): clip_grad_norm_ after forward and backward counts the unmanaged "
+      "parameters' (unreduced, per-rank) gradients once and clips them with the managed ones; "
+      "the total norm and the gradients read in summon_full_params(with_grads=True) vs the rule",
+      ParamSpec::Axis("norm_type", "clip_grad_norm_ norm_type", {"2", "inf"}));
+  s.info.params.push_back(ParamSpec::SizeDouble(
+      "max_norm", "clip_grad_norm_ max_norm (below the total norms, so that the ranks clip)", 500));
+  s.info.seed_test =
+      "torch/distributed/fsdp/fully_sharded_data_parallel.py::FullyShardedDataParallel."
+      "clip_grad_norm_ (non-FSDP-managed parameters counted as non-sharded)";
+  s.info.observations.Add(ObservationKey::NumberList(
+      "grad_norms", "the total norm clip_grad_norm_ returned (one element)"));
+  AddReadSchema(s.info.observations, "",
+                "after clip_grad_norm_, inside summon_full_params(with_grads=True, "
+                "writeback=False)",
+                "the clipped gradient: the managed ones averaged over the ranks, each element "
+                "scaled by the coefficient of the rank whose shard holds it; the ignored "
+                "module's the rank's own, scaled by its coefficient");
+  s.run_rank = RunClipGradNormIgnoredModulesRank;
+  s.expect = ExpectClipGradNormIgnoredModules;
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const std::vector<nlohmann::json> expected = ExpectClipGradNormIgnoredModules(p, world);
+    const Tolerance tol = DecodeCase(p).tolerance;
+    for (int r = 0; r < world; ++r) {
+      checks.CheckClose(RankName(r) + " clip_grad_norm_ total norm (ignored modules counted)",
+                        RankObservation(expected, r, "grad_norms"),
+                        RankObservation(per_rank, r, "grad_norms"), tol);
+    }
+    JudgeAgainst({""}, p, world, expected, per_rank, checks);
+  };
+  return s;
+}
+
+Scenario MakeBackwardWithInputs() {
+  Scenario s = MakeUnshardScenario(
+      "backward_with_inputs",
+      "the zoo Transformer under FullyShardedDataParallel(use_orig_params=False): after a full "
+      "backward, a backward with inputs=[the root's flat parameter] runs every block's "
+      "pre-backward hook but no post-backward; the blocks' flat parameters then have no .grad "
+      "under sharding (_prepare_gradient_for_optim forwards nothing), their old one without",
+      ShardingStrategyAxis());
+  // MakeUnshardScenario put the strategy axis first already: keep one.
+  s.info.params.erase(s.info.params.begin() + 1);
+  s.info.seed_test =
+      "torch/distributed/fsdp/_flat_param.py::FlatParamHandle.prepare_gradient_for_optim (no "
+      "sharded gradient computed this iteration: nothing forwarded to .grad)";
+  s.info.observations.Add(ObservationKey::IntegerList(
+      "flat_grad_defined",
+      "after the restricted backward, for every instance in FSDP.fsdp_modules(model) order (the "
+      "root first): 1 if its flat parameter's .grad is not None, else 0"));
+  s.run_rank = RunBackwardWithInputsRank;
+  s.expect = ExpectBackwardWithInputs;
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const std::vector<nlohmann::json> expected = ExpectBackwardWithInputs(p, world);
+    for (int r = 0; r < world; ++r) {
+      checks.CheckEqual(RankName(r) + " flat parameters with a .grad after backward(inputs=...)",
+                        RankObservation(expected, r, "flat_grad_defined"),
+                        RankObservation(per_rank, r, "flat_grad_defined"));
+    }
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry) {
@@ -536,6 +920,9 @@ void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry) {
   registry.Add(MakeWithGradsNoneGrads());
   registry.Add(MakeUnshardParamsWriteback());
   registry.Add(MakeOrigParamDataWriteback());
+  registry.Add(MakeWithGradsRank0Only());
+  registry.Add(MakeClipGradNormIgnoredModules());
+  registry.Add(MakeBackwardWithInputs());
 }
 
 }  // namespace fsdp::conformance

@@ -25,6 +25,9 @@
 //  * The flat parameter of an instance (_flat_param.py, `_init_flat_param_and_metadata`): the
 //    parameters of its module's named_modules() walk, each module's own parameters in
 //    registration order, skipping the nested instances' and shared ones after their first use.
+//  * `ignored_modules` (the case's ignored_module, with its submodules): never wrapped (neither
+//    recursed into by `_recursive_wrap` nor picked by ModuleWrapPolicy._run_policy), their
+//    parameters counted in no nonwrapped_numel and flattened into no flat parameter.
 // The module tree and the shapes come from the oracle's ParameterSpecs (their FQNs are module
 // paths) and the models' class layouts (ZooModuleClass), the Transformer's tied output.weight
 // added as the root's last child. Classes are matched by name, exactly (PyTorch's isinstance
@@ -125,6 +128,7 @@ struct ModuleNode {
   std::vector<std::string> params;
   std::vector<std::unique_ptr<ModuleNode>> children;
   bool wrapped = false;  // an instance of its own (the policy's choice)
+  bool ignored = false;  // in ignored_modules (itself or below an ignored module)
 
   ModuleNode* Child(const std::string& model, const std::string& name,
                     const std::vector<std::string>& path) {
@@ -211,6 +215,7 @@ int64_t RecursiveWrap(ModuleNode& node, const ModuleTree& tree, const Policy& po
                       bool only_wrap_children) {
   std::set<std::string> unique;
   std::function<void(const ModuleNode&)> collect = [&](const ModuleNode& m) {
+    if (m.ignored) return;  // ignored parameters are not counted
     unique.insert(m.params.begin(), m.params.end());
     for (const auto& child : m.children) collect(*child);
   };
@@ -219,7 +224,9 @@ int64_t RecursiveWrap(ModuleNode& node, const ModuleTree& tree, const Policy& po
   for (const std::string& p : unique) nonwrapped += tree.numels.at(p);
   if (!policy(node, /*recurse=*/true, nonwrapped)) return 0;
   int64_t wrapped = 0;
-  for (auto& child : node.children) wrapped += RecursiveWrap(*child, tree, policy, false);
+  for (auto& child : node.children) {
+    if (!child->ignored) wrapped += RecursiveWrap(*child, tree, policy, false);
+  }
   if (!only_wrap_children && policy(node, /*recurse=*/false, nonwrapped - wrapped)) {
     node.wrapped = true;
     return nonwrapped;
@@ -237,6 +244,7 @@ nlohmann::json InstancesJson(const ModuleTree& tree) {
     std::set<std::string> seen;
     nlohmann::json params = nlohmann::json::array();
     std::function<void(const ModuleNode&)> flatten = [&](const ModuleNode& m) {
+      if (m.ignored) return;
       for (const std::string& p : m.params) {
         if (seen.insert(p).second) params.push_back(p);
       }
@@ -286,10 +294,29 @@ Policy JudgePolicy(PolicyKind kind, const CaseParams& p) {
   };
 }
 
+// The case's ignored_module: "" for none.
+std::string IgnoredModule(const CaseParams& p) {
+  const std::string fqn = p.GetString("ignored_module");
+  return fqn == "none" ? "" : fqn;
+}
+
+// Marks the module `fqn` and everything below it ignored; false when there is no such module.
+bool MarkIgnored(ModuleNode& node, const std::string& fqn, bool below = false) {
+  const bool here = below || node.fqn == fqn;
+  node.ignored = here;
+  bool found = here;
+  for (auto& child : node.children) found = MarkIgnored(*child, fqn, here) || found;
+  return found;
+}
+
 // The judge's tree after the policy ran.
 ModuleTree WrappedTree(const WrapScenario& w, const CaseParams& p) {
   const ParityCase c = DecodeParityCase(w.model, p);
   ModuleTree tree = ZooModuleTree(c.model, WeightTying(p));
+  if (!IgnoredModule(p).empty()) {
+    FSDP_CHECK(MarkIgnored(*tree.root, IgnoredModule(p)), "fsdp_wrap: ignored_module '",
+               IgnoredModule(p), "' is not a module of the model");
+  }
   RecursiveWrap(*tree.root, tree, JudgePolicy(w.policy, p), /*only_wrap_children=*/true);
   return tree;
 }
@@ -300,6 +327,10 @@ ModuleTree WrappedTree(const WrapScenario& w, const CaseParams& p) {
 // the tied oracle), or wrapping a ModuleList (whose forward never runs, so its flat parameter
 // would never be unsharded).
 std::optional<std::string> Unsupported(const WrapScenario& w, const CaseParams& p) {
+  if (!IgnoredModule(p).empty() && p.GetInt("steps") > 1) {
+    return "an ignored module's parameters train with each rank's own (unreduced) gradient, "
+           "which the data-parallel oracle does not model: set steps=1 with ignored_module";
+  }
   const ModuleTree tree = WrappedTree(w, p);
   for (const auto& child : tree.root->children) {
     if (child->wrapped && child->cls == "ModuleList") {
@@ -366,6 +397,9 @@ nlohmann::json RunWrapRank(const WrapScenario& w, RankEnv& env) {
   module->to(env.device);
   fsdp1::FullyShardedDataParallelOptions options = Fsdp1CaseOptions(env.params, env.pg);
   options.auto_wrap_policy = EnginePolicy(w.policy, env.params);
+  if (!IgnoredModule(env.params).empty()) {
+    options.ignored_modules = {module->get_submodule(IgnoredModule(env.params))};
+  }
   auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(module, options);
   nlohmann::json obs;
   obs[kInstances] = EngineInstances(fsdp_model);
@@ -442,6 +476,27 @@ Scenario MakeScenario(const WrapScenario& w) {
       "backward_prefetch", "FullyShardedDataParallel backward_prefetch", "BACKWARD_PRE"));
   s.info.params.push_back(
       ParamSpec::SizeBool("use_orig_params", "FullyShardedDataParallel use_orig_params", false));
+  s.info.params.push_back(ParamSpec::SizeString(
+      "ignored_module",
+      "FQN of a module passed as ignored_modules=[it], or none; needs steps=1 (its "
+      "parameters train with each rank's own gradient)",
+      "none"));
+  // Extra default runs with an ignored module, which the policy must leave alone: a block that
+  // ModuleWrapPolicy(TransformerBlock) would wrap; an attention whose 1024 parameters, still
+  // counted, would lift its block to exactly min_num_params=3216.
+  if (!mlp) {
+    s.info.extra_default_runs = {
+        {2,
+         size_based
+             ? std::map<std::string, std::string>{{"min_num_params", "3216"},
+                                                  {"force_leaf_modules", "MultiheadAttention"},
+                                                  {"exclude_wrap_modules", "ModuleList+ModuleDict"},
+                                                  {"ignored_module", "layers.0.attention"},
+                                                  {"steps", "1"}}
+             : std::map<std::string, std::string>{{"module_classes", "TransformerBlock"},
+                                                  {"ignored_module", "layers.1"},
+                                                  {"steps", "1"}}}};
+  }
   s.info.observations.Add(ObservationKey::Losses("the rank's loss at every step"));
   s.info.observations.Add(ObservationKey::String("loss_dtype", "the dtype of the losses"));
   const nlohmann::json instance = {

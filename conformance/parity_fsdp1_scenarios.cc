@@ -417,11 +417,13 @@ std::vector<nlohmann::json> ExpectFsdp1Parity(const std::string& kind, const Cas
     e["user_none_grad_kept"] = true;
     // A backward gives every parameter that requires gradient one again (_reset_is_grad_none).
     e["user_none_grad_restored"] = true;
-    // Gradients reach the optimizer in the parameters' dtype (keep_low_precision_grads=False),
-    // after reductions in FSDP1's reduce dtype.
-    e["grad_dtypes"] = {DTypeName(c.dtype)};
-    e["reduce_dtypes"] = {DTypeName(
-        Fsdp1ReduceDType(ParseMixedPrecision(params.GetString("mixed_precision")), c.dtype))};
+    // Gradients reach the optimizer in the parameters' dtype, or with keep_low_precision_grads
+    // in param_dtype (_prepare_gradient_for_optim's cast_grad_to_param_dtype_if_needed; NO_SHARD
+    // skips the cast back after its all-reduce), after reductions in FSDP1's reduce dtype.
+    const fsdp1::MixedPrecision mp = ParseMixedPrecision(params.GetString("mixed_precision"));
+    e["grad_dtypes"] = {
+        DTypeName(mp.keep_low_precision_grads ? mp.param_dtype.value_or(c.dtype) : c.dtype)};
+    e["reduce_dtypes"] = {DTypeName(Fsdp1ReduceDType(mp, c.dtype))};
     for (int64_t k = 0; k < c.steps; ++k) {
       const auto& step = oracle[static_cast<size_t>(k)];
       if (clipped) e["grad_norms"].push_back(step.grad_norm);
@@ -645,6 +647,14 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   // reduce in float32), every sharding strategy (the hybrid ones on a 2 x 2 mesh).
   s.info.extra_default_runs.push_back({4,
                                        {{"mixed_precision", "param_bfloat16"},
+                                        {"backward_prefetch", "BACKWARD_PRE"},
+                                        {"use_orig_params", "False"},
+                                        {"cpu_offload", "False"}}});
+  // keep_low_precision_grads=True: the optimizer gets bfloat16 gradients (every non-hybrid
+  // strategy: the sharded ones cast in _prepare_gradient_for_optim, NO_SHARD keeps its
+  // all-reduced one).
+  s.info.extra_default_runs.push_back({2,
+                                       {{"mixed_precision", "bfloat16_keep_low"},
                                         {"backward_prefetch", "BACKWARD_PRE"},
                                         {"use_orig_params", "False"},
                                         {"cpu_offload", "False"}}});

@@ -213,14 +213,21 @@ Tensor FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_ty
     // Every instance uses NO_SHARD: torch.nn.utils.clip_grad_norm_ over the local gradients.
     const double local = LocalNormPower(nonsharded_grads, norm_type);
     total = inf ? local : std::pow(local, 1.0 / norm_type);
+  } else if (inf) {
+    // The local maximum over both parts, then the maximum over the ranks: gradients FSDP does
+    // not reduce (those of ignored_modules) differ per rank, and every rank's counts.
+    Tensor reduced = Tensor::full({1},
+                                  std::max(LocalNormPower(sharded_grads, norm_type),
+                                           LocalNormPower(nonsharded_grads, norm_type)),
+                                  DType::kFloat32, compute_device);
+    process_group->all_reduce(reduced, distributed::Max());
+    total = reduced.item();
   } else {
     Tensor reduced = Tensor::full({1}, LocalNormPower(sharded_grads, norm_type), DType::kFloat32,
                                   compute_device);
-    process_group->all_reduce(reduced, inf ? distributed::Max() : distributed::Sum());
-    const double nonsharded = LocalNormPower(nonsharded_grads, norm_type);
+    process_group->all_reduce(reduced, distributed::Sum());
     // All-reducing the non-sharded part would count it world-size times.
-    total = inf ? std::max(reduced.item(), nonsharded)
-                : std::pow(reduced.item() + nonsharded, 1.0 / norm_type);
+    total = std::pow(reduced.item() + LocalNormPower(nonsharded_grads, norm_type), 1.0 / norm_type);
   }
   const double clip_coef_clamped = std::min(max_norm / (total + 1e-6), 1.0);
   std::vector<Tensor> grads = sharded_grads;

@@ -35,13 +35,17 @@ def hybrid_mesh_shape(world: int):
 
 
 def mixed_precision(name: str):
-    """The case's MixedPrecision: None, all-bfloat16, all-float16, reduce_dtype=bfloat16 or
-    param_dtype=bfloat16 (param_bfloat16)."""
+    """The case's MixedPrecision: None, all-bfloat16, all-float16, reduce_dtype=bfloat16,
+    param_dtype=bfloat16 (param_bfloat16) or all-bfloat16 with keep_low_precision_grads
+    (bfloat16_keep_low)."""
     import torch
     from torch.distributed.fsdp import MixedPrecision
 
     if name == "None":
         return None
+    if name == "bfloat16_keep_low":
+        return MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
+                              buffer_dtype=torch.bfloat16, keep_low_precision_grads=True)
     if name == "reduce_bfloat16":
         return MixedPrecision(reduce_dtype=torch.bfloat16)
     if name == "param_bfloat16":
@@ -117,7 +121,8 @@ def check_sync_module_states():
 
 def wrap(request, model, auto_wrap_policy, sync_module_states=False, sharding_strategy=None):
     """FullyShardedDataParallel(model) with the case's options (mixed_precision and
-    forward_prefetch where the scenario has those parameters, else none and False),
+    forward_prefetch where the scenario has those parameters, else none and False; an
+    ignored_module parameter other than "none" as ignored_modules=[that submodule]),
     `auto_wrap_policy` and `sync_module_states`; `sharding_strategy` (a ShardingStrategy name)
     instead of the case's when given."""
     import torch
@@ -135,6 +140,9 @@ def wrap(request, model, auto_wrap_policy, sync_module_states=False, sharding_st
 
         kwargs["device_mesh"] = init_device_mesh("cpu", shape,
                                                  mesh_dim_names=("replicate", "shard"))
+    ignored = request.params.get("ignored_module", "none")
+    if ignored != "none":
+        kwargs["ignored_modules"] = [model.get_submodule(ignored)]
     prefetch = request.param("backward_prefetch")
     precision = (request.param("mixed_precision") if "mixed_precision" in request.params
                  else "None")

@@ -19,6 +19,18 @@ docs/observations.md lists them:
                          every original parameter's data rebound outside forward
                          (param.data = 2 * param), then the full parameters read inside
                          summon_full_params(writeback=False) (after_scope/...)
+  with_grads_rank0_only  after forward and backward, the parameters and gradients read inside
+                         summon_full_params(rank0_only=True, with_grads=True, writeback=False)
+                         (in_scope/...: rank 0 the full ones, another rank under sharding its
+                         sharded views), then inside summon_full_params(with_grads=True)
+                         (after_scope/...)
+  clip_grad_norm_ignored_modules
+                         ignored_modules=[norm]; after forward and backward,
+                         clip_grad_norm_(max_norm, norm_type) (grad_norms), then the parameters
+                         and gradients read inside summon_full_params(with_grads=True)
+  backward_with_inputs   use_orig_params=False; after a full backward, the next loss
+                         backpropagated with inputs=[the root's flat parameter]; whether each
+                         instance's flat parameter (FSDP.fsdp_modules order) has a .grad
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -31,7 +43,7 @@ _KIND = "transformer"
 _WRITEBACK_FACTOR = 2
 
 
-def _wrapped(request, use_orig_params=True):
+def _wrapped(request, use_orig_params=True, ignored_modules=()):
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
@@ -43,6 +55,7 @@ def _wrapped(request, use_orig_params=True):
     return FullyShardedDataParallel(
         model, sharding_strategy=ShardingStrategy[request.param("sharding_strategy")],
         use_orig_params=use_orig_params, auto_wrap_policy=nest_where(lambda m: id(m) in nested),
+        ignored_modules=[model.get_submodule(fqn) for fqn in ignored_modules] or None,
         device_id=torch.device("cpu"))
 
 
@@ -52,14 +65,16 @@ def _loss(request, model, step):
     return _loss(request, step, model(inputs.step_input(request, step)))
 
 
-def _read_with_grads(model, writeback, scale, prefix, tensors):
-    """Inside summon_full_params(writeback=..., with_grads=True): {prefix}param/{fqn} and
-    {prefix}grad/{fqn} (absent when None); with `scale`, every gradient doubled there."""
+def _read_with_grads(model, writeback, scale, prefix, tensors, rank0_only=False):
+    """Inside summon_full_params(writeback=..., rank0_only=..., with_grads=True):
+    {prefix}param/{fqn} and {prefix}grad/{fqn} (absent when None); with `scale`, every gradient
+    doubled there."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     from fsdp_conform_driver.pytorch.fsdp1_api import clean_fqn
 
-    with FSDP.summon_full_params(model, writeback=writeback, with_grads=True):
+    with FSDP.summon_full_params(model, writeback=writeback, rank0_only=rank0_only,
+                                 with_grads=True):
         for name, p in model.named_parameters():
             name = clean_fqn(name)
             tensors[f"{prefix}param/{name}"] = p.detach().clone()
@@ -151,9 +166,44 @@ def orig_param_data_writeback(request):
     return {}, tensors
 
 
+def with_grads_rank0_only(request):
+    model = _wrapped(request)
+    _loss(request, model, 0).backward()
+    tensors = {}
+    _read_with_grads(model, False, False, "in_scope/", tensors, rank0_only=True)
+    _read_with_grads(model, False, False, "after_scope/", tensors)
+    return {}, tensors
+
+
+def clip_grad_norm_ignored_modules(request):
+    model = _wrapped(request, ignored_modules=("norm",))
+    _loss(request, model, 0).backward()
+    norm_type = float(request.param("norm_type"))  # "inf" -> math.inf
+    total = model.clip_grad_norm_(float(request.param("max_norm")), norm_type)
+    tensors = {}
+    _read_with_grads(model, False, False, "", tensors)
+    return {"grad_norms": [total.item()]}, tensors
+
+
+def backward_with_inputs(request):
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    model = _wrapped(request, use_orig_params=False)
+    _loss(request, model, 0).backward()
+    loss = _loss(request, model, 1)
+    torch.autograd.backward(loss, inputs=[model._handle.flat_param])
+    defined = [int(m._handle is not None and m._handle.flat_param.grad is not None)
+               for m in FSDP.fsdp_modules(model)]
+    return {"flat_grad_defined": defined}, {}
+
+
 SCENARIOS = {
     "fsdp_unshard_params/with_grads_core": with_grads_core,
     "fsdp_unshard_params/with_grads_none_grads": with_grads_none_grads,
     "fsdp_unshard_params/unshard_params_writeback": unshard_params_writeback,
     "fsdp_unshard_params/orig_param_data_writeback": orig_param_data_writeback,
+    "fsdp_unshard_params/with_grads_rank0_only": with_grads_rank0_only,
+    "fsdp_unshard_params/clip_grad_norm_ignored_modules": clip_grad_norm_ignored_modules,
+    "fsdp_unshard_params/backward_with_inputs": backward_with_inputs,
 }
