@@ -24,7 +24,7 @@ _FD_OUTPUT_MODULE = {"transformer": "output"}
 
 _KINDS = ("transformer", "mlp", "mlp_stack", "mlp_stack_seq_parallel", "double_linear",
           "nontensor_activations", "mlp_module", "mlp_rms_norm", "tp_simple_model",
-          "state_dict_model", "gated_norms", "op_mix", "op_products")
+          "state_dict_model", "gated_norms", "op_mix", "op_products", "padded_lm")
 
 
 def sample_indices(numel: int, count: int) -> List[int]:
