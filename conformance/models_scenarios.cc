@@ -144,6 +144,13 @@ nlohmann::json RunModelRank(const std::string& kind, RankEnv& env) {
   };
   std::vector<Tensor> outputs;
   const double base = loss_at(&outputs);
+  // Under torch.no_grad() no op records a graph: the outputs neither require grad nor have a
+  // grad_fn, whatever the parameters require.
+  bool no_grad_requires_grad = false;
+  for (const Tensor& out : outputs) {
+    no_grad_requires_grad |= out.requires_grad() || out.grad_fn() != nullptr;
+  }
+  obs["no_grad_outputs_require_grad"] = no_grad_requires_grad;
   for (size_t k = 0; k < outputs.size(); ++k) {
     tensors["output" + std::to_string(k)] = TensorToJson(outputs[k]);
   }
@@ -207,6 +214,9 @@ void JudgeModel(const std::string& kind, const CaseParams& p,
   // momentum toward the batch mean and the unbiased batch variance, num_batches_tracked + 1).
   oracle_err.Merge(CheckMapsClose(checks, "buffers after the forward vs oracle", expected.buffers,
                                   MapFromObservations(per_rank, 0, "buffer/"), oracle_tol));
+
+  checks.CheckEqual("outputs of a forward under no_grad require grad (torch.no_grad: no graph)",
+                    false, RankObservation(per_rank, 0, "no_grad_outputs_require_grad"));
 
   std::vector<std::string> expected_none;
   for (const std::string& name : names) {
@@ -294,6 +304,10 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
           "grad_none", "the FQNs whose .grad is None after loss.backward() (unused parameters)"))
       .Add(ObservationKey::Losses("[the loss of the forward on step0/input]"))
       .Add(ObservationKey::String("loss_dtype", "the dtype the loss was computed in"))
+      .Add(ObservationKey::Boolean(
+          "no_grad_outputs_require_grad",
+          "whether any output of the finite-difference point's base forward, run under "
+          "torch.no_grad(), requires grad or has a grad_fn (false in PyTorch)"))
       .Add(ObservationKey::Custom(
           "fd",
           {{"type", "object"},
