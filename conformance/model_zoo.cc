@@ -159,6 +159,63 @@ class OpProductsModule : public nn::Cloneable<OpProductsModule> {
   int64_t dim_;
 };
 
+// ---- PaddedLM (the suite's own op-coverage model) ---------------------------------------------
+
+// nn.Embedding(num_embeddings, embedding_dim, padding_idx=...) for PaddedLMModule: the weight
+// row `padding_idx` is looked up as any other and gets no gradient (F.embedding's padding_idx).
+// Parameter values come from the zoo's weights. Configuration-only; thread-safety as
+// nn::Module.
+class PaddingEmbedding : public nn::Cloneable<PaddingEmbedding> {
+ public:
+  PaddingEmbedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padding_idx)
+      : nn::Cloneable<PaddingEmbedding>("Embedding"), padding_idx_(padding_idx) {
+    register_parameter("weight", Tensor::zeros({num_embeddings, embedding_dim}, DType::kFloat32));
+  }
+  nn::Value forward(const nn::Value& ids) override {
+    return embedding(ids.tensor(), parameter("weight"), padding_idx_);
+  }
+
+ private:
+  int64_t padding_idx_;
+};
+
+// reference::PaddedLm's engine module: attn_bias [L, L] on the root, tok_embeddings =
+// Embedding(V, D, padding_idx), qkv = Linear(D, 3D, bias=False), output = Linear(D, V); forward
+// on tokens [N, L]: h = tok_embeddings(tokens), q, k, v = qkv(h).split(D, -1) each viewed
+// [N, L, H, D / H] and transposed to [N, H, L, D / H], a = scaled_dot_product_attention(q, k, v,
+// attn_mask=attn_bias, scale=1 / (D / H)), logits = output(h + a.transpose(1, 2).reshape(N, L,
+// D)), then cross_entropy(logits[:, :-1].reshape(-1, V), tokens[:, 1:].reshape(-1),
+// ignore_index=padding_idx).reshape(1). Configuration-only; thread-safety as nn::Module.
+class PaddedLmModule : public nn::Cloneable<PaddedLmModule> {
+ public:
+  explicit PaddedLmModule(const reference::PaddedLmConfig& c)
+      : nn::Cloneable<PaddedLmModule>("PaddedLM"), c_(c) {
+    register_parameter("attn_bias", Tensor::zeros({c.seq_len, c.seq_len}, DType::kFloat32));
+    register_module("tok_embeddings",
+                    std::make_shared<PaddingEmbedding>(c.vocab_size, c.dim, c.padding_idx));
+    register_module("qkv", std::make_shared<nn::Linear>(c.dim, 3 * c.dim, /*bias=*/false));
+    register_module("output", std::make_shared<nn::Linear>(c.dim, c.vocab_size));
+  }
+  nn::Value forward(const nn::Value& input) override {
+    const Tensor& tokens = input.tensor();
+    const int64_t n = tokens.size(0), len = tokens.size(1), hd = c_.dim / c_.n_heads;
+    const Tensor h = call_child("tok_embeddings", tokens).tensor();
+    std::vector<Tensor> qkv = split(call_child("qkv", h).tensor(), c_.dim, 2);
+    for (Tensor& t : qkv) t = transpose(view(t, {n, len, c_.n_heads, hd}), 1, 2);
+    const Tensor a = scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], parameter("attn_bias"),
+                                                  0.0, false, 1.0 / static_cast<double>(hd));
+    const Tensor logits =
+        call_child("output", h + reshape(transpose(a, 1, 2), {n, len, c_.dim})).tensor();
+    const Tensor loss =
+        cross_entropy(reshape(narrow(logits, 1, 0, len - 1), {-1, c_.vocab_size}),
+                      reshape(narrow(tokens, 1, 1, len - 1), {-1}), "mean", c_.padding_idx);
+    return reshape(loss, {1});
+  }
+
+ private:
+  reference::PaddedLmConfig c_;
+};
+
 // ---- Kinds -------------------------------------------------------------------------------------
 
 nn::ContainerType ParseContainerType(const std::string& name) {
@@ -306,6 +363,25 @@ std::vector<ZooModelKind> MakeKinds() {
        "none (the suite's own model: no seed model differentiates these ops; each is torch's "
        "as documented)",
        {ParamSpec::SizeInt("dim", "features (even)", 6, /*minimum=*/2), Batch(4)}});
+  kinds.push_back(
+      {"padded_lm",
+       "the suite's PaddedLM: tok_embeddings = Embedding(V, D, padding_idx), q, k, v = "
+       "qkv(h).split(D, -1) in n_heads heads, a = scaled_dot_product_attention(q, k, v, "
+       "attn_mask=attn_bias, scale=1 / head_dim) with attn_bias an [L, L] parameter, logits = "
+       "output(h + a), loss = cross_entropy(logits[:, :-1], tokens[:, 1:], "
+       "ignore_index=padding_idx).reshape(1) (the padding row gets no gradient; an additive float "
+       "mask that requires grad; an explicit scale; the mean over the targets not ignored)",
+       "none (the suite's own model: no seed model uses padding_idx, an attn_mask, an explicit "
+       "scale or ignore_index; each is torch's as documented)",
+       {ParamSpec::SizeInt("vocab_size", "Embedding num_embeddings and the classes", 5,
+                           /*minimum=*/2),
+        ParamSpec::SizeInt("dim", "embedding dim (a multiple of n_heads)", 8, /*minimum=*/1),
+        ParamSpec::SizeInt("n_heads", "attention heads", 2, /*minimum=*/1),
+        ParamSpec::SizeInt("seq_len", "tokens per input row (attn_bias is [seq_len, seq_len])", 6,
+                           /*minimum=*/2),
+        ParamSpec::SizeInt("padding_idx", "Embedding padding_idx and cross_entropy ignore_index", 0,
+                           /*minimum=*/0),
+        Batch(4)}});
   return kinds;
 }
 
@@ -817,6 +893,24 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
     m.oracle_ = std::make_shared<reference::OpProducts<double>>(c);
     m.build_engine_ = [dim = c.dim] { return std::make_shared<OpProductsModule>(dim); };
     m.input_row_shape_ = {c.dim};
+  } else if (kind_name == "padded_lm") {
+    reference::PaddedLmConfig c;
+    c.vocab_size = p.GetInt("vocab_size");
+    c.dim = p.GetInt("dim");
+    c.n_heads = p.GetInt("n_heads");
+    c.seq_len = p.GetInt("seq_len");
+    c.padding_idx = p.GetInt("padding_idx");
+    FSDP_CHECK(c.dim % c.n_heads == 0 && c.padding_idx < c.vocab_size, "zoo padded_lm: n_heads ",
+               c.n_heads, " must divide dim ", c.dim, " and padding_idx ", c.padding_idx,
+               " must be below vocab_size ", c.vocab_size);
+    m.oracle_ = std::make_shared<reference::PaddedLm<double>>(c);
+    m.build_engine_ = [c] { return std::make_shared<PaddedLmModule>(c); };
+    m.uses_tokens_ = true;
+    m.vocab_size_ = c.vocab_size;
+    m.input_row_shape_ = {c.seq_len};
+    // Autograd treats the padding row as a constant though the forward reads it.
+    m.fd_constant_ranges_.push_back(
+        {"tok_embeddings.weight", c.padding_idx * c.dim, (c.padding_idx + 1) * c.dim});
   } else {
     FSDP_THROW(ErrorCode::kInternal, "zoo model ", kind_name, " has no construction");
   }
@@ -831,6 +925,13 @@ std::vector<std::string> ZooModel::ParameterNames() const {
 }
 
 nn::ModulePtr ZooModel::BuildEngine() const { return build_engine_(); }
+
+bool ZooModel::FdConstant(const std::string& param, int64_t index) const {
+  return std::any_of(fd_constant_ranges_.begin(), fd_constant_ranges_.end(),
+                     [&](const FdConstantRange& r) {
+                       return r.param == param && index >= r.begin && index < r.end;
+                     });
+}
 
 nn::ModulePtr ZooModel::BuildEngineWithWeights(uint64_t seed, DType dtype) const {
   nn::ModulePtr module = BuildEngine();

@@ -251,6 +251,16 @@ class ZooModel {
   // The oracle at that point: oracle() without the final cast to float32 (oracle() itself for
   // the models that have none).
   const reference::Model<double>& fd_oracle() const { return *fd_oracle_; }
+  // Flat entries [begin, end) of a parameter that the forward reads but autograd treats as a
+  // constant (an Embedding's padding_idx row): their finite differences are not the gradient
+  // (which is zero there, judged against the oracle), so the judge does not compare them.
+  struct FdConstantRange {
+    std::string param;
+    int64_t begin = 0;
+    int64_t end = 0;
+  };
+  // True when entry `index` of `param` lies in one of the model's FdConstantRanges.
+  bool FdConstant(const std::string& param, int64_t index) const;
 
  private:
   ZooModel() = default;
@@ -267,6 +277,7 @@ class ZooModel {
   int switched_output_ = 0;        // the output the loss reads from loss_switch_step_ on
   bool squares_loss_ = false;      // the case's "loss" is "squares"
   std::string fd_output_module_;
+  std::vector<FdConstantRange> fd_constant_ranges_;
 };
 
 // ---- Single-rank training ----------------------------------------------------------------------

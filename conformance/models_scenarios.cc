@@ -144,6 +144,13 @@ nlohmann::json RunModelRank(const std::string& kind, RankEnv& env) {
   };
   std::vector<Tensor> outputs;
   const double base = loss_at(&outputs);
+  // Under torch.no_grad() no op records a graph: the outputs neither require grad nor have a
+  // grad_fn, whatever the parameters require.
+  bool no_grad_requires_grad = false;
+  for (const Tensor& out : outputs) {
+    no_grad_requires_grad |= out.requires_grad() || out.grad_fn() != nullptr;
+  }
+  obs["no_grad_outputs_require_grad"] = no_grad_requires_grad;
   for (size_t k = 0; k < outputs.size(); ++k) {
     tensors["output" + std::to_string(k)] = TensorToJson(outputs[k]);
   }
@@ -208,6 +215,9 @@ void JudgeModel(const std::string& kind, const CaseParams& p,
   oracle_err.Merge(CheckMapsClose(checks, "buffers after the forward vs oracle", expected.buffers,
                                   MapFromObservations(per_rank, 0, "buffer/"), oracle_tol));
 
+  checks.CheckEqual("outputs of a forward under no_grad require grad (torch.no_grad: no graph)",
+                    false, RankObservation(per_rank, 0, "no_grad_outputs_require_grad"));
+
   std::vector<std::string> expected_none;
   for (const std::string& name : names) {
     if (!expected.grads.count(name)) expected_none.push_back(name);
@@ -229,15 +239,21 @@ void JudgeModel(const std::string& kind, const CaseParams& p,
     const auto index = fd[name].at("index").get<std::vector<int64_t>>();
     const auto value = fd[name].at("value").get<std::vector<double>>();
     const reference::RefTensor* grad = grads.count(name) ? &grads.at(name) : nullptr;
-    std::vector<double> at;
-    for (int64_t i : index) {
+    FSDP_CHECK_CODE(ErrorCode::kDataLoss, index.size() == value.size(), "rank 0: ", index.size(),
+                    " finite-difference indices but ", value.size(), " values for ", name);
+    std::vector<double> at, numeric;
+    for (size_t j = 0; j < index.size(); ++j) {
+      const int64_t i = index[j];
       FSDP_CHECK_CODE(ErrorCode::kDataLoss, i >= 0 && (!grad || i < grad->numel()),
                       "rank 0: finite-difference index ", i, " outside ", name);
+      // An entry autograd treats as a constant (padding_idx) is judged by the oracle only.
+      if (model.FdConstant(name, i)) continue;
       at.push_back(grad ? (*grad)[i] : 0.0);
+      numeric.push_back(value[j]);
     }
-    const int64_t n = static_cast<int64_t>(value.size());
-    numerical[name] = reference::RefTensor({n}, value);
-    analytic[name] = reference::RefTensor({static_cast<int64_t>(at.size())}, at);
+    const int64_t n = static_cast<int64_t>(numeric.size());
+    numerical[name] = reference::RefTensor({n}, numeric);
+    analytic[name] = reference::RefTensor({n}, at);
   }
   const ErrorStats fd_err =
       CheckMapsClose(checks, "gradients vs finite differences", numerical, analytic, fd_tol);
@@ -288,6 +304,10 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
           "grad_none", "the FQNs whose .grad is None after loss.backward() (unused parameters)"))
       .Add(ObservationKey::Losses("[the loss of the forward on step0/input]"))
       .Add(ObservationKey::String("loss_dtype", "the dtype the loss was computed in"))
+      .Add(ObservationKey::Boolean(
+          "no_grad_outputs_require_grad",
+          "whether any output of the finite-difference point's base forward, run under "
+          "torch.no_grad(), requires grad or has a grad_fn (false in PyTorch)"))
       .Add(ObservationKey::Custom(
           "fd",
           {{"type", "object"},

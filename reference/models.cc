@@ -916,6 +916,152 @@ BackwardResult<T> OpProducts<T>::Backward(const TensorMap<T>& params,
   return r;
 }
 
+// ---- PaddedLm ----------------------------------------------------------------------------------
+
+template <typename T>
+PaddedLm<T>::PaddedLm(const PaddedLmConfig& config) : config_(config) {
+  const PaddedLmConfig& c = config_;
+  if (c.vocab_size < 1 || c.dim < 1 || c.n_heads < 1 || c.dim % c.n_heads != 0 || c.seq_len < 2 ||
+      c.padding_idx < 0 || c.padding_idx >= c.vocab_size) {
+    throw std::invalid_argument(
+        "PaddedLM: need vocab_size, dim, n_heads >= 1 with n_heads dividing dim, seq_len >= 2 "
+        "and padding_idx in [0, vocab_size); got vocab_size " +
+        std::to_string(c.vocab_size) + ", dim " + std::to_string(c.dim) + ", n_heads " +
+        std::to_string(c.n_heads) + ", seq_len " + std::to_string(c.seq_len) + ", padding_idx " +
+        std::to_string(c.padding_idx));
+  }
+}
+
+template <typename T>
+std::vector<TensorSpec> PaddedLm<T>::ParameterSpecs() const {
+  const PaddedLmConfig& c = config_;
+  std::vector<TensorSpec> specs = {{"attn_bias", {c.seq_len, c.seq_len}},
+                                   {"tok_embeddings.weight", {c.vocab_size, c.dim}}};
+  AppendSpecs(&specs, LinearSpecs("qkv", c.dim, 3 * c.dim, false));
+  AppendSpecs(&specs, LinearSpecs("output", c.dim, c.vocab_size, true));
+  return specs;
+}
+
+namespace {
+
+// The activations of PaddedLm's forward, rows batch-first (row n * L + s), kept for its
+// backward. Head j of sequence n reads columns [j * hd, (j + 1) * hd) of rows n * L .. + L - 1.
+template <typename T>
+struct PaddedLmActivations {
+  int64_t n = 0;                 // sequences
+  std::vector<int64_t> ids;      // tokens, row-major
+  Matrix<T> h;                   // tok_embeddings(tokens) [N * L, D]
+  Matrix<T> qkv;                 // qkv(h) [N * L, 3D]
+  std::vector<Matrix<T>> probs;  // softmax(q kᵀ · scale + attn_bias) per (n, head) [L, L]
+  Matrix<T> a;                   // attention output, heads merged [N * L, D]
+  Matrix<T> r;                   // h + a
+  Matrix<T> logits;              // output(r) [N * L, V]
+  Matrix<T> pred;                // logits of positions 0 .. L - 2 [N * (L - 1), V]
+  std::vector<int64_t> targets;  // tokens of positions 1 .. L - 1
+};
+
+template <typename T>
+PaddedLmActivations<T> PaddedLmForward(const PaddedLmConfig& c, const TensorMap<T>& params,
+                                       const ModelInput<T>& input, const std::string& name) {
+  if (!input.tokens || input.tokens->shape.size() != 2 || input.tokens->shape[1] != c.seq_len) {
+    throw std::invalid_argument(name + ": expected tokens [N, " + std::to_string(c.seq_len) + "]");
+  }
+  const int64_t len = c.seq_len, d = c.dim, hd = c.dim / c.n_heads;
+  const double scale = 1.0 / static_cast<double>(hd);
+  PaddedLmActivations<T> f;
+  f.n = input.tokens->shape[0];
+  f.ids = input.tokens->data;
+  f.h = EmbeddingForward<T>(ToMatrix(Lookup(params, "tok_embeddings.weight")), f.ids);
+  f.qkv = LinearAt(params, "qkv", false, f.h);
+  const Matrix<T> bias = ToMatrix(Lookup(params, "attn_bias"));
+  f.a = Matrix<T>::Zero(f.n * len, d);
+  for (int64_t b = 0; b < f.n; ++b) {
+    for (int64_t j = 0; j < c.n_heads; ++j) {
+      const Matrix<T> q = f.qkv.block(b * len, j * hd, len, hd);
+      const Matrix<T> k = f.qkv.block(b * len, d + j * hd, len, hd);
+      const Matrix<T> v = f.qkv.block(b * len, 2 * d + j * hd, len, hd);
+      const Matrix<T> scores = (q * k.transpose()) * T(scale) + bias;
+      f.probs.push_back(SoftmaxRows<T>(scores));
+      f.a.block(b * len, j * hd, len, hd) = f.probs.back() * v;
+    }
+  }
+  f.r = f.h + f.a;
+  f.logits = LinearAt(params, "output", true, f.r);
+  f.pred.resize(f.n * (len - 1), c.vocab_size);
+  for (int64_t b = 0; b < f.n; ++b) {
+    for (int64_t s = 0; s + 1 < len; ++s) {
+      f.pred.row(b * (len - 1) + s) = f.logits.row(b * len + s);
+      f.targets.push_back(f.ids[static_cast<size_t>(b * len + s + 1)]);
+    }
+  }
+  return f;
+}
+
+}  // namespace
+
+template <typename T>
+ForwardResult<T> PaddedLm<T>::Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                                      const ModelInput<T>& input) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  const PaddedLmActivations<T> f = PaddedLmForward(config_, params, input, Name());
+  const T loss = CrossEntropy<T>(f.pred, f.targets, Reduction::kMean, config_.padding_idx).loss;
+  return {{BasicRefTensor<T>(Shape{1}, std::vector<T>{loss})}, buffers};
+}
+
+template <typename T>
+BackwardResult<T> PaddedLm<T>::Backward(const TensorMap<T>& params, const TensorMap<T>& /*buffers*/,
+                                        const ModelInput<T>& input,
+                                        const OutputGrads<T>& output_grads) const {
+  CheckTensorMap(ParameterSpecs(), params, Name(), "parameter");
+  BackwardResult<T> r;
+  const auto dout = OutputGrad(output_grads, 0, 1, Shape{1}, Name());
+  if (!dout) return r;
+  const PaddedLmConfig& c = config_;
+  const int64_t len = c.seq_len, d = c.dim, hd = c.dim / c.n_heads;
+  const double scale = 1.0 / static_cast<double>(hd);
+  const PaddedLmActivations<T> f = PaddedLmForward(c, params, input, Name());
+  // cross_entropy(mean, ignore_index): its logits gradient, scaled by the loss's gradient, on the
+  // rows of positions 0 .. L - 2 (the last position's logits are not read).
+  const Matrix<T> dpred =
+      CrossEntropy<T>(f.pred, f.targets, Reduction::kMean, c.padding_idx).grad_logits *
+      (*dout)(0, 0);
+  Matrix<T> dlogits = Matrix<T>::Zero(f.n * len, c.vocab_size);
+  for (int64_t b = 0; b < f.n; ++b) {
+    for (int64_t s = 0; s + 1 < len; ++s) {
+      dlogits.row(b * len + s) = dpred.row(b * (len - 1) + s);
+    }
+  }
+  // logits = output(h + a): the residual hands dr to both h and a.
+  const Matrix<T> dr = LinearAtBackward(params, "output", true, f.r, dlogits, &r.grads);
+  Matrix<T> dqkv = Matrix<T>::Zero(f.n * len, 3 * d);
+  Matrix<T> dbias = Matrix<T>::Zero(len, len);
+  for (int64_t b = 0; b < f.n; ++b) {
+    for (int64_t j = 0; j < c.n_heads; ++j) {
+      const Matrix<T> q = f.qkv.block(b * len, j * hd, len, hd);
+      const Matrix<T> k = f.qkv.block(b * len, d + j * hd, len, hd);
+      const Matrix<T> v = f.qkv.block(b * len, 2 * d + j * hd, len, hd);
+      const Matrix<T>& p = f.probs[static_cast<size_t>(b * c.n_heads + j)];
+      const Matrix<T> dout_h = dr.block(b * len, j * hd, len, hd);
+      // O = P V; S = q kᵀ · scale + attn_bias, P = softmax(S) row-wise:
+      // dS = P ∘ (dP - Σ_k P dP), dq = dS k · scale, dk = dSᵀ q · scale, d attn_bias += dS.
+      const Matrix<T> dp = dout_h * v.transpose();
+      const Vector<T> row_dot = p.cwiseProduct(dp).rowwise().sum();
+      const Matrix<T> ds = p.cwiseProduct(dp - row_dot.replicate(1, len));
+      dqkv.block(b * len, j * hd, len, hd) = (ds * k) * T(scale);
+      dqkv.block(b * len, d + j * hd, len, hd) = (ds.transpose() * q) * T(scale);
+      dqkv.block(b * len, 2 * d + j * hd, len, hd) = p.transpose() * dout_h;
+      dbias += ds;
+    }
+  }
+  const Matrix<T> dh = dr + LinearAtBackward(params, "qkv", false, f.h, dqkv, &r.grads);
+  // padding_idx: the padding row gets no gradient, however often it is looked up.
+  Matrix<T> dtable = EmbeddingBackward<T>(c.vocab_size, f.ids, dh);
+  dtable.row(c.padding_idx).setZero();
+  AccumulateInto(&r.grads, "attn_bias", FromMatrix<T>(dbias, {len, len}));
+  AccumulateInto(&r.grads, "tok_embeddings.weight", FromMatrix<T>(dtable, {c.vocab_size, d}));
+  return r;
+}
+
 template class LinearChain<float>;
 template class LinearChain<double>;
 template class Mlp<float>;
@@ -938,5 +1084,7 @@ template class OpMix<float>;
 template class OpMix<double>;
 template class OpProducts<float>;
 template class OpProducts<double>;
+template class PaddedLm<float>;
+template class PaddedLm<double>;
 
 }  // namespace fsdp::reference

@@ -426,4 +426,49 @@ class OpProducts : public Model<T> {
   OpProductsConfig config_;
 };
 
+// ---- PaddedLm (the suite's own op-coverage model)
+// ----------------------------------------------
+
+// Not a seed model: a one-layer language model on token ids with padding, reaching what no seed
+// model does: nn.Embedding(padding_idx=...) (the padding row is looked up in forward and gets no
+// gradient), scaled_dot_product_attention with an additive float attn_mask that is itself a
+// parameter (its gradient: the score gradient summed over batch and heads) and an explicit
+// scale, and F.cross_entropy with the default reduction "mean" and an ignore_index (the mean
+// divides by the targets not ignored). With tokens [N, L] (every id in [0, vocab_size)):
+//   h = tok_embeddings(tokens)                          [N, L, D], padding_idx = padding_idx
+//   q, k, v = qkv(h).split(D, -1)                       Linear(D, 3D, bias=False)
+//   each viewed [N, L, H, D / H] and transposed to [N, H, L, D / H]
+//   a = sdpa(q, k, v, attn_mask=attn_bias, scale=1 / (D / H))     attn_bias [L, L]
+//   logits = output(h + a.transpose(1, 2).reshape(N, L, D))       Linear(D, vocab_size)
+//   loss = cross_entropy(logits[:, :-1].reshape(-1, V), tokens[:, 1:].reshape(-1),
+//                        ignore_index=padding_idx).reshape(1)
+// The output is the loss as a [1] tensor. Parameters (named_parameters order): attn_bias [L, L]
+// (the root's own), tok_embeddings.weight [V, D], qkv.weight [3D, D], output.weight [V, D],
+// output.bias [V].
+struct PaddedLmConfig {
+  int64_t vocab_size = 5;   // Default: 5.
+  int64_t dim = 8;          // Default: 8 (a multiple of n_heads).
+  int64_t n_heads = 2;      // Default: 2.
+  int64_t seq_len = 6;      // Default: 6 (the input's length; at least 2).
+  int64_t padding_idx = 0;  // Default: 0 (in [0, vocab_size)).
+};
+// The model described above. Holds only its config; immutable, so const calls may run
+// concurrently (see Model).
+template <typename T>
+class PaddedLm : public Model<T> {
+ public:
+  explicit PaddedLm(const PaddedLmConfig& config = {});
+
+  std::string Name() const override { return "PaddedLM"; }
+  std::vector<TensorSpec> ParameterSpecs() const override;
+  ForwardResult<T> Forward(const TensorMap<T>& params, const TensorMap<T>& buffers,
+                           const ModelInput<T>& input) const override;
+  BackwardResult<T> Backward(
+      const TensorMap<T>& params, const TensorMap<T>& buffers, const ModelInput<T>& input,
+      const std::vector<std::optional<BasicRefTensor<T>>>& output_grads) const override;
+
+ private:
+  PaddedLmConfig config_;
+};
+
 }  // namespace fsdp::reference

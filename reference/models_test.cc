@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "reference/gradient_check.h"
 
 namespace fsdp::reference {
@@ -223,6 +225,35 @@ TEST(ModelGradientTest, OpProducts) {
   // split, reciprocal, rsub, bmm, mv, expand, clone, neg and dot.
   const OpProducts<double> m;
   ExpectModelGradientsMatch(m, Params(m, 34), {}, Features({5, 6}, 35));
+}
+
+TEST(ModelGradientTest, PaddedLm) {
+  // Embedding(padding_idx), an attn_mask parameter with an explicit scale, cross_entropy with
+  // ignore_index: vocab 3 makes the padding id (0) frequent among inputs and targets. The
+  // padding row is looked up in forward, so the loss does depend on it, but autograd treats it
+  // as a constant (no gradient): finite differences are compared everywhere else, and the
+  // padding row's gradient must be exactly zero.
+  PaddedLmConfig c;
+  c.vocab_size = 3;
+  const PaddedLm<double> m(c);
+  ModelInput<double> in;
+  in.tokens = UniformIndices({3, c.seq_len}, 37, c.vocab_size);
+  int64_t pads = 0;
+  for (int64_t id : in.tokens->data) pads += id == c.padding_idx;
+  ASSERT_GT(pads, 1);
+  const RefTensorMap p = Params(m, 36);
+  const BackwardResult<double> g =
+      m.Backward(p, {}, in, {BasicRefTensor<double>(Shape{1}, std::vector<double>{1.0})});
+  RefTensorMap numerical = NumericalGradients(
+      [&](const RefTensorMap& at) { return m.Forward(at, {}, in).outputs[0][0]; }, p);
+  RefTensor& table = numerical.at("tok_embeddings.weight");
+  for (int64_t j = 0; j < c.dim; ++j) {
+    EXPECT_NE(table[c.padding_idx * c.dim + j], 0.0) << "the padding row is read in forward";
+    table[c.padding_idx * c.dim + j] = std::numeric_limits<double>::quiet_NaN();
+    EXPECT_EQ(g.grads.at("tok_embeddings.weight")[c.padding_idx * c.dim + j], 0.0);
+  }
+  const GradientCheckResult r = CompareToNumerical(g.grads, numerical, 1e-6, 1e-8);
+  EXPECT_TRUE(r.ok) << r.message;
 }
 
 TEST(ModelGradientTest, LinearBatchNormLinearTrainingAndEval) {

@@ -18,7 +18,7 @@ state_dict() keys are the keys of the suite's weights files:
                             torch/testing/_internal/common_fsdp.py (nn.Transformer, output
                             projection tied to the embedding, vocab_bias, long_buffer, bn)
   GatedNorms, OpMix,        not seed models: the suite's own (reference/models.h), which
-  OpProducts                differentiate ops no seed model does
+  OpProducts, PaddedLM      differentiate ops no seed model does
 
 Ownership: plain nn.Modules. Thread-safety: as any nn.Module.
 """
@@ -283,6 +283,37 @@ class OpProducts(nn.Module):
         y = torch.mv(o.reshape(n * self.k, self.k), self.u).view(n, self.k)
         return (y * self.gain.expand(n, self.k).clone() + (-a) * torch.dot(self.u, self.gain)
                 + a * F.layer_norm(b, (self.k,)))
+
+
+class PaddedLM(nn.Module):
+    """The suite's one-layer language model with padding (reference::PaddedLm): h =
+    tok_embeddings(tokens) with Embedding(padding_idx=padding_idx), q, k, v = qkv(h).split(dim,
+    -1) in n_heads heads, a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias,
+    scale=1 / head_dim) with attn_bias an [L, L] parameter, logits = output(h + a), and the loss
+    F.cross_entropy(logits[:, :-1], tokens[:, 1:], ignore_index=padding_idx) as a [1] tensor."""
+
+    def __init__(self, vocab_size: int, dim: int, n_heads: int, seq_len: int,
+                 padding_idx: int) -> None:
+        super().__init__()
+        self.attn_bias = nn.Parameter(torch.zeros(seq_len, seq_len))
+        self.tok_embeddings = nn.Embedding(vocab_size, dim, padding_idx=padding_idx)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.output = nn.Linear(dim, vocab_size)
+        self.dim, self.n_heads, self.vocab_size = dim, n_heads, vocab_size
+        self.padding_idx = padding_idx
+
+    def forward(self, tokens):
+        n, length = tokens.shape
+        head_dim = self.dim // self.n_heads
+        h = self.tok_embeddings(tokens)
+        q, k, v = (t.view(n, length, self.n_heads, head_dim).transpose(1, 2)
+                   for t in self.qkv(h).split(self.dim, -1))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=self.attn_bias,
+                                           scale=1.0 / head_dim)
+        logits = self.output(h + a.transpose(1, 2).reshape(n, length, self.dim))
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, self.vocab_size),
+                               tokens[:, 1:].reshape(-1), ignore_index=self.padding_idx)
+        return loss.reshape(1)
 
 
 class DoubleLinear(nn.Module):

@@ -5,7 +5,8 @@ plus central finite differences of the float64 loss, computed with PyTorch's own
 fd_entries evenly spaced entries of every parameter (step fd_step). The loss, outputs and
 differences are read at the model's finite-difference point: the Transformer's float64 logits
 (its `output` Linear's output, captured by a forward hook) before its final `.float()`; the
-model's own outputs otherwise. The buffers (BatchNorm's running statistics and counter) are
+model's own outputs otherwise; whether any output of that forward, under torch.no_grad(), requires
+grad (it must not). The buffers (BatchNorm's running statistics and counter) are
 reported as they are after that one training-mode forward, as float64 copies (the differences'
 forwards update them in place).
 
@@ -24,7 +25,7 @@ _FD_OUTPUT_MODULE = {"transformer": "output"}
 
 _KINDS = ("transformer", "mlp", "mlp_stack", "mlp_stack_seq_parallel", "double_linear",
           "nontensor_activations", "mlp_module", "mlp_rms_norm", "tp_simple_model",
-          "state_dict_model", "gated_norms", "op_mix", "op_products")
+          "state_dict_model", "gated_norms", "op_mix", "op_products", "padded_lm")
 
 
 def sample_indices(numel: int, count: int) -> List[int]:
@@ -80,7 +81,10 @@ def model(kind: str):
         with torch.no_grad():
             out = outputs()
             losses = [loss_of(out)]
-            for k, t in enumerate(out if isinstance(out, tuple) else (out,)):
+            outs = out if isinstance(out, tuple) else (out,)
+            obs["no_grad_outputs_require_grad"] = any(
+                t.requires_grad or t.grad_fn is not None for t in outs)
+            for k, t in enumerate(outs):
                 tensors[f"output{k}"] = t.detach().clone()
             for name, p in named:
                 flat = p.data.view(-1)

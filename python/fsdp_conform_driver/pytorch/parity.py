@@ -30,7 +30,7 @@ def _build(kind: str, request, dtype_name=None):
 
     from fsdp_conform_driver.pytorch.models import (MLP, DoubleLinear, GatedNorms, MLPModule,
                                                     MLPStack, ModelArgs, NontensorActivations,
-                                                    OpMix, OpProducts, SimpleModel,
+                                                    OpMix, OpProducts, PaddedLM, SimpleModel,
                                                     TpExtensionModel, Transformer)
 
     dtype = getattr(torch, _DTYPES[dtype_name or request.params.get("dtype", "float32")])
@@ -68,6 +68,10 @@ def _build(kind: str, request, dtype_name=None):
         model = OpMix(request.int_param("dim"))
     elif kind == "op_products":
         model = OpProducts(request.int_param("dim"))
+    elif kind == "padded_lm":
+        model = PaddedLM(request.int_param("vocab_size"), request.int_param("dim"),
+                         request.int_param("n_heads"), request.int_param("seq_len"),
+                         request.int_param("padding_idx"))
     elif kind == "state_dict_model":
         from fsdp_conform_driver.pytorch.fsdp_state_dict_models import Model
 

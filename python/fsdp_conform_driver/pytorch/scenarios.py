@@ -166,7 +166,8 @@ SCENARIOS = {
     **{f"parity/single/{kind}": parity.single(kind)
        for kind in ("double_linear", "gated_norms", "mlp", "mlp_module", "mlp_rms_norm",
                     "mlp_stack", "mlp_stack_seq_parallel", "nontensor_activations", "op_mix",
-                    "op_products", "state_dict_model", "tp_simple_model", "transformer")},
+                    "op_products", "padded_lm", "state_dict_model", "tp_simple_model",
+                    "transformer")},
     **{f"parity/fsdp/{kind}": parity.fsdp(kind) for kind in ("double_linear", "mlp", "transformer")},
     "parity/fsdp1/mlp": parity.fsdp1("mlp"),
     "parity/fsdp1/transformer": parity.fsdp1("transformer"),
