@@ -839,9 +839,18 @@ Scenario UnshardWithoutLazyInit() {
       "True: unshard(async_op=True) and a wait() on the handle it returns (the all-gather's work "
       "must be waited before its output is copied out)",
       false));
+  s.info.params.push_back(ParamSpec::SizeBool(
+      "unshard_in_backward",
+      "False: set_unshard_in_backward(False) before unshard(); the flag only skips the "
+      "pre-backward unshard (FSDPParamGroup.unshard returns early only in PRE_BACKWARD), so an "
+      "explicit unshard() still all-gathers every parameter",
+      true));
   // The lazy init that unshard() runs (test_reset_sharded_param_in_lazy_init, through unshard),
-  // and an async unshard's values (at an uneven world too).
-  s.info.extra_default_runs = {{2, {{"replace_param", "True"}}}, {3, {{"async_op", "True"}}}};
+  // an async unshard's values (at an uneven world too), and an explicit unshard() of a module
+  // whose pre-backward unshard is off.
+  s.info.extra_default_runs = {{2, {{"replace_param", "True"}}},
+                               {3, {{"async_op", "True"}}},
+                               {2, {{"unshard_in_backward", "False"}}}};
   s.info.observations
       .AddTensors({"reference/{fqn}", "float32", "the parameter's shape",
                    "each parameter after the broadcast from rank 0, before fully_shard"})
@@ -868,6 +877,7 @@ Scenario UnshardWithoutLazyInit() {
       replaced.set_requires_grad(true);
       in_proj.set_parameter("weight", replaced);
     }
+    if (!env.params.GetBool("unshard_in_backward")) fsdp_model.set_unshard_in_backward(false);
     if (env.params.GetBool("async_op")) {
       fsdp_model.unshard(/*async_op=*/true).wait();
     } else {

@@ -18,6 +18,7 @@
 // (ZooModel::fd_output_module): the Transformer's float64 logits before its final `.float()`.
 //
 // Scenario `models/dropout_training`: nn.Dropout in training and eval mode, judged by rule.
+// Scenario `models/shared_buffer`: one tensor a buffer of two modules (named_buffers dedup).
 // The kept elements come from an RNG stream that PyTorch and the engine do not share, so no
 // oracle can give the output; what any conforming dropout does can be judged instead. On one
 // rank, in float64, x[i] = 0.5 + (i % 13) / 8 (never 0) requiring grad passes through
@@ -43,6 +44,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -463,11 +465,99 @@ Scenario MakeDropoutTrainingScenario() {
   return s;
 }
 
+// ---- models/shared_buffer ----------------------------------------------------------------------
+
+// The buffers of models/shared_buffer, in registration order: (module index, buffer name, which
+// tensor). Tensor 0 is registered in both Linears (as PyTorch lets one tensor be a buffer of two
+// modules); tensor 1 only in the second.
+struct SharedBufferSlot {
+  int module;
+  const char* name;
+  int tensor;
+};
+constexpr SharedBufferSlot kSharedBufferSlots[] = {
+    {0, "stat", 0}, {1, "stat_alias", 0}, {1, "own", 1}};
+
+nlohmann::json RunSharedBufferRank(RankEnv&) {
+  auto model = std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(2, 2), std::make_shared<nn::Linear>(2, 2)});
+  const Tensor tensors[] = {Tensor::from_doubles({1.0, 2.0}, {2}, DType::kFloat32),
+                            Tensor::from_doubles({3.0, 4.0}, {2}, DType::kFloat32)};
+  for (const SharedBufferSlot& slot : kSharedBufferSlots) {
+    model->children()[static_cast<size_t>(slot.module)]->register_buffer(slot.name,
+                                                                         tensors[slot.tensor]);
+  }
+  auto names = [](const std::vector<nn::NamedTensor>& named) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& [name, t] : named) out.push_back(name);
+    return out;
+  };
+  nlohmann::json obs;
+  obs["buffer_names"] = names(model->named_buffers());
+  obs["buffer_names_all"] = names(model->named_buffers("", true, /*remove_duplicate=*/false));
+  obs["state_dict_keys"] = nlohmann::json::array();
+  for (const auto& [key, t] : model->state_dict()) obs["state_dict_keys"].push_back(key);
+  return obs;
+}
+
+// nn.Module's rules: named_buffers() visits modules in pre-order and each module's buffers in
+// registration order, keeping only a tensor's first FQN (its memo is by tensor identity);
+// remove_duplicate=False keeps every FQN; state_dict() saves every module's parameters, then
+// its buffers, under every path (no deduplication).
+nlohmann::json ExpectedSharedBuffer() {
+  nlohmann::json unique = nlohmann::json::array();
+  nlohmann::json all = nlohmann::json::array();
+  nlohmann::json state_dict = nlohmann::json::array();
+  std::set<int> seen;
+  for (int module = 0; module < 2; ++module) {
+    const std::string prefix = std::to_string(module) + ".";
+    state_dict.push_back(prefix + "weight");
+    state_dict.push_back(prefix + "bias");
+    for (const SharedBufferSlot& slot : kSharedBufferSlots) {
+      if (slot.module != module) continue;
+      all.push_back(prefix + slot.name);
+      state_dict.push_back(prefix + slot.name);
+      if (seen.insert(slot.tensor).second) unique.push_back(prefix + slot.name);
+    }
+  }
+  return {{"buffer_names", unique}, {"buffer_names_all", all}, {"state_dict_keys", state_dict}};
+}
+
+Scenario MakeSharedBufferScenario() {
+  Scenario s;
+  s.info.name = "models/shared_buffer";
+  s.info.description =
+      "Sequential(Linear(2,2), Linear(2,2)) with one tensor registered as a buffer of both "
+      "Linears (0.stat, 1.stat_alias) and one of the second only (1.own): named_buffers() "
+      "lists the shared tensor once, named_buffers(remove_duplicate=False) and state_dict() "
+      "under every path, judged by nn.Module's rules";
+  s.info.seed_test = "none (torch.nn.Module.named_buffers / state_dict as documented)";
+  s.info.params = {};
+  s.info.default_world = 1;
+  s.info.min_world = 1;
+  s.info.max_world = 1;
+  s.info.requirements.devices = {DeviceType::kCPU};
+  s.info.observations
+      .Add(ObservationKey::StringList("buffer_names", "the FQNs of named_buffers(), in order"))
+      .Add(ObservationKey::StringList(
+          "buffer_names_all", "the FQNs of named_buffers(remove_duplicate=False), in order"))
+      .Add(ObservationKey::StringList("state_dict_keys", "the keys of state_dict(), in order"));
+  s.run_rank = [](RankEnv& env) { return RunSharedBufferRank(env); };
+  s.judge = [](const CaseParams&, int, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const nlohmann::json expected = ExpectedSharedBuffer();
+    for (const auto& [key, value] : expected.items()) {
+      checks.CheckEqual(key, value, RankObservation(per_rank, 0, key));
+    }
+  };
+  return s;
+}
 }  // namespace
 
 void RegisterModelsScenarios(ScenarioRegistry& registry) {
   for (const ZooModelKind& kind : ZooModel::Kinds()) registry.Add(MakeModelScenario(kind));
   registry.Add(MakeDropoutTrainingScenario());
+  registry.Add(MakeSharedBufferScenario());
 }
 
 }  // namespace fsdp::conformance

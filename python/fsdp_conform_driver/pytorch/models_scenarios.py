@@ -126,5 +126,23 @@ def dropout_training(request):
                 "eval_output": eval_out.detach().clone()}
 
 
+def shared_buffer(request):
+    """models/shared_buffer: Sequential(Linear(2, 2), Linear(2, 2)) with one tensor registered as
+    a buffer of both Linears (0.stat, 1.stat_alias) and one of the second only (1.own): the FQNs
+    of named_buffers() (deduplicated by tensor identity), of named_buffers(remove_duplicate=False)
+    and the keys of state_dict() (every path)."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    shared = torch.tensor([1.0, 2.0])
+    model[0].register_buffer("stat", shared)
+    model[1].register_buffer("stat_alias", shared)
+    model[1].register_buffer("own", torch.tensor([3.0, 4.0]))
+    return {"buffer_names": [name for name, _ in model.named_buffers()],
+            "buffer_names_all": [name for name, _ in model.named_buffers(remove_duplicate=False)],
+            "state_dict_keys": list(model.state_dict())}, None
+
+
 SCENARIOS = {f"models/{kind}": model(kind) for kind in _KINDS}
 SCENARIOS["models/dropout_training"] = dropout_training
+SCENARIOS["models/shared_buffer"] = shared_buffer

@@ -116,6 +116,13 @@ def unshard_without_lazy_init(request):
     fully_shard(model)
     if request.param("replace_param") == "True":
         fully_shard_state_dict.replace_in_proj_weight(model)
+    if request.param("unshard_in_backward") == "False":
+        if not hasattr(model, "set_unshard_in_backward"):
+            import torch
+
+            raise ScenarioSkipped(f"torch {torch.__version__}'s FSDPModule has no "
+                                  f"set_unshard_in_backward")
+        model.set_unshard_in_backward(False)
     if request.param("async_op") == "True":
         model.unshard(async_op=True).wait()
     else:
