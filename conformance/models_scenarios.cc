@@ -18,7 +18,6 @@
 // (ZooModel::fd_output_module): the Transformer's float64 logits before its final `.float()`.
 //
 // Scenario `models/dropout_training`: nn.Dropout in training and eval mode, judged by rule.
-// Scenario `models/shared_buffer`: one tensor a buffer of two modules (named_buffers dedup).
 // The kept elements come from an RNG stream that PyTorch and the engine do not share, so no
 // oracle can give the output; what any conforming dropout does can be judged instead. On one
 // rank, in float64, x[i] = 0.5 + (i % 13) / 8 (never 0) requiring grad passes through
@@ -38,6 +37,10 @@
 //   * the eval-mode output equal to x, exactly.
 // Observations (rank 0): tensors "output", "input_grad", "output_again", "eval_output" [numel]
 // float64.
+//
+// Scenario `models/shared_buffer`: one tensor registered as a buffer of two modules, judged by
+// nn.Module's rules (named_buffers() keeps a tensor's first FQN; remove_duplicate=False and
+// state_dict() every path).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
