@@ -66,6 +66,8 @@
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/fsdp/observer.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
+#include "engine/functional/functional.h"
+#include "engine/nn/layers.h"
 
 namespace fsdp::conformance {
 
@@ -532,11 +534,141 @@ Scenario MakeScenario(bool forward_prefetch) {
   return s;
 }
 
+// ---- fsdp_prefetch/forward_prefetch_reused_module --------------------------------------------
+//
+// A module called twice in one forward under forward_prefetch (PyTorch's _runtime_utils.py
+// `_get_handle_to_prefetch`, 2.4 to 2.15): the root (no parameters of its own) holds a and b,
+// each a Linear(dim, dim) in its own FullyShardedDataParallel instance, and its forward is
+// a(b(a(x))) reordered as out = a(x); out = b(out); out = a(out). The first iteration records
+// the pre-forward order of each flat parameter's first use, [a, b]
+// (`_ExecOrderData.record_pre_forward`); `get_handle_to_forward_prefetch` targets the next
+// recorded one, so from the second iteration on a's first pre-forward prefetches b, and in
+// every iteration (the first too: b is recorded by then) a's second pre-forward targets b
+// again, but b already ran its pre-forward (`_needs_pre_forward_unshard` is False, reset to
+// True only by the root's pre-forward), so nothing is prefetched. Rule: prefetching only
+// moves all-gathers, so every forward all-gathers once per call of an instance whose flat
+// parameter is sharded at that call: FULL_SHARD frees after each forward (3 per forward: a,
+// b, a again), SHARD_GRAD_OP keeps it until the post-backward (2: a, b), NO_SHARD never
+// gathers (0). A prefetch that ignores `_needs_pre_forward_unshard` gathers b a second time.
+
+constexpr const char* kReusedForwardAllGathers = "forward_all_gathers";
+
+// The root of forward_prefetch_reused_module: a and b, forward a(b(a(x))).
+class ReusedChildModel : public nn::Cloneable<ReusedChildModel> {
+ public:
+  explicit ReusedChildModel(int64_t dim) : nn::Cloneable<ReusedChildModel>("ReusedChildModel") {
+    register_module("a", std::make_shared<nn::Linear>(dim, dim));
+    register_module("b", std::make_shared<nn::Linear>(dim, dim));
+  }
+  nn::Value forward(const nn::Value& args) override {
+    nn::Value out = call_child("a", args);
+    out = call_child("b", out);
+    return call_child("a", out);
+  }
+};
+
+constexpr int64_t kReusedDim = 4;
+
+// The flat-parameter all-gathers of one forward (the rule above).
+int64_t ExpectedReusedForwardAllGathers(const CaseParams& p) {
+  switch (ParseShardingStrategy(p.GetString("sharding_strategy"))) {
+    case fsdp1::ShardingStrategy::kFullShard:
+      return 3;
+    case fsdp1::ShardingStrategy::kShardGradOp:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+nlohmann::json RunReusedModuleRank(RankEnv& env) {
+  auto module = std::make_shared<ReusedChildModel>(kReusedDim);
+  module->to(env.device);
+  fsdp1::FullyShardedDataParallelOptions options = Fsdp1CaseOptions(env.params, env.pg);
+  options.auto_wrap_policy = nullptr;
+  for (const char* name : {"a", "b"}) {
+    module->register_module(name, std::make_shared<fsdp1::FullyShardedDataParallel>(
+                                      module->get_submodule(name), options));
+  }
+  auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(module, options);
+  nlohmann::json counts = nlohmann::json::array();
+  for (int64_t k = 0; k < env.params.GetInt("steps"); ++k) {
+    distributed::CommDebugMode forward_mode;
+    Tensor out = (*fsdp_model)(Tensor::ones({2, kReusedDim}, DType::kFloat32, env.device)).tensor();
+    forward_mode.exit();
+    counts.push_back(forward_mode.get_count(kFlatParamAllGather) +
+                     forward_mode.get_count(kFlatParamAllGatherList));
+    fsdp::sum(out).backward();
+  }
+  return {{kReusedForwardAllGathers, counts}};
+}
+
+Scenario MakeReusedModuleScenario() {
+  Scenario s;
+  s.info.name = std::string(kFamily) + "/forward_prefetch_reused_module";
+  s.info.description =
+      "FullyShardedDataParallel forward_prefetch=True with a nested instance called twice in one "
+      "forward (a, b, a): every forward's all-gathers";
+  s.info.seed_test = "_runtime_utils.py::_get_handle_to_prefetch (_needs_pre_forward_unshard)";
+  s.info.params.push_back(ParamSpec::SizeString(
+      "sharding_strategy", "FullyShardedDataParallel sharding_strategy", "FULL_SHARD"));
+  s.info.params.push_back(ParamSpec::SizeString(
+      "backward_prefetch", "BackwardPrefetch (None: no prefetch)", "BACKWARD_PRE"));
+  s.info.params.push_back(
+      ParamSpec::SizeBool("forward_prefetch", "FullyShardedDataParallel forward_prefetch", true));
+  s.info.params.push_back(
+      ParamSpec::SizeBool("use_orig_params", "FullyShardedDataParallel use_orig_params", false));
+  s.info.params.push_back(ParamSpec::SizeInt(
+      "steps", "iterations (forward and backward; forward_prefetch starts in the second)", 2, 1));
+  s.info.observations.Add(ObservationKey::Custom(
+      kReusedForwardAllGathers, {{"type", "array"}, {"items", {{"type", "integer"}}}},
+      "every iteration's count of flat-parameter all-gathers during forward"));
+  s.info.deterministic = true;
+  s.info.default_world = 2;
+  s.info.min_world = 2;
+  s.info.max_world = 8;
+  s.skip = [](const CaseParams& p, int) -> std::optional<std::string> {
+    const std::string strategy = p.GetString("sharding_strategy");
+    if (strategy == "FULL_SHARD" || strategy == "SHARD_GRAD_OP" || strategy == "NO_SHARD") {
+      return std::nullopt;
+    }
+    return "sharding_strategy " + strategy +
+           ": the rule covers FULL_SHARD, SHARD_GRAD_OP and "
+           "NO_SHARD";
+  };
+  s.info.requirements.devices = {DeviceType::kCPU};
+  s.run_rank = [](RankEnv& env) { return RunReusedModuleRank(env); };
+  s.expect = [](const CaseParams& p, int world) {
+    nlohmann::json counts = nlohmann::json::array();
+    for (int64_t k = 0; k < p.GetInt("steps"); ++k) {
+      counts.push_back(ExpectedReusedForwardAllGathers(p));
+    }
+    return std::vector<nlohmann::json>(static_cast<size_t>(world),
+                                       {{kReusedForwardAllGathers, counts}});
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const int64_t want = ExpectedReusedForwardAllGathers(p);
+    for (int r = 0; r < world; ++r) {
+      const nlohmann::json& got = RankObservation(per_rank, r, kReusedForwardAllGathers);
+      checks.CheckEqual(RankName(r) + " iterations reported", p.GetInt("steps"),
+                        static_cast<int64_t>(got.size()));
+      for (size_t k = 0; k < got.size(); ++k) {
+        checks.CheckEqual(RankName(r) + " iteration " + std::to_string(k) +
+                              " forward all-gathers (one per call of a sharded instance)",
+                          want, got[k].get<int64_t>());
+      }
+    }
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFsdpPrefetchScenarios(ScenarioRegistry& registry) {
   registry.Add(MakeScenario(/*forward_prefetch=*/false));
   registry.Add(MakeScenario(/*forward_prefetch=*/true));
+  registry.Add(MakeReusedModuleScenario());
 }
 
 }  // namespace fsdp::conformance

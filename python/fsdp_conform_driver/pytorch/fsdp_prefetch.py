@@ -118,7 +118,44 @@ def run(request):
     return obs, tensors
 
 
+_REUSED_DIM = 4
+
+
+def run_reused_module(request):
+    """fsdp_prefetch/forward_prefetch_reused_module: a root without parameters of its own
+    holding a and b (each a Linear(4, 4) in its own instance) whose forward calls a, b, then a
+    again; `steps` iterations of forward and out.sum().backward(), each forward's all-gathers
+    counted (the collectives `_recording` sees). `_get_handle_to_prefetch` skips b at a's
+    second pre-forward: b's `_needs_pre_forward_unshard` is already False."""
+    import torch
+    from fsdp_conform_driver.pytorch.fsdp1_api import nest_where, wrap
+
+    class ReusedChildModel(torch.nn.Module):
+        """forward(x) = a(b(a(x)))."""
+
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(_REUSED_DIM, _REUSED_DIM)
+            self.b = torch.nn.Linear(_REUSED_DIM, _REUSED_DIM)
+
+        def forward(self, x):
+            return self.a(self.b(self.a(x)))
+
+    model = ReusedChildModel()
+    children = {id(model.a), id(model.b)}
+    fsdp_model = wrap(request, model, nest_where(lambda m: id(m) in children))
+    events, counts = [], []
+    with _recording(fsdp_model, events):
+        for _ in range(int(request.param("steps"))):
+            events.clear()
+            out = fsdp_model(torch.ones(2, _REUSED_DIM))
+            counts.append(sum(1 for event in events if event == ["all_gather"]))
+            out.sum().backward()
+    return {"forward_all_gathers": counts}, {}
+
+
 SCENARIOS = {
     "fsdp_prefetch/backward_prefetch": run,
     "fsdp_prefetch/forward_prefetch": run,
+    "fsdp_prefetch/forward_prefetch_reused_module": run_reused_module,
 }
