@@ -680,11 +680,13 @@ Scenario Barrier() {
                            ParamSpec::SizeInt("delay_ms", "how late the late rank enters", 20)});
   s.info.observations
       .Add(ObservationKey::IntegerList(
-          "enter_ns", "per round, in order: the steady clock (CLOCK_MONOTONIC, ns) right before "
-                      "the rank called barrier() (rounds entries)"))
+          "enter_ns",
+          "per round, in order: the steady clock (CLOCK_MONOTONIC, ns) right before "
+          "the rank called barrier() (rounds entries)"))
       .Add(ObservationKey::IntegerList(
-          "leave_ns", "per round, in order: the steady clock (CLOCK_MONOTONIC, ns) right after "
-                      "barrier() returned (rounds entries)"))
+          "leave_ns",
+          "per round, in order: the steady clock (CLOCK_MONOTONIC, ns) right after "
+          "barrier() returned (rounds entries)"))
       .Add(ObservationKey::CommCounts(
           "{\"barrier\": {op: n}}: CommDebugMode.get_comm_counts() of a mode active over the "
           "rounds and one all_reduce (SUM) of a 1-element int64 tensor after them"));

@@ -636,24 +636,24 @@ Scenario MissingRank() {
     return RunFaultRank(
         env,
         [&](distributed::ProcessGroup& world_pg, Timeline& timeline) {
-      std::shared_ptr<distributed::ProcessGroup> sub;
-      if (subgroup) {
-        std::vector<int> members;
-        for (int r = 1; r < env.world; ++r) members.push_back(r);
-        sub = world_pg.new_group(members);
-        if (sub == nullptr) return;  // rank 0: not a member
-      }
-      distributed::ProcessGroup& pg = subgroup ? *sub : world_pg;
-      pg.barrier();
-      if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
-      if (sleep) {
-        timeline.fault_ns = NowNs();
-        std::this_thread::sleep_for(deadline + late_by);
-        IssueAllReduce(pg, count, timeline);
-      } else {
-        std::this_thread::sleep_for(delay);
-        timeline.fault_ns = NowNs();  // returns: RunFaultRank marks it returned
-      }
+          std::shared_ptr<distributed::ProcessGroup> sub;
+          if (subgroup) {
+            std::vector<int> members;
+            for (int r = 1; r < env.world; ++r) members.push_back(r);
+            sub = world_pg.new_group(members);
+            if (sub == nullptr) return;  // rank 0: not a member
+          }
+          distributed::ProcessGroup& pg = subgroup ? *sub : world_pg;
+          pg.barrier();
+          if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
+          if (sleep) {
+            timeline.fault_ns = NowNs();
+            std::this_thread::sleep_for(deadline + late_by);
+            IssueAllReduce(pg, count, timeline);
+          } else {
+            std::this_thread::sleep_for(delay);
+            timeline.fault_ns = NowNs();  // returns: RunFaultRank marks it returned
+          }
         },
         FaultWorldKind::kAnyWorldGroup);
   };
