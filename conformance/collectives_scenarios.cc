@@ -7,7 +7,9 @@
 //                                                   the functional all_reduce)
 //   broadcast                broadcast_             dtype x async_op, root a size
 //   all_gather               allgather_ (a list)    dtype x counts x in_place x async_op
-//   barrier                  barrier                nobody leaves before the last one entered
+//   barrier                  barrier                nobody leaves before the last one entered;
+//                                                   under a CommDebugMode, with one all_reduce
+//                                                   after the rounds, only the all_reduce counts
 //   device_mesh              init_device_mesh       coordinates, local ranks, each dim's group
 //                                                   (its ranks, and an all-gather over it), the
 //                                                   sub-meshes of single and adjacent dims
@@ -46,6 +48,7 @@
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
 #include "engine/core/error.h"
+#include "engine/distributed/comm_debug_mode.h"
 #include "engine/distributed/device_mesh.h"
 #include "engine/distributed/functional_collectives.h"
 #include "engine/distributed/process_group.h"
@@ -677,25 +680,35 @@ Scenario Barrier() {
                            ParamSpec::SizeInt("delay_ms", "how late the late rank enters", 20)});
   s.info.observations
       .Add(ObservationKey::IntegerList(
-          "enter_ns", "per round, in order: the steady clock (CLOCK_MONOTONIC, ns) right before "
-                      "the rank called barrier() (rounds entries)"))
+          "enter_ns",
+          "per round, in order: the steady clock (CLOCK_MONOTONIC, ns) right before "
+          "the rank called barrier() (rounds entries)"))
       .Add(ObservationKey::IntegerList(
-          "leave_ns", "per round, in order: the steady clock (CLOCK_MONOTONIC, ns) right after "
-                      "barrier() returned (rounds entries)"));
+          "leave_ns",
+          "per round, in order: the steady clock (CLOCK_MONOTONIC, ns) right after "
+          "barrier() returned (rounds entries)"))
+      .Add(ObservationKey::CommCounts(
+          "{\"barrier\": {op: n}}: CommDebugMode.get_comm_counts() of a mode active over the "
+          "rounds and one all_reduce (SUM) of a 1-element int64 tensor after them"));
   s.run_rank = [](RankEnv& env) {
     const int64_t rounds = env.params.GetInt("rounds");
     const auto delay = std::chrono::milliseconds(env.params.GetInt("delay_ms"));
     nlohmann::json enter = nlohmann::json::array();
     nlohmann::json leave = nlohmann::json::array();
+    distributed::CommDebugMode mode;
     for (int64_t k = 0; k < rounds; ++k) {
       if (env.rank == LateRank(static_cast<int>(k), env.world)) std::this_thread::sleep_for(delay);
       enter.push_back(NowNs());
       env.group().barrier();
       leave.push_back(NowNs());
     }
+    env.group().all_reduce(MakeTensor({1}, DType::kInt64, env.device));
+    mode.exit();
     nlohmann::json obs;
     obs["enter_ns"] = enter;
     obs["leave_ns"] = leave;
+    obs[kCommCounts] = {{"barrier", nlohmann::json::object()}};
+    for (const auto& [op, n] : mode.get_comm_counts()) obs[kCommCounts]["barrier"][op] = n;
     return obs;
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
@@ -730,6 +743,13 @@ Scenario Barrier() {
       }
     }
     if (min_wait_ms >= 0) checks.SetFigure("min_leave_after_last_enter_ms", min_wait_ms);
+    // PyTorch's CommDebugMode counts only the c10d and functional collectives of its list
+    // (_comm_mode.py, c10d_collective_ops), which has no barrier; the all_reduce counts once.
+    const nlohmann::json want = {{"barrier", {{"c10d.allreduce_", 1}}}};
+    for (int r = 0; r < world; ++r) {
+      checks.CheckEqual(RankName(r) + " comm_counts (barrier not counted)", want,
+                        RankObservation(per_rank, r, kCommCounts));
+    }
   };
   s.info.test_runs = CollectiveTestRuns(/*fixes_axes=*/false);
   return s;

@@ -612,29 +612,48 @@ Scenario MissingRank() {
        FaultyRankSize(), DeadlineSize(2000), MaxTimeToErrorSize(), CountSize(),
        ParamSpec::SizeInt("late_by_ms", "mode=sleep: how long after the deadline it issues it",
                           1000),
-       FaultDelaySize()},
+       FaultDelaySize(),
+       ParamSpec::SizeBool("subgroup",
+                           "the all_reduce runs on new_group(ranks 1..world-1), where group and "
+                           "global ranks differ; rank 0 takes no part (needs world >= 3 and a "
+                           "faulty rank other than 0)",
+                           false)},
       FaultWorldKind::kAnyWorldGroup);
   for (TestRun& run : s.info.test_runs) run.params["mode"] = "return";
+  // A returned member of a subgroup must be found by its global rank: with the faulty rank
+  // last, its group rank is the global rank of a healthy member still waiting.
+  s.info.extra_default_runs = {{4, {{"mode", "return"}, {"subgroup", "true"}}}};
   s.run_rank = [](RankEnv& env) {
     const int faulty = FaultyRank(env.params, env.world);
     const bool sleep = env.params.GetString("mode") == "sleep";
+    const bool subgroup = env.params.GetBool("subgroup");
+    FSDP_CHECK(!subgroup || (env.world >= 3 && faulty != 0),
+               "subgroup=true needs world >= 3 and faulty_rank other than 0");
     const int64_t count = env.params.GetInt("count");
     const auto deadline = MissingPeerDeadline(env);
     const auto late_by = std::chrono::milliseconds(env.params.GetInt("late_by_ms"));
     const auto delay = std::chrono::milliseconds(env.params.GetInt("fault_delay_ms"));
     return RunFaultRank(
         env,
-        [&](distributed::ProcessGroup& pg, Timeline& timeline) {
-      pg.barrier();
-      if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
-      if (sleep) {
-        timeline.fault_ns = NowNs();
-        std::this_thread::sleep_for(deadline + late_by);
-        IssueAllReduce(pg, count, timeline);
-      } else {
-        std::this_thread::sleep_for(delay);
-        timeline.fault_ns = NowNs();  // returns: RunFaultRank marks it returned
-      }
+        [&](distributed::ProcessGroup& world_pg, Timeline& timeline) {
+          std::shared_ptr<distributed::ProcessGroup> sub;
+          if (subgroup) {
+            std::vector<int> members;
+            for (int r = 1; r < env.world; ++r) members.push_back(r);
+            sub = world_pg.new_group(members);
+            if (sub == nullptr) return;  // rank 0: not a member
+          }
+          distributed::ProcessGroup& pg = subgroup ? *sub : world_pg;
+          pg.barrier();
+          if (env.rank != faulty) return IssueAllReduce(pg, count, timeline);
+          if (sleep) {
+            timeline.fault_ns = NowNs();
+            std::this_thread::sleep_for(deadline + late_by);
+            IssueAllReduce(pg, count, timeline);
+          } else {
+            std::this_thread::sleep_for(delay);
+            timeline.fault_ns = NowNs();  // returns: RunFaultRank marks it returned
+          }
         },
         FaultWorldKind::kAnyWorldGroup);
   };
@@ -642,7 +661,14 @@ Scenario MissingRank() {
                CheckList& checks) {
     const int faulty = FaultyRank(p, world);
     const bool sleep = p.GetString("mode") == "sleep";
-    for (int r = 0; r < world; ++r) {
+    // subgroup=true: rank 0 takes no part and returns without error; the rest as on the world.
+    const int first_member = p.GetBool("subgroup") ? 1 : 0;
+    if (first_member == 1) {
+      checks.CheckTrue(RankName(0) + " (not a member) reports no error",
+                       RankObservation(per_rank, 0, "error").is_null(),
+                       RankObservation(per_rank, 0, "error").dump());
+    }
+    for (int r = first_member; r < world; ++r) {
       const nlohmann::json& error = RankObservation(per_rank, r, "error");
       if (r == faulty || !error.is_object()) continue;
       const std::string message = error.value("message", "");
@@ -658,7 +684,7 @@ Scenario MissingRank() {
         const auto ns = r == faulty ? std::nullopt : Ns(per_rank, r, "issued_ns");
         if (ns && (!first_issue || *ns < *first_issue)) first_issue = ns;
       }
-      for (int r = 0; r < world; ++r) {
+      for (int r = first_member; r < world; ++r) {
         if (!CheckRankFailed(checks, per_rank, r, "fails")) continue;
         if (r == faulty || !first_issue) continue;
         const double waited = Ms(*Ns(per_rank, r, "error_ns") - *first_issue);
@@ -680,7 +706,7 @@ Scenario MissingRank() {
                          std::to_string(ms) + " ms");
       }
     } else {
-      for (int r = 0; r < world; ++r) {
+      for (int r = first_member; r < world; ++r) {
         if (r == faulty) {
           checks.CheckTrue(RankName(r) + " (returned) reports no error",
                            RankObservation(per_rank, r, "error").is_null(),

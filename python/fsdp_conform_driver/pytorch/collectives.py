@@ -13,7 +13,8 @@ test_c10d_nccl.py and distributed_test.py), on the suite's exact per-rank data
   broadcast               dist.broadcast(tensor, src=root)
   all_gather              dist.all_gather(outputs, input) into a list (equal or uneven counts;
                           in place: outputs[rank] is the input itself)
-  barrier                 dist.barrier() in rounds, one rank entering delay_ms late
+  barrier                 dist.barrier() in rounds, one rank entering delay_ms late, under a
+                          CommDebugMode with one all_reduce after them (comm_counts)
   device_mesh             init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dim0", ...)):
                           coordinate, local ranks, each dim's group (its ranks, an all-gather
                           of the global rank over it), sub-meshes of single and adjacent dims
@@ -249,18 +250,27 @@ def all_gather(request):
 
 def barrier(request):
     """test_barrier: in round k rank (world - 1 + k) mod world enters delay_ms late; the
-    steady clock (time.monotonic_ns: CLOCK_MONOTONIC, as the judge's) before and after."""
+    steady clock (time.monotonic_ns: CLOCK_MONOTONIC, as the judge's) before and after. A
+    CommDebugMode is active over the rounds and one all_reduce (SUM, 1-element int64) after
+    them: comm_counts {"barrier": its counts}."""
+    import torch
     import torch.distributed as dist
+
+    from fsdp_conform_driver.recorders import CommCounts
 
     delay_s = request.int_param("delay_ms") / 1000.0
     enter, leave = [], []
-    for k in range(request.int_param("rounds")):
-        if request.rank == (request.world - 1 + k) % request.world:
-            time.sleep(delay_s)
-        enter.append(time.monotonic_ns())
-        dist.barrier()
-        leave.append(time.monotonic_ns())
-    return {"enter_ns": enter, "leave_ns": leave}, None
+    counts = CommCounts(track_modules=False)
+    with counts.phase("barrier"):
+        for k in range(request.int_param("rounds")):
+            if request.rank == (request.world - 1 + k) % request.world:
+                time.sleep(delay_s)
+            enter.append(time.monotonic_ns())
+            dist.barrier()
+            leave.append(time.monotonic_ns())
+        dist.all_reduce(torch.ones(1, dtype=torch.int64))
+    return {"enter_ns": enter, "leave_ns": leave,
+            "comm_counts": counts.by_phase("barrier")}, None
 
 
 def device_mesh(request):
