@@ -662,6 +662,17 @@ void JudgeAgainst(const std::vector<std::string>& prefixes, const CaseParams& pa
   checks.SetFigure("grad_tolerance_used", grad_err.tolerance_used);
 }
 
+// Sets `s`'s expectation to `expect` and its judge to JudgeAgainst over `prefixes` of it.
+void ExpectAndJudgeAgainst(Scenario& s, std::vector<std::string> prefixes,
+                           std::vector<nlohmann::json> (*expect)(const CaseParams&, int)) {
+  s.expect = expect;
+  s.judge = [prefixes = std::move(prefixes), expect](const CaseParams& p, int world,
+                                                     const std::vector<nlohmann::json>& per_rank,
+                                                     CheckList& checks) {
+    JudgeAgainst(prefixes, p, world, expect(p, world), per_rank, checks);
+  };
+}
+
 // What both scenarios share: parameters, worlds, inputs, an uneven default world.
 Scenario MakeUnshardScenario(const std::string& name, const std::string& description,
                              ParamSpec axis) {
@@ -711,12 +722,7 @@ Scenario MakeWithGradsCore() {
   AddReadSchema(s.info.observations, kAfterForward, "after a second forward, before its backward",
                 "before it is doubled again (doubled once iff the first doubling persisted)");
   s.run_rank = RunWithGradsCoreRank;
-  s.expect = ExpectWithGradsCore;
-  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
-               CheckList& checks) {
-    JudgeAgainst({kAfterBackward, kAfterForward}, p, world, ExpectWithGradsCore(p, world), per_rank,
-                 checks);
-  };
+  ExpectAndJudgeAgainst(s, {kAfterBackward, kAfterForward}, ExpectWithGradsCore);
   return s;
 }
 
@@ -736,11 +742,7 @@ Scenario MakeWithGradsNoneGrads() {
                 "the averaged gradient with zeros where a None rank's shard lies (sharded), "
                 "else the rank's own");
   s.run_rank = RunWithGradsNoneGradsRank;
-  s.expect = ExpectWithGradsNoneGrads;
-  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
-               CheckList& checks) {
-    JudgeAgainst({""}, p, world, ExpectWithGradsNoneGrads(p, world), per_rank, checks);
-  };
+  ExpectAndJudgeAgainst(s, {""}, ExpectWithGradsNoneGrads);
   return s;
 }
 
@@ -774,12 +776,7 @@ Scenario MakeUnshardParamsWriteback() {
     return std::nullopt;
   };
   s.run_rank = RunUnshardParamsWritebackRank;
-  s.expect = ExpectUnshardParamsWriteback;
-  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
-               CheckList& checks) {
-    JudgeAgainst({kInScope, kAfterScope}, p, world, ExpectUnshardParamsWriteback(p, world),
-                 per_rank, checks);
-  };
+  ExpectAndJudgeAgainst(s, {kInScope, kAfterScope}, ExpectUnshardParamsWriteback);
   return s;
 }
 
@@ -805,11 +802,7 @@ Scenario MakeOrigParamDataWriteback() {
            "PyTorch raises \"Cannot writeback when the parameter shape changes\"";
   };
   s.run_rank = RunOrigParamDataWritebackRank;
-  s.expect = ExpectOrigParamDataWriteback;
-  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
-               CheckList& checks) {
-    JudgeAgainst({kAfterScope}, p, world, ExpectOrigParamDataWriteback(p, world), per_rank, checks);
-  };
+  ExpectAndJudgeAgainst(s, {kAfterScope}, ExpectOrigParamDataWriteback);
   return s;
 }
 
@@ -836,12 +829,7 @@ Scenario MakeWithGradsRank0Only() {
                 "after that scope, inside summon_full_params(with_grads=True) on every rank",
                 "the averaged gradient");
   s.run_rank = RunWithGradsRank0OnlyRank;
-  s.expect = ExpectWithGradsRank0Only;
-  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
-               CheckList& checks) {
-    JudgeAgainst({kInScope, kAfterScope}, p, world, ExpectWithGradsRank0Only(p, world), per_rank,
-                 checks);
-  };
+  ExpectAndJudgeAgainst(s, {kInScope, kAfterScope}, ExpectWithGradsRank0Only);
   return s;
 }
 
