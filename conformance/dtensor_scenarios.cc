@@ -27,6 +27,9 @@
 #include "engine/nn/layers.h"
 #include "engine/tensor_parallel/distribute_module.h"
 #include "engine/tensor_parallel/dtensor.h"
+#include "engine/tensor_parallel/dtensor_parameter.h"
+#include "engine/tensor_parallel/parallel_style.h"
+#include "engine/tensor_parallel/parallelize_module.h"
 #include "reference/sharding.h"
 
 namespace fsdp::conformance {
@@ -70,6 +73,12 @@ Matrix ChunkOf(const Matrix& m, int64_t dim, int n, int index) {
     }
   }
   return out;
+}
+
+// Row 0 of rank r's own X_r = (r + 1) * B: the SequenceParallel norm's weight on rank r (its
+// bias is the negation).
+Matrix NormRow(const Matrix& base, int rank) {
+  return Scaled(ChunkOf(base, 0, static_cast<int>(base.rows), 0), rank + 1);
 }
 
 nlohmann::json MatrixJson(const Matrix& m) {
@@ -150,6 +159,25 @@ nlohmann::json RunRedistributeRank(RankEnv& env) {
     t["distribute_module_weight"] = TensorToJson(linear->weight());
     t["distribute_module_buffer"] = TensorToJson(linear->buffer("buf"));
   }
+  {
+    // SequenceParallel's _replicate_module_fn: DTensor.from_local(param, [Replicate()]) over
+    // the rank's own values, no broadcast: a LayerNorm(cols) whose weight is row 0 of X_r and
+    // whose bias is its negation keeps them on every rank.
+    auto norm = std::make_shared<nn::LayerNorm>(cols, 1e-5, /*elementwise_affine=*/true,
+                                                /*bias=*/true, DType::kFloat64);
+    norm->to(env.device);
+    const Matrix row = NormRow(base, env.rank);
+    norm->parameter("weight").copy_(
+        Tensor::from_doubles(row.data, {cols}, DType::kFloat64, env.device));
+    norm->parameter("bias").copy_(
+        Tensor::from_doubles(Scaled(row, -1).data, {cols}, DType::kFloat64, env.device));
+    tensor_parallel::parallelize_module(
+        *norm, mesh, {{"", std::make_shared<tensor_parallel::SequenceParallel>()}});
+    t["sequence_parallel_weight"] =
+        TensorToJson(tensor_parallel::GetDTensorParameter(*norm, "weight")->to_local());
+    t["sequence_parallel_bias"] =
+        TensorToJson(tensor_parallel::GetDTensorParameter(*norm, "bias")->to_local());
+  }
   if (Has2dMesh(env.world, rows)) {
     const auto mesh_2d =
         distributed::DeviceMesh::Init(env.pg, device_type, {2, env.world / 2}, {"a", "b"});
@@ -197,6 +225,9 @@ std::vector<nlohmann::json> ExpectRedistribute(const CaseParams& p, int world) {
     // distribute_tensor's default src_data_rank 0, whatever the case's.
     t["distribute_module_weight"] = MatrixJson(base);
     t["distribute_module_buffer"] = MatrixJson(base);
+    const Matrix own_row = NormRow(base, r);
+    t["sequence_parallel_weight"] = TensorJson({cols}, "float64", own_row.data);
+    t["sequence_parallel_bias"] = TensorJson({cols}, "float64", Scaled(own_row, -1).data);
     if (Has2dMesh(world, rows)) {
       const int i = r / (world / 2);
       const int j = r % (world / 2);
@@ -246,7 +277,11 @@ Scenario Redistribute() {
        "[Replicate()], src_data_rank).to_local(); distribute_module_weight / "
        "distribute_module_buffer: distribute_module(Linear(cols, rows, bias=False), mesh) with "
        "the rank's X_r as its weight and as its buffer \"buf\" (the default partition, "
-       "src_data_rank 0): weight.to_local() and buf.to_local(); at an even world >= 4, on the (2, "
+       "src_data_rank 0): weight.to_local() and buf.to_local(); sequence_parallel_weight / "
+       "sequence_parallel_bias: parallelize_module(LayerNorm(cols), mesh, SequenceParallel()) "
+       "with row 0 of the rank's X_r as its weight and its negation as its bias (replicated "
+       "from each rank's own values, no broadcast): weight.to_local() and bias.to_local(); at an "
+       "even world >= 4, on the (2, "
        "world / 2) "
        "mesh: mesh2d_shard0_shard1_to_replicate: from_local(the rank's piece of B, [Shard(0), "
        "Shard(1)], shape).full_tensor(), mesh2d_shard0_shard1_to_shard1_replicate: the same "

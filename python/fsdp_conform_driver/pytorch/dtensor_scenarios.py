@@ -54,6 +54,8 @@ def redistribute(request):
     from torch.distributed.tensor import (DTensor, Replicate, Shard, distribute_module,
                                           distribute_tensor)
 
+    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+
     partial, kwargs = _placements(request)
     rows, cols = request.int_param("rows"), request.int_param("cols")
     rank, world = request.rank, request.world
@@ -92,6 +94,16 @@ def redistribute(request):
     t["distribute_module_weight"] = linear.weight.to_local()
     t["distribute_module_buffer"] = (linear.buf.to_local() if isinstance(linear.buf, DTensor)
                                      else linear.buf)
+    # SequenceParallel replicates a norm's parameters from each rank's own values
+    # (DTensor.from_local(param, [Replicate()]), no broadcast): row 0 of X_r as the weight, its
+    # negation as the bias.
+    norm = torch.nn.LayerNorm(cols, dtype=torch.float64)
+    with torch.no_grad():
+        norm.weight.copy_(mine[0])
+        norm.bias.copy_(-mine[0])
+    parallelize_module(norm, mesh, SequenceParallel())
+    t["sequence_parallel_weight"] = norm.weight.to_local()
+    t["sequence_parallel_bias"] = norm.bias.to_local()
     if world >= 4 and world % 2 == 0 and rows >= world // 2:
         mesh_2d = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("a", "b"))
         i, j = divmod(rank, world // 2)
