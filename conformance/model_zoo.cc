@@ -108,7 +108,8 @@ class GatedNormsModule : public nn::Cloneable<GatedNormsModule> {
 // reference::OpMix's engine module: log_temperature [dim / 2] on the root, proj =
 // Linear(dim, dim, bias=False); forward c * log(1 + s * s) - c.mean() with
 // c = cat([h[:, :k] / exp(log_temperature), sqrt(h[:, k:] * h[:, k:] + 1)], 1),
-// s = c.sum(1, keepdim=True), h = proj(x). Configuration-only; thread-safety as nn::Module.
+// s = c.sum(1).unsqueeze(1) (a sum over a dim without keepdim), h = proj(x).
+// Configuration-only; thread-safety as nn::Module.
 class OpMixModule : public nn::Cloneable<OpMixModule> {
  public:
   explicit OpMixModule(int64_t dim) : nn::Cloneable<OpMixModule>("OpMix"), dim_(dim) {
@@ -121,7 +122,7 @@ class OpMixModule : public nn::Cloneable<OpMixModule> {
     const Tensor b = narrow(h, 1, k, dim_ - k);
     const Tensor c =
         cat({narrow(h, 1, 0, k) / exp(parameter("log_temperature")), sqrt(b * b + 1.0)}, 1);
-    const Tensor s = sum(c, {1}, /*keepdim=*/true);
+    const Tensor s = unsqueeze(sum(c, {1}, /*keepdim=*/false), 1);
     return c * log(s * s + 1.0) - mean(c);
   }
 
@@ -359,7 +360,7 @@ std::vector<ZooModelKind> MakeKinds() {
   kinds.push_back(
       {"op_mix",
        "the suite's OpMix: c * log(1 + s * s) - c.mean(), c = cat([h[:, :k] / exp(t), "
-       "sqrt(h[:, k:] ** 2 + 1)], 1), s = c.sum(1, keepdim=True), h = Linear(x) (division, exp, "
+       "sqrt(h[:, k:] ** 2 + 1)], 1), s = c.sum(1).unsqueeze(1), h = Linear(x) (division, exp, "
        "log, sqrt, slices, cat, sum over a dim, mean)",
        "none (the suite's own model: no seed model differentiates these ops; each is torch's "
        "as documented)",

@@ -242,7 +242,7 @@ class GatedNorms(nn.Module):
 class OpMix(nn.Module):
     """The suite's op-coverage model (reference::OpMix): c * log(1 + s * s) - c.mean() with
     c = cat([h[:, :k] / exp(log_temperature), sqrt(h[:, k:] ** 2 + 1)], 1),
-    s = c.sum(1, keepdim=True), h = proj(x): division with both operands requiring grad, exp,
+    s = c.sum(1).unsqueeze(1), h = proj(x): division with both operands requiring grad, exp,
     log, sqrt, slices, cat, a sum over a dim and the mean of every element."""
 
     def __init__(self, dim: int) -> None:
@@ -256,7 +256,7 @@ class OpMix(nn.Module):
         b = h[:, self.k:]
         c = torch.cat([h[:, :self.k] / torch.exp(self.log_temperature),
                        torch.sqrt(b * b + 1)], 1)
-        s = c.sum(1, keepdim=True)
+        s = c.sum(1).unsqueeze(1)
         return c * torch.log(s * s + 1) - c.mean()
 
 
