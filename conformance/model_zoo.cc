@@ -4,6 +4,7 @@
 #include <cmath>
 #include <iomanip>
 #include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -81,18 +82,19 @@ class TpTestModel : public nn::Cloneable<TpTestModel> {
 
 // reference::GatedNorms' engine module: shift [dim], scale and gain [1, 1] registered on the
 // root before its children (named_parameters lists them first), net = Linear(dim, dim,
-// bias=False), bn = BatchNorm1d(dim), norm = nn.RMSNorm(dim) (eps=None); forward
+// bias=False), bn = BatchNorm1d(dim), norm = nn.RMSNorm(dim, eps) (default eps=None); forward
 // (scale + gain) * softmax(n, -1) * n with n = norm(bn(net(x)) - shift). Parameter values come from
 // the zoo's weights. Configuration-only; thread-safety as nn::Module.
 class GatedNormsModule : public nn::Cloneable<GatedNormsModule> {
  public:
-  explicit GatedNormsModule(int64_t dim) : nn::Cloneable<GatedNormsModule>("GatedNorms") {
+  GatedNormsModule(int64_t dim, std::optional<double> rms_norm_eps)
+      : nn::Cloneable<GatedNormsModule>("GatedNorms") {
     register_parameter("shift", Tensor::zeros({dim}, DType::kFloat32));
     register_parameter("scale", Tensor::ones({1, 1}, DType::kFloat32));
     register_parameter("gain", Tensor::zeros({1, 1}, DType::kFloat32));
     register_module("net", std::make_shared<nn::Linear>(dim, dim, /*bias=*/false));
     register_module("bn", std::make_shared<nn::BatchNorm1d>(dim));
-    register_module("norm", std::make_shared<nn::RMSNorm>(dim));
+    register_module("norm", std::make_shared<nn::RMSNorm>(dim, rms_norm_eps));
   }
   nn::Value forward(const nn::Value& x) override {
     const Tensor c = call_child("bn", call_child("net", x)).tensor() - parameter("shift");
@@ -106,7 +108,8 @@ class GatedNormsModule : public nn::Cloneable<GatedNormsModule> {
 // reference::OpMix's engine module: log_temperature [dim / 2] on the root, proj =
 // Linear(dim, dim, bias=False); forward c * log(1 + s * s) - c.mean() with
 // c = cat([h[:, :k] / exp(log_temperature), sqrt(h[:, k:] * h[:, k:] + 1)], 1),
-// s = c.sum(1, keepdim=True), h = proj(x). Configuration-only; thread-safety as nn::Module.
+// s = c.sum(1).unsqueeze(1) (a sum over a dim without keepdim), h = proj(x).
+// Configuration-only; thread-safety as nn::Module.
 class OpMixModule : public nn::Cloneable<OpMixModule> {
  public:
   explicit OpMixModule(int64_t dim) : nn::Cloneable<OpMixModule>("OpMix"), dim_(dim) {
@@ -119,7 +122,7 @@ class OpMixModule : public nn::Cloneable<OpMixModule> {
     const Tensor b = narrow(h, 1, k, dim_ - k);
     const Tensor c =
         cat({narrow(h, 1, 0, k) / exp(parameter("log_temperature")), sqrt(b * b + 1.0)}, 1);
-    const Tensor s = sum(c, {1}, /*keepdim=*/true);
+    const Tensor s = unsqueeze(sum(c, {1}, /*keepdim=*/false), 1);
     return c * log(s * s + 1.0) - mean(c);
   }
 
@@ -185,14 +188,18 @@ class PaddingEmbedding : public nn::Cloneable<PaddingEmbedding> {
 // [N, L, H, D / H] and transposed to [N, H, L, D / H], a = scaled_dot_product_attention(q, k, v,
 // attn_mask=attn_bias, scale=1 / (D / H)), logits = output(h + a.transpose(1, 2).reshape(N, L,
 // D)), then cross_entropy(logits[:, :-1].reshape(-1, V), tokens[:, 1:].reshape(-1),
-// ignore_index=padding_idx).reshape(1). Configuration-only; thread-safety as nn::Module.
+// ignore_index=padding_idx).reshape(1). With `negative_padding_idx` the Embedding is given
+// padding_idx - V, the same row (F.embedding adds num_embeddings to a negative padding_idx).
+// Configuration-only; thread-safety as nn::Module.
 class PaddedLmModule : public nn::Cloneable<PaddedLmModule> {
  public:
-  explicit PaddedLmModule(const reference::PaddedLmConfig& c)
+  PaddedLmModule(const reference::PaddedLmConfig& c, bool negative_padding_idx)
       : nn::Cloneable<PaddedLmModule>("PaddedLM"), c_(c) {
     register_parameter("attn_bias", Tensor::zeros({c.seq_len, c.seq_len}, DType::kFloat32));
+    const int64_t embedding_padding_idx =
+        negative_padding_idx ? c.padding_idx - c.vocab_size : c.padding_idx;
     register_module("tok_embeddings",
-                    std::make_shared<PaddingEmbedding>(c.vocab_size, c.dim, c.padding_idx));
+                    std::make_shared<PaddingEmbedding>(c.vocab_size, c.dim, embedding_padding_idx));
     register_module("qkv", std::make_shared<nn::Linear>(c.dim, 3 * c.dim, /*bias=*/false));
     register_module("output", std::make_shared<nn::Linear>(c.dim, c.vocab_size));
   }
@@ -344,11 +351,16 @@ std::vector<ZooModelKind> MakeKinds() {
        "dims)",
        "none (the suite's own model: no seed model differentiates these ops; each is "
        "torch.nn / torch.nn.functional as documented)",
-       {ParamSpec::SizeInt("dim", "features", 8, /*minimum=*/1), Batch(4)}});
+       {ParamSpec::SizeInt("dim", "features", 8, /*minimum=*/1),
+        ParamSpec::SizeString("rms_norm_eps",
+                              "nn.RMSNorm's eps: None (torch.finfo(dtype).eps of the dtype it "
+                              "computes in) or a number",
+                              "None"),
+        Batch(4)}});
   kinds.push_back(
       {"op_mix",
        "the suite's OpMix: c * log(1 + s * s) - c.mean(), c = cat([h[:, :k] / exp(t), "
-       "sqrt(h[:, k:] ** 2 + 1)], 1), s = c.sum(1, keepdim=True), h = Linear(x) (division, exp, "
+       "sqrt(h[:, k:] ** 2 + 1)], 1), s = c.sum(1).unsqueeze(1), h = Linear(x) (division, exp, "
        "log, sqrt, slices, cat, sum over a dim, mean)",
        "none (the suite's own model: no seed model differentiates these ops; each is torch's "
        "as documented)",
@@ -381,6 +393,11 @@ std::vector<ZooModelKind> MakeKinds() {
                            /*minimum=*/2),
         ParamSpec::SizeInt("padding_idx", "Embedding padding_idx and cross_entropy ignore_index", 0,
                            /*minimum=*/0),
+        ParamSpec::SizeBool("negative_padding_idx",
+                            "give the Embedding padding_idx - vocab_size (the same row: "
+                            "nn.Embedding and F.embedding add num_embeddings to a negative "
+                            "padding_idx); cross_entropy keeps ignore_index=padding_idx",
+                            false),
         Batch(4)}});
   return kinds;
 }
@@ -876,8 +893,16 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
         params.has("dtype") ? ParseDType(params.GetString("dtype")) : DType::kFloat64;
     c.rms_eps = dtype == DType::kFloat32 ? std::numeric_limits<float>::epsilon()
                                          : std::numeric_limits<double>::epsilon();
+    // An explicit eps is used as given.
+    std::optional<double> rms_norm_eps;
+    if (p.GetString("rms_norm_eps") != "None") {
+      rms_norm_eps = std::stod(p.GetString("rms_norm_eps"));
+      c.rms_eps = *rms_norm_eps;
+    }
     m.oracle_ = std::make_shared<reference::GatedNorms<double>>(c);
-    m.build_engine_ = [dim = c.dim] { return std::make_shared<GatedNormsModule>(dim); };
+    m.build_engine_ = [dim = c.dim, rms_norm_eps] {
+      return std::make_shared<GatedNormsModule>(dim, rms_norm_eps);
+    };
     m.input_row_shape_ = {c.dim};
   } else if (kind_name == "op_mix") {
     reference::OpMixConfig c;
@@ -904,7 +929,10 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
                c.n_heads, " must divide dim ", c.dim, " and padding_idx ", c.padding_idx,
                " must be below vocab_size ", c.vocab_size);
     m.oracle_ = std::make_shared<reference::PaddedLm<double>>(c);
-    m.build_engine_ = [c] { return std::make_shared<PaddedLmModule>(c); };
+    const bool negative_padding_idx = p.GetBool("negative_padding_idx");
+    m.build_engine_ = [c, negative_padding_idx] {
+      return std::make_shared<PaddedLmModule>(c, negative_padding_idx);
+    };
     m.uses_tokens_ = true;
     m.vocab_size_ = c.vocab_size;
     m.input_row_shape_ = {c.seq_len};

@@ -301,6 +301,14 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
   s.info.min_world = 1;
   s.info.max_world = 1;
   s.info.requirements.devices = {DeviceType::kCPU};
+  if (kind.name == "padded_lm") {
+    // A negative padding_idx, which F.embedding normalises by adding num_embeddings (an extra
+    // default run; without the normalisation the padding row gets a gradient).
+    s.info.extra_default_runs = {{1, {{"negative_padding_idx", "True"}}}};
+  } else if (kind.name == "gated_norms") {
+    // nn.RMSNorm with an explicit eps besides the default None (an extra default run).
+    s.info.extra_default_runs = {{1, {{"rms_norm_eps", "1e-05"}}}};
+  }
   const std::string name = kind.name;
   // One float64 forward/backward at world 1: the weights and the input of step 0.
   s.info.observations

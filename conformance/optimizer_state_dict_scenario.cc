@@ -81,6 +81,36 @@ nlohmann::json ExpectedSharding(const reference::RefTensorMap& state, int rank, 
   return out;
 }
 
+// {key: dtype} of every entry of `state` as PyTorch's optimizers keep it: Adam's "step" a
+// float32 tensor (`_get_scalar_dtype()` under the default float32 dtype, not the parameters'),
+// the lr (a Python float, observed as float64) and every other state tensor in `dtype`, the
+// parameters' dtype (torch.zeros_like(p)).
+nlohmann::json ExpectedStateDTypes(const reference::RefTensorMap& state, DType dtype) {
+  nlohmann::json out = nlohmann::json::object();
+  const std::string step = ".step", lr = ".lr";
+  auto ends_with = [](const std::string& key, const std::string& suffix) {
+    return key.size() >= suffix.size() &&
+           key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  for (const auto& [key, t] : state) {
+    out[key] = ends_with(key, step) ? "float32" : ends_with(key, lr) ? "float64" : DTypeName(dtype);
+  }
+  return out;
+}
+
+// {key: dtype} of the rank's "optim/<key>" tensor observations.
+nlohmann::json ObservedStateDTypes(const nlohmann::json& observations) {
+  nlohmann::json out = nlohmann::json::object();
+  const std::string prefix = "optim/";
+  if (!observations.contains(kTensors)) return out;
+  for (const auto& [name, t] : observations.at(kTensors).items()) {
+    if (name.rfind(prefix, 0) == 0 && t.is_object() && t.contains("dtype")) {
+      out[name.substr(prefix.size())] = t.at("dtype");
+    }
+  }
+  return out;
+}
+
 // The sharding of the "state.<fqn>.<name>" entries of an optimizer state dict.
 nlohmann::json StateShardingJson(const nn::StateDict& sd) {
   nlohmann::json out = StateDictShardingJson(sd);
@@ -142,6 +172,10 @@ void Judge(const CaseParams& params, int world, const std::vector<nlohmann::json
                    {"optim_sharding", "optimizer state sharding (global shape and offsets)",
                     ExpectedSharding(state, r, world, full)});
     // Keys and values against the oracle's optimizer (the key sets must match exactly).
+    // The dtypes (values are compared in float64 below): Adam's step counter stays float32
+    // whatever the parameters' dtype.
+    checks.CheckEqual(who + " optimizer state dict dtypes", ExpectedStateDTypes(state, c.dtype),
+                      ObservedStateDTypes(per_rank[static_cast<size_t>(r)]));
     err.Merge(CheckMapsClose(checks, who + " optimizer state dict vs oracle",
                              RankPieces(state, r, world, full),
                              MapFromObservations(per_rank, r, "optim/"), tol));
@@ -192,6 +226,9 @@ Scenario OptimizerStateDictScenario() {
                    "the loader's parameters after the same step"});
   s.info.default_world = 2;
   s.info.max_world = 8;
+  // Adam's step counter in float32 beside float64 parameters and moments (an extra default run:
+  // in a float32 case a counter kept in the parameters' dtype looks right).
+  s.info.extra_default_runs = {{2, {{"dtype", "float64"}, {"optim", "adam"}}}};
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
   s.info.inputs = ZooInputsDoc(kind, "the case's dtype");
   s.inputs = [](const CaseParams& params, int world) {

@@ -365,7 +365,7 @@ class GatedNorms : public Model<T> {
 //   u = h[:, :k] / exp(log_temperature)    division with both operands requiring grad, exp
 //   v = sqrt(h[:, k:] * h[:, k:] + 1)       slices, sqrt
 //   c = cat([u, v], 1)
-//   out = c * log(1 + s * s) - c.mean()     s = c.sum(1, keepdim=True); log, sum over a dim,
+//   out = c * log(1 + s * s) - c.mean()     s = c.sum(1).unsqueeze(1); log, sum over a dim,
 //                                           the mean of every element
 // Parameters (named_parameters order): log_temperature [k], proj.weight [dim, dim].
 struct OpMixConfig {

@@ -222,16 +222,17 @@ class GatedNorms(nn.Module):
     softmax(n, -1) * n with n = norm(bn(net(x)) - shift): a training-mode BatchNorm1d (running
     statistics updated), a subtracted parameter, nn.RMSNorm with eps=None (finfo(dtype).eps),
     softmax, and two [1, 1] parameters summed (one gradient tensor for both leaves) and
-    broadcast along both dims. named_parameters() lists the root's own parameters first."""
+    broadcast along both dims. named_parameters() lists the root's own parameters first.
+    rms_norm_eps: nn.RMSNorm's eps (None by default)."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, rms_norm_eps=None) -> None:
         super().__init__()
         self.shift = nn.Parameter(torch.zeros(dim))
         self.scale = nn.Parameter(torch.ones(1, 1))
         self.gain = nn.Parameter(torch.zeros(1, 1))
         self.net = nn.Linear(dim, dim, bias=False)
         self.bn = nn.BatchNorm1d(dim)
-        self.norm = nn.RMSNorm(dim)
+        self.norm = nn.RMSNorm(dim, eps=rms_norm_eps)
 
     def forward(self, x):
         n = self.norm(self.bn(self.net(x)) - self.shift)
@@ -241,7 +242,7 @@ class GatedNorms(nn.Module):
 class OpMix(nn.Module):
     """The suite's op-coverage model (reference::OpMix): c * log(1 + s * s) - c.mean() with
     c = cat([h[:, :k] / exp(log_temperature), sqrt(h[:, k:] ** 2 + 1)], 1),
-    s = c.sum(1, keepdim=True), h = proj(x): division with both operands requiring grad, exp,
+    s = c.sum(1).unsqueeze(1), h = proj(x): division with both operands requiring grad, exp,
     log, sqrt, slices, cat, a sum over a dim and the mean of every element."""
 
     def __init__(self, dim: int) -> None:
@@ -255,7 +256,7 @@ class OpMix(nn.Module):
         b = h[:, self.k:]
         c = torch.cat([h[:, :self.k] / torch.exp(self.log_temperature),
                        torch.sqrt(b * b + 1)], 1)
-        s = c.sum(1, keepdim=True)
+        s = c.sum(1).unsqueeze(1)
         return c * torch.log(s * s + 1) - c.mean()
 
 
@@ -290,13 +291,15 @@ class PaddedLM(nn.Module):
     tok_embeddings(tokens) with Embedding(padding_idx=padding_idx), q, k, v = qkv(h).split(dim,
     -1) in n_heads heads, a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias,
     scale=1 / head_dim) with attn_bias an [L, L] parameter, logits = output(h + a), and the loss
-    F.cross_entropy(logits[:, :-1], tokens[:, 1:], ignore_index=padding_idx) as a [1] tensor."""
+    F.cross_entropy(logits[:, :-1], tokens[:, 1:], ignore_index=padding_idx) as a [1] tensor.
+    With negative_padding_idx the Embedding is given padding_idx - vocab_size (the same row)."""
 
     def __init__(self, vocab_size: int, dim: int, n_heads: int, seq_len: int,
-                 padding_idx: int) -> None:
+                 padding_idx: int, negative_padding_idx: bool = False) -> None:
         super().__init__()
         self.attn_bias = nn.Parameter(torch.zeros(seq_len, seq_len))
-        self.tok_embeddings = nn.Embedding(vocab_size, dim, padding_idx=padding_idx)
+        embedding_padding_idx = padding_idx - vocab_size if negative_padding_idx else padding_idx
+        self.tok_embeddings = nn.Embedding(vocab_size, dim, padding_idx=embedding_padding_idx)
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.output = nn.Linear(dim, vocab_size)
         self.dim, self.n_heads, self.vocab_size = dim, n_heads, vocab_size

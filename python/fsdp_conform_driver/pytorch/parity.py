@@ -63,7 +63,8 @@ def _build(kind: str, request, dtype_name=None):
     elif kind == "tp_simple_model":
         model = SimpleModel()
     elif kind == "gated_norms":
-        model = GatedNorms(request.int_param("dim"))
+        eps = request.params.get("rms_norm_eps", "None")
+        model = GatedNorms(request.int_param("dim"), None if eps == "None" else float(eps))
     elif kind == "op_mix":
         model = OpMix(request.int_param("dim"))
     elif kind == "op_products":
@@ -71,7 +72,9 @@ def _build(kind: str, request, dtype_name=None):
     elif kind == "padded_lm":
         model = PaddedLM(request.int_param("vocab_size"), request.int_param("dim"),
                          request.int_param("n_heads"), request.int_param("seq_len"),
-                         request.int_param("padding_idx"))
+                         request.int_param("padding_idx"),
+                         negative_padding_idx=request.params.get("negative_padding_idx",
+                                                                 "False") == "True")
     elif kind == "state_dict_model":
         from fsdp_conform_driver.pytorch.fsdp_state_dict_models import Model
 
