@@ -123,14 +123,17 @@ std::string LoadName(const char* kind, int m, int r) {
 
 // The JSON header of the safetensors file at `path`, parsed by the format's rule (an 8-byte
 // little-endian length, then that many bytes of JSON) rather than by the engine's reader, so
-// that a writer and a reader sharing one mistake cannot hide it.
-nlohmann::json RawSafetensorsHeader(const std::string& path) {
+// that a writer and a reader sharing one mistake cannot hide it. `buffer_aligned`, when given,
+// receives whether the tensors' byte buffer starts 8-aligned (8 + the header length a multiple
+// of 8: the header padded with spaces, as the format's writer does and docs/checkpoint.md says).
+nlohmann::json RawSafetensorsHeader(const std::string& path, bool* buffer_aligned = nullptr) {
   const std::string bytes = serialization::ReadRegularFile(path, size_t{1} << 30);
   FSDP_CHECK_CODE(ErrorCode::kDataLoss, bytes.size() >= 8, path, ": shorter than 8 bytes");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
   FSDP_CHECK_CODE(ErrorCode::kDataLoss, n <= bytes.size() - 8, path, ": header length ", n,
                   " runs past the end of the file");
+  if (buffer_aligned != nullptr) *buffer_aligned = (8 + n) % 8 == 0;
   return nlohmann::json::parse(bytes.substr(8, n));
 }
 
@@ -150,8 +153,8 @@ std::string RankFileStem(int rank, int world) {
 
 // The sharded checkpoint's files as written, read raw: the index's metadata and weight_map
 // (each file name without its hash), and every rank file's __metadata__ (without the
-// fsdp.sharding JSON, which the loads judge) and the dtype of each of its tensors, ordered by
-// file name.
+// fsdp.sharding JSON, which the loads judge), the dtype of each of its tensors and whether its
+// byte buffer starts 8-aligned, ordered by file name.
 nlohmann::json RawCheckpointFiles(const std::string& dir) {
   const nlohmann::json index = nlohmann::json::parse(serialization::ReadRegularFile(
       dir + "/" + serialization::IndexFileName("model"), size_t{1} << 30));
@@ -167,14 +170,18 @@ nlohmann::json RawCheckpointFiles(const std::string& dir) {
   std::sort(names.begin(), names.end());
   nlohmann::json files = nlohmann::json::array();
   for (const std::string& name : names) {
-    nlohmann::json header = RawSafetensorsHeader(dir + "/" + name);
+    bool aligned = false;
+    nlohmann::json header = RawSafetensorsHeader(dir + "/" + name, &aligned);
     nlohmann::json metadata = header.value("__metadata__", nlohmann::json::object());
     metadata.erase(serialization::kShardingMetadataKey);
     nlohmann::json dtypes = nlohmann::json::object();
     for (const auto& [key, entry] : header.items()) {
       if (key != "__metadata__") dtypes[key] = entry.value("dtype", "");
     }
-    files.push_back({{"name", WithoutHash(name)}, {"metadata", metadata}, {"dtypes", dtypes}});
+    files.push_back({{"name", WithoutHash(name)},
+                     {"metadata", metadata},
+                     {"dtypes", dtypes},
+                     {"buffer_aligned", aligned}});
   }
   return {{"metadata", index.at("metadata")}, {"weight_map", weight_map}, {"rank_files", files}};
 }
@@ -183,7 +190,7 @@ nlohmann::json RawCheckpointFiles(const std::string& dir) {
 // docs/checkpoint.md's rules: total_size the bytes of every global tensor (float32), every
 // tensor's first rows in rank 0's file, every rank file holding its piece of every parameter
 // (the buffer, replicated, in rank 0's only) as "F32", its metadata naming its rank and the
-// world.
+// world, its byte buffer 8-aligned.
 nlohmann::json ExpectedCheckpointFiles(const NamedTensors& weights, int world) {
   int64_t total = 0;
   nlohmann::json weight_map = nlohmann::json::object();
@@ -202,7 +209,8 @@ nlohmann::json ExpectedCheckpointFiles(const NamedTensors& weights, int world) {
                       {{"format", "pt"},
                        {"fsdp.rank", std::to_string(r)},
                        {"fsdp.world_size", std::to_string(world)}}},
-                     {"dtypes", dtypes}});
+                     {"dtypes", dtypes},
+                     {"buffer_aligned", true}});
   }
   return {
       {"metadata",
@@ -270,7 +278,8 @@ Scenario RoundTrip() {
           "the sharded checkpoint's files read raw (docs/checkpoint.md): {\"metadata\": the "
           "index's metadata, \"weight_map\": FQN -> file name without its hash, "
           "\"rank_files\": [{\"name\": without its hash, \"metadata\": the header's "
-          "__metadata__ without fsdp.sharding, \"dtypes\": key -> header dtype}] by name}"))
+          "__metadata__ without fsdp.sharding, \"dtypes\": key -> header dtype, "
+          "\"buffer_aligned\": whether 8 + the header length is a multiple of 8}] by name}"))
       .Add(ObservationKey::Custom(
           "dtypes_file", {{"type", "object"}},
           "a full checkpoint of in_proj.weight * 100 cast to float32, float64, float16, "
@@ -377,15 +386,12 @@ struct Fault {
   const char* name;
   const char* code;
 };
-constexpr Fault kFaults[] = {{"truncated", "DataLoss"},
-                             {"corrupt_header", "DataLoss"},
-                             {"missing_shard", "NotFound"},
-                             {"wrong_dtype", "InvalidArgument"},
-                             {"wrong_shape", "InvalidArgument"},
-                             {"missing_key", "NotFound"},
-                             {"unexpected_key", "NotFound"},
-                             {"overlapping_pieces", "DataLoss"},
-                             {"wrong_shape_on_last_rank", "InvalidArgument"}};
+constexpr Fault kFaults[] = {
+    {"truncated", "DataLoss"},          {"truncated_tail", "DataLoss"},
+    {"corrupt_header", "DataLoss"},     {"missing_shard", "NotFound"},
+    {"wrong_dtype", "InvalidArgument"}, {"wrong_shape", "InvalidArgument"},
+    {"missing_key", "NotFound"},        {"unexpected_key", "NotFound"},
+    {"overlapping_pieces", "DataLoss"}, {"wrong_shape_on_last_rank", "InvalidArgument"}};
 
 // wrong_shape_on_last_rank: only the last rank's dict disagrees (its own load fails with
 // InvalidArgument); every other rank reads its part fine and must still fail, Aborted, as
@@ -395,8 +401,8 @@ constexpr const char* kOtherRanksCode = "Aborted";
 
 // Whether `fault` breaks rank 0's copy of the checkpoint (the others load into a changed dict).
 bool IsBrokenCopy(const std::string& fault) {
-  return fault == "truncated" || fault == "corrupt_header" || fault == "missing_shard" ||
-         fault == "overlapping_pieces";
+  return fault == "truncated" || fault == "truncated_tail" || fault == "corrupt_header" ||
+         fault == "missing_shard" || fault == "overlapping_pieces";
 }
 
 // The key an error of `fault` must name.
@@ -407,7 +413,8 @@ std::string FaultKey(const std::string& fault) {
 }
 
 bool IsFileFault(const std::string& fault) {
-  return fault == "truncated" || fault == "corrupt_header" || fault == "missing_shard";
+  return fault == "truncated" || fault == "truncated_tail" || fault == "corrupt_header" ||
+         fault == "missing_shard";
 }
 
 // The last rank's file of the sharded checkpoint in `dir`.
@@ -421,6 +428,10 @@ std::string LastRankFile(const std::string& dir, int world) {
 }
 
 // Rank 0 breaks its copy `dir` of the checkpoint as `fault` says (IsBrokenCopy faults only).
+// truncated: the last rank's file cut in half, so that its header length runs past the end;
+// truncated_tail: only its last 4 bytes cut (the end of its last tensor's bytes), so that the
+// header still parses and only a reader that checks the tensors' offsets against the bytes
+// that follow it refuses it.
 // overlapping_pieces: the index places in_proj.weight's last piece one row early, so that its
 // pieces overlap by one row and its last row is in none; the rows still add up to the global
 // shape, so only a check that the pieces tile the rows (each starting where the previous ended)
@@ -443,6 +454,7 @@ void Break(const std::string& dir, const std::string& fault, int world) {
   const std::string path = dir + "/" + LastRankFile(dir, world);
   std::string bytes = serialization::ReadRegularFile(path, size_t{1} << 30);
   if (fault == "truncated") bytes.resize(bytes.size() / 2);
+  if (fault == "truncated_tail") bytes.resize(bytes.size() - 4);
   if (fault == "corrupt_header") bytes[8] = '#';
   if (fault == "missing_shard") {
     fs::remove(path);
@@ -541,7 +553,8 @@ Scenario Faults() {
   Scenario s;
   s.info.name = "checkpoint/faults";
   s.info.description =
-      "loads of a broken checkpoint (truncated, corrupt header, missing rank file, an index whose "
+      "loads of a broken checkpoint (truncated in the header or in the tensor bytes, corrupt "
+      "header, missing rank file, an index whose "
       "pieces overlap) or into a "
       "disagreeing dict (dtype, shape, missing or unexpected key; a wider tensor on the last "
       "rank only) fail on every rank, naming the file and the key (the other ranks of a one-rank "
