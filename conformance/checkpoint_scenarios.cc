@@ -4,11 +4,11 @@
 //               checkpoint is then read at every world M of `load_worlds` for every rank of M
 //               (bit-exact torch.chunk rows of the weights), and rank 0's full state dict saved
 //               as model.safetensors reads the same way
-//   faults      copies of the checkpoint broken one way each (truncated rank file, corrupt
-//               header, missing rank file) and loads into a model whose dict disagrees (wrong
-//               dtype, wrong shape, missing key, unexpected key): every load fails on every rank
-//               with the error code of docs/checkpoint.md naming the file and the key, and the
-//               model keeps its values
+//   faults      copies of the checkpoint broken one way each (rank file truncated in its header
+//               or in its tensor bytes, corrupt header, missing rank file) and loads into a model
+//               whose dict disagrees (wrong dtype, wrong shape, missing key, unexpected key): every
+//               load fails on every rank with the error code of docs/checkpoint.md naming the file
+//               and the key, and the model keeps its values
 // The runner runs one world per case, so the load at another world M is done in the same case:
 // the checkpoint is read (serialization::CheckpointReader) into the layout rank r' of M would
 // have, for every r' of M, each rank taking the r' with r' % world == rank.
