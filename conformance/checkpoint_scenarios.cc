@@ -391,7 +391,8 @@ constexpr Fault kFaults[] = {
     {"corrupt_header", "DataLoss"},     {"missing_shard", "NotFound"},
     {"wrong_dtype", "InvalidArgument"}, {"wrong_shape", "InvalidArgument"},
     {"missing_key", "NotFound"},        {"unexpected_key", "NotFound"},
-    {"overlapping_pieces", "DataLoss"}, {"wrong_shape_on_last_rank", "InvalidArgument"}};
+    {"overlapping_pieces", "DataLoss"}, {"wrong_shape_on_last_rank", "InvalidArgument"},
+    {"wide_offsets", "DataLoss"}};
 
 // wrong_shape_on_last_rank: only the last rank's dict disagrees (its own load fails with
 // InvalidArgument); every other rank reads its part fine and must still fail, Aborted, as
@@ -402,7 +403,7 @@ constexpr const char* kOtherRanksCode = "Aborted";
 // Whether `fault` breaks rank 0's copy of the checkpoint (the others load into a changed dict).
 bool IsBrokenCopy(const std::string& fault) {
   return fault == "truncated" || fault == "truncated_tail" || fault == "corrupt_header" ||
-         fault == "missing_shard" || fault == "overlapping_pieces";
+         fault == "missing_shard" || fault == "overlapping_pieces" || fault == "wide_offsets";
 }
 
 // The key an error of `fault` must name.
@@ -414,7 +415,7 @@ std::string FaultKey(const std::string& fault) {
 
 bool IsFileFault(const std::string& fault) {
   return fault == "truncated" || fault == "truncated_tail" || fault == "corrupt_header" ||
-         fault == "missing_shard";
+         fault == "missing_shard" || fault == "wide_offsets";
 }
 
 // The last rank's file of the sharded checkpoint in `dir`.
@@ -427,11 +428,40 @@ std::string LastRankFile(const std::string& dir, int world) {
   FSDP_THROW(ErrorCode::kNotFound, "no file ", prefix, "* in ", dir);
 }
 
+// The safetensors file `bytes` rewritten with `key`'s data_offsets `extra` bytes wider: `extra`
+// zero bytes inserted after its bytes, every tensor after it moved by `extra`, the header
+// re-padded to 8-byte alignment (the format's rule, read raw as RawSafetensorsHeader does).
+std::string WidenedOffsets(const std::string& bytes, const std::string& key, uint64_t extra) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  nlohmann::ordered_json header = nlohmann::ordered_json::parse(bytes.substr(8, n));
+  const uint64_t end = header.at(key).at("data_offsets").at(1).get<uint64_t>();
+  for (auto& item : header.items()) {
+    if (item.key() == "__metadata__") continue;
+    auto& offsets = item.value()["data_offsets"];
+    if (item.key() == key) {
+      offsets[1] = end + extra;
+    } else if (offsets[0].get<uint64_t>() >= end) {
+      offsets[0] = offsets[0].get<uint64_t>() + extra;
+      offsets[1] = offsets[1].get<uint64_t>() + extra;
+    }
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out;
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((text.size() >> (8 * i)) & 0xff));
+  const std::string data = bytes.substr(8 + n);
+  return out + text + data.substr(0, end) + std::string(extra, '\0') + data.substr(end);
+}
+
 // Rank 0 breaks its copy `dir` of the checkpoint as `fault` says (IsBrokenCopy faults only).
 // truncated: the last rank's file cut in half, so that its header length runs past the end;
 // truncated_tail: only its last 4 bytes cut (the end of its last tensor's bytes), so that the
 // header still parses and only a reader that checks the tensors' offsets against the bytes
 // that follow it refuses it.
+// wide_offsets: the last rank's file rewritten with in_proj.weight's data_offsets 4 bytes wider
+// than its dtype and shape need (4 zero bytes inserted after its bytes, the later tensors moved
+// by 4), so that the tensors still tile the buffer and only the per-tensor size check refuses it.
 // overlapping_pieces: the index places in_proj.weight's last piece one row early, so that its
 // pieces overlap by one row and its last row is in none; the rows still add up to the global
 // shape, so only a check that the pieces tile the rows (each starting where the previous ended)
@@ -455,6 +485,7 @@ void Break(const std::string& dir, const std::string& fault, int world) {
   std::string bytes = serialization::ReadRegularFile(path, size_t{1} << 30);
   if (fault == "truncated") bytes.resize(bytes.size() / 2);
   if (fault == "truncated_tail") bytes.resize(bytes.size() - 4);
+  if (fault == "wide_offsets") bytes = WidenedOffsets(bytes, "in_proj.weight", 4);
   if (fault == "corrupt_header") bytes[8] = '#';
   if (fault == "missing_shard") {
     fs::remove(path);
@@ -554,7 +585,7 @@ Scenario Faults() {
   s.info.name = "checkpoint/faults";
   s.info.description =
       "loads of a broken checkpoint (truncated in the header or in the tensor bytes, corrupt "
-      "header, missing rank file, an index whose "
+      "header, a tensor's data_offsets wider than its shape, missing rank file, an index whose "
       "pieces overlap) or into a "
       "disagreeing dict (dtype, shape, missing or unexpected key; a wider tensor on the last "
       "rank only) fail on every rank, naming the file and the key (the other ranks of a one-rank "
