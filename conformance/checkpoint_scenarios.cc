@@ -4,11 +4,11 @@
 //               checkpoint is then read at every world M of `load_worlds` for every rank of M
 //               (bit-exact torch.chunk rows of the weights), and rank 0's full state dict saved
 //               as model.safetensors reads the same way
-//   faults      copies of the checkpoint broken one way each (truncated rank file, corrupt
-//               header, missing rank file) and loads into a model whose dict disagrees (wrong
-//               dtype, wrong shape, missing key, unexpected key): every load fails on every rank
-//               with the error code of docs/checkpoint.md naming the file and the key, and the
-//               model keeps its values
+//   faults      copies of the checkpoint broken one way each (rank file truncated in its header
+//               or in its tensor bytes, corrupt header, missing rank file) and loads into a model
+//               whose dict disagrees (wrong dtype, wrong shape, missing key, unexpected key): every
+//               load fails on every rank with the error code of docs/checkpoint.md naming the file
+//               and the key, and the model keeps its values
 // The runner runs one world per case, so the load at another world M is done in the same case:
 // the checkpoint is read (serialization::CheckpointReader) into the layout rank r' of M would
 // have, for every r' of M, each rank taking the r' with r' % world == rank.
@@ -123,14 +123,17 @@ std::string LoadName(const char* kind, int m, int r) {
 
 // The JSON header of the safetensors file at `path`, parsed by the format's rule (an 8-byte
 // little-endian length, then that many bytes of JSON) rather than by the engine's reader, so
-// that a writer and a reader sharing one mistake cannot hide it.
-nlohmann::json RawSafetensorsHeader(const std::string& path) {
+// that a writer and a reader sharing one mistake cannot hide it. `buffer_aligned`, when given,
+// receives whether the tensors' byte buffer starts 8-aligned (8 + the header length a multiple
+// of 8: the header padded with spaces, as the format's writer does and docs/checkpoint.md says).
+nlohmann::json RawSafetensorsHeader(const std::string& path, bool* buffer_aligned = nullptr) {
   const std::string bytes = serialization::ReadRegularFile(path, size_t{1} << 30);
   FSDP_CHECK_CODE(ErrorCode::kDataLoss, bytes.size() >= 8, path, ": shorter than 8 bytes");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
   FSDP_CHECK_CODE(ErrorCode::kDataLoss, n <= bytes.size() - 8, path, ": header length ", n,
                   " runs past the end of the file");
+  if (buffer_aligned != nullptr) *buffer_aligned = (8 + n) % 8 == 0;
   return nlohmann::json::parse(bytes.substr(8, n));
 }
 
@@ -150,8 +153,8 @@ std::string RankFileStem(int rank, int world) {
 
 // The sharded checkpoint's files as written, read raw: the index's metadata and weight_map
 // (each file name without its hash), and every rank file's __metadata__ (without the
-// fsdp.sharding JSON, which the loads judge) and the dtype of each of its tensors, ordered by
-// file name.
+// fsdp.sharding JSON, which the loads judge), the dtype of each of its tensors and whether its
+// byte buffer starts 8-aligned, ordered by file name.
 nlohmann::json RawCheckpointFiles(const std::string& dir) {
   const nlohmann::json index = nlohmann::json::parse(serialization::ReadRegularFile(
       dir + "/" + serialization::IndexFileName("model"), size_t{1} << 30));
@@ -167,14 +170,18 @@ nlohmann::json RawCheckpointFiles(const std::string& dir) {
   std::sort(names.begin(), names.end());
   nlohmann::json files = nlohmann::json::array();
   for (const std::string& name : names) {
-    nlohmann::json header = RawSafetensorsHeader(dir + "/" + name);
+    bool aligned = false;
+    nlohmann::json header = RawSafetensorsHeader(dir + "/" + name, &aligned);
     nlohmann::json metadata = header.value("__metadata__", nlohmann::json::object());
     metadata.erase(serialization::kShardingMetadataKey);
     nlohmann::json dtypes = nlohmann::json::object();
     for (const auto& [key, entry] : header.items()) {
       if (key != "__metadata__") dtypes[key] = entry.value("dtype", "");
     }
-    files.push_back({{"name", WithoutHash(name)}, {"metadata", metadata}, {"dtypes", dtypes}});
+    files.push_back({{"name", WithoutHash(name)},
+                     {"metadata", metadata},
+                     {"dtypes", dtypes},
+                     {"buffer_aligned", aligned}});
   }
   return {{"metadata", index.at("metadata")}, {"weight_map", weight_map}, {"rank_files", files}};
 }
@@ -183,7 +190,7 @@ nlohmann::json RawCheckpointFiles(const std::string& dir) {
 // docs/checkpoint.md's rules: total_size the bytes of every global tensor (float32), every
 // tensor's first rows in rank 0's file, every rank file holding its piece of every parameter
 // (the buffer, replicated, in rank 0's only) as "F32", its metadata naming its rank and the
-// world.
+// world, its byte buffer 8-aligned.
 nlohmann::json ExpectedCheckpointFiles(const NamedTensors& weights, int world) {
   int64_t total = 0;
   nlohmann::json weight_map = nlohmann::json::object();
@@ -202,7 +209,8 @@ nlohmann::json ExpectedCheckpointFiles(const NamedTensors& weights, int world) {
                       {{"format", "pt"},
                        {"fsdp.rank", std::to_string(r)},
                        {"fsdp.world_size", std::to_string(world)}}},
-                     {"dtypes", dtypes}});
+                     {"dtypes", dtypes},
+                     {"buffer_aligned", true}});
   }
   return {
       {"metadata",
@@ -270,7 +278,8 @@ Scenario RoundTrip() {
           "the sharded checkpoint's files read raw (docs/checkpoint.md): {\"metadata\": the "
           "index's metadata, \"weight_map\": FQN -> file name without its hash, "
           "\"rank_files\": [{\"name\": without its hash, \"metadata\": the header's "
-          "__metadata__ without fsdp.sharding, \"dtypes\": key -> header dtype}] by name}"))
+          "__metadata__ without fsdp.sharding, \"dtypes\": key -> header dtype, "
+          "\"buffer_aligned\": whether 8 + the header length is a multiple of 8}] by name}"))
       .Add(ObservationKey::Custom(
           "dtypes_file", {{"type", "object"}},
           "a full checkpoint of in_proj.weight * 100 cast to float32, float64, float16, "
@@ -377,15 +386,13 @@ struct Fault {
   const char* name;
   const char* code;
 };
-constexpr Fault kFaults[] = {{"truncated", "DataLoss"},
-                             {"corrupt_header", "DataLoss"},
-                             {"missing_shard", "NotFound"},
-                             {"wrong_dtype", "InvalidArgument"},
-                             {"wrong_shape", "InvalidArgument"},
-                             {"missing_key", "NotFound"},
-                             {"unexpected_key", "NotFound"},
-                             {"overlapping_pieces", "DataLoss"},
-                             {"wrong_shape_on_last_rank", "InvalidArgument"}};
+constexpr Fault kFaults[] = {
+    {"truncated", "DataLoss"},          {"truncated_tail", "DataLoss"},
+    {"corrupt_header", "DataLoss"},     {"missing_shard", "NotFound"},
+    {"wrong_dtype", "InvalidArgument"}, {"wrong_shape", "InvalidArgument"},
+    {"missing_key", "NotFound"},        {"unexpected_key", "NotFound"},
+    {"overlapping_pieces", "DataLoss"}, {"wrong_shape_on_last_rank", "InvalidArgument"},
+    {"wide_offsets", "DataLoss"}};
 
 // wrong_shape_on_last_rank: only the last rank's dict disagrees (its own load fails with
 // InvalidArgument); every other rank reads its part fine and must still fail, Aborted, as
@@ -395,8 +402,8 @@ constexpr const char* kOtherRanksCode = "Aborted";
 
 // Whether `fault` breaks rank 0's copy of the checkpoint (the others load into a changed dict).
 bool IsBrokenCopy(const std::string& fault) {
-  return fault == "truncated" || fault == "corrupt_header" || fault == "missing_shard" ||
-         fault == "overlapping_pieces";
+  return fault == "truncated" || fault == "truncated_tail" || fault == "corrupt_header" ||
+         fault == "missing_shard" || fault == "overlapping_pieces" || fault == "wide_offsets";
 }
 
 // The key an error of `fault` must name.
@@ -407,7 +414,8 @@ std::string FaultKey(const std::string& fault) {
 }
 
 bool IsFileFault(const std::string& fault) {
-  return fault == "truncated" || fault == "corrupt_header" || fault == "missing_shard";
+  return fault == "truncated" || fault == "truncated_tail" || fault == "corrupt_header" ||
+         fault == "missing_shard" || fault == "wide_offsets";
 }
 
 // The last rank's file of the sharded checkpoint in `dir`.
@@ -420,7 +428,40 @@ std::string LastRankFile(const std::string& dir, int world) {
   FSDP_THROW(ErrorCode::kNotFound, "no file ", prefix, "* in ", dir);
 }
 
+// The safetensors file `bytes` rewritten with `key`'s data_offsets `extra` bytes wider: `extra`
+// zero bytes inserted after its bytes, every tensor after it moved by `extra`, the header
+// re-padded to 8-byte alignment (the format's rule, read raw as RawSafetensorsHeader does).
+std::string WidenedOffsets(const std::string& bytes, const std::string& key, uint64_t extra) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  nlohmann::ordered_json header = nlohmann::ordered_json::parse(bytes.substr(8, n));
+  const uint64_t end = header.at(key).at("data_offsets").at(1).get<uint64_t>();
+  for (auto& item : header.items()) {
+    if (item.key() == "__metadata__") continue;
+    auto& offsets = item.value()["data_offsets"];
+    if (item.key() == key) {
+      offsets[1] = end + extra;
+    } else if (offsets[0].get<uint64_t>() >= end) {
+      offsets[0] = offsets[0].get<uint64_t>() + extra;
+      offsets[1] = offsets[1].get<uint64_t>() + extra;
+    }
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out;
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((text.size() >> (8 * i)) & 0xff));
+  const std::string data = bytes.substr(8 + n);
+  return out + text + data.substr(0, end) + std::string(extra, '\0') + data.substr(end);
+}
+
 // Rank 0 breaks its copy `dir` of the checkpoint as `fault` says (IsBrokenCopy faults only).
+// truncated: the last rank's file cut in half, so that its header length runs past the end;
+// truncated_tail: only its last 4 bytes cut (the end of its last tensor's bytes), so that the
+// header still parses and only a reader that checks the tensors' offsets against the bytes
+// that follow it refuses it.
+// wide_offsets: the last rank's file rewritten with in_proj.weight's data_offsets 4 bytes wider
+// than its dtype and shape need (4 zero bytes inserted after its bytes, the later tensors moved
+// by 4), so that the tensors still tile the buffer and only the per-tensor size check refuses it.
 // overlapping_pieces: the index places in_proj.weight's last piece one row early, so that its
 // pieces overlap by one row and its last row is in none; the rows still add up to the global
 // shape, so only a check that the pieces tile the rows (each starting where the previous ended)
@@ -443,6 +484,8 @@ void Break(const std::string& dir, const std::string& fault, int world) {
   const std::string path = dir + "/" + LastRankFile(dir, world);
   std::string bytes = serialization::ReadRegularFile(path, size_t{1} << 30);
   if (fault == "truncated") bytes.resize(bytes.size() / 2);
+  if (fault == "truncated_tail") bytes.resize(bytes.size() - 4);
+  if (fault == "wide_offsets") bytes = WidenedOffsets(bytes, "in_proj.weight", 4);
   if (fault == "corrupt_header") bytes[8] = '#';
   if (fault == "missing_shard") {
     fs::remove(path);
@@ -541,7 +584,8 @@ Scenario Faults() {
   Scenario s;
   s.info.name = "checkpoint/faults";
   s.info.description =
-      "loads of a broken checkpoint (truncated, corrupt header, missing rank file, an index whose "
+      "loads of a broken checkpoint (truncated in the header or in the tensor bytes, corrupt "
+      "header, a tensor's data_offsets wider than its shape, missing rank file, an index whose "
       "pieces overlap) or into a "
       "disagreeing dict (dtype, shape, missing or unexpected key; a wider tensor on the last "
       "rank only) fail on every rank, naming the file and the key (the other ranks of a one-rank "
