@@ -18,7 +18,9 @@
 //   grad_acc_with_reduce_dtype   TestFullyShardMixedPrecisionTraining
 //                                .test_grad_acc_with_reduce_dtype: micro-batches without
 //                                gradient sync, then a synced one, under param_dtype bfloat16
-//                                and reduce_dtype float32
+//                                and reduce_dtype float32; reshard_after_forward False also
+//                                keeps the unsharded parameters (and their reduce_dtype
+//                                accumulators) registered between micro-batches
 //   output_dtype                 MixedPrecisionPolicy(output_dtype) on the root: the model's
 //                                output cast
 //   float16_on_one_submodule     TestFullyShardMixedPrecisionCasts
@@ -92,6 +94,13 @@ Scenario Make(const std::string& test, const std::string& description,
       kKind, "float32", std::move(axes), [accumulate](const CaseParams& p, int) {
         FullyShardPlan plan = MixedPrecisionPlan(p);
         plan.accumulate_without_sync = accumulate;
+        if (p.has("reshard_after_forward")) {
+          plan.reshard_after_forward = p.GetBool("reshard_after_forward");
+        }
+        // As the seed: set_reshard_after_backward(is_last_microbatch or reshard_after_forward)
+        // beside set_requires_gradient_sync(is_last_microbatch), so without resharding after
+        // forward the unsharded parameters stay registered between the micro-batches.
+        plan.no_reshard_after_backward = accumulate && !plan.reshard_after_forward;
         return plan;
       });
   FinishMixedPrecision(s);
@@ -152,15 +161,19 @@ void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry) {
                      ParamSpec::Axis("reduce_dtype", "MixedPrecisionPolicy.reduce_dtype",
                                      {"bfloat16", "float32"})},
                     /*accumulate=*/false));
-  registry.Add(Make("grad_acc_with_reduce_dtype",
-                    "MLPStack with param_dtype bfloat16, reduce_dtype float32: micro-batches "
-                    "without gradient sync, then a synced one; counts, bytes and values",
-                    {ParamSpec::SizeString("param_dtype", "MixedPrecisionPolicy.param_dtype",
-                                           "bfloat16"),
-                     ParamSpec::SizeString("reduce_dtype", "MixedPrecisionPolicy.reduce_dtype",
-                                           "float32"),
-                     ParamSpec::SizeInt("micro_batches", "backwards in the step", 3, 1)},
-                    /*accumulate=*/true));
+  registry.Add(
+      Make("grad_acc_with_reduce_dtype",
+           "MLPStack with param_dtype bfloat16, reduce_dtype float32: micro-batches "
+           "without gradient sync, then a synced one; counts, bytes and values",
+           {ParamSpec::SizeString("param_dtype", "MixedPrecisionPolicy.param_dtype", "bfloat16"),
+            ParamSpec::SizeString("reduce_dtype", "MixedPrecisionPolicy.reduce_dtype", "float32"),
+            ParamSpec::SizeInt("micro_batches", "backwards in the step", 3, 1),
+            ParamSpec::Axis("reshard_after_forward",
+                            "every fully_shard call's reshard_after_forward; False "
+                            "also keeps the parameters unsharded after the backwards "
+                            "without sync (set_reshard_after_backward(False))",
+                            {"True", "False"})},
+           /*accumulate=*/true));
   registry.Add(Make("output_dtype",
                     "MLPStack with param_dtype bfloat16, the root's output_dtype float32 / "
                     "float16: the model's output dtype, gradients vs the oracle",

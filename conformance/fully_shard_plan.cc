@@ -33,6 +33,7 @@ constexpr const char* kAllReduce = "c10d.allreduce_";
 constexpr const char* kMicroCommCounts = "micro_batch_comm_counts";
 constexpr const char* kMicroCommBytes = "micro_batch_comm_bytes";
 constexpr const char* kMicroReduceOps = "micro_batch_reduce_ops";
+constexpr const char* kMicroGradDTypes = "micro_batch_grad_dtypes";
 constexpr const char* kCompute = "compute/";  // ExpectedComputeWeights
 
 // Zoo step (input and loss index) of micro-batch i of optimizer step k.
@@ -156,6 +157,54 @@ bool ReshardsAfterBackward(const FullyShardPlan& plan, const PlanGroup& g, int64
     return true;
   }
   return !plan.recurse && !g.is_root();
+}
+
+// What each managed parameter registered on the model holds as .grad after micro-batch i of
+// step k: "None" or its dtype. A group that reshards after the backward registers its sharded
+// parameter, whose gradient is the reduced shard (the parameters' dtype) once the group has
+// reduced in this step (HSDP with a deferred all-reduce: only after the all-reduce); one that
+// does not registers its unsharded parameter, whose gradient FSDPParam.to_accumulated_grad_
+// if_needed moves into its reduce_dtype accumulator when that differs from the compute dtype
+// (so None), and leaves in .grad (the compute dtype) otherwise; torch-2.15 keeps it in .grad in
+// the reduce dtype (fsdp2::KeepsUnshardedGradInReduceDtype). Frozen: None.
+nlohmann::json ExpectedMicroGradDTypes(const FullyShardPlan& plan, const ZooModel& model, int64_t k,
+                                       int64_t i) {
+  nlohmann::json out = nlohmann::json::object();
+  const bool last = i + 1 == plan.micro_batches;
+  for (const PlanGroup& g : GroupsOf(plan, model)) {
+    bool reduced = false;
+    for (int64_t m = 0; m <= i; ++m) reduced = reduced || Syncs(plan, g, m);
+    if (plan.hsdp && plan.defer_all_reduce && !last) reduced = false;
+    const DType compute = AllGatherDType(plan, g.fqn);
+    for (const std::string& name : g.params) {
+      std::string grad = "None";
+      if (!plan.Trains(name, k)) {
+        grad = "None";
+      } else if (!ReshardsAfterBackward(plan, g, i)) {
+        const DType reduce = ReduceDType(plan, g.fqn);
+        if (fsdp2::KeepsUnshardedGradInReduceDtype(plan.semantics)) {
+          grad = DTypeName(reduce);
+        } else if (reduce == compute) {
+          grad = DTypeName(compute);
+        }
+      } else if (reduced) {
+        grad = DTypeName(plan.dtype);
+      }
+      out[name] = grad;
+    }
+  }
+  return out;
+}
+
+// The engine's side of ExpectedMicroGradDTypes: every managed parameter's .grad dtype or "None".
+nlohmann::json RegisteredGradDTypes(const nn::Module& module, const FullyShardPlan& plan) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, param] : module.named_parameters()) {
+    if (IsIgnored(plan, name)) continue;
+    const Tensor grad = param.grad();
+    out[name] = grad.defined() ? DTypeName(grad.dtype()) : "None";
+  }
+  return out;
 }
 
 // Adds one to counts[key][op] ({op key: {reduce op: n}}).
@@ -425,6 +474,15 @@ ObservationSchema PlanSchema() {
       "per micro-batch, the reduce ops of the backward's reduce-scatters (\"c10d."
       "_reduce_scatter_base_\") and all-reduces (\"c10d.allreduce_\"), {op key: {\"AVG\" | "
       "\"SUM\" | \"PREMUL_SUM\": n}}"));
+  schema.Add(ObservationKey::Custom(
+      kMicroGradDTypes,
+      {{"type", "array"},
+       {"items", {{"type", "object"}, {"additionalProperties", {{"type", "string"}}}}}},
+      "per micro-batch, after its backward, {fqn: the dtype of the .grad of the parameter the "
+      "model registers under fqn, or \"None\"} for every parameter FSDP manages: the sharded "
+      "parameter's reduced gradient, or, in a backward that keeps the unsharded parameters "
+      "(set_reshard_after_backward(False)), the unsharded parameter's, None when FSDP moved it "
+      "into its reduce_dtype accumulator"));
   schema.Add(ObservationKey::StringList(
       "grad_devices", "per step, the device of every gradient after the last backward "
                       "(\"cpu\", \"cuda:0\"; \"mixed\" when they differ)"));
@@ -521,6 +579,7 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
   obs[kMicroCommCounts] = nlohmann::json::array();
   obs[kMicroCommBytes] = nlohmann::json::array();
   obs[kMicroReduceOps] = nlohmann::json::array();
+  obs[kMicroGradDTypes] = nlohmann::json::array();
   obs["grad_devices"] = nlohmann::json::array();
   obs["grad_dtypes"] = nlohmann::json::array();
   obs[kTensors] = nlohmann::json::object();
@@ -558,6 +617,7 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
       obs[kMicroCommBytes].push_back(PhaseCommCountsJson(forward_mode.get_comm_bytes(),
                                                     backward_mode.get_comm_bytes()));
       obs[kMicroReduceOps].push_back(ReduceOpsJson(backward_mode));
+      obs[kMicroGradDTypes].push_back(RegisteredGradDTypes(*module, plan));
     }
     const auto [device, dtype] = GradPlacement(*module);
     obs["grad_devices"].push_back(device);
@@ -609,6 +669,7 @@ PlanOracle RunPlanOracle(const FullyShardPlan& plan, const CaseParams& params, i
     e[kMicroCommCounts] = nlohmann::json::array();
     e[kMicroCommBytes] = nlohmann::json::array();
     e[kMicroReduceOps] = nlohmann::json::array();
+    e[kMicroGradDTypes] = nlohmann::json::array();
     e["grad_devices"] = nlohmann::json::array();
     e["grad_dtypes"] = nlohmann::json::array();
     e["output_dtype"] = DTypeName(OutputDType(plan));
@@ -663,10 +724,12 @@ PlanOracle RunPlanOracle(const FullyShardPlan& plan, const CaseParams& params, i
         for (auto& g : grads) reference::AccumulateInto(&g, name, *sum);
       }
       const PlanComms comms = PlanCommCounts(plan, model, world, k, i);
+      const nlohmann::json grad_dtypes = ExpectedMicroGradDTypes(plan, model, k, i);
       for (nlohmann::json& e : expected) {
         e[kMicroCommCounts].push_back(comms.counts);
         e[kMicroCommBytes].push_back(comms.bytes);
         e[kMicroReduceOps].push_back(comms.reduce_ops);
+        e[kMicroGradDTypes].push_back(grad_dtypes);
       }
     }
     for (int r = 0; r < world; ++r) {
@@ -825,6 +888,15 @@ void JudgePlan(const FullyShardPlan& plan, const CaseParams& params, int world,
         checks.CheckEqual(at + " backward reduce ops", judged_ops(want_reduce_ops[m]),
                           judged_ops(reduce_ops[m]));
       }
+    }
+    const nlohmann::json& grad_dtypes = RankObservation(per_rank, r, kMicroGradDTypes);
+    const nlohmann::json& want_grad_dtypes = expected[static_cast<size_t>(r)][kMicroGradDTypes];
+    checks.CheckEqual(who + " micro-batches with registered gradients reported",
+                      want_grad_dtypes.size(), grad_dtypes.size());
+    for (size_t m = 0; m < want_grad_dtypes.size() && m < grad_dtypes.size(); ++m) {
+      checks.CheckEqual(who + " micro-batch " + std::to_string(m) +
+                            " registered parameters' .grad dtypes (None: no gradient)",
+                        want_grad_dtypes[m], grad_dtypes[m]);
     }
     checks.CheckEqual(who + " gradient devices", RankObservation(expected, r, "grad_devices"),
                       RankObservation(per_rank, r, "grad_devices"));

@@ -219,6 +219,7 @@ void FsdpParam::init_dtype_attrs(const MixedPrecisionPolicy& mp_policy, Semantic
   if (!reduces_in_param_dtype && !reduce_dtype && param_dtype) reduce_dtype = orig_dtype_;
   param_dtype_ = param_dtype;
   reduce_dtype_ = reduce_dtype;
+  keeps_unsharded_grad_in_reduce_dtype_ = KeepsUnshardedGradInReduceDtype(semantics);
 }
 
 std::vector<Tensor> FsdpParam::all_gather_inputs() const {
@@ -343,6 +344,14 @@ void FsdpParam::to_accumulated_grad_if_needed() {
   if (!reduce_dtype_ || !unsharded_param_.defined()) return;
   const Tensor grad = unsharded_param_.grad();
   if (!grad.defined() || grad.dtype() == *reduce_dtype_) return;
+  if (keeps_unsharded_grad_in_reduce_dtype_) {
+    // torch-2.15: the gradient stays in .grad, in the reduce dtype (the unsharded parameter's
+    // grad_dtype there, so Tensor::set_grad's same-dtype check does not apply); AccumulateGrad
+    // adds the next backward's gradient into it in that dtype (grad_kernels Add casts to the
+    // target's).
+    autograd::materialize_autograd_meta(unsharded_param_).grad = grad.to(*reduce_dtype_);
+    return;
+  }
   unsharded_param_.set_grad(Tensor());
   unsharded_accumulated_grad_ = grad.to(*reduce_dtype_);
 }

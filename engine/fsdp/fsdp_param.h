@@ -236,6 +236,8 @@ class FsdpParam {
   DType orig_dtype_ = DType::kFloat32;
   std::optional<DType> param_dtype_;
   std::optional<DType> reduce_dtype_;
+  // KeepsUnshardedGradInReduceDtype of the group's semantics (init_dtype_attrs).
+  bool keeps_unsharded_grad_in_reduce_dtype_ = false;
 
   std::vector<Tensor> all_gather_outputs_;
   std::vector<int64_t> all_gather_output_numels_;

@@ -206,7 +206,8 @@ TEST(FsdpRootReshardSetter, AfterLazyInitTheSetterReshardsTheRootUnderBothProfil
 // MixedPrecisionPolicy(param_dtype=bfloat16) on a float32 MLP at world 2: a backward without
 // gradient sync, then a synced one. With reduce_dtype None, torch-2.4 and torch-2.8 keep the
 // gradients in bfloat16 (accumulated by autograd) and reduce-scatter them in bfloat16;
-// torch-2.15 upcasts them to float32 to accumulate and reduce-scatters in float32
+// torch-2.15 upcasts them to float32 in the unsharded parameters' .grad to accumulate
+// (KeepsUnshardedGradInReduceDtype) and reduce-scatters in float32
 // (ReducesInParamDtypeWhenReduceDtypeUnset). An explicit reduce_dtype=bfloat16 reduces in
 // bfloat16 under every profile. The sharded gradients are float32 either way.
 TEST(FsdpReduceDtype, UnsetReduceDtypeFollowsTheProfile) {
@@ -243,6 +244,12 @@ TEST(FsdpReduceDtype, UnsetReduceDtypeFollowsTheProfile) {
                                      : p->unsharded_grad();
           ASSERT_TRUE(waiting.defined()) << what << " " << p->fqn();
           EXPECT_EQ(waiting.dtype(), reduced) << what << " " << p->fqn();
+          // A separate accumulator only when the reduce dtype is not the compute dtype and
+          // the profile does not keep the gradient in .grad (KeepsUnshardedGradInReduceDtype).
+          EXPECT_EQ(p->unsharded_accumulated_grad().defined(),
+                    reduced != DType::kBFloat16 &&
+                        !fsdp2::KeepsUnshardedGradInReduceDtype(semantics))
+              << what << " " << p->fqn();
           numel += Numel(p->padded_sharded_size()) * kMpWorld;
         }
         // Synced: one reduce-scatter of every padded gradient in the reduce dtype.

@@ -58,6 +58,10 @@ bool ReducesInParamDtypeWhenReduceDtypeUnset(Semantics semantics) {
   return semantics != Semantics::kTorch2_15;
 }
 
+bool KeepsUnshardedGradInReduceDtype(Semantics semantics) {
+  return semantics == Semantics::kTorch2_15;
+}
+
 bool LazyInitKeepsRootUnsharded(Semantics semantics, bool auto_reshard_after_forward) {
   if (semantics == Semantics::kTorch2_4) return true;
   return auto_reshard_after_forward;

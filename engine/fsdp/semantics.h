@@ -74,4 +74,12 @@ bool EndOfBackwardSweepsEveryGroup(Semantics semantics);
 // reduced gradient is cast to the original dtype.
 bool ReducesInParamDtypeWhenReduceDtypeUnset(Semantics semantics);
 
+// Whether a backward without reduction leaves the unsharded parameter's gradient in its .grad,
+// in the reduce dtype (PyTorch 2.15's `_unsharded_param.grad_dtype = unsharded_grad_dtype`:
+// autograd itself accumulates every backward's gradient in that dtype), rather than moving it
+// into a hidden accumulator in the reduce dtype, the .grad left None (torch-2.4, torch-2.8:
+// FSDPParam.to_accumulated_grad_if_needed's `unsharded_accumulated_grad`). The same sums
+// either way; only what the registered unsharded parameter shows differs.
+bool KeepsUnshardedGradInReduceDtype(Semantics semantics);
+
 }  // namespace fsdp::fsdp2

@@ -41,10 +41,13 @@ def reduce_dtype(request):
 
 
 def grad_acc_with_reduce_dtype(request):
+    # As the seed: set_reshard_after_backward(is_last_microbatch or reshard_after_forward).
+    reshard = request.param("reshard_after_forward") == "True"
     return fully_shard_plan.run(
         request, _plan(request, mp_policy=_policy(request, "param_dtype", "reduce_dtype"),
                       micro_batches=request.int_param("micro_batches"),
-                      accumulate_without_sync=True))
+                      accumulate_without_sync=True, reshard_after_forward=reshard,
+                      no_reshard_after_backward=not reshard))
 
 
 def output_dtype(request):

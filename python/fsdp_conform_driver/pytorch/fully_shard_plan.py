@@ -278,7 +278,8 @@ def run(request, plan: Plan):
     rank_inputs = inputs.rank_tensors(request)
     obs: Dict[str, list] = {"losses": [], "micro_batch_comm_counts": [],
                             "micro_batch_comm_bytes": [], "micro_batch_reduce_ops": [],
-                            "grad_devices": [], "grad_dtypes": []}
+                            "micro_batch_grad_dtypes": [], "grad_devices": [],
+                            "grad_dtypes": []}
     output_dtype = None
     for k in range(plan.steps):
         if plan.unfreeze_at_step == k:
@@ -310,6 +311,9 @@ def run(request, plan: Plan):
             obs["micro_batch_comm_counts"].append(counts.by_phase("forward", "backward"))
             obs["micro_batch_comm_bytes"].append(counts.bytes_by_phase("forward", "backward"))
             obs["micro_batch_reduce_ops"].append(reduce_ops.counts)
+            obs["micro_batch_grad_dtypes"].append(
+                {name: "None" if p.grad is None else parity._dtype_name(p.grad)
+                 for name, p in model.named_parameters() if name not in plan.ignored_params})
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         obs["grad_devices"].append(_one({str(parity._local(g).device) for g in grads}))
         obs["grad_dtypes"].append(_one({parity._dtype_name(g) for g in grads}))
