@@ -189,7 +189,7 @@ nlohmann::json RunModelRank(const std::string& kind, RankEnv& env) {
       data[i] = original;
       value.push_back((plus - minus) / (2 * h));
     }
-    fd[name] = {{"index", index}, {"value", value}};
+    fd[CleanTensorName(name)] = {{"index", index}, {"value", value}};
   }
   obs[kLosses] = nlohmann::json::array({base});
   obs["loss_dtype"] = DTypeName(loss.dtype());
@@ -314,10 +314,19 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
   s.info.min_world = 1;
   s.info.max_world = 1;
   s.info.requirements.devices = {DeviceType::kCPU};
+  if (kind.name == "transformer") {
+    // Each block in a CheckpointWrapper, called as layer(x=h): the recompute in backward must
+    // get the block's keyword argument again, and named_parameters() (judged against the
+    // oracle's FQNs) and the weights' load must not see the wrapper's prefix.
+    s.info.extra_default_runs = {{1, {{"checkpoint_wrapper", "True"}, {"block_kwargs", "True"}}}};
+  }
   const std::string name = kind.name;
   // One float64 forward/backward at world 1: the weights and the input of step 0.
   s.info.observations
-      .Add(ObservationKey::StringList("param_names", "the FQNs of named_parameters(), in order"))
+      .Add(ObservationKey::StringList("param_names",
+                                      "the FQNs of named_parameters(), in order, without "
+                                      "checkpoint_wrapper's \"_checkpoint_wrapped_module.\" "
+                                      "(clean_tensor_name); the grad/ and fd keys alike"))
       .Add(ObservationKey::StringList(
           "grad_none", "the FQNs whose .grad is None after loss.backward() (unused parameters)"))
       .Add(ObservationKey::Losses("[the loss of the forward on step0/input]"))

@@ -54,7 +54,9 @@ def model(kind: str):
         x = inputs.step_input(request, 0)
         loss = parity._loss(request, 0, module(x))
         loss.backward()
-        named = list(module.named_parameters())
+        # FQNs without checkpoint_wrapper's prefix (FSDP's clean_tensor_name).
+        named = [(name.replace("_checkpoint_wrapped_module.", ""), p)
+                 for name, p in module.named_parameters()]
         obs = {"param_names": [name for name, _ in named],
                "grad_none": [name for name, p in named if p.grad is None],
                "loss_dtype": str(loss.dtype).replace("torch.", "")}
