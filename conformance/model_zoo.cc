@@ -259,10 +259,11 @@ std::vector<ZooModelKind> MakeKinds() {
                             false),
         ParamSpec::SizeBool("checkpoint_wrapper",
                             "apply_activation_checkpointing(model, check_fn=isinstance(m, "
-                            "TransformerBlock)) after construction: each block in a "
-                            "CheckpointWrapper (non-reentrant), its recompute called with the "
-                            "block's own args and kwargs (layer(x=h) with block_kwargs); "
-                            "named_parameters() and the state dict without the wrapper's prefix",
+                            "(TransformerBlock, FeedForward))) after construction: each block "
+                            "in a CheckpointWrapper (non-reentrant), its FeedForward in a nested "
+                            "one, the recompute called with the block's own args and kwargs "
+                            "(layer(x=h) with block_kwargs); the state dict without the "
+                            "wrapper's prefix",
                             false),
         ParamSpec::SizeInt("seq_len", "tokens per input row (<= max_seq_len)", 16, /*minimum=*/1),
         Batch(2)},
@@ -806,7 +807,8 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
       auto model = std::make_shared<nn::Transformer>(args);
       if (checkpoint_wrapper) {
         nn::apply_activation_checkpointing(model, [](nn::Module& m) {
-          return dynamic_cast<nn::TransformerBlock*>(&m) != nullptr;
+          return dynamic_cast<nn::TransformerBlock*>(&m) != nullptr ||
+                 dynamic_cast<nn::FeedForward*>(&m) != nullptr;
         });
       }
       return model;

@@ -315,9 +315,9 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
   s.info.max_world = 1;
   s.info.requirements.devices = {DeviceType::kCPU};
   if (kind.name == "transformer") {
-    // Each block in a CheckpointWrapper, called as layer(x=h): the recompute in backward must
-    // get the block's keyword argument again, and named_parameters() (judged against the
-    // oracle's FQNs) and the weights' load must not see the wrapper's prefix.
+    // Each block in a CheckpointWrapper (its FeedForward in a nested one), called as
+    // layer(x=h): the recompute in backward must get the block's keyword argument again, and
+    // the weights' load (state_dict / load_state_dict hooks) must not see the wrapper's prefix.
     s.info.extra_default_runs = {{1, {{"checkpoint_wrapper", "True"}, {"block_kwargs", "True"}}}};
   }
   const std::string name = kind.name;

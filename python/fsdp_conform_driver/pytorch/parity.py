@@ -51,9 +51,9 @@ def _build(kind: str, request, dtype_name=None):
             from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
                 apply_activation_checkpointing)
 
-            from fsdp_conform_driver.pytorch.models import TransformerBlock
+            from fsdp_conform_driver.pytorch.models import FeedForward, TransformerBlock
             apply_activation_checkpointing(
-                model, check_fn=lambda module: isinstance(module, TransformerBlock))
+                model, check_fn=lambda module: isinstance(module, (TransformerBlock, FeedForward)))
     elif kind == "mlp_stack":
         model = MLPStack(request.int_param("mlp_dim"))
     elif kind == "mlp_stack_seq_parallel":
