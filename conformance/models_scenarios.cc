@@ -314,6 +314,10 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
   s.info.min_world = 1;
   s.info.max_world = 1;
   s.info.requirements.devices = {DeviceType::kCPU};
+  if (kind.name == "mlp") {
+    // MLP(with_buffer=True): the buffer added to the output (nothing else reads it).
+    s.info.extra_default_runs = {{1, {{"with_buffer", "True"}}}};
+  }
   if (kind.name == "transformer") {
     // Each block in a CheckpointWrapper (its FeedForward in a nested one), called as
     // layer(x=h): the recompute in backward must get the block's keyword argument again, and
