@@ -46,8 +46,11 @@
 //     (under checkpointing, a recompute that leaves the generator at the forward's state plus
 //     one draw repeats output_again's mask);
 //   * the eval-mode output equal to x, exactly.
+//   * the dropout's forward pre-hook run 4 times, 5 under checkpointing (the recompute in
+//     backward calls the module again; a checkpoint that saves the activations instead of
+//     recomputing them gives the same values and fails only this).
 // Observations (rank 0): tensors "output", "input_grad", "output_again",
-// "output_after_backward", "eval_output" [numel] float64.
+// "output_after_backward", "eval_output" [numel] float64; "forward_pre_hook_calls".
 //
 // Scenario `models/shared_buffer`: one tensor registered as a buffer of two modules, judged by
 // nn.Module's rules (named_buffers() keeps a tensor's first FQN; remove_duplicate=False and
@@ -394,6 +397,13 @@ nlohmann::json RunDropoutRank(RankEnv& env) {
   // starts from a fresh generator instead of the forward's state draws another mask.
   nn::ManualSeed(1);
   auto dropout = std::make_shared<nn::Dropout>(p);
+  // Counts the dropout's forward pre-hook calls: a checkpoint's recompute in backward calls
+  // the module again (its pre-hooks run before the early stop ends the recompute).
+  int64_t pre_hook_calls = 0;
+  dropout->register_forward_pre_hook([&pre_hook_calls](nn::Module&, const nn::Value&) {
+    ++pre_hook_calls;
+    return std::optional<nn::Value>();
+  });
   // The module called in training mode: the dropout itself, or it under checkpointing.
   nn::ModulePtr module = dropout;
   if (checkpoint == "wrapper") module = nn::checkpoint_wrapper(dropout);
@@ -418,6 +428,7 @@ nlohmann::json RunDropoutRank(RankEnv& env) {
   tensors["eval_output"] = TensorToJson(eval_out.detach());
   nlohmann::json obs;
   obs[kTensors] = tensors;
+  obs["forward_pre_hook_calls"] = pre_hook_calls;
   return obs;
 }
 
@@ -432,6 +443,13 @@ void JudgeDropout(const CaseParams& params, const std::vector<nlohmann::json>& p
   const std::vector<double> grad = TensorData(per_rank, 0, "input_grad");
   const std::vector<double> again = TensorData(per_rank, 0, "output_again");
   const std::vector<double> after = TensorData(per_rank, 0, "output_after_backward");
+  // Three training-mode calls and one eval-mode call, plus one recompute in backward of the
+  // checkpointed region (non-reentrant checkpointing: the module runs again).
+  const int64_t expected_calls = params.GetString("checkpoint") == "none" ? 4 : 5;
+  checks.CheckEqual(
+      "the dropout's forward pre-hook calls (a checkpointed call runs again in "
+      "backward)",
+      nlohmann::json(expected_calls), RankObservation(per_rank, 0, "forward_pre_hook_calls"));
   checks.CheckClose("eval-mode output = input", x, TensorData(per_rank, 0, "eval_output"),
                     Tolerance{0.0, 0.0});
   if (!checks.CheckTrue("output and input_grad sizes",
@@ -533,7 +551,11 @@ Scenario MakeDropoutTrainingScenario() {
       .AddTensors({"output_after_backward", "float64", "[numel]",
                    "the same module called on x in training mode after the backward (a mask "
                    "unlike both earlier ones)"})
-      .AddTensors({"eval_output", "float64", "[numel]", "the same module in eval mode on x"});
+      .AddTensors({"eval_output", "float64", "[numel]", "the same module in eval mode on x"})
+      .Add(ObservationKey::Integer("forward_pre_hook_calls",
+                                   "calls of a forward pre-hook registered on the dropout: every "
+                                   "call of it, and its recompute in backward under "
+                                   "checkpointing"));
   s.run_rank = [](RankEnv& env) { return RunDropoutRank(env); };
   s.judge = [](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) { JudgeDropout(p, per_rank, checks); };

@@ -134,7 +134,8 @@ def dropout_training(request):
     """models/dropout_training: nn.Dropout(p) on x[i] = 0.5 + (i % 13) / 8 (float64, requiring
     grad) in training mode after torch.manual_seed(1), twice (output, output_again), then
     output.backward(g) with g[i] = 1 + (i % 7) / 4, then once more in training mode
-    (output_after_backward) and once in eval mode on x; the training-mode calls under the
+    (output_after_backward) and once in eval mode on x, counting the calls of a forward pre-hook
+    on the dropout (a recompute calls it again); the training-mode calls under the
     activation checkpointing of axis `checkpoint` (_checkpointed_call). The judge checks the
     values by rule (PyTorch's mask comes from its own RNG)."""
     import torch
@@ -144,6 +145,8 @@ def dropout_training(request):
     x = (0.5 + torch.remainder(i, 13) / 8).requires_grad_()
     torch.manual_seed(1)
     dropout = torch.nn.Dropout(float(request.param("p")))
+    pre_hook_calls = []
+    dropout.register_forward_pre_hook(lambda _module, _args: pre_hook_calls.append(1))
     train_call = _checkpointed_call(dropout, request.param("checkpoint"))
     dropout.train()
     out = train_call(x)
@@ -152,7 +155,8 @@ def dropout_training(request):
     out_after = train_call(x)
     dropout.eval()
     eval_out = dropout(x)
-    return {}, {"output": out.detach().clone(), "input_grad": x.grad.detach().clone(),
+    return {"forward_pre_hook_calls": len(pre_hook_calls)}, {
+                "output": out.detach().clone(), "input_grad": x.grad.detach().clone(),
                 "output_again": out_again.detach().clone(),
                 "output_after_backward": out_after.detach().clone(),
                 "eval_output": eval_out.detach().clone()}
