@@ -375,6 +375,95 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
   return s;
 }
 
+// ---- models/linear_init ------------------------------------------------------------------------
+
+// Scenario `models/linear_init`: nn.Linear(in_features, out_features)'s default initialisation
+// (reset_parameters: kaiming_uniform_(weight, a=sqrt(5)), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+// with fan_in = in_features, and the bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))), judged by rule
+// since the draws come from an RNG PyTorch and the engine do not share. The defaults have
+// in_features (64) != out_features (8), so a fan taken from the wrong dim changes the bound.
+// The judge requires every element within the bound; the weight's largest magnitude above
+// 0.9 of it (512 draws all below: probability 0.9^512, about 4e-24); the weight's mean and mean
+// square within 6 standard deviations of U(-b, b)'s (0 and b^2 / 3).
+// Observations (rank 0): tensors "weight" [out, in], "bias" [out] as float64.
+nlohmann::json RunLinearInitRank(RankEnv& env) {
+  nn::ManualSeed(1);
+  nn::Linear linear(env.params.GetInt("in_features"), env.params.GetInt("out_features"));
+  nlohmann::json tensors;
+  tensors["weight"] = TensorToJson(linear.weight().detach().to(DType::kFloat64));
+  tensors["bias"] = TensorToJson(linear.bias().detach().to(DType::kFloat64));
+  nlohmann::json obs;
+  obs[kTensors] = tensors;
+  return obs;
+}
+
+void JudgeLinearInit(const CaseParams& params, const std::vector<nlohmann::json>& per_rank,
+                     CheckList& checks) {
+  const int64_t in = params.GetInt("in_features");
+  const int64_t out = params.GetInt("out_features");
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  const std::vector<double> w = TensorData(per_rank, 0, "weight");
+  const std::vector<double> b = TensorData(per_rank, 0, "bias");
+  if (!checks.CheckTrue(
+          "weight and bias sizes",
+          w.size() == static_cast<size_t>(in * out) && b.size() == static_cast<size_t>(out),
+          "expected " + std::to_string(in * out) + " and " + std::to_string(out))) {
+    return;
+  }
+  // float32 draws: allow the bound's rounding.
+  const double limit = bound * (1.0 + 1e-6);
+  auto within = [&](const std::vector<double>& v) {
+    return std::all_of(v.begin(), v.end(), [&](double x) { return std::abs(x) <= limit; });
+  };
+  checks.CheckTrue("every weight element in [-1/sqrt(in_features), 1/sqrt(in_features)]",
+                   within(w));
+  checks.CheckTrue("every bias element in [-1/sqrt(in_features), 1/sqrt(in_features)]", within(b));
+  double max_abs = 0.0, sum = 0.0, sum_sq = 0.0;
+  for (double x : w) {
+    max_abs = std::max(max_abs, std::abs(x));
+    sum += x;
+    sum_sq += x * x;
+  }
+  const double n = static_cast<double>(w.size());
+  checks.CheckTrue("the weight's largest magnitude above 0.9 / sqrt(in_features)",
+                   max_abs >= 0.9 * bound,
+                   std::to_string(max_abs) + " vs bound " + std::to_string(bound));
+  // U(-b, b): mean 0, variance b^2 / 3; x^2 has mean b^2 / 3 and variance 4 b^4 / 45.
+  const double mean_sd = bound / std::sqrt(3.0 * n);
+  checks.CheckTrue("the weight's mean within 6 standard deviations of 0",
+                   std::abs(sum / n) <= 6.0 * mean_sd, std::to_string(sum / n));
+  const double sq_sd = bound * bound * std::sqrt(4.0 / 45.0 / n);
+  checks.CheckTrue("the weight's mean square within 6 standard deviations of b^2 / 3",
+                   std::abs(sum_sq / n - bound * bound / 3.0) <= 6.0 * sq_sd,
+                   std::to_string(sum_sq / n) + " vs " + std::to_string(bound * bound / 3.0));
+  checks.SetFigure("max_abs_over_bound", max_abs / bound);
+}
+
+Scenario MakeLinearInitScenario() {
+  Scenario s;
+  s.info.name = "models/linear_init";
+  s.info.description =
+      "nn.Linear(in_features, out_features)'s default initialisation (kaiming_uniform_(a=sqrt(5)) "
+      "weight and uniform bias, both U(-1/sqrt(in_features), 1/sqrt(in_features))), judged by "
+      "rule: bounds, the largest magnitude near the bound, mean and mean square";
+  s.info.seed_test = "none (torch.nn.Linear.reset_parameters as documented)";
+  s.info.params = {
+      ParamSpec::SizeInt("in_features", "nn.Linear in_features (the fan-in)", 64, /*minimum=*/1),
+      ParamSpec::SizeInt("out_features", "nn.Linear out_features", 8, /*minimum=*/1)};
+  s.info.default_world = 1;
+  s.info.min_world = 1;
+  s.info.max_world = 1;
+  s.info.requirements.devices = {DeviceType::kCPU};
+  s.info.observations
+      .AddTensors({"weight", "float64", "[out_features, in_features]",
+                   "a freshly constructed nn.Linear's weight (after torch.manual_seed(1))"})
+      .AddTensors({"bias", "float64", "[out_features]", "its bias"});
+  s.run_rank = [](RankEnv& env) { return RunLinearInitRank(env); };
+  s.judge = [](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) { JudgeLinearInit(p, per_rank, checks); };
+  return s;
+}
+
 // ---- models/dropout_training -------------------------------------------------------------------
 
 // The scenario's input and upstream gradient, by rule (exact binary fractions, never 0).
@@ -654,6 +743,7 @@ Scenario MakeSharedBufferScenario() {
 void RegisterModelsScenarios(ScenarioRegistry& registry) {
   for (const ZooModelKind& kind : ZooModel::Kinds()) registry.Add(MakeModelScenario(kind));
   registry.Add(MakeDropoutTrainingScenario());
+  registry.Add(MakeLinearInitScenario());
   registry.Add(MakeSharedBufferScenario());
 }
 

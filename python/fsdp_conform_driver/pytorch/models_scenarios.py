@@ -162,6 +162,18 @@ def dropout_training(request):
                 "eval_output": eval_out.detach().clone()}
 
 
+def linear_init(request):
+    """models/linear_init: a freshly constructed nn.Linear(in_features, out_features) after
+    torch.manual_seed(1) (its default reset_parameters): the weight and bias as float64. The
+    judge checks them by rule (PyTorch's draws come from its own RNG)."""
+    import torch
+
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(request.int_param("in_features"), request.int_param("out_features"))
+    return {}, {"weight": linear.weight.detach().to(torch.float64),
+                "bias": linear.bias.detach().to(torch.float64)}
+
+
 def shared_buffer(request):
     """models/shared_buffer: Sequential(Linear(2, 2), Linear(2, 2)) with one tensor registered as
     a buffer of both Linears (0.stat, 1.stat_alias) and one of the second only (1.own): the FQNs
@@ -181,4 +193,5 @@ def shared_buffer(request):
 
 SCENARIOS = {f"models/{kind}": model(kind) for kind in _KINDS}
 SCENARIOS["models/dropout_training"] = dropout_training
+SCENARIOS["models/linear_init"] = linear_init
 SCENARIOS["models/shared_buffer"] = shared_buffer
