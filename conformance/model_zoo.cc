@@ -15,6 +15,7 @@
 #include "engine/core/error.h"
 #include "engine/core/rng.h"
 #include "engine/functional/functional.h"
+#include "engine/nn/checkpoint.h"
 #include "engine/nn/layers.h"
 #include "engine/nn/models.h"
 #include "engine/optim/adam.h"
@@ -263,6 +264,14 @@ std::vector<ZooModelKind> MakeKinds() {
                             "torch.utils.checkpoint (non-reentrant), recomputed in backward with "
                             "FSDP's hooks running again (its pre-forward must then do nothing)",
                             false),
+        ParamSpec::SizeBool("checkpoint_wrapper",
+                            "apply_activation_checkpointing(model, check_fn=isinstance(m, "
+                            "(TransformerBlock, FeedForward))) after construction: each block "
+                            "in a CheckpointWrapper (non-reentrant), its FeedForward in a nested "
+                            "one, the recompute called with the block's own args and kwargs "
+                            "(layer(x=h) with block_kwargs); the state dict without the "
+                            "wrapper's prefix",
+                            false),
         ParamSpec::SizeInt("seq_len", "tokens per input row (<= max_seq_len)", 16, /*minimum=*/1),
         Batch(2)},
        /*sgd_lr=*/3e-4,
@@ -487,16 +496,23 @@ reference::RefTensorMap ParametersOf(const nn::Module& module) {
   return out;
 }
 
+std::string CleanTensorName(const std::string& name) {
+  const std::string prefix = nn::kCheckpointPrefix;
+  std::string out = name;
+  for (size_t pos; (pos = out.find(prefix)) != std::string::npos;) out.erase(pos, prefix.size());
+  return out;
+}
+
 std::vector<std::string> ParameterNamesOf(const nn::Module& module) {
   std::vector<std::string> names;
-  for (const auto& [name, p] : module.named_parameters()) names.push_back(name);
+  for (const auto& [name, p] : module.named_parameters()) names.push_back(CleanTensorName(name));
   return names;
 }
 
 reference::RefTensorMap GradientsOf(const nn::Module& module) {
   reference::RefTensorMap out;
   for (const auto& [name, p] : module.named_parameters()) {
-    if (p.defined() && p.grad().defined()) out[name] = ToRef(p.grad());
+    if (p.defined() && p.grad().defined()) out[CleanTensorName(name)] = ToRef(p.grad());
   }
   return out;
 }
@@ -504,7 +520,7 @@ reference::RefTensorMap GradientsOf(const nn::Module& module) {
 std::vector<std::string> ParametersWithoutGrad(const nn::Module& module) {
   std::vector<std::string> names;
   for (const auto& [name, p] : module.named_parameters()) {
-    if (p.defined() && !p.grad().defined()) names.push_back(name);
+    if (p.defined() && !p.grad().defined()) names.push_back(CleanTensorName(name));
   }
   return names;
 }
@@ -514,7 +530,7 @@ nn::StateDict MakeStateDict(nn::Module& module, const reference::RefTensorMap& p
   // Canonical FQN of every parameter tensor (first name wins, as named_parameters() dedupes).
   std::vector<std::pair<const TensorImpl*, std::string>> canonical;
   for (const auto& [name, p] : module.named_parameters()) {
-    if (p.defined()) canonical.emplace_back(p.impl(), name);
+    if (p.defined()) canonical.emplace_back(p.impl(), CleanTensorName(name));
   }
   nn::StateDict out;
   const nn::StateDict current = module.state_dict("", /*keep_vars=*/true);
@@ -803,7 +819,17 @@ ZooModel ZooModel::Make(const std::string& kind_name, const CaseParams& params) 
     // The forward ends with `.float()`.
     m.fd_oracle_ = std::make_shared<reference::Transformer<double>>(rargs);
     m.oracle_ = std::make_shared<reference::Float32Output<double>>(m.fd_oracle_);
-    m.build_engine_ = [args] { return std::make_shared<nn::Transformer>(args); };
+    const bool checkpoint_wrapper = p.GetBool("checkpoint_wrapper");
+    m.build_engine_ = [args, checkpoint_wrapper]() -> nn::ModulePtr {
+      auto model = std::make_shared<nn::Transformer>(args);
+      if (checkpoint_wrapper) {
+        nn::apply_activation_checkpointing(model, [](nn::Module& m) {
+          return dynamic_cast<nn::TransformerBlock*>(&m) != nullptr ||
+                 dynamic_cast<nn::FeedForward*>(&m) != nullptr;
+        });
+      }
+      return model;
+    };
     m.uses_tokens_ = true;
     m.vocab_size_ = args.vocab_size;
     m.input_row_shape_ = {seq_len};

@@ -21,9 +21,15 @@
 // The kept elements come from an RNG stream that PyTorch and the engine do not share, so no
 // oracle can give the output; what any conforming dropout does can be judged instead. On one
 // rank, in float64, x[i] = 0.5 + (i % 13) / 8 (never 0) requiring grad passes through
-// nn.Dropout(p) in training mode; out.backward(g) with g[i] = 1 + (i % 7) / 4; then the same
-// module runs on x once more in training mode and once in eval mode. The judge requires,
-// element by element:
+// nn.Dropout(p) in training mode, and once more (output_again); then out.backward(g) with
+// g[i] = 1 + (i % 7) / 4; then the same module runs on x once more in training mode
+// (output_after_backward) and once in eval mode. Axis `checkpoint`: the training-mode calls go
+// through activation checkpointing (non-reentrant, preserve_rng_state=True by default):
+// torch.utils.checkpoint.checkpoint(dropout, x, use_reentrant=False) ("utils"),
+// checkpoint_wrapper(dropout) ("wrapper") or torch.distributed._composable.checkpoint(dropout)
+// ("composable"). The backward then recomputes the mask from the generator state saved at the
+// forward (torch.random.fork_rng), and restores the generator afterwards, so every rule below
+// is the same as without checkpointing. The judge requires, element by element:
 //   * out[i] = 0 and x.grad[i] = 0 (dropped), or out[i] = x[i] / (1 - p) and
 //     x.grad[i] = g[i] / (1 - p) (kept; within 1e-12 relative: PyTorch multiplies by the
 //     mask's 1 / (1 - p) rounded to float64), so the mask's scale, the gradient's scale and the
@@ -31,12 +37,20 @@
 //   * the number kept within 6 standard deviations of Binomial(n, 1 - p) (a mask keeping with
 //     probability p, or keeping all or none, fails; a conforming one fails with probability
 //     about 2e-9);
+//     Under checkpointing, a recompute that does not restore the forward's generator state
+//     draws another mask for the gradient than the output's;
 //   * the second training-mode output dropped or x[i] / (1 - p) too, with another mask than
 //     the first (the generator advanced: PyTorch draws a fresh mask per call; two masks of 4096
 //     elements agree with probability below 1e-300);
+//   * the output after the backward under the same rule, with a mask unlike both earlier ones
+//     (under checkpointing, a recompute that leaves the generator at the forward's state plus
+//     one draw repeats output_again's mask);
 //   * the eval-mode output equal to x, exactly.
-// Observations (rank 0): tensors "output", "input_grad", "output_again", "eval_output" [numel]
-// float64.
+//   * the dropout's forward pre-hook run 4 times, 5 under checkpointing (the recompute in
+//     backward calls the module again; a checkpoint that saves the activations instead of
+//     recomputing them gives the same values and fails only this).
+// Observations (rank 0): tensors "output", "input_grad", "output_again",
+// "output_after_backward", "eval_output" [numel] float64; "forward_pre_hook_calls".
 //
 // Scenario `models/shared_buffer`: one tensor registered as a buffer of two modules, judged by
 // nn.Module's rules (named_buffers() keeps a tensor's first FQN; remove_duplicate=False and
@@ -58,6 +72,8 @@
 #include "engine/core/dtype.h"
 #include "engine/core/error.h"
 #include "engine/functional/functional.h"
+#include "engine/nn/checkpoint.h"
+#include "engine/nn/init.h"
 #include "engine/nn/layers.h"
 
 namespace fsdp::conformance {
@@ -176,7 +192,7 @@ nlohmann::json RunModelRank(const std::string& kind, RankEnv& env) {
       data[i] = original;
       value.push_back((plus - minus) / (2 * h));
     }
-    fd[name] = {{"index", index}, {"value", value}};
+    fd[CleanTensorName(name)] = {{"index", index}, {"value", value}};
   }
   obs[kLosses] = nlohmann::json::array({base});
   obs["loss_dtype"] = DTypeName(loss.dtype());
@@ -308,11 +324,22 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
   } else if (kind.name == "gated_norms") {
     // nn.RMSNorm with an explicit eps besides the default None (an extra default run).
     s.info.extra_default_runs = {{1, {{"rms_norm_eps", "1e-05"}}}};
+  } else if (kind.name == "mlp") {
+    // MLP(with_buffer=True): the buffer added to the output (nothing else reads it).
+    s.info.extra_default_runs = {{1, {{"with_buffer", "True"}}}};
+  } else if (kind.name == "transformer") {
+    // Each block in a CheckpointWrapper (its FeedForward in a nested one), called as
+    // layer(x=h): the recompute in backward must get the block's keyword argument again, and
+    // the weights' load (state_dict / load_state_dict hooks) must not see the wrapper's prefix.
+    s.info.extra_default_runs = {{1, {{"checkpoint_wrapper", "True"}, {"block_kwargs", "True"}}}};
   }
   const std::string name = kind.name;
   // One float64 forward/backward at world 1: the weights and the input of step 0.
   s.info.observations
-      .Add(ObservationKey::StringList("param_names", "the FQNs of named_parameters(), in order"))
+      .Add(ObservationKey::StringList("param_names",
+                                      "the FQNs of named_parameters(), in order, without "
+                                      "checkpoint_wrapper's \"_checkpoint_wrapped_module.\" "
+                                      "(clean_tensor_name); the grad/ and fd keys alike"))
       .Add(ObservationKey::StringList(
           "grad_none", "the FQNs whose .grad is None after loss.backward() (unused parameters)"))
       .Add(ObservationKey::Losses("[the loss of the forward on step0/input]"))
@@ -354,6 +381,95 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
   return s;
 }
 
+// ---- models/linear_init ------------------------------------------------------------------------
+
+// Scenario `models/linear_init`: nn.Linear(in_features, out_features)'s default initialisation
+// (reset_parameters: kaiming_uniform_(weight, a=sqrt(5)), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+// with fan_in = in_features, and the bias U(-1/sqrt(fan_in), 1/sqrt(fan_in))), judged by rule
+// since the draws come from an RNG PyTorch and the engine do not share. The defaults have
+// in_features (64) != out_features (8), so a fan taken from the wrong dim changes the bound.
+// The judge requires every element within the bound; the weight's largest magnitude above
+// 0.9 of it (512 draws all below: probability 0.9^512, about 4e-24); the weight's mean and mean
+// square within 6 standard deviations of U(-b, b)'s (0 and b^2 / 3).
+// Observations (rank 0): tensors "weight" [out, in], "bias" [out] as float64.
+nlohmann::json RunLinearInitRank(RankEnv& env) {
+  nn::ManualSeed(1);
+  nn::Linear linear(env.params.GetInt("in_features"), env.params.GetInt("out_features"));
+  nlohmann::json tensors;
+  tensors["weight"] = TensorToJson(linear.weight().detach().to(DType::kFloat64));
+  tensors["bias"] = TensorToJson(linear.bias().detach().to(DType::kFloat64));
+  nlohmann::json obs;
+  obs[kTensors] = tensors;
+  return obs;
+}
+
+void JudgeLinearInit(const CaseParams& params, const std::vector<nlohmann::json>& per_rank,
+                     CheckList& checks) {
+  const int64_t in = params.GetInt("in_features");
+  const int64_t out = params.GetInt("out_features");
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  const std::vector<double> w = TensorData(per_rank, 0, "weight");
+  const std::vector<double> b = TensorData(per_rank, 0, "bias");
+  if (!checks.CheckTrue(
+          "weight and bias sizes",
+          w.size() == static_cast<size_t>(in * out) && b.size() == static_cast<size_t>(out),
+          "expected " + std::to_string(in * out) + " and " + std::to_string(out))) {
+    return;
+  }
+  // float32 draws: allow the bound's rounding.
+  const double limit = bound * (1.0 + 1e-6);
+  auto within = [&](const std::vector<double>& v) {
+    return std::all_of(v.begin(), v.end(), [&](double x) { return std::abs(x) <= limit; });
+  };
+  checks.CheckTrue("every weight element in [-1/sqrt(in_features), 1/sqrt(in_features)]",
+                   within(w));
+  checks.CheckTrue("every bias element in [-1/sqrt(in_features), 1/sqrt(in_features)]", within(b));
+  double max_abs = 0.0, sum = 0.0, sum_sq = 0.0;
+  for (double x : w) {
+    max_abs = std::max(max_abs, std::abs(x));
+    sum += x;
+    sum_sq += x * x;
+  }
+  const double n = static_cast<double>(w.size());
+  checks.CheckTrue("the weight's largest magnitude above 0.9 / sqrt(in_features)",
+                   max_abs >= 0.9 * bound,
+                   std::to_string(max_abs) + " vs bound " + std::to_string(bound));
+  // U(-b, b): mean 0, variance b^2 / 3; x^2 has mean b^2 / 3 and variance 4 b^4 / 45.
+  const double mean_sd = bound / std::sqrt(3.0 * n);
+  checks.CheckTrue("the weight's mean within 6 standard deviations of 0",
+                   std::abs(sum / n) <= 6.0 * mean_sd, std::to_string(sum / n));
+  const double sq_sd = bound * bound * std::sqrt(4.0 / 45.0 / n);
+  checks.CheckTrue("the weight's mean square within 6 standard deviations of b^2 / 3",
+                   std::abs(sum_sq / n - bound * bound / 3.0) <= 6.0 * sq_sd,
+                   std::to_string(sum_sq / n) + " vs " + std::to_string(bound * bound / 3.0));
+  checks.SetFigure("max_abs_over_bound", max_abs / bound);
+}
+
+Scenario MakeLinearInitScenario() {
+  Scenario s;
+  s.info.name = "models/linear_init";
+  s.info.description =
+      "nn.Linear(in_features, out_features)'s default initialisation (kaiming_uniform_(a=sqrt(5)) "
+      "weight and uniform bias, both U(-1/sqrt(in_features), 1/sqrt(in_features))), judged by "
+      "rule: bounds, the largest magnitude near the bound, mean and mean square";
+  s.info.seed_test = "none (torch.nn.Linear.reset_parameters as documented)";
+  s.info.params = {
+      ParamSpec::SizeInt("in_features", "nn.Linear in_features (the fan-in)", 64, /*minimum=*/1),
+      ParamSpec::SizeInt("out_features", "nn.Linear out_features", 8, /*minimum=*/1)};
+  s.info.default_world = 1;
+  s.info.min_world = 1;
+  s.info.max_world = 1;
+  s.info.requirements.devices = {DeviceType::kCPU};
+  s.info.observations
+      .AddTensors({"weight", "float64", "[out_features, in_features]",
+                   "a freshly constructed nn.Linear's weight (after torch.manual_seed(1))"})
+      .AddTensors({"bias", "float64", "[out_features]", "its bias"});
+  s.run_rank = [](RankEnv& env) { return RunLinearInitRank(env); };
+  s.judge = [](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) { JudgeLinearInit(p, per_rank, checks); };
+  return s;
+}
+
 // ---- models/dropout_training -------------------------------------------------------------------
 
 // The scenario's input and upstream gradient, by rule (exact binary fractions, never 0).
@@ -371,20 +487,43 @@ nlohmann::json RunDropoutRank(RankEnv& env) {
   const int64_t n = env.params.GetInt("numel");
   Tensor x = Tensor::from_doubles(RuleValues(n, DropoutInputAt), {n}, DType::kFloat64);
   x.set_requires_grad(true);
+  const std::string checkpoint = env.params.GetString("checkpoint");
+  // torch.manual_seed(1): the generator away from a fresh one's state, so a recompute that
+  // starts from a fresh generator instead of the forward's state draws another mask.
+  nn::ManualSeed(1);
   auto dropout = std::make_shared<nn::Dropout>(p);
+  // Counts the dropout's forward pre-hook calls: a checkpoint's recompute in backward calls
+  // the module again (its pre-hooks run before the early stop ends the recompute).
+  int64_t pre_hook_calls = 0;
+  dropout->register_forward_pre_hook([&pre_hook_calls](nn::Module&, const nn::Value&) {
+    ++pre_hook_calls;
+    return std::optional<nn::Value>();
+  });
+  // The module called in training mode: the dropout itself, or it under checkpointing.
+  nn::ModulePtr module = dropout;
+  if (checkpoint == "wrapper") module = nn::checkpoint_wrapper(dropout);
+  if (checkpoint == "composable") nn::checkpoint(dropout);
+  auto train_call = [&]() {
+    const nn::Value input(x);
+    return (checkpoint == "utils" ? nn::CheckpointModuleCall(module, input) : (*module)(input))
+        .tensor();
+  };
   dropout->train();
-  const Tensor out = dropout->forward(nn::Value(x)).tensor();
+  const Tensor out = train_call();
+  const Tensor out_again = train_call();
   out.backward(Tensor::from_doubles(RuleValues(n, DropoutGradAt), {n}, DType::kFloat64));
-  const Tensor out_again = dropout->forward(nn::Value(x)).tensor();
+  const Tensor out_after = train_call();
   dropout->eval();
-  const Tensor eval_out = dropout->forward(nn::Value(x)).tensor();
+  const Tensor eval_out = (*dropout)(nn::Value(x)).tensor();
   nlohmann::json tensors;
   tensors["output"] = TensorToJson(out.detach());
   tensors["input_grad"] = TensorToJson(x.grad());
   tensors["output_again"] = TensorToJson(out_again.detach());
+  tensors["output_after_backward"] = TensorToJson(out_after.detach());
   tensors["eval_output"] = TensorToJson(eval_out.detach());
   nlohmann::json obs;
   obs[kTensors] = tensors;
+  obs["forward_pre_hook_calls"] = pre_hook_calls;
   return obs;
 }
 
@@ -398,12 +537,20 @@ void JudgeDropout(const CaseParams& params, const std::vector<nlohmann::json>& p
   const std::vector<double> out = TensorData(per_rank, 0, "output");
   const std::vector<double> grad = TensorData(per_rank, 0, "input_grad");
   const std::vector<double> again = TensorData(per_rank, 0, "output_again");
+  const std::vector<double> after = TensorData(per_rank, 0, "output_after_backward");
+  // Three training-mode calls and one eval-mode call, plus one recompute in backward of the
+  // checkpointed region (non-reentrant checkpointing: the module runs again).
+  const int64_t expected_calls = params.GetString("checkpoint") == "none" ? 4 : 5;
+  checks.CheckEqual(
+      "the dropout's forward pre-hook calls (a checkpointed call runs again in "
+      "backward)",
+      nlohmann::json(expected_calls), RankObservation(per_rank, 0, "forward_pre_hook_calls"));
   checks.CheckClose("eval-mode output = input", x, TensorData(per_rank, 0, "eval_output"),
                     Tolerance{0.0, 0.0});
-  if (!checks.CheckTrue(
-          "output and input_grad sizes",
-          out.size() == x.size() && grad.size() == x.size() && again.size() == x.size(),
-          "expected " + std::to_string(n) + " elements each")) {
+  if (!checks.CheckTrue("output and input_grad sizes",
+                        out.size() == x.size() && grad.size() == x.size() &&
+                            again.size() == x.size() && after.size() == x.size(),
+                        "expected " + std::to_string(n) + " elements each")) {
     return;
   }
   auto near = [](double actual, double expected) {
@@ -434,30 +581,56 @@ void JudgeDropout(const CaseParams& params, const std::vector<nlohmann::json>& p
                        std::to_string(mean) + " +- " + std::to_string(bound));
   checks.SetFigure("kept_fraction", static_cast<double>(kept) / static_cast<double>(n));
 
-  // The second training-mode call: the same rule, and a fresh mask.
-  bool again_ok = true, same_mask = true;
-  for (size_t k = 0; k < x.size(); ++k) {
-    again_ok = again_ok && (again[k] == 0.0 || near(again[k], x[k] * scale));
-    same_mask = same_mask && ((again[k] == 0.0) == (out[k] == 0.0));
-  }
-  checks.CheckTrue("second training-mode output: each element 0 or x / (1 - p)", again_ok);
+  // The later training-mode calls: the same rule, and a fresh mask each (the generator
+  // advanced by every draw, and restored after a checkpoint's recompute).
+  auto rule_holds = [&](const std::vector<double>& o) {
+    for (size_t k = 0; k < x.size(); ++k) {
+      if (o[k] != 0.0 && !near(o[k], x[k] * scale)) return false;
+    }
+    return true;
+  };
+  auto same_mask = [&](const std::vector<double>& a, const std::vector<double>& b) {
+    for (size_t k = 0; k < x.size(); ++k) {
+      if ((a[k] == 0.0) != (b[k] == 0.0)) return false;
+    }
+    return true;
+  };
+  checks.CheckTrue("second training-mode output: each element 0 or x / (1 - p)", rule_holds(again));
   checks.CheckTrue("second training-mode call draws a new mask (the generator advanced)",
-                   !same_mask, "both calls dropped exactly the same elements");
+                   !same_mask(again, out), "both calls dropped exactly the same elements");
+  checks.CheckTrue("training-mode output after the backward: each element 0 or x / (1 - p)",
+                   rule_holds(after));
+  checks.CheckTrue(
+      "training-mode call after the backward draws a mask unlike both earlier calls (the "
+      "generator as the forward calls left it, restored after a checkpoint's recompute)",
+      !same_mask(after, out) && !same_mask(after, again),
+      same_mask(after, again) ? "it dropped exactly the elements output_again dropped"
+                              : "it dropped exactly the elements output dropped");
 }
 
 Scenario MakeDropoutTrainingScenario() {
   Scenario s;
   s.info.name = "models/dropout_training";
   s.info.description =
-      "nn.Dropout(p) in training mode (each output 0 or x / (1 - p), the gradient through the "
-      "kept elements only, with the same scale; the number kept ~ Binomial; a fresh mask per "
-      "call) and in eval mode "
+      "nn.Dropout(p) in training mode, optionally under activation checkpointing (each output 0 "
+      "or x / (1 - p), the gradient through the kept elements only, with the same scale, also "
+      "when recomputed; the number kept ~ Binomial; a fresh mask per call, also after a "
+      "recompute) and in eval mode "
       "(the identity), judged by rule";
-  s.info.seed_test = "none (torch.nn.Dropout as documented)";
+  s.info.seed_test =
+      "none (torch.nn.Dropout as documented; under checkpointing, torch.utils.checkpoint's "
+      "preserve_rng_state, as test_utils.py::TestCheckpoint::test_checkpoint_rng_cpu)";
   s.info.params = {
       ParamSpec::Axis("p", "the dropout probability (1 / p differs from 1 / (1 - p))",
                       {"0.2", "0.7"}),
-      ParamSpec::SizeInt("numel", "elements of the float64 input", 4096, /*minimum=*/1)};
+      ParamSpec::SizeInt("numel", "elements of the float64 input", 4096, /*minimum=*/1),
+      ParamSpec::Axis("checkpoint",
+                      "activation checkpointing of the training-mode calls (non-reentrant, "
+                      "preserve_rng_state=True): none, utils "
+                      "(torch.utils.checkpoint.checkpoint(dropout, x, use_reentrant=False)), "
+                      "wrapper (checkpoint_wrapper(dropout)), composable "
+                      "(torch.distributed._composable.checkpoint(dropout))",
+                      {"none", "utils", "wrapper", "composable"})};
   s.info.default_world = 1;
   s.info.min_world = 1;
   s.info.max_world = 1;
@@ -468,8 +641,16 @@ Scenario MakeDropoutTrainingScenario() {
       .AddTensors({"input_grad", "float64", "[numel]",
                    "x.grad after output.backward(g), g[i] = 1 + (i % 7) / 4"})
       .AddTensors({"output_again", "float64", "[numel]",
-                   "the same module called on x once more in training mode (a fresh mask)"})
-      .AddTensors({"eval_output", "float64", "[numel]", "the same module in eval mode on x"});
+                   "the same module called on x once more in training mode, before the "
+                   "backward (a fresh mask)"})
+      .AddTensors({"output_after_backward", "float64", "[numel]",
+                   "the same module called on x in training mode after the backward (a mask "
+                   "unlike both earlier ones)"})
+      .AddTensors({"eval_output", "float64", "[numel]", "the same module in eval mode on x"})
+      .Add(ObservationKey::Integer("forward_pre_hook_calls",
+                                   "calls of a forward pre-hook registered on the dropout: every "
+                                   "call of it, and its recompute in backward under "
+                                   "checkpointing"));
   s.run_rank = [](RankEnv& env) { return RunDropoutRank(env); };
   s.judge = [](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) { JudgeDropout(p, per_rank, checks); };
@@ -568,6 +749,7 @@ Scenario MakeSharedBufferScenario() {
 void RegisterModelsScenarios(ScenarioRegistry& registry) {
   for (const ZooModelKind& kind : ZooModel::Kinds()) registry.Add(MakeModelScenario(kind));
   registry.Add(MakeDropoutTrainingScenario());
+  registry.Add(MakeLinearInitScenario());
   registry.Add(MakeSharedBufferScenario());
 }
 

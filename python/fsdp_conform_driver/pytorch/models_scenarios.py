@@ -54,7 +54,9 @@ def model(kind: str):
         x = inputs.step_input(request, 0)
         loss = parity._loss(request, 0, module(x))
         loss.backward()
-        named = list(module.named_parameters())
+        # FQNs without checkpoint_wrapper's prefix (FSDP's clean_tensor_name).
+        named = [(name.replace("_checkpoint_wrapped_module.", ""), p)
+                 for name, p in module.named_parameters()]
         obs = {"param_names": [name for name, _ in named],
                "grad_none": [name for name, p in named if p.grad is None],
                "loss_dtype": str(loss.dtype).replace("torch.", "")}
@@ -104,26 +106,72 @@ def model(kind: str):
     return run
 
 
+def _checkpointed_call(module, checkpoint: str):
+    """The training-mode call of models/dropout_training's axis `checkpoint` (non-reentrant,
+    preserve_rng_state=True): "none" calls `module`; "utils"
+    torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False); "wrapper"
+    checkpoint_wrapper(module) (CheckpointImpl.NO_REENTRANT, the default); "composable"
+    torch.distributed._composable.checkpoint(module), applied here once."""
+    import torch
+
+    if checkpoint == "none":
+        return module
+    if checkpoint == "utils":
+        return lambda x: torch.utils.checkpoint.checkpoint(module, x, use_reentrant=False)
+    if checkpoint == "wrapper":
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            checkpoint_wrapper)
+        return checkpoint_wrapper(module)
+    if checkpoint == "composable":
+        from torch.distributed._composable import checkpoint as composable_checkpoint
+        composable_checkpoint(module)
+        return module
+    from fsdp_conform_driver import ScenarioError
+    raise ScenarioError("InvalidArgument", f"unknown checkpoint {checkpoint!r}")
+
+
 def dropout_training(request):
     """models/dropout_training: nn.Dropout(p) on x[i] = 0.5 + (i % 13) / 8 (float64, requiring
-    grad) in training mode, output.backward(g) with g[i] = 1 + (i % 7) / 4, then the same module
-    once more in training mode and in eval mode on x. The judge checks the values by rule (PyTorch's mask comes from its own
-    RNG)."""
+    grad) in training mode after torch.manual_seed(1), twice (output, output_again), then
+    output.backward(g) with g[i] = 1 + (i % 7) / 4, then once more in training mode
+    (output_after_backward) and once in eval mode on x, counting the calls of a forward pre-hook
+    on the dropout (a recompute calls it again); the training-mode calls under the
+    activation checkpointing of axis `checkpoint` (_checkpointed_call). The judge checks the
+    values by rule (PyTorch's mask comes from its own RNG)."""
     import torch
 
     n = request.int_param("numel")
     i = torch.arange(n, dtype=torch.float64)
     x = (0.5 + torch.remainder(i, 13) / 8).requires_grad_()
+    torch.manual_seed(1)
     dropout = torch.nn.Dropout(float(request.param("p")))
+    pre_hook_calls = []
+    dropout.register_forward_pre_hook(lambda _module, _args: pre_hook_calls.append(1))
+    train_call = _checkpointed_call(dropout, request.param("checkpoint"))
     dropout.train()
-    out = dropout(x)
+    out = train_call(x)
+    out_again = train_call(x)
     out.backward(1 + torch.remainder(i, 7) / 4)
-    out_again = dropout(x)
+    out_after = train_call(x)
     dropout.eval()
     eval_out = dropout(x)
-    return {}, {"output": out.detach().clone(), "input_grad": x.grad.detach().clone(),
+    return {"forward_pre_hook_calls": len(pre_hook_calls)}, {
+                "output": out.detach().clone(), "input_grad": x.grad.detach().clone(),
                 "output_again": out_again.detach().clone(),
+                "output_after_backward": out_after.detach().clone(),
                 "eval_output": eval_out.detach().clone()}
+
+
+def linear_init(request):
+    """models/linear_init: a freshly constructed nn.Linear(in_features, out_features) after
+    torch.manual_seed(1) (its default reset_parameters): the weight and bias as float64. The
+    judge checks them by rule (PyTorch's draws come from its own RNG)."""
+    import torch
+
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(request.int_param("in_features"), request.int_param("out_features"))
+    return {}, {"weight": linear.weight.detach().to(torch.float64),
+                "bias": linear.bias.detach().to(torch.float64)}
 
 
 def shared_buffer(request):
@@ -145,4 +193,5 @@ def shared_buffer(request):
 
 SCENARIOS = {f"models/{kind}": model(kind) for kind in _KINDS}
 SCENARIOS["models/dropout_training"] = dropout_training
+SCENARIOS["models/linear_init"] = linear_init
 SCENARIOS["models/shared_buffer"] = shared_buffer

@@ -47,6 +47,13 @@ def _build(kind: str, request, dtype_name=None):
             block_kwargs=request.params.get("block_kwargs", "False") == "True",
             checkpoint_activations=request.params.get("checkpoint_activations",
                                                       "False") == "True"))
+        if request.params.get("checkpoint_wrapper", "False") == "True":
+            from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+                apply_activation_checkpointing)
+
+            from fsdp_conform_driver.pytorch.models import FeedForward, TransformerBlock
+            apply_activation_checkpointing(
+                model, check_fn=lambda module: isinstance(module, (TransformerBlock, FeedForward)))
     elif kind == "mlp_stack":
         model = MLPStack(request.int_param("mlp_dim"))
     elif kind == "mlp_stack_seq_parallel":
