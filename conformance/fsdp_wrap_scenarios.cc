@@ -484,6 +484,11 @@ Scenario MakeScenario(const WrapScenario& w) {
   // Extra default runs with an ignored module, which the policy must leave alone: a block that
   // ModuleWrapPolicy(TransformerBlock) would wrap; an attention whose 1024 parameters, still
   // counted, would lift its block to exactly min_num_params=3216.
+  // And one where a wrapped module has wrapped descendants below a wrappable parent: with
+  // min_num_params=1040 and the ModuleList not excluded, each block wraps w1 and w2 (2128), then
+  // itself around the remaining 1088, and must report its whole 3216 to `layers` (PyTorch's
+  // `_recursive_wrap` returns nonwrapped_numel, not the remainder), whose remainder is then 0:
+  // a block reporting its remainder would leave 4256 and wrap the ModuleList.
   if (!mlp) {
     s.info.extra_default_runs = {
         {2,
@@ -496,6 +501,12 @@ Scenario MakeScenario(const WrapScenario& w) {
              : std::map<std::string, std::string>{{"module_classes", "TransformerBlock"},
                                                   {"ignored_module", "layers.1"},
                                                   {"steps", "1"}}}};
+  }
+  if (size_based && !mlp) {
+    s.info.extra_default_runs.push_back({2,
+                                         {{"min_num_params", "1040"},
+                                          {"force_leaf_modules", "MultiheadAttention"},
+                                          {"exclude_wrap_modules", "ModuleDict"}}});
   }
   s.info.observations.Add(ObservationKey::Losses("the rank's loss at every step"));
   s.info.observations.Add(ObservationKey::String("loss_dtype", "the dtype of the losses"));
