@@ -96,12 +96,12 @@ int64_t PaddedShardNumel(const std::vector<std::string>& names, const ZooModel& 
 // The dtypes of a group's collectives (its MixedPrecisionPolicy): all-gather in param_dtype,
 // the reduction in reduce_dtype, else in the gradient's dtype, param_dtype when set (torch-2.4,
 // torch-2.8), or in the parameters' dtype (torch-2.15, which accumulates and reduces gradients
-// in the original dtype: fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset).
+// in the original dtype: ProfileReducesInParamDtypeWhenReduceDtypeUnset).
 DType AllGatherDType(const FullyShardPlan& plan, const std::string& fqn) {
   return plan.PolicyOf(fqn).param_dtype.value_or(plan.dtype);
 }
 DType ReduceDType(const FullyShardPlan& plan, const std::string& fqn) {
-  const DType unset = fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset(plan.semantics)
+  const DType unset = ProfileReducesInParamDtypeWhenReduceDtypeUnset(plan.semantics)
                           ? AllGatherDType(plan, fqn)
                           : plan.dtype;
   return plan.PolicyOf(fqn).reduce_dtype.value_or(unset);
