@@ -146,9 +146,16 @@ nlohmann::json RunRedistributeRank(RankEnv& env) {
     linear->to(env.device);
     linear->weight().copy_(mine);
     linear->register_buffer("buf", mine.clone());
+    // A child without parameters holding the buffer "buf" too: the default partition runs on
+    // every module of named_modules(), not on the root only.
+    auto child = std::make_shared<nn::Identity>();
+    child->register_buffer("buf", mine.clone());
+    linear->register_module("stats", child);
     tensor_parallel::distribute_module(*linear, mesh);
     t["distribute_module_weight"] = TensorToJson(linear->weight());
     t["distribute_module_buffer"] = TensorToJson(linear->buffer("buf"));
+    t["distribute_module_child_buffer"] =
+        TensorToJson(linear->get_submodule("stats")->buffer("buf"));
   }
   if (Has2dMesh(env.world, rows)) {
     const auto mesh_2d =
@@ -197,6 +204,7 @@ std::vector<nlohmann::json> ExpectRedistribute(const CaseParams& p, int world) {
     // distribute_tensor's default src_data_rank 0, whatever the case's.
     t["distribute_module_weight"] = MatrixJson(base);
     t["distribute_module_buffer"] = MatrixJson(base);
+    t["distribute_module_child_buffer"] = MatrixJson(base);
     if (Has2dMesh(world, rows)) {
       const int i = r / (world / 2);
       const int j = r % (world / 2);
@@ -246,7 +254,9 @@ Scenario Redistribute() {
        "[Replicate()], src_data_rank).to_local(); distribute_module_weight / "
        "distribute_module_buffer: distribute_module(Linear(cols, rows, bias=False), mesh) with "
        "the rank's X_r as its weight and as its buffer \"buf\" (the default partition, "
-       "src_data_rank 0): weight.to_local() and buf.to_local(); at an even world >= 4, on the (2, "
+       "src_data_rank 0): weight.to_local() and buf.to_local(); distribute_module_child_buffer: "
+       "the same Linear's parameterless child `stats` (an nn.Module holding X_r as its buffer "
+       "\"buf\"): stats.buf.to_local(); at an even world >= 4, on the (2, "
        "world / 2) "
        "mesh: mesh2d_shard0_shard1_to_replicate: from_local(the rank's piece of B, [Shard(0), "
        "Shard(1)], shape).full_tensor(), mesh2d_shard0_shard1_to_shard1_replicate: the same "

@@ -88,10 +88,15 @@ def redistribute(request):
     with torch.no_grad():
         linear.weight.copy_(mine)
     linear.register_buffer("buf", mine.clone())
+    # A parameterless child holding X_r as its buffer "buf" too: the default partition runs on
+    # every module of named_modules().
+    linear.add_module("stats", torch.nn.Module())
+    linear.stats.register_buffer("buf", mine.clone())
     distribute_module(linear, mesh)
     t["distribute_module_weight"] = linear.weight.to_local()
-    t["distribute_module_buffer"] = (linear.buf.to_local() if isinstance(linear.buf, DTensor)
-                                     else linear.buf)
+    for key, buf in (("distribute_module_buffer", linear.buf),
+                     ("distribute_module_child_buffer", linear.stats.buf)):
+        t[key] = buf.to_local() if isinstance(buf, DTensor) else buf
     if world >= 4 and world % 2 == 0 and rows >= world // 2:
         mesh_2d = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("a", "b"))
         i, j = divmod(rank, world // 2)
