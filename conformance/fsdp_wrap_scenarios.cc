@@ -51,7 +51,9 @@
 #include "conformance/scenario_registry.h"
 #include "engine/fsdp1/api.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
+#include "engine/fsdp1/wrap.h"
 #include "engine/fsdp1/wrap_policy.h"
+#include "engine/nn/layers.h"
 
 namespace fsdp::conformance {
 
@@ -547,9 +549,102 @@ Scenario MakeScenario(const WrapScenario& w) {
   return s;
 }
 
+// ---- fsdp_wrap/enable_wrap ------------------------------------------------------------------
+//
+// test_wrap.py's test_wrap, test_wrap_override_defaults and test_wrap_disabled_outside_context:
+// `with enable_wrap(wrapper_cls=FSDP, device_id=cpu): wrap(Linear)` (PyTorch's
+// `_ConfigAutoWrap`). Rule: inside the scope wrap() returns an FSDP instance built from the
+// scope's kwargs (sharding_strategy defaults to FULL_SHARD); wrap(module, **overrides) builds
+// one from the scope's kwargs updated by the overrides, for that call only (`{**kwargs,
+// **wrap_overrides}`: a copy), so a later plain wrap() is FULL_SHARD again; after the scope
+// wrap() returns the module itself; enable_wrap inside enable_wrap raises
+// (NotImplementedError). Each rank reports, per wrap() call, the instance's
+// `sharding_strategy` name, or "module" when wrap() returned the module itself.
+
+constexpr const char* kWrapResults = "wrap_results";
+constexpr const char* kNestedRaises = "nested_enable_wrap_raises";
+
+// The rule's wrap() results, in the order RunEnableWrapRank calls wrap().
+nlohmann::json ExpectedWrapResults() {
+  return {"FULL_SHARD", "SHARD_GRAD_OP", "FULL_SHARD", "FULL_SHARD", "module"};
+}
+
+nlohmann::json RunEnableWrapRank(RankEnv& env) {
+  auto describe = [](const nn::ModulePtr& m) -> std::string {
+    const fsdp1::FullyShardedDataParallel* fsdp = fsdp1::AsFsdp(*m);
+    return fsdp == nullptr ? "module" : fsdp1::ShardingStrategyName(fsdp->sharding_strategy);
+  };
+  auto linear = [&env] {
+    nn::ModulePtr m = std::make_shared<nn::Linear>(5, 5);
+    m->to(env.device);
+    return m;
+  };
+  fsdp1::FullyShardedDataParallelOptions options;
+  options.process_group = env.pg;
+  nlohmann::json results = nlohmann::json::array();
+  bool nested_raises = false;
+  {
+    fsdp1::EnableWrap scope(options);
+    results.push_back(describe(fsdp1::wrap(linear())));
+    results.push_back(describe(fsdp1::wrap(linear(), [](fsdp1::FullyShardedDataParallelOptions& o) {
+      o.sharding_strategy = fsdp1::ShardingStrategy::kShardGradOp;
+    })));
+    results.push_back(describe(fsdp1::wrap(linear())));
+    try {
+      fsdp1::EnableWrap nested(options);
+    } catch (const Error&) {
+      nested_raises = true;
+    }
+    // The failed nested enable_wrap leaves the outer scope in force.
+    results.push_back(describe(fsdp1::wrap(linear())));
+  }
+  results.push_back(describe(fsdp1::wrap(linear())));
+  return {{kWrapResults, results}, {kNestedRaises, nested_raises}};
+}
+
+Scenario MakeEnableWrapScenario() {
+  Scenario s;
+  s.info.name = std::string(kFamily) + "/enable_wrap";
+  s.info.description =
+      "wrap(Linear(5, 5)) inside enable_wrap(wrapper_cls=FSDP): an FSDP instance with the "
+      "scope's kwargs, a per-call override (sharding_strategy=SHARD_GRAD_OP) for that call only, "
+      "nested enable_wrap raising, the module itself after the scope";
+  s.info.seed_test =
+      "test_wrap.py::TestAutoWrap (test_wrap, test_wrap_override_defaults, "
+      "test_wrap_disabled_outside_context)";
+  s.info.observations.Add(ObservationKey::StringList(
+      kWrapResults,
+      "per wrap() call: inside the scope plain, with sharding_strategy=SHARD_GRAD_OP, plain, "
+      "plain after a nested enable_wrap failed, then after the scope: the returned instance's "
+      "sharding_strategy name, or \"module\" for the module itself"));
+  s.info.observations.Add(ObservationKey::Boolean(
+      kNestedRaises, "whether enable_wrap inside enable_wrap raised (NotImplementedError)"));
+  s.info.deterministic = true;
+  s.info.default_world = 2;
+  // World 1: FSDP falls back to NO_SHARD, which the rule above does not cover.
+  s.info.min_world = 2;
+  s.info.max_world = 8;
+  s.info.requirements.devices = {DeviceType::kCPU};
+  s.run_rank = [](RankEnv& env) { return RunEnableWrapRank(env); };
+  s.expect = [](const CaseParams&, int world) {
+    return std::vector<nlohmann::json>(
+        static_cast<size_t>(world),
+        {{kWrapResults, ExpectedWrapResults()}, {kNestedRaises, true}});
+  };
+  s.judge = [](const CaseParams&, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    CheckEveryRank(checks, per_rank, world,
+                   {{kWrapResults, "wrap() results (instance sharding strategy or module)",
+                     ExpectedWrapResults()},
+                    {kNestedRaises, "nested enable_wrap raises", true}});
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFsdpWrapScenarios(ScenarioRegistry& registry) {
+  registry.Add(MakeEnableWrapScenario());
   registry.Add(MakeScenario({PolicyKind::kSizeBased, "transformer"}));
   registry.Add(MakeScenario({PolicyKind::kSizeBased, "mlp"}));
   registry.Add(MakeScenario({PolicyKind::kModuleWrap, "transformer"}));

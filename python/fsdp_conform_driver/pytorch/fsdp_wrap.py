@@ -81,7 +81,42 @@ def run(kind: str):
     return run_kind
 
 
+def enable_wrap_scenario(request):
+    """fsdp_wrap/enable_wrap (test_wrap.py's test_wrap, test_wrap_override_defaults,
+    test_wrap_disabled_outside_context): wrap(Linear(5, 5)) inside
+    enable_wrap(wrapper_cls=FSDP, device_id=cpu) plain, with sharding_strategy=SHARD_GRAD_OP,
+    plain, plain after a nested enable_wrap, then after the scope; each result's
+    `sharding_strategy` name, or "module" for the module itself."""
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import enable_wrap, wrap
+
+    def describe(module):
+        return module.sharding_strategy.name if isinstance(module, FSDP) else "module"
+
+    def linear():
+        return torch.nn.Linear(5, 5)
+
+    kwargs = {"wrapper_cls": FSDP, "device_id": torch.device("cpu")}
+    results = []
+    nested_raises = False
+    with enable_wrap(**kwargs):
+        results.append(describe(wrap(linear())))
+        results.append(describe(wrap(linear(), sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)))
+        results.append(describe(wrap(linear())))
+        try:
+            with enable_wrap(**kwargs):
+                pass
+        except NotImplementedError:
+            nested_raises = True
+        results.append(describe(wrap(linear())))
+    results.append(describe(wrap(linear())))
+    return {"wrap_results": results, "nested_enable_wrap_raises": nested_raises}, None
+
+
 SCENARIOS = {
+    "fsdp_wrap/enable_wrap": enable_wrap_scenario,
     "fsdp_wrap/size_based_auto_wrap_policy": run("transformer"),
     "fsdp_wrap/size_based_auto_wrap_policy_mlp": run("mlp"),
     "fsdp_wrap/module_wrap_policy": run("transformer"),
