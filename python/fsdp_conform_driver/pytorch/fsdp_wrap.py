@@ -11,6 +11,8 @@ order, each as [FQN, [FQNs of its flat parameter's original parameters]], FQNs w
 `_handle.flat_param._fqns` (relative to the instance's module, in flat order; the same
 attributes in 2.5.1 and 2.15.0).
 
+fsdp_wrap/enable_wrap: enable_wrap / wrap (enable_wrap_scenario).
+
 Class names in the case's parameters are joined by "+"; torch.nn's classes and the zoo
 Transformer's (models.py: Attention, FeedForward, TransformerBlock) are known.
 
