@@ -628,8 +628,7 @@ Scenario MakeEnableWrapScenario() {
   s.run_rank = [](RankEnv& env) { return RunEnableWrapRank(env); };
   s.expect = [](const CaseParams&, int world) {
     return std::vector<nlohmann::json>(
-        static_cast<size_t>(world),
-        {{kWrapResults, ExpectedWrapResults()}, {kNestedRaises, true}});
+        static_cast<size_t>(world), {{kWrapResults, ExpectedWrapResults()}, {kNestedRaises, true}});
   };
   s.judge = [](const CaseParams&, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
