@@ -11,7 +11,8 @@ order, each as [FQN, [FQNs of its flat parameter's original parameters]], FQNs w
 `_handle.flat_param._fqns` (relative to the instance's module, in flat order; the same
 attributes in 2.5.1 and 2.15.0).
 
-fsdp_wrap/enable_wrap: enable_wrap / wrap (enable_wrap_scenario).
+fsdp_wrap/enable_wrap: enable_wrap / wrap (enable_wrap_scenario); fsdp_wrap/scalar_parameter_rejected:
+the constructor's error for a 0-dim parameter.
 
 Class names in the case's parameters are joined by "+"; torch.nn's classes and the zoo
 Transformer's (models.py: Attention, FeedForward, TransformerBlock) are known.
@@ -117,8 +118,24 @@ def enable_wrap_scenario(request):
     return {"wrap_results": results, "nested_enable_wrap_raises": nested_raises}, None
 
 
+def scalar_parameter_rejected(request):
+    """fsdp_wrap/scalar_parameter_rejected: FullyShardedDataParallel over a Linear(4, 4) with a
+    0-dim parameter `scale`; the message of the error the constructor raises ("" when none)."""
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    module = torch.nn.Linear(4, 4)
+    module.register_parameter("scale", torch.nn.Parameter(torch.ones(())))
+    try:
+        FSDP(module, device_id=torch.device("cpu"))
+    except Exception as e:  # noqa: BLE001 - the message is the observation, whatever the type
+        return {"error": str(e)}, None
+    return {"error": ""}, None
+
+
 SCENARIOS = {
     "fsdp_wrap/enable_wrap": enable_wrap_scenario,
+    "fsdp_wrap/scalar_parameter_rejected": scalar_parameter_rejected,
     "fsdp_wrap/size_based_auto_wrap_policy": run("transformer"),
     "fsdp_wrap/size_based_auto_wrap_policy_mlp": run("mlp"),
     "fsdp_wrap/module_wrap_policy": run("transformer"),
