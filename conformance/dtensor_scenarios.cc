@@ -155,9 +155,16 @@ nlohmann::json RunRedistributeRank(RankEnv& env) {
     linear->to(env.device);
     linear->weight().copy_(mine);
     linear->register_buffer("buf", mine.clone());
+    // A child without parameters holding the buffer "buf" too: the default partition runs on
+    // every module of named_modules(), not on the root only.
+    auto child = std::make_shared<nn::Identity>();
+    child->register_buffer("buf", mine.clone());
+    linear->register_module("stats", child);
     tensor_parallel::distribute_module(*linear, mesh);
     t["distribute_module_weight"] = TensorToJson(linear->weight());
     t["distribute_module_buffer"] = TensorToJson(linear->buffer("buf"));
+    t["distribute_module_child_buffer"] =
+        TensorToJson(linear->get_submodule("stats")->buffer("buf"));
   }
   {
     // SequenceParallel's _replicate_module_fn: DTensor.from_local(param, [Replicate()]) over
@@ -225,6 +232,7 @@ std::vector<nlohmann::json> ExpectRedistribute(const CaseParams& p, int world) {
     // distribute_tensor's default src_data_rank 0, whatever the case's.
     t["distribute_module_weight"] = MatrixJson(base);
     t["distribute_module_buffer"] = MatrixJson(base);
+    t["distribute_module_child_buffer"] = MatrixJson(base);
     const Matrix own_row = NormRow(base, r);
     t["sequence_parallel_weight"] = TensorJson({cols}, "float64", own_row.data);
     t["sequence_parallel_bias"] = TensorJson({cols}, "float64", Scaled(own_row, -1).data);
@@ -277,7 +285,9 @@ Scenario Redistribute() {
        "[Replicate()], src_data_rank).to_local(); distribute_module_weight / "
        "distribute_module_buffer: distribute_module(Linear(cols, rows, bias=False), mesh) with "
        "the rank's X_r as its weight and as its buffer \"buf\" (the default partition, "
-       "src_data_rank 0): weight.to_local() and buf.to_local(); sequence_parallel_weight / "
+       "src_data_rank 0): weight.to_local() and buf.to_local(); distribute_module_child_buffer: "
+       "the same Linear's parameterless child `stats` (an nn.Module holding X_r as its buffer "
+       "\"buf\"): stats.buf.to_local(); sequence_parallel_weight / "
        "sequence_parallel_bias: parallelize_module(LayerNorm(cols), mesh, SequenceParallel()) "
        "with row 0 of the rank's X_r as its weight and its negation as its bias (replicated "
        "from each rank's own values, no broadcast): weight.to_local() and bias.to_local(); at an "

@@ -99,7 +99,7 @@ std::optional<fsdp2::ReshardAfterForward> ParseReshardAfterForward(const std::st
   if (*canonical == "True") return fsdp2::ReshardAfterForward(true);
   if (*canonical == "False") return fsdp2::ReshardAfterForward(false);
   if (*canonical == kNone) {
-    FSDP_CHECK(fsdp2::HasReshardAfterForwardNone(semantics),
+    FSDP_CHECK(ProfileAcceptsReshardAfterForwardNone(semantics),
                "reshard_after_forward=None is not valid under semantics ",
                fsdp2::SemanticsName(semantics),
                ": its fully_shard takes a bool or an int (None arrived in PyTorch 2.8; run with "
@@ -133,6 +133,50 @@ std::vector<TestRun> LaterProfileRuns(int world, std::map<std::string, std::stri
   std::map<std::string, std::string> with_none = fixed;
   with_none["reshard_after_forward"] = kNone;
   return {{world, std::move(fixed)}, {world, std::move(with_none)}};
+}
+
+bool ProfileAcceptsReshardAfterForwardNone(fsdp2::Semantics semantics) {
+  switch (semantics) {
+    case fsdp2::Semantics::kTorch2_4:
+      return false;
+    case fsdp2::Semantics::kTorch2_8:
+    case fsdp2::Semantics::kTorch2_15:
+      return true;
+  }
+  FSDP_THROW(ErrorCode::kInternal, "unknown semantics profile");
+}
+
+bool ProfileSweepsEveryGroupAtEndOfBackward(fsdp2::Semantics semantics) {
+  switch (semantics) {
+    case fsdp2::Semantics::kTorch2_4:
+      return false;
+    case fsdp2::Semantics::kTorch2_8:
+    case fsdp2::Semantics::kTorch2_15:
+      return true;
+  }
+  FSDP_THROW(ErrorCode::kInternal, "unknown semantics profile");
+}
+
+bool ProfileReducesInParamDtypeWhenReduceDtypeUnset(fsdp2::Semantics semantics) {
+  switch (semantics) {
+    case fsdp2::Semantics::kTorch2_4:
+    case fsdp2::Semantics::kTorch2_8:
+      return true;
+    case fsdp2::Semantics::kTorch2_15:
+      return false;
+  }
+  FSDP_THROW(ErrorCode::kInternal, "unknown semantics profile");
+}
+
+bool ProfileKeepsUnshardedGradInReduceDtype(fsdp2::Semantics semantics) {
+  switch (semantics) {
+    case fsdp2::Semantics::kTorch2_4:
+    case fsdp2::Semantics::kTorch2_8:
+      return false;
+    case fsdp2::Semantics::kTorch2_15:
+      return true;
+  }
+  FSDP_THROW(ErrorCode::kInternal, "unknown semantics profile");
 }
 
 bool ReshardsAfterForward(const CaseParams& params, bool is_root) {

@@ -71,6 +71,28 @@ std::map<std::string, std::string> LaterProfile();
 // semantics=torch-2.8, once as given and once with reshard_after_forward=None.
 std::vector<TestRun> LaterProfileRuns(int world, std::map<std::string, std::string> fixed = {});
 
+// The judges' own statements of the rules where the profiles differ (docs/scenarios.md,
+// "Semantics profiles"), written from each release's PyTorch source and deliberately not
+// calling engine/fsdp/semantics.h: an engine whose profile rule is wrong must fail the judge,
+// not move the expectation with it.
+//
+// Whether fully_shard accepts reshard_after_forward=None: torch-2.8 and later (torch-2.4's
+// fully_shard takes a bool or an int).
+bool ProfileAcceptsReshardAfterForwardNone(fsdp2::Semantics semantics);
+// Whether the end-of-backward callback (`FSDPState._root_post_backward_final_callback`) gives
+// post_backward() to every group not yet in POST_BACKWARD (torch-2.8 and later) rather than
+// only to the groups still unsharded (torch-2.4).
+bool ProfileSweepsEveryGroupAtEndOfBackward(fsdp2::Semantics semantics);
+// Whether a MixedPrecisionPolicy with param_dtype and no reduce_dtype reduces (and accumulates)
+// the gradients in param_dtype (torch-2.4, torch-2.8) rather than in the parameters' original
+// dtype (torch-2.15, `FSDPParam.init_dtype_attrs`).
+bool ProfileReducesInParamDtypeWhenReduceDtypeUnset(fsdp2::Semantics semantics);
+// Whether a gradient accumulated without reduction stays in the unsharded parameter's .grad,
+// in the reduce dtype (torch-2.15: `_unsharded_param.grad_dtype = unsharded_grad_dtype`)
+// rather than moving into `unsharded_accumulated_grad` when the reduce dtype differs from
+// the gradient's, .grad left None (torch-2.4, torch-2.8: `to_accumulated_grad_if_needed`).
+bool ProfileKeepsUnshardedGradInReduceDtype(fsdp2::Semantics semantics);
+
 // The judges' rule (docs/fsdp-behaviour.md, "Semantics profiles"): whether a module that
 // fully_shard was applied to with the case's `reshard_after_forward` reshards its parameters
 // after forward (so that backward all-gathers them again), given whether it is the root of

@@ -650,20 +650,30 @@ Scenario WrongStateDictConfig() {
 }
 
 // test_state_dict_type: inside FSDP.state_dict_type(LOCAL_STATE_DICT) every instance has it;
-// after the scope every instance is back at FULL_STATE_DICT.
+// after the scope every instance is back at FULL_STATE_DICT. The scope is entered after
+// FSDP.set_state_dict_type(FULL_STATE_DICT, FullStateDictConfig(rank0_only=True)), and its exit
+// restores the previous config with the type (`state_dict_type`'s finally block passes
+// prev_state_dict_config): the state_dict() taken after it is empty on every rank but 0.
 Scenario StateDictTypeScopeScenario() {
   ObservationSchema schema;
   schema.Add(ObservationKey::StringList(
       "types_inside", "every FSDP instance's state_dict_type inside the scope (fsdp_modules order)"));
   schema.Add(ObservationKey::StringList("types_after", "the same after the scope"));
+  schema.Add(ObservationKey::Boolean(
+      "state_dict_empty_after",
+      "whether model.state_dict() after the scope is empty (the rank0_only=True config restored)"));
   return ApiScenario(
       "state_dict_type",
-      "state_dict_type(LOCAL_STATE_DICT) applies to every instance and restores FULL_STATE_DICT",
+      "state_dict_type(LOCAL_STATE_DICT) applies to every instance and restores FULL_STATE_DICT "
+      "with its FullStateDictConfig(rank0_only=True)",
       "transformer", schema,
       [](RankEnv& env) {
         auto fsdp_model = WrappedFromInputs(env, env.params.GetString("model"));
         nlohmann::json obs{{"types_inside", nlohmann::json::array()},
                            {"types_after", nlohmann::json::array()}};
+        fsdp1::FullStateDictConfig rank0_only;
+        rank0_only.rank0_only = true;
+        fsdp1::SetStateDictType(*fsdp_model, fsdp1::StateDictType::kFullStateDict, rank0_only);
         {
           fsdp1::StateDictTypeScope scope(fsdp_model, fsdp1::StateDictType::kLocalStateDict);
           for (const auto* m : fsdp1::FullyShardedDataParallel::fsdp_modules(fsdp_model)) {
@@ -673,14 +683,18 @@ Scenario StateDictTypeScopeScenario() {
         for (const auto* m : fsdp1::FullyShardedDataParallel::fsdp_modules(fsdp_model)) {
           obs["types_after"].push_back(fsdp1::StateDictTypeName(m->state_dict_type));
         }
+        obs["state_dict_empty_after"] = fsdp_model->state_dict().empty();
         return obs;
       },
       [](const CaseParams& p, int world) {
         const size_t n = StateDictModelInstances(p.GetString("model")).size();
-        return std::vector<nlohmann::json>(
-            static_cast<size_t>(world),
-            {{"types_inside", std::vector<std::string>(n, "LOCAL_STATE_DICT")},
-             {"types_after", std::vector<std::string>(n, "FULL_STATE_DICT")}});
+        std::vector<nlohmann::json> expected;
+        for (int r = 0; r < world; ++r) {
+          expected.push_back({{"types_inside", std::vector<std::string>(n, "LOCAL_STATE_DICT")},
+                              {"types_after", std::vector<std::string>(n, "FULL_STATE_DICT")},
+                              {"state_dict_empty_after", r != 0}});
+        }
+        return expected;
       });
 }
 

@@ -734,12 +734,12 @@ Scenario BackwardPrefetchUnusedInBackward() {
     // sweep gives lin1, still UNSHARDED, its post_backward (which reshards it); the second
     // backward then all-gathers lin1 and prefetches 0.
     // Under torch-2.8 the callback sweeps every group not in POST_BACKWARD
-    // (fsdp2::EndOfBackwardSweepsEveryGroup): the unused lin1 (first backward; its pending
+    // (ProfileSweepsEveryGroupAtEndOfBackward): the unused lin1 (first backward; its pending
     // prefetch survives, SHARDED) and lin2 (second) get their no-op post_backward last, as
     // PyTorch 2.8's version of the seed expects ("`1.lin1` post-backward hook runs but is a
     // no-op").
     const bool r = ReshardsAfterForward(params, /*is_root=*/false);
-    const bool sweeps_every_group = fsdp2::EndOfBackwardSweepsEveryGroup(SemanticsOf(params));
+    const bool sweeps_every_group = ProfileSweepsEveryGroupAtEndOfBackward(SemanticsOf(params));
     auto unshard = [](const char* fqn) { return EventJson("unshard", fqn, "PRE_BACKWARD"); };
     auto post_backward = [](const char* fqn) {
       return EventJson("post_backward", fqn, "POST_BACKWARD");

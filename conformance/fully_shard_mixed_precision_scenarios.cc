@@ -8,7 +8,7 @@
 // the gradients come back in the parameters' dtype, and the model's output has output_dtype
 // (else param_dtype). Each scenario has a `semantics` parameter: with param_dtype set and
 // reduce_dtype None, torch-2.4 and torch-2.8 reduce in param_dtype, torch-2.15 in the
-// parameters' dtype (fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset); ctest and every default
+// parameters' dtype (ProfileReducesInParamDtypeWhenReduceDtypeUnset); ctest and every default
 // run also run each at world 2 under torch-2.15.
 //   compute_dtype                TestFullyShardMixedPrecisionTraining.test_compute_dtype:
 //                                param_dtype bfloat16 / float16
@@ -145,13 +145,21 @@ Scenario LowPrecisionSubmodules(const std::string& name, const std::string& kind
 }  // namespace
 
 void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry) {
-  registry.Add(Make(
+  Scenario compute_dtype = Make(
       "compute_dtype",
       "MLPStack with param_dtype bfloat16 / float16: all-gathers and compute in "
       "param_dtype, reduce-scatter in it (torch-2.15: in float32), float32 "
       "gradients; vs the oracle within u * sqrt(N)",
       {ParamSpec::Axis("param_dtype", "MixedPrecisionPolicy.param_dtype", {"bfloat16", "float16"})},
-      /*accumulate=*/false));
+      /*accumulate=*/false);
+  // torch-2.8 still reduces in param_dtype when reduce_dtype is unset (only torch-2.15
+  // upcasts): one default run under that profile, so that an implementation taking 2.8 for
+  // 2.15 (or the reverse) fails on the reduce-scatter bytes and the gradient rounding.
+  compute_dtype.info.extra_default_runs.push_back(
+      {2,
+       {{kSemanticsParam, fsdp2::SemanticsName(fsdp2::Semantics::kTorch2_8)},
+        {"param_dtype", "bfloat16"}}});
+  registry.Add(std::move(compute_dtype));
   registry.Add(Make("reduce_dtype",
                     "MLPStack with reduce_dtype bfloat16 under param_dtype float32, or float32 "
                     "under param_dtype bfloat16: the reduce-scatter's dtype and bytes, gradients "

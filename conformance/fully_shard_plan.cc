@@ -97,12 +97,12 @@ int64_t PaddedShardNumel(const std::vector<std::string>& names, const ZooModel& 
 // The dtypes of a group's collectives (its MixedPrecisionPolicy): all-gather in param_dtype,
 // the reduction in reduce_dtype, else in the gradient's dtype, param_dtype when set (torch-2.4,
 // torch-2.8), or in the parameters' dtype (torch-2.15, which accumulates and reduces gradients
-// in the original dtype: fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset).
+// in the original dtype: ProfileReducesInParamDtypeWhenReduceDtypeUnset).
 DType AllGatherDType(const FullyShardPlan& plan, const std::string& fqn) {
   return plan.PolicyOf(fqn).param_dtype.value_or(plan.dtype);
 }
 DType ReduceDType(const FullyShardPlan& plan, const std::string& fqn) {
-  const DType unset = fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset(plan.semantics)
+  const DType unset = ProfileReducesInParamDtypeWhenReduceDtypeUnset(plan.semantics)
                           ? AllGatherDType(plan, fqn)
                           : plan.dtype;
   return plan.PolicyOf(fqn).reduce_dtype.value_or(unset);
@@ -166,7 +166,7 @@ bool ReshardsAfterBackward(const FullyShardPlan& plan, const PlanGroup& g, int64
 // does not registers its unsharded parameter, whose gradient FSDPParam.to_accumulated_grad_
 // if_needed moves into its reduce_dtype accumulator when that differs from the compute dtype
 // (so None), and leaves in .grad (the compute dtype) otherwise; torch-2.15 keeps it in .grad in
-// the reduce dtype (fsdp2::KeepsUnshardedGradInReduceDtype). Frozen: None.
+// the reduce dtype (ProfileKeepsUnshardedGradInReduceDtype). Frozen: None.
 nlohmann::json ExpectedMicroGradDTypes(const FullyShardPlan& plan, const ZooModel& model, int64_t k,
                                        int64_t i) {
   nlohmann::json out = nlohmann::json::object();
@@ -182,7 +182,7 @@ nlohmann::json ExpectedMicroGradDTypes(const FullyShardPlan& plan, const ZooMode
         grad = "None";
       } else if (!ReshardsAfterBackward(plan, g, i)) {
         const DType reduce = ReduceDType(plan, g.fqn);
-        if (fsdp2::KeepsUnshardedGradInReduceDtype(plan.semantics)) {
+        if (ProfileKeepsUnshardedGradInReduceDtype(plan.semantics)) {
           grad = DTypeName(reduce);
         } else if (reduce == compute) {
           grad = DTypeName(compute);

@@ -116,7 +116,7 @@ struct FullyShardPlan {
   bool switches_on_change = false;
   // Every fully_shard call's semantics profile: the case's `semantics` (the default profile
   // for a family without that parameter). It decides the reduce dtype of a group with
-  // param_dtype and no reduce_dtype (fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset).
+  // param_dtype and no reduce_dtype (ProfileReducesInParamDtypeWhenReduceDtypeUnset).
   fsdp2::Semantics semantics = fsdp2::kDefaultSemantics;
   fsdp2::MixedPrecisionPolicy mp_policy;  // every fully_shard call's, unless overridden below
   // A group's own MixedPrecisionPolicy by module FQN ("" the root). Default: none.

@@ -658,6 +658,22 @@ Scenario MakeScenario(const ZooModelKind& kind) {
                                         {"backward_prefetch", "BACKWARD_PRE"},
                                         {"use_orig_params", "False"},
                                         {"cpu_offload", "False"}}});
+  // use_orig_params under a float16 param_dtype: `_init_flat_param_and_metadata` aligns every
+  // parameter to 16 bytes of the forward/backward dtype
+  // (`_get_aligned_numel(_fwd_bwd_param_dtype)`: 8 float16 elements, not the 4 of the float32
+  // parameters). DoubleLinear(6)'s 36-element weights are 4-aligned but not 8-aligned, so an
+  // alignment taken from the wrong dtype (or a fixed one) moves every later parameter in the flat
+  // parameter and changes the rank's numels.
+  if (kind.name == "double_linear") {
+    s.info.extra_default_runs.push_back({2,
+                                         {{"mixed_precision", "float16"},
+                                          {"use_orig_params", "True"},
+                                          {"dim", "6"},
+                                          {"sharding_strategy", "FULL_SHARD"},
+                                          {"use_second_linear", "True"},
+                                          {"backward_prefetch", "BACKWARD_PRE"},
+                                          {"cpu_offload", "False"}}});
+  }
   s.info.requirements.devices = {DeviceType::kCPU};
   // The hybrid strategies on a real 2 x 2 (replicate, shard) mesh.
   for (const char* hybrid : {"HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"}) {

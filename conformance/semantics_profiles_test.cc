@@ -59,7 +59,7 @@ struct ProfileCase {
 
 std::vector<bool> RootAndSweepRules(fsdp2::Semantics s) {
   return {fsdp2::LazyInitKeepsRootUnsharded(s, /*auto_reshard_after_forward=*/false),
-          fsdp2::EndOfBackwardSweepsEveryGroup(s)};
+          ProfileSweepsEveryGroupAtEndOfBackward(s)};
 }
 
 TEST(SemanticsProfiles, ObservationsPassOnlyTheJudgesOfProfilesWithTheirRules) {
@@ -77,7 +77,13 @@ TEST(SemanticsProfiles, ObservationsPassOnlyTheJudgesOfProfilesWithTheirRules) {
       {"fully_shard_mixed_precision/compute_dtype",
        {{"param_dtype", "bfloat16"}},
        [](fsdp2::Semantics s) {
-         return std::vector<bool>{fsdp2::ReducesInParamDtypeWhenReduceDtypeUnset(s)};
+         return std::vector<bool>{ProfileReducesInParamDtypeWhenReduceDtypeUnset(s)};
+       }},
+      // a gradient accumulated without sync: in the reduce dtype in .grad, or moved out of it
+      {"fully_shard_mixed_precision/grad_acc_with_reduce_dtype",
+       {{"reshard_after_forward", "False"}},
+       [](fsdp2::Semantics s) {
+         return std::vector<bool>{ProfileKeepsUnshardedGradInReduceDtype(s)};
        }},
   };
   for (const ProfileCase& c : cases) {

@@ -90,10 +90,15 @@ def redistribute(request):
     with torch.no_grad():
         linear.weight.copy_(mine)
     linear.register_buffer("buf", mine.clone())
+    # A parameterless child holding X_r as its buffer "buf" too: the default partition runs on
+    # every module of named_modules().
+    linear.add_module("stats", torch.nn.Module())
+    linear.stats.register_buffer("buf", mine.clone())
     distribute_module(linear, mesh)
     t["distribute_module_weight"] = linear.weight.to_local()
-    t["distribute_module_buffer"] = (linear.buf.to_local() if isinstance(linear.buf, DTensor)
-                                     else linear.buf)
+    for key, buf in (("distribute_module_buffer", linear.buf),
+                     ("distribute_module_child_buffer", linear.stats.buf)):
+        t[key] = buf.to_local() if isinstance(buf, DTensor) else buf
     # SequenceParallel replicates a norm's parameters from each rank's own values
     # (DTensor.from_local(param, [Replicate()]), no broadcast): row 0 of X_r as the weight, its
     # negation as the bias.

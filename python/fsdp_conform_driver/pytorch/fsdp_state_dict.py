@@ -232,14 +232,22 @@ def wrong_state_dict_config(request):
 
 
 def state_dict_type(request):
+    """The scope sets LOCAL_STATE_DICT on every instance and, on exit, restores the previous
+    type with its config: FULL_STATE_DICT with rank0_only=True, so that the state_dict() taken
+    after it is empty on every rank but 0."""
+    from torch.distributed.fsdp import FullStateDictConfig
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp import StateDictType
 
     model = _wrapped(request)
+    FSDP.set_state_dict_type(model, StateDictType.FULL_STATE_DICT,
+                             FullStateDictConfig(rank0_only=True))
     with FSDP.state_dict_type(model, StateDictType.LOCAL_STATE_DICT):
         inside = [m._state_dict_type.name for m in FSDP.fsdp_modules(model)]
     after = [m._state_dict_type.name for m in FSDP.fsdp_modules(model)]
-    return {"types_inside": inside, "types_after": after}, None
+    empty_after = len(model.state_dict()) == 0
+    return {"types_inside": inside, "types_after": after,
+            "state_dict_empty_after": empty_after}, None
 
 
 def missing_unexpected_keys_cleaned(request):

@@ -11,6 +11,9 @@ order, each as [FQN, [FQNs of its flat parameter's original parameters]], FQNs w
 `_handle.flat_param._fqns` (relative to the instance's module, in flat order; the same
 attributes in 2.5.1 and 2.15.0).
 
+fsdp_wrap/enable_wrap: enable_wrap / wrap (enable_wrap_scenario); fsdp_wrap/scalar_parameter_rejected:
+the constructor's error for a 0-dim parameter.
+
 Class names in the case's parameters are joined by "+"; torch.nn's classes and the zoo
 Transformer's (models.py: Attention, FeedForward, TransformerBlock) are known.
 
@@ -81,7 +84,58 @@ def run(kind: str):
     return run_kind
 
 
+def enable_wrap_scenario(request):
+    """fsdp_wrap/enable_wrap (test_wrap.py's test_wrap, test_wrap_override_defaults,
+    test_wrap_disabled_outside_context): wrap(Linear(5, 5)) inside
+    enable_wrap(wrapper_cls=FSDP, device_id=cpu) plain, with sharding_strategy=SHARD_GRAD_OP,
+    plain, plain after a nested enable_wrap, then after the scope; each result's
+    `sharding_strategy` name, or "module" for the module itself."""
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import enable_wrap, wrap
+
+    def describe(module):
+        return module.sharding_strategy.name if isinstance(module, FSDP) else "module"
+
+    def linear():
+        return torch.nn.Linear(5, 5)
+
+    kwargs = {"wrapper_cls": FSDP, "device_id": torch.device("cpu")}
+    results = []
+    nested_raises = False
+    with enable_wrap(**kwargs):
+        results.append(describe(wrap(linear())))
+        results.append(describe(wrap(linear(), sharding_strategy=ShardingStrategy.SHARD_GRAD_OP)))
+        results.append(describe(wrap(linear())))
+        try:
+            with enable_wrap(**kwargs):
+                pass
+        except NotImplementedError:
+            nested_raises = True
+        results.append(describe(wrap(linear())))
+    results.append(describe(wrap(linear())))
+    return {"wrap_results": results, "nested_enable_wrap_raises": nested_raises}, None
+
+
+def scalar_parameter_rejected(request):
+    """fsdp_wrap/scalar_parameter_rejected: FullyShardedDataParallel over a Linear(4, 4) with a
+    0-dim parameter `scale`; the message of the error the constructor raises ("" when none)."""
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    module = torch.nn.Linear(4, 4)
+    module.register_parameter("scale", torch.nn.Parameter(torch.ones(())))
+    try:
+        FSDP(module, device_id=torch.device("cpu"))
+    except Exception as e:  # noqa: BLE001 - the message is the observation, whatever the type
+        return {"error": str(e)}, None
+    return {"error": ""}, None
+
+
 SCENARIOS = {
+    "fsdp_wrap/enable_wrap": enable_wrap_scenario,
+    "fsdp_wrap/scalar_parameter_rejected": scalar_parameter_rejected,
     "fsdp_wrap/size_based_auto_wrap_policy": run("transformer"),
     "fsdp_wrap/size_based_auto_wrap_policy_mlp": run("mlp"),
     "fsdp_wrap/module_wrap_policy": run("transformer"),
