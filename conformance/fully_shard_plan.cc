@@ -177,9 +177,9 @@ nlohmann::json ExpectedMicroGradDTypes(const FullyShardPlan& plan, const ZooMode
     if (plan.hsdp && plan.defer_all_reduce && !last) reduced = false;
     const DType compute = AllGatherDType(plan, g.fqn);
     for (const std::string& name : g.params) {
-      std::string grad = "None";
+      std::string grad = "None";  // frozen, moved into the accumulator, or not yet reduced
       if (!plan.Trains(name, k)) {
-        grad = "None";
+        // frozen: no gradient
       } else if (!ReshardsAfterBackward(plan, g, i)) {
         const DType reduce = ReduceDType(plan, g.fqn);
         if (ProfileKeepsUnshardedGradInReduceDtype(plan.semantics)) {

@@ -19,7 +19,10 @@
 //              own dtype, where the earlier profiles reduce them in X, the dtype autograd
 //              computes them in (PyTorch 2.15 and later: MixedPrecisionPolicy's docstring,
 //              "versionchanged:: 2.15"; FSDPParam.unsharded_grad_dtype is reduce_dtype, else
-//              the original dtype, and FSDPParamGroup._get_reduce_dtype promotes over it).
+//              the original dtype, and FSDPParamGroup._get_reduce_dtype promotes over it);
+//              a gradient accumulated without sync stays in the unsharded parameter's .grad,
+//              in the reduce dtype, instead of a separate accumulator
+//              (KeepsUnshardedGradInReduceDtype).
 //
 // The profile is a fully_shard option (FullyShardOptions::semantics), kept by each FsdpState
 // and each FsdpParamGroup. Everything else the engine does is the same under every profile.
