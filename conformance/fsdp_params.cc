@@ -169,14 +169,8 @@ bool ProfileReducesInParamDtypeWhenReduceDtypeUnset(fsdp2::Semantics semantics) 
 }
 
 bool ProfileKeepsUnshardedGradInReduceDtype(fsdp2::Semantics semantics) {
-  switch (semantics) {
-    case fsdp2::Semantics::kTorch2_4:
-    case fsdp2::Semantics::kTorch2_8:
-      return false;
-    case fsdp2::Semantics::kTorch2_15:
-      return true;
-  }
-  FSDP_THROW(ErrorCode::kInternal, "unknown semantics profile");
+  // The same 2.15 change (FSDPParam.unsharded_grad_dtype) as the reduce dtype's.
+  return !ProfileReducesInParamDtypeWhenReduceDtypeUnset(semantics);
 }
 
 bool ReshardsAfterForward(const CaseParams& params, bool is_root) {

@@ -91,6 +91,8 @@ bool ProfileReducesInParamDtypeWhenReduceDtypeUnset(fsdp2::Semantics semantics);
 // in the reduce dtype (torch-2.15: `_unsharded_param.grad_dtype = unsharded_grad_dtype`)
 // rather than moving into `unsharded_accumulated_grad` when the reduce dtype differs from
 // the gradient's, .grad left None (torch-2.4, torch-2.8: `to_accumulated_grad_if_needed`).
+// One change with the reduce dtype's (2.15's `unsharded_grad_dtype`): the negation of
+// ProfileReducesInParamDtypeWhenReduceDtypeUnset.
 bool ProfileKeepsUnshardedGradInReduceDtype(fsdp2::Semantics semantics);
 
 // The judges' rule (docs/fsdp-behaviour.md, "Semantics profiles"): whether a module that

@@ -14,6 +14,7 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/core/error.h"
 #include "engine/core/rng.h"
+#include "engine/fsdp1/api.h"
 #include "engine/functional/functional.h"
 #include "engine/nn/checkpoint.h"
 #include "engine/nn/layers.h"
@@ -496,23 +497,17 @@ reference::RefTensorMap ParametersOf(const nn::Module& module) {
   return out;
 }
 
-std::string CleanTensorName(const std::string& name) {
-  const std::string prefix = nn::kCheckpointPrefix;
-  std::string out = name;
-  for (size_t pos; (pos = out.find(prefix)) != std::string::npos;) out.erase(pos, prefix.size());
-  return out;
-}
-
 std::vector<std::string> ParameterNamesOf(const nn::Module& module) {
   std::vector<std::string> names;
-  for (const auto& [name, p] : module.named_parameters()) names.push_back(CleanTensorName(name));
+  for (const auto& [name, p] : module.named_parameters())
+    names.push_back(fsdp1::CleanTensorName(name));
   return names;
 }
 
 reference::RefTensorMap GradientsOf(const nn::Module& module) {
   reference::RefTensorMap out;
   for (const auto& [name, p] : module.named_parameters()) {
-    if (p.defined() && p.grad().defined()) out[CleanTensorName(name)] = ToRef(p.grad());
+    if (p.defined() && p.grad().defined()) out[fsdp1::CleanTensorName(name)] = ToRef(p.grad());
   }
   return out;
 }
@@ -520,7 +515,7 @@ reference::RefTensorMap GradientsOf(const nn::Module& module) {
 std::vector<std::string> ParametersWithoutGrad(const nn::Module& module) {
   std::vector<std::string> names;
   for (const auto& [name, p] : module.named_parameters()) {
-    if (p.defined() && !p.grad().defined()) names.push_back(CleanTensorName(name));
+    if (p.defined() && !p.grad().defined()) names.push_back(fsdp1::CleanTensorName(name));
   }
   return names;
 }
@@ -530,7 +525,7 @@ nn::StateDict MakeStateDict(nn::Module& module, const reference::RefTensorMap& p
   // Canonical FQN of every parameter tensor (first name wins, as named_parameters() dedupes).
   std::vector<std::pair<const TensorImpl*, std::string>> canonical;
   for (const auto& [name, p] : module.named_parameters()) {
-    if (p.defined()) canonical.emplace_back(p.impl(), CleanTensorName(name));
+    if (p.defined()) canonical.emplace_back(p.impl(), fsdp1::CleanTensorName(name));
   }
   nn::StateDict out;
   const nn::StateDict current = module.state_dict("", /*keep_vars=*/true);

@@ -69,14 +69,11 @@ Tensor ToTensor(const reference::IndexTensor& t, Device device = Device::CPU());
 // The values of an engine tensor (any floating dtype, any device) as an oracle tensor.
 reference::RefTensor ToRef(const Tensor& t);
 
-// `name` without the checkpoint wrapper's "_checkpoint_wrapped_module." (FSDP's
-// clean_tensor_name): the FQN the model would have without activation-checkpoint wrappers.
-// The helpers below report parameters under these names.
-std::string CleanTensorName(const std::string& name);
-
 // named_parameters() (tied parameters once, under their first FQN) as an oracle map.
 reference::RefTensorMap ParametersOf(const nn::Module& module);
-// The FQNs of named_parameters(), in order (CleanTensorName).
+// The FQNs of named_parameters(), in order, without activation-checkpoint (and FSDP1) wrapper
+// prefixes (fsdp1::CleanTensorName, FSDP's clean_tensor_name); the gradient helpers below
+// report parameters under these names too.
 std::vector<std::string> ParameterNamesOf(const nn::Module& module);
 // The gradients of named_parameters(); a parameter whose .grad is None is absent.
 reference::RefTensorMap GradientsOf(const nn::Module& module);

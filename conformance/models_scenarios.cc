@@ -71,6 +71,7 @@
 #include "engine/autograd/grad_mode.h"
 #include "engine/core/dtype.h"
 #include "engine/core/error.h"
+#include "engine/fsdp1/api.h"
 #include "engine/functional/functional.h"
 #include "engine/nn/checkpoint.h"
 #include "engine/nn/init.h"
@@ -192,7 +193,7 @@ nlohmann::json RunModelRank(const std::string& kind, RankEnv& env) {
       data[i] = original;
       value.push_back((plus - minus) / (2 * h));
     }
-    fd[CleanTensorName(name)] = {{"index", index}, {"value", value}};
+    fd[fsdp1::CleanTensorName(name)] = {{"index", index}, {"value", value}};
   }
   obs[kLosses] = nlohmann::json::array({base});
   obs["loss_dtype"] = DTypeName(loss.dtype());

@@ -59,7 +59,8 @@ bool ReducesInParamDtypeWhenReduceDtypeUnset(Semantics semantics) {
 }
 
 bool KeepsUnshardedGradInReduceDtype(Semantics semantics) {
-  return semantics == Semantics::kTorch2_15;
+  // One PyTorch change with the reduce dtype's (2.15's FSDPParam.unsharded_grad_dtype).
+  return !ReducesInParamDtypeWhenReduceDtypeUnset(semantics);
 }
 
 bool LazyInitKeepsRootUnsharded(Semantics semantics, bool auto_reshard_after_forward) {
