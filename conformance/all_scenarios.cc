@@ -27,6 +27,7 @@ void RegisterFullyShardTrainingScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardFrozenScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardMixedPrecisionCastScenarios(ScenarioRegistry& registry);
+void RegisterFullyShardMixedPrecisionFrozenScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardInitScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardPrefetchScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardOverlapScenarios(ScenarioRegistry& registry);
@@ -56,6 +57,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardFrozenScenarios(registry);
   RegisterFullyShardMixedPrecisionScenarios(registry);
   RegisterFullyShardMixedPrecisionCastScenarios(registry);
+  RegisterFullyShardMixedPrecisionFrozenScenarios(registry);
   RegisterFullyShardInitScenarios(registry);
   RegisterFullyShardPrefetchScenarios(registry);
   RegisterFullyShardOverlapScenarios(registry);

@@ -173,6 +173,17 @@ bool ProfileKeepsUnshardedGradInReduceDtype(fsdp2::Semantics semantics) {
   return !ProfileReducesInParamDtypeWhenReduceDtypeUnset(semantics);
 }
 
+bool ProfileChecksFrozenParamDtypes(fsdp2::Semantics semantics) {
+  switch (semantics) {
+    case fsdp2::Semantics::kTorch2_4:
+      return true;
+    case fsdp2::Semantics::kTorch2_8:
+    case fsdp2::Semantics::kTorch2_15:
+      return false;
+  }
+  FSDP_THROW(ErrorCode::kInternal, "unknown semantics profile");
+}
+
 bool ReshardsAfterForward(const CaseParams& params, bool is_root) {
   const fsdp2::Semantics semantics = SemanticsOf(params);
   const std::optional<fsdp2::ReshardAfterForward> raf = ReshardAfterForwardOf(params);

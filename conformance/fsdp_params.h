@@ -94,6 +94,10 @@ bool ProfileReducesInParamDtypeWhenReduceDtypeUnset(fsdp2::Semantics semantics);
 // One change with the reduce dtype's (2.15's `unsharded_grad_dtype`): the negation of
 // ProfileReducesInParamDtypeWhenReduceDtypeUnset.
 bool ProfileKeepsUnshardedGradInReduceDtype(fsdp2::Semantics semantics);
+// Whether lazy init checks that every parameter of a group, frozen ones included, has one
+// original dtype (torch-2.4: `FSDPParamGroup._init_mp_dtypes` over all of `fsdp_params`)
+// rather than only the parameters that require grad (torch-2.8 and later).
+bool ProfileChecksFrozenParamDtypes(fsdp2::Semantics semantics);
 
 // The judges' rule (docs/fsdp-behaviour.md, "Semantics profiles"): whether a module that
 // fully_shard was applied to with the case's `reshard_after_forward` reshards its parameters

@@ -3,8 +3,8 @@
 // others', for the count and event scenarios whose expectations depend on the root's
 // reshard-after-forward rule or on the end-of-backward sweep (an explicit
 // reshard_after_forward=True is where the profiles differ there), and for a mixed-precision
-// plan whose expectations depend on the reduce dtype of a policy without reduce_dtype
-// (docs/scenarios.md, "Semantics profiles").
+// plan whose expectations depend on the reduce dtype of a policy without reduce_dtype, and for
+// a group with a frozen parameter of another dtype (docs/scenarios.md, "Semantics profiles").
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -84,6 +84,13 @@ TEST(SemanticsProfiles, ObservationsPassOnlyTheJudgesOfProfilesWithTheirRules) {
        {{"reshard_after_forward", "False"}},
        [](fsdp2::Semantics s) {
          return std::vector<bool>{ProfileKeepsUnshardedGradInReduceDtype(s)};
+       }},
+      // a frozen parameter of another dtype: lazy init's error, else the reduce-scatter's bytes
+      {"fully_shard_mixed_precision/reduce_dtype_after_frozen_first_forward",
+       {{"frozen_dtype", "float64"}, {"frozen_first_forward", "False"}, {"reduce_dtype", "None"}},
+       [](fsdp2::Semantics s) {
+         return std::vector<bool>{ProfileChecksFrozenParamDtypes(s),
+                                  ProfileReducesInParamDtypeWhenReduceDtypeUnset(s)};
        }},
   };
   for (const ProfileCase& c : cases) {

@@ -9,6 +9,7 @@
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/fsdp/observer.h"
 #include "engine/nn/module.h"
+#include "engine/ops/broadcast.h"
 
 namespace fsdp::fsdp2 {
 namespace {
@@ -127,13 +128,14 @@ void FsdpParamGroup::validate_cpu_offload_params() {
 }
 
 void FsdpParamGroup::init_mixed_precision() {
-  // Frozen parameters are exempt from the uniformity checks (docs/fsdp-behaviour.md,
-  // "Dtypes").
+  // Frozen parameters are exempt from the uniformity checks from torch-2.8 on
+  // (docs/fsdp-behaviour.md, "Dtypes").
+  const bool cover_frozen = DtypeChecksCoverFrozenParams(semantics_);
   std::set<std::optional<DType>> orig_dtypes;
   std::set<std::optional<DType>> reduce_dtypes;
   for (auto& p : fsdp_params_) {
     p->init_dtype_attrs(mp_policy_, semantics_);
-    if (!p->sharded_param().requires_grad()) continue;
+    if (!cover_frozen && !p->sharded_param().requires_grad()) continue;
     orig_dtypes.insert(p->orig_dtype());
     reduce_dtypes.insert(p->reduce_dtype());
   }
@@ -145,6 +147,17 @@ void FsdpParamGroup::init_mixed_precision() {
   FSDP_CHECK_CODE(ErrorCode::kInternal, reduce_dtypes.size() == 1,
                   "FSDP expects uniform reduce dtype but got ", DTypesStr(reduce_dtypes));
   reduce_dtype_ = *reduce_dtypes.begin();
+}
+
+std::optional<DType> FsdpParamGroup::reduce_dtype_without_group_dtype(
+    const std::vector<FsdpParam*>& params_with_grad) const {
+  if (ReducesInParamDtypeWhenReduceDtypeUnset(semantics_)) return std::nullopt;
+  std::optional<DType> promoted;
+  for (const FsdpParam* p : params_with_grad) {
+    const DType dtype = p->reduce_dtype().value_or(p->orig_dtype());
+    promoted = promoted ? ops::kernels::PromoteTypes(*promoted, dtype) : dtype;
+  }
+  return promoted;
 }
 
 // ---- Unshard / reshard -------------------------------------------------------------------
@@ -363,7 +376,8 @@ void FsdpParamGroup::post_backward() {
   if (!params_with_grad.empty()) {
     ForeachReduceOptions options;
     options.orig_dtype = orig_dtype_.value_or(params_with_grad[0]->orig_dtype());
-    options.reduce_dtype = reduce_dtype_;
+    options.reduce_dtype =
+        reduce_dtype_ ? reduce_dtype_ : reduce_dtype_without_group_dtype(params_with_grad);
     options.device = device_;
     if (mesh_info_.is_hsdp()) {
       options.all_reduce_group = mesh_info_.replicate_process_group;

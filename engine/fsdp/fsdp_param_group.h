@@ -146,6 +146,13 @@ class FsdpParamGroup : public std::enable_shared_from_this<FsdpParamGroup> {
 
  private:
   void init_mixed_precision();
+  // The dtype the reduce-scatter of `params_with_grad` runs in when the group has none of its
+  // own (no parameter required grad at lazy init, or none was set): torch-2.15 promotes over
+  // each parameter's reduce dtype, its original dtype without one (PyTorch's
+  // FSDPParamGroup._get_reduce_dtype over FSDPParam.unsharded_grad_dtype); the earlier
+  // profiles leave it to the gradients' dtype (nullopt).
+  std::optional<DType> reduce_dtype_without_group_dtype(
+      const std::vector<FsdpParam*>& params_with_grad) const;
   void validate_cpu_offload_params();
   void record_post_forward();
   std::pair<nn::Value, nn::Value> register_post_backward_hook(const nn::Value& args,

@@ -271,5 +271,43 @@ TEST(FsdpReduceDtype, UnsetReduceDtypeFollowsTheProfile) {
   }
 }
 
+// A float32 MLP with an extra frozen float64 parameter that forward does not use, param_dtype
+// bfloat16, at world 2: lazy init (the first
+// forward) checks the frozen parameter's dtype under torch-2.4 and raises on every rank; the
+// later profiles check only the parameters that require grad, and the model trains.
+TEST(FsdpFrozenParamDtype, UniformDtypeChecksCoverFrozenParamsOnlyUnderTorch24) {
+  for (Semantics semantics : {Semantics::kTorch2_4, Semantics::kTorch2_8, Semantics::kTorch2_15}) {
+    const bool raises = fsdp2::DtypeChecksCoverFrozenParams(semantics);
+    EXPECT_EQ(raises, semantics == Semantics::kTorch2_4);
+    auto results = RunRanks(2, [&](RankEnv&) {
+      auto model = std::make_shared<nn::MLP>(8);
+      model->register_parameter("frozen", Tensor::zeros({4}, DType::kFloat64),
+                                /*requires_grad=*/false);
+      fsdp2::FullyShardOptions options;
+      options.semantics = semantics;
+      // param_dtype casts every floating parameter's all-gather input, the frozen one's too
+      // (the engine all-gathers one dtype).
+      options.mp_policy.param_dtype = DType::kBFloat16;
+      fsdp2::fully_shard(model, options);
+      const Tensor input = Tensor::randn({2, 8});
+      if (raises) {
+        try {
+          (void)(*model)(input);
+          ADD_FAILURE() << "no error under " << fsdp2::SemanticsName(semantics);
+        } catch (const Error& e) {
+          EXPECT_NE(e.message().find("FSDP expects uniform original parameter dtype"),
+                    std::string::npos)
+              << e.message();
+        }
+        return;
+      }
+      sum((*model)(input).tensor()).backward();
+      EXPECT_FALSE(model->parameter("frozen").grad().defined());
+      EXPECT_TRUE(model->get_submodule("in_proj")->parameter("weight").grad().defined());
+    });
+    ASSERT_TRUE(results.all_ok()) << fsdp2::SemanticsName(semantics) << "\n" << results.summary();
+  }
+}
+
 }  // namespace
 }  // namespace fsdp::fakes

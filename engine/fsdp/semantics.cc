@@ -63,6 +63,8 @@ bool KeepsUnshardedGradInReduceDtype(Semantics semantics) {
   return !ReducesInParamDtypeWhenReduceDtypeUnset(semantics);
 }
 
+bool DtypeChecksCoverFrozenParams(Semantics semantics) { return semantics == Semantics::kTorch2_4; }
+
 bool LazyInitKeepsRootUnsharded(Semantics semantics, bool auto_reshard_after_forward) {
   if (semantics == Semantics::kTorch2_4) return true;
   return auto_reshard_after_forward;

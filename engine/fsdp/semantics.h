@@ -13,7 +13,9 @@
 //              sweeps only groups still UNSHARDED (PyTorch 2.5.1's
 //              _root_post_backward_final_callback tests `is_unsharded`; from pull request
 //              144781, i.e. 2.7 on, `_training_state != TrainingState.POST_BACKWARD`, so 2.7
-//              has the torch-2.4 root rule and the torch-2.8 sweep).
+//              has the torch-2.4 root rule and the torch-2.8 sweep). Lazy init's uniform
+//              dtype checks skip frozen parameters, which torch-2.4 checks too
+//              (DtypeChecksCoverFrozenParams).
 //   torch-2.15 torch-2.8's rules, and with MixedPrecisionPolicy(param_dtype=X,
 //              reduce_dtype=None) the gradients are accumulated and reduced in the parameters'
 //              own dtype, where the earlier profiles reduce them in X, the dtype autograd
@@ -84,5 +86,11 @@ bool ReducesInParamDtypeWhenReduceDtypeUnset(Semantics semantics);
 // FSDPParam.to_accumulated_grad_if_needed's `unsharded_accumulated_grad`). The same sums
 // either way; only what the registered unsharded parameter shows differs.
 bool KeepsUnshardedGradInReduceDtype(Semantics semantics);
+
+// Whether lazy init's checks that a group's parameters share one original dtype and one
+// reduce dtype cover its frozen parameters too (torch-2.4: PyTorch 2.7 and earlier check every
+// FSDPParam, so a frozen parameter of another dtype raises) rather than only those that
+// require grad (torch-2.8 and later: pull request 154103).
+bool DtypeChecksCoverFrozenParams(Semantics semantics);
 
 }  // namespace fsdp::fsdp2

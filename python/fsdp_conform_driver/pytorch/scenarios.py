@@ -18,6 +18,7 @@ from fsdp_conform_driver.pytorch import (collectives, dtensor_scenarios, fsdp_pr
                                         fully_shard_collective_ops,
                                         fully_shard_events, fully_shard_mixed_precision,
                                         fully_shard_init, fully_shard_mp_casts,
+                                        fully_shard_mp_frozen,
                                         fully_shard_registered_params, fully_shard_state_dict,
                                         fully_shard_training, grad_acc, models_scenarios, parity,
                                         tp_integration, unshard_params)
@@ -203,6 +204,7 @@ SCENARIOS = {
     **fully_shard_collective_ops.SCENARIOS,
     **fully_shard_mixed_precision.SCENARIOS,
     **fully_shard_mp_casts.SCENARIOS,
+    **fully_shard_mp_frozen.SCENARIOS,
     **fully_shard_init.SCENARIOS,
     **fully_shard_events.SCENARIOS,
     **fully_shard_autograd.SCENARIOS,
