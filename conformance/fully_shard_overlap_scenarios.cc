@@ -145,6 +145,11 @@ Scenario StreamOrder() {
                       "after each optimizer step, record an event on the current stream and "
                       "pass it to the root's set_post_optim_event",
                       {"False", "True"}),
+      ParamSpec::SizeBool("post_optim_event_every_step",
+                          "with post_optim_event: set an event after every optimizer step (True) "
+                          "or after the first only (False), so that a later root pre-forward "
+                          "must wait for the current stream again (the event is used once)",
+                          true),
       ParamSpec::Axis("hsdp",
                       "True: HSDP on a 2-D (replicate, shard) mesh (replicate = the smallest "
                       "prime factor of the world), so each reduce-scatter is followed by an "
@@ -181,6 +186,15 @@ Scenario StreamOrder() {
                                      {{"checkpoint_impl", "utils"},
                                       {"reshard_after_forward", "True"},
                                       {"post_optim_event", "False"},
+                                      {"hsdp", "False"}}});
+  // set_post_optim_event after the first of 3 steps only: the second forward waits for the
+  // event, the third for the current stream again (an event kept instead of consumed would
+  // leave the third copy-in unordered after the second optimizer step).
+  info.extra_default_runs.push_back({4,
+                                     {{"post_optim_event", "True"},
+                                      {"post_optim_event_every_step", "False"},
+                                      {"steps", "3"},
+                                      {"reshard_after_forward", "True"},
                                       {"hsdp", "False"}}});
   // set_unshard_async_op on the root: the blocks' all-gathers too move to the current stream;
   // on layers.0 alone: layers.1's backward prefetch of it runs async (the target's async_op).
@@ -231,6 +245,7 @@ Scenario StreamOrder() {
     optim::SGD optim(model->parameters(), optim::SGDOptions{.lr = 1e-2});
     const Tensor tokens = TransformerTokens(env);
     const bool post_optim_event = env.params.GetBool("post_optim_event");
+    const bool every_step = env.params.GetBool("post_optim_event_every_step");
     StreamOrderRecorder recorder;
     for (int64_t step = 0; step < env.params.GetInt("steps"); ++step) {
       recorder.Phase("forward");
@@ -240,7 +255,7 @@ Scenario StreamOrder() {
       recorder.Phase("optimizer_step");
       optim.step();
       optim.zero_grad();
-      if (post_optim_event) {
+      if (post_optim_event && (every_step || step == 0)) {
         recorder.Phase("set_post_optim_event");
         root.set_post_optim_event(fsdp2::CommStream::Current(env.device).record_event());
       }
