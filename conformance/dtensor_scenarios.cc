@@ -85,6 +85,19 @@ Matrix NormRow(const Matrix& base, int rank) {
   return Scaled(ChunkOf(base, 0, static_cast<int>(base.rows), 0), rank + 1);
 }
 
+// m · mᵀ (rows x rows).
+Matrix GramOf(const Matrix& m) {
+  Matrix out{m.rows, m.rows, {}};
+  for (int64_t i = 0; i < m.rows; ++i) {
+    for (int64_t j = 0; j < m.rows; ++j) {
+      double v = 0;
+      for (int64_t k = 0; k < m.cols; ++k) v += m.at(i, k) * m.at(j, k);
+      out.data.push_back(v);
+    }
+  }
+  return out;
+}
+
 nlohmann::json MatrixJson(const Matrix& m) {
   return TensorJson({m.rows, m.cols}, "float64", m.data);
 }
@@ -185,6 +198,20 @@ nlohmann::json RunRedistributeRank(RankEnv& env) {
     obs[kDistributeModuleStateDictKeys] = keys;
   }
   {
+    // ColwiseParallel(output_layouts=Replicate()) on Linear(cols, rows, bias=False) with weight
+    // B, fed B: its Shard(-1) output pieces (rows over the ranks, uneven) all-gathered into the
+    // full B · Bᵀ, which needs the output's global shape (out_features), not the local one.
+    auto linear = std::make_shared<nn::Linear>(cols, rows, /*bias=*/false, DType::kFloat64);
+    linear->to(env.device);
+    linear->weight().copy_(b);
+    tensor_parallel::ParallelStyleOptions replicate_output;
+    replicate_output.output_layouts = Placement::Replicate();
+    tensor_parallel::parallelize_module(
+        *linear, mesh,
+        {{"", std::make_shared<tensor_parallel::ColwiseParallel>(replicate_output)}});
+    t["colwise_replicate_output"] = TensorToJson((*linear)(b).tensor());
+  }
+  {
     // SequenceParallel's _replicate_module_fn: DTensor.from_local(param, [Replicate()]) over
     // the rank's own values, no broadcast: a LayerNorm(cols) whose weight is row 0 of X_r and
     // whose bias is its negation keeps them on every rank.
@@ -255,6 +282,7 @@ std::vector<nlohmann::json> ExpectRedistribute(const CaseParams& p, int world) {
     t["distribute_module_weight"] = MatrixJson(base);
     t["distribute_module_buffer"] = MatrixJson(base);
     t["distribute_module_child_buffer"] = MatrixJson(base);
+    t["colwise_replicate_output"] = MatrixJson(GramOf(base));
     const Matrix own_row = NormRow(base, r);
     t["sequence_parallel_weight"] = TensorJson({cols}, "float64", own_row.data);
     t["sequence_parallel_bias"] = TensorJson({cols}, "float64", Scaled(own_row, -1).data);
@@ -309,7 +337,10 @@ Scenario Redistribute() {
        "the rank's X_r as its weight and as its buffer \"buf\" (the default partition, "
        "src_data_rank 0): weight.to_local() and buf.to_local(); distribute_module_child_buffer: "
        "the same Linear's parameterless child `stats` (an nn.Module holding X_r as its "
-       "non-persistent buffer \"buf\"): stats.buf.to_local(); sequence_parallel_weight / "
+       "non-persistent buffer \"buf\"): stats.buf.to_local(); colwise_replicate_output: "
+       "parallelize_module(Linear(cols, rows, bias=False) with weight B, mesh, "
+       "ColwiseParallel(output_layouts=Replicate()))(B), the full B Bᵀ on every rank; "
+       "sequence_parallel_weight / "
        "sequence_parallel_bias: parallelize_module(LayerNorm(cols), mesh, SequenceParallel()) "
        "with row 0 of the rank's X_r as its weight and its negation as its bias (replicated "
        "from each rank's own values, no broadcast): weight.to_local() and bias.to_local(); at an "

@@ -54,7 +54,8 @@ def redistribute(request):
     from torch.distributed.tensor import (DTensor, Replicate, Shard, distribute_module,
                                           distribute_tensor)
 
-    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (ColwiseParallel, SequenceParallel,
+                                                   parallelize_module)
 
     partial, kwargs = _placements(request)
     rows, cols = request.int_param("rows"), request.int_param("cols")
@@ -105,6 +106,13 @@ def redistribute(request):
     for key, buf in (("distribute_module_buffer", linear.buf),
                      ("distribute_module_child_buffer", linear.stats.buf)):
         t[key] = buf.to_local() if isinstance(buf, DTensor) else buf
+    # ColwiseParallel(output_layouts=Replicate()) on a Linear(cols, rows) with weight B, fed B:
+    # its uneven Shard(-1) output pieces all-gathered into B @ B.T.
+    colwise = torch.nn.Linear(cols, rows, bias=False, dtype=torch.float64)
+    with torch.no_grad():
+        colwise.weight.copy_(base)
+    parallelize_module(colwise, mesh, ColwiseParallel(output_layouts=Replicate()))
+    t["colwise_replicate_output"] = colwise(base)
     # SequenceParallel replicates a norm's parameters from each rank's own values
     # (DTensor.from_local(param, [Replicate()]), no broadcast): row 0 of X_r as the weight, its
     # negation as the bias.
