@@ -14,6 +14,7 @@
 // Data (float64, ROWS x COLS = 5 x 7 by default, uneven over 3 and 4 ranks along both dims):
 // the base B[i][j] = i * COLS + j - 17; rank r's own tensor X_r = (r + 1) * B (different on every
 // rank: the Partial inputs and distribute_tensor's sources); the replicated tensor is B.
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -40,6 +41,9 @@ using tensor_parallel::distribute_tensor;
 using tensor_parallel::DTensor;
 using tensor_parallel::Placement;
 using tensor_parallel::Placements;
+
+constexpr const char* kDistributeRequiresGrad = "distribute_requires_grad";
+constexpr const char* kDistributeModuleStateDictKeys = "distribute_module_state_dict_keys";
 
 // A row-major matrix of doubles: the judge's side of the data.
 struct Matrix {
@@ -79,6 +83,19 @@ Matrix ChunkOf(const Matrix& m, int64_t dim, int n, int index) {
 // bias is the negation).
 Matrix NormRow(const Matrix& base, int rank) {
   return Scaled(ChunkOf(base, 0, static_cast<int>(base.rows), 0), rank + 1);
+}
+
+// m · mᵀ (rows x rows).
+Matrix GramOf(const Matrix& m) {
+  Matrix out{m.rows, m.rows, {}};
+  for (int64_t i = 0; i < m.rows; ++i) {
+    for (int64_t j = 0; j < m.rows; ++j) {
+      double v = 0;
+      for (int64_t k = 0; k < m.cols; ++k) v += m.at(i, k) * m.at(j, k);
+      out.data.push_back(v);
+    }
+  }
+  return out;
 }
 
 nlohmann::json MatrixJson(const Matrix& m) {
@@ -149,22 +166,50 @@ nlohmann::json RunRedistributeRank(RankEnv& env) {
   t["distribute_replicate"] =
       TensorToJson(distribute_tensor(mine, mesh, {Placement::Replicate()}, src).local_tensor());
   {
+    // distribute_tensor keeps its source's requires_grad (a frozen tensor stays frozen).
+    Tensor trainable = mine.clone();
+    trainable.set_requires_grad(true);
+    obs[kDistributeRequiresGrad] = {
+        {"frozen",
+         distribute_tensor(mine, mesh, {Placement::Shard(0)}).local_tensor().requires_grad()},
+        {"trainable",
+         distribute_tensor(trainable, mesh, {Placement::Shard(0)}).local_tensor().requires_grad()}};
+  }
+  {
     // distribute_module's default partition (replicate_module_params_buffers): a
     // Linear(cols, rows, bias=False) whose weight and buffer "buf" are the rank's X_r.
     auto linear = std::make_shared<nn::Linear>(cols, rows, /*bias=*/false, DType::kFloat64);
     linear->to(env.device);
     linear->weight().copy_(mine);
     linear->register_buffer("buf", mine.clone());
-    // A child without parameters holding the buffer "buf" too: the default partition runs on
-    // every module of named_modules(), not on the root only.
+    // A child without parameters holding the buffer "buf" too, non-persistent: the default
+    // partition runs on every module of named_modules(), not on the root only, and keeps each
+    // buffer's persistence (out of the state dict).
     auto child = std::make_shared<nn::Identity>();
-    child->register_buffer("buf", mine.clone());
+    child->register_buffer("buf", mine.clone(), /*persistent=*/false);
     linear->register_module("stats", child);
     tensor_parallel::distribute_module(*linear, mesh);
     t["distribute_module_weight"] = TensorToJson(linear->weight());
     t["distribute_module_buffer"] = TensorToJson(linear->buffer("buf"));
     t["distribute_module_child_buffer"] =
         TensorToJson(linear->get_submodule("stats")->buffer("buf"));
+    std::vector<std::string> keys = linear->state_dict().keys();
+    std::sort(keys.begin(), keys.end());
+    obs[kDistributeModuleStateDictKeys] = keys;
+  }
+  {
+    // ColwiseParallel(output_layouts=Replicate()) on Linear(cols, rows, bias=False) with weight
+    // B, fed B: its Shard(-1) output pieces (rows over the ranks, uneven) all-gathered into the
+    // full B · Bᵀ, which needs the output's global shape (out_features), not the local one.
+    auto linear = std::make_shared<nn::Linear>(cols, rows, /*bias=*/false, DType::kFloat64);
+    linear->to(env.device);
+    linear->weight().copy_(b);
+    tensor_parallel::ParallelStyleOptions replicate_output;
+    replicate_output.output_layouts = Placement::Replicate();
+    tensor_parallel::parallelize_module(
+        *linear, mesh,
+        {{"", std::make_shared<tensor_parallel::ColwiseParallel>(replicate_output)}});
+    t["colwise_replicate_output"] = TensorToJson((*linear)(b).tensor());
   }
   {
     // SequenceParallel's _replicate_module_fn: DTensor.from_local(param, [Replicate()]) over
@@ -219,6 +264,10 @@ std::vector<nlohmann::json> ExpectRedistribute(const CaseParams& p, int world) {
       base, PartialReduce(p) == distributed::ReduceOp::kAvg ? sum_factor / world : sum_factor);
   std::vector<nlohmann::json> expected(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
+    expected[static_cast<size_t>(r)][kDistributeRequiresGrad] = {{"frozen", false},
+                                                                 {"trainable", true}};
+    // The Linear's weight and persistent buffer; its child's non-persistent buffer is not saved.
+    expected[static_cast<size_t>(r)][kDistributeModuleStateDictKeys] = {"buf", "weight"};
     nlohmann::json& t = expected[static_cast<size_t>(r)][kTensors];
     t["partial_to_shard0"] = MatrixJson(ChunkOf(reduced, 0, world, r));
     t["partial_to_shard1"] = MatrixJson(ChunkOf(reduced, 1, world, r));
@@ -233,6 +282,7 @@ std::vector<nlohmann::json> ExpectRedistribute(const CaseParams& p, int world) {
     t["distribute_module_weight"] = MatrixJson(base);
     t["distribute_module_buffer"] = MatrixJson(base);
     t["distribute_module_child_buffer"] = MatrixJson(base);
+    t["colwise_replicate_output"] = MatrixJson(GramOf(base));
     const Matrix own_row = NormRow(base, r);
     t["sequence_parallel_weight"] = TensorJson({cols}, "float64", own_row.data);
     t["sequence_parallel_bias"] = TensorJson({cols}, "float64", Scaled(own_row, -1).data);
@@ -286,8 +336,11 @@ Scenario Redistribute() {
        "distribute_module_buffer: distribute_module(Linear(cols, rows, bias=False), mesh) with "
        "the rank's X_r as its weight and as its buffer \"buf\" (the default partition, "
        "src_data_rank 0): weight.to_local() and buf.to_local(); distribute_module_child_buffer: "
-       "the same Linear's parameterless child `stats` (an nn.Module holding X_r as its buffer "
-       "\"buf\"): stats.buf.to_local(); sequence_parallel_weight / "
+       "the same Linear's parameterless child `stats` (an nn.Module holding X_r as its "
+       "non-persistent buffer \"buf\"): stats.buf.to_local(); colwise_replicate_output: "
+       "parallelize_module(Linear(cols, rows, bias=False) with weight B, mesh, "
+       "ColwiseParallel(output_layouts=Replicate()))(B), the full B Bᵀ on every rank; "
+       "sequence_parallel_weight / "
        "sequence_parallel_bias: parallelize_module(LayerNorm(cols), mesh, SequenceParallel()) "
        "with row 0 of the rank's X_r as its weight and its negation as its bias (replicated "
        "from each rank's own values, no broadcast): weight.to_local() and bias.to_local(); at an "
@@ -300,6 +353,16 @@ Scenario Redistribute() {
        "mesh2d_inferred_shape_to_replicate: from_local(row j of B, mesh_2d, [Replicate(), "
        "Shard(0)]).full_tensor() (no shape: dim 0 inferred as 1 x world / 2) on mesh "
        "coordinate (i, j)"});
+  s.info.observations.Add(ObservationKey::Custom(
+      kDistributeRequiresGrad,
+      {{"type", "object"},
+       {"properties", {{"frozen", {{"type", "boolean"}}}, {"trainable", {{"type", "boolean"}}}}}},
+      "distribute_tensor(X_r, mesh, [Shard(0)]).requires_grad for X_r without (\"frozen\") and "
+      "with (\"trainable\") requires_grad: the source's flag"));
+  s.info.observations.Add(ObservationKey::Custom(
+      kDistributeModuleStateDictKeys, {{"type", "array"}, {"items", {{"type", "string"}}}},
+      "sorted(linear.state_dict().keys()) after distribute_module(linear, mesh): its weight and "
+      "persistent buffer \"buf\"; the child's non-persistent \"stats.buf\" stays out"));
   s.info.default_world = 3;
   s.info.min_world = 2;
   s.info.max_world = 8;
@@ -312,6 +375,10 @@ Scenario Redistribute() {
     const std::vector<nlohmann::json> expected = ExpectRedistribute(p, world);
     for (int r = 0; r < world; ++r) {
       CheckRankTensorsExact(checks, per_rank, r, expected[static_cast<size_t>(r)].at(kTensors));
+      for (const char* key : {kDistributeRequiresGrad, kDistributeModuleStateDictKeys}) {
+        checks.CheckEqual(RankName(r) + " " + key, RankObservation(expected, r, key),
+                          RankObservation(per_rank, r, key));
+      }
     }
   };
   s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {

@@ -935,9 +935,9 @@ Scenario LocalStateDictReshard() {
 // test_state_dict_save_load_flow: the seed's Model trained 3 SGD steps (lr 0.1, loss
 // out.sum(), each rank on its own runner-owned batch) under FSDP, saved, loaded into a zeroed
 // FSDP copy, against the same training under DistributedDataParallel, whose replicas on ranks
-// other than 0 start from zeros (its construction must broadcast rank 0's parameters) and get
-// their buffers zeroed after its construction (broadcast_buffers: every forward must
-// broadcast rank 0's again).
+// other than 0 start from zeros (its construction must broadcast rank 0's parameters and
+// buffers, reported right after it) and get their buffers zeroed after its construction
+// (broadcast_buffers: every forward must broadcast rank 0's again).
 constexpr int64_t kFlowSteps = 3;
 
 CaseInputs FlowInputs(const CaseParams& params, int world) {
@@ -982,6 +982,9 @@ Scenario StateDictSaveLoadFlow() {
   s.info.observations.AddTensors({"ddp_buffers/{fqn}", "float32", "the buffer's shape",
                                   "the DistributedDataParallel replica's buffers (persistent or "
                                   "not) after the training, by the plain model's FQN"});
+  s.info.observations.AddTensors({"ddp_constructed_buffers/{fqn}", "float32", "the buffer's shape",
+                                  "the DistributedDataParallel replica's buffers right after its "
+                                  "construction (before any forward), by the plain model's FQN"});
   s.info.observations.AddTensors({"continued/saver/{fqn}", "float32", "the parameter's full shape",
                                   "the saving FSDP model's parameters after one more SGD step "
                                   "(summon_full_params), by clean FQN"});
@@ -1047,6 +1050,9 @@ Scenario StateDictSaveLoadFlow() {
     }
     auto ddp_model = std::make_shared<ddp::DistributedDataParallel>(
         replica, ddp::DistributedDataParallelOptions{.process_group = env.pg});
+    for (const auto& [name, b] : replica->named_buffers()) {
+      obs[kTensors]["ddp_constructed_buffers/" + name] = TensorToJson(b.to(Device::CPU()));
+    }
     if (env.rank != 0) {
       // broadcast_buffers=True: each forward broadcasts rank 0's buffers again.
       autograd::NoGradGuard no_grad;
@@ -1106,6 +1112,12 @@ Scenario StateDictSaveLoadFlow() {
       if (r > 0) {
         CheckMapsClose(checks, RankName(r) + " DDP replica buffers vs rank 0's (broadcast_buffers)",
                        MapFromObservations(per_rank, 0, "ddp_buffers/"), ddp_buffers,
+                       Tolerance{0, 0});
+        // _sync_module_states (broadcast_buffers=True) broadcasts the buffers at construction,
+        // before any forward re-broadcasts them.
+        CheckMapsClose(checks, RankName(r) + " DDP replica buffers after construction vs rank 0's",
+                       MapFromObservations(per_rank, 0, "ddp_constructed_buffers/"),
+                       MapFromObservations(per_rank, r, "ddp_constructed_buffers/"),
                        Tolerance{0, 0});
       }
     }

@@ -54,7 +54,8 @@ def redistribute(request):
     from torch.distributed.tensor import (DTensor, Replicate, Shard, distribute_module,
                                           distribute_tensor)
 
-    from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
+    from torch.distributed.tensor.parallel import (ColwiseParallel, SequenceParallel,
+                                                   parallelize_module)
 
     partial, kwargs = _placements(request)
     rows, cols = request.int_param("rows"), request.int_param("cols")
@@ -84,21 +85,34 @@ def redistribute(request):
         "distribute_replicate": distribute_tensor(mine.clone(), mesh, [Replicate()],
                                                   **kwargs).to_local(),
     }
+    # distribute_tensor keeps its source's requires_grad.
+    obs = {"distribute_requires_grad": {
+        "frozen": distribute_tensor(mine.clone(), mesh, [Shard(0)]).requires_grad,
+        "trainable": distribute_tensor(mine.clone().requires_grad_(True), mesh,
+                                       [Shard(0)]).requires_grad}}
     # distribute_module's default partition (replicate_module_params_buffers) on a
     # Linear(cols, rows, bias=False) whose weight and buffer "buf" are the rank's X_r.
     linear = torch.nn.Linear(cols, rows, bias=False, dtype=torch.float64)
     with torch.no_grad():
         linear.weight.copy_(mine)
     linear.register_buffer("buf", mine.clone())
-    # A parameterless child holding X_r as its buffer "buf" too: the default partition runs on
-    # every module of named_modules().
+    # A parameterless child holding X_r as its non-persistent buffer "buf" too: the default
+    # partition runs on every module of named_modules() and keeps the buffer out of the state dict.
     linear.add_module("stats", torch.nn.Module())
-    linear.stats.register_buffer("buf", mine.clone())
+    linear.stats.register_buffer("buf", mine.clone(), persistent=False)
     distribute_module(linear, mesh)
+    obs["distribute_module_state_dict_keys"] = sorted(linear.state_dict().keys())
     t["distribute_module_weight"] = linear.weight.to_local()
     for key, buf in (("distribute_module_buffer", linear.buf),
                      ("distribute_module_child_buffer", linear.stats.buf)):
         t[key] = buf.to_local() if isinstance(buf, DTensor) else buf
+    # ColwiseParallel(output_layouts=Replicate()) on a Linear(cols, rows) with weight B, fed B:
+    # its uneven Shard(-1) output pieces all-gathered into B @ B.T.
+    colwise = torch.nn.Linear(cols, rows, bias=False, dtype=torch.float64)
+    with torch.no_grad():
+        colwise.weight.copy_(base)
+    parallelize_module(colwise, mesh, ColwiseParallel(output_layouts=Replicate()))
+    t["colwise_replicate_output"] = colwise(base)
     # SequenceParallel replicates a norm's parameters from each rank's own values
     # (DTensor.from_local(param, [Replicate()]), no broadcast): row 0 of X_r as the weight, its
     # negation as the bias.
@@ -123,7 +137,7 @@ def redistribute(request):
         # No shape: from_local infers dim 0 as 1 row x mesh dim 1's size.
         t["mesh2d_inferred_shape_to_replicate"] = DTensor.from_local(
             base[j:j + 1].contiguous(), mesh_2d, [Replicate(), Shard(0)]).full_tensor()
-    return {}, {name: value.detach().contiguous().clone() for name, value in t.items()}
+    return obs, {name: value.detach().contiguous().clone() for name, value in t.items()}
 
 
 SCENARIOS = {"dtensor/redistribute": redistribute}

@@ -387,6 +387,8 @@ def state_dict_save_load_flow(request):
             for t in (*replica.parameters(), *replica.buffers()):
                 t.zero_()
     ddp_model = DistributedDataParallel(replica)
+    tensors.update({f"ddp_constructed_buffers/{fqn}": b.detach().clone()
+                    for fqn, b in replica.named_buffers()})
     if dist.get_rank() != 0:
         # broadcast_buffers=True: each forward broadcasts rank 0's buffers again.
         with torch.no_grad():
