@@ -163,6 +163,8 @@ nlohmann::json RunRank(const std::string& kind, RankEnv& env) {
   // (the optimizer has state then), then load both dicts: the loaded state replaces theirs.
   nn::ModulePtr loader = BuildSharded(c, env);
   auto loader_optim = MakeEngineOptimizer(c.optim, loader->named_parameters());
+  // Another learning rate than the saver's: only the loaded param_groups give it back.
+  for (optim::ParamGroup& group : loader_optim->param_groups()) group.lr *= 2;
   TrainEngineSteps(c.model, *loader, *loader_optim, env.Inputs(), 0, 1);
   checkpoint::set_model_state_dict(*loader, model_sd, options);
   checkpoint::set_optimizer_state_dict(*loader, *loader_optim, optim_sd, options);
@@ -171,8 +173,15 @@ nlohmann::json RunRank(const std::string& kind, RankEnv& env) {
       c.model, *saver, *saver_optim, env.Inputs(), c.steps, 1, LocalParameterShards);
   const EngineTrainingRecord loaded = TrainEngineSteps(
       c.model, *loader, *loader_optim, env.Inputs(), c.steps, 1, LocalParameterShards);
+  // The dtypes the loaded optimizer keeps (a load must not cast Adam's step counter).
+  nlohmann::json loaded_dtypes = nlohmann::json::object();
+  for (const auto& [key, value] :
+       checkpoint::get_optimizer_state_dict(*loader, *loader_optim, options)) {
+    loaded_dtypes[key] = DTypeName(value.dtype());
+  }
 
   nlohmann::json obs;
+  obs["loaded_state_dtypes"] = loaded_dtypes;
   obs["model_sharding"] = StateDictShardingJson(model_sd);
   obs["optim_sharding"] = StateShardingJson(optim_sd);
   obs[kTensors] = StateDictPiecesJson(optim_sd, "optim/");
@@ -206,6 +215,10 @@ void Judge(const std::string& kind, const CaseParams& params, int world,
     // whatever the parameters' dtype.
     checks.CheckEqual(who + " optimizer state dict dtypes", ExpectedStateDTypes(state, c.dtype),
                       ObservedStateDTypes(per_rank[static_cast<size_t>(r)]));
+    CheckRankEqual(
+        checks, per_rank, r,
+        {"loaded_state_dtypes", "the loaded optimizer's state dict dtypes after its step",
+         ExpectedStateDTypes(state, c.dtype)});
     err.Merge(CheckMapsClose(checks, who + " optimizer state dict vs oracle",
                              RankPieces(state, r, world, full),
                              MapFromObservations(per_rank, r, "optim/"), tol, &scales));
@@ -241,6 +254,10 @@ Scenario MakeScenario(const std::string& kind_name, const std::string& name,
           "per key of get_model_state_dict (every location of a tied weight included): "
           "{\"global_shape\", \"offsets\"} of a sharded (DTensor) value, null for a plain "
           "tensor"))
+      .Add(ObservationKey::Custom(
+          "loaded_state_dtypes", {{"type", "object"}},
+          "per key of get_optimizer_state_dict of the loading optimizer after its next step: the "
+          "value's dtype (the lr, a Python float: float64)"))
       .Add(ObservationKey::Custom(
           "optim_sharding", {{"type", "object"}},
           "per \"state.<fqn>.<name>\" key of get_optimizer_state_dict: {\"global_shape\", "

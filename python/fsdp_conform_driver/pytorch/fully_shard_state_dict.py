@@ -34,8 +34,9 @@ over the whole world (conformance/state_dict_model.h):
                       (parity.py's model, optimizer and loss): get_optimizer_state_dict(
                       full_state_dict=...) observed under flattened keys ("state.<fqn>.<name>",
                       "param_groups.<fqn>.lr") and, after a model and optimizer that took one
-                      step of their own load both dicts, one more step of each; the model dict's DTensor sharding per
-                      key
+                      step of their own at twice the lr load both dicts, one more step of each
+                      and the dtypes of the loader's optimizer state dict then; the model
+                      dict's DTensor sharding per key
   optimizer_state_dict_shared_weight  the same on the zoo's Transformer, whose output.weight
                       is tok_embeddings.weight (test_state_dict.py's test_shared_weight)
 
@@ -264,11 +265,21 @@ def optimizer_state_dict(request, kind="mlp"):
             tensors[f"optim/param_groups.{fqn}.lr"] = torch.tensor(float(group["lr"]),
                                                                    dtype=torch.float64)
     loader, loader_optim = build()
+    for group in loader_optim.param_groups:
+        group["lr"] *= 2  # another lr than the saver's: only the loaded param_groups restore it
     step(loader, loader_optim, 0)  # its own state first: the load replaces it
     set_model_state_dict(loader, model_sd, options=options)
     set_optimizer_state_dict(loader, loader_optim, optim_sd, options=options)
     step(saver, saver_optim, steps)
     step(loader, loader_optim, steps)
+    # The dtypes the loaded optimizer keeps (its load keeps Adam's step a float32 tensor).
+    loaded_sd = get_optimizer_state_dict(loader, loader_optim, options=options)
+    obs["loaded_state_dtypes"] = {
+        f"state.{fqn}.{name}": str(value.dtype).removeprefix("torch.")
+        for fqn, state in loaded_sd["state"].items() for name, value in state.items()}
+    for group in loaded_sd["param_groups"]:
+        for fqn in group["params"]:
+            obs["loaded_state_dtypes"][f"param_groups.{fqn}.lr"] = "float64"
     for prefix, model in (("continued/", saver), ("loaded/", loader)):
         for name, p in model.named_parameters():
             tensors[f"{prefix}{name}"] = _local(p).detach().clone()
