@@ -242,6 +242,9 @@ Scenario FullStateDict() {
                    "broadcast_from_rank0=True), rank 0 alone passing the dict"});
   s.info.default_world = 2;
   s.info.max_world = 8;
+  // World 4 splits out_proj's 5 rows 2, 2, 1, 0: the full dict gathers a one-row piece and an
+  // empty one (world 2 gives every rank at least two rows of every parameter).
+  s.info.extra_default_runs = {{4, {}}};
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
   s.info.inputs = StateDictModelInputsDoc();
   s.inputs = StateDictModelInputs;
