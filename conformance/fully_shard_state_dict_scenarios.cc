@@ -12,16 +12,19 @@
 //                       piece, and a forward runs first: lazy init must adopt it
 //                       (test_reset_sharded_param_in_lazy_init)
 //   load_and_continue   a state dict taken after one SGD step loads (assign False or True)
-//                       into a zero model, and the next step of both models is identical
+//                       into a zero model that has run a forward (lazy init done, so with
+//                       assign=True the load's post-hook must adopt the new tensors), and the
+//                       next step of both models is identical
 //   full_state_dict     get_model_state_dict(full_state_dict) equals the weights on every rank,
-//                       with cpu_offload only rank 0 holds it, and set_model_state_dict with
+//                       with cpu_offload only rank 0 holds it (cpu_offload alone keeps the
+//                       sharded dict on every rank), and set_model_state_dict with
 //                       broadcast_from_rank0 loads it into a zero model (rank 0 alone passes it)
 //   strict_load         set_model_state_dict's strict (test_state_dict.py's test_strict): an
 //                       unexpected key raises, strict=False returns the missing and unexpected
 //                       keys and loads the rest, a missing key raises; broadcast_from_rank0 with
 //                       strict=False from a rank-0 full dict that lacks a key: the key keeps the
 //                       model's value and is not missing (_broadcast_state_dict fills it in)
-//   optimizer_state_dict  get/set_optimizer_state_dict
+//   optimizer_state_dict, optimizer_state_dict_shared_weight  get/set_optimizer_state_dict
 //   (conformance/optimizer_state_dict_scenario.h)
 // Model and rules: conformance/state_dict_model.h (dim 5: uneven dim 0 at every world > 1).
 #include <algorithm>
@@ -166,8 +169,8 @@ Scenario LoadAndContinue() {
   Scenario s;
   s.info.name = "fully_shard_state_dict/load_and_continue";
   s.info.description =
-      "a state dict saved after one SGD step loads into a zero model (load_state_dict, assign "
-      "False/True) and the next step of both models is identical";
+      "a state dict saved after one SGD step loads into a zero model that has run a forward "
+      "(load_state_dict, assign False/True) and the next step of both models is identical";
   s.info.seed_test = std::string(kSeedFile) + "test_dp_state_dict_save_load";
   s.info.params = StateDictModelParams();
   s.info.params.push_back(ParamSpec::Axis("assign", "load_state_dict(assign=...)", {"False", "True"}));
@@ -187,6 +190,12 @@ Scenario LoadAndContinue() {
     SgdStepOnSum(*model, env.Inputs().Get(StepInputName(0)).to(env.device));
     const nn::StateDict saved = ClonedStateDict(model->state_dict());
     nn::ModulePtr other = BuildShardedStateDictModel(env, /*zero_weights=*/true);
+    {
+      // Lazy init before the load: with assign=True only the load's post-hook
+      // (FSDPParam.reset_sharded_param) can then adopt the new tensors.
+      autograd::NoGradGuard no_grad;
+      (*other)(env.Inputs().Get(StepInputName(0)).to(env.device));
+    }
     other->load_state_dict(saved, /*strict=*/true, assign);
     const Tensor input = env.Inputs().Get(StepInputName(1)).to(env.device);
     SgdStepOnSum(*model, input);
@@ -213,19 +222,29 @@ Scenario FullStateDict() {
   s.info.name = "fully_shard_state_dict/full_state_dict";
   s.info.description =
       "get_model_state_dict(full_state_dict) equals the weights on every rank, on rank 0 only "
-      "with cpu_offload; set_model_state_dict(broadcast_from_rank0) loads it into a zero model";
+      "with cpu_offload (cpu_offload alone: sharded, every rank); "
+      "set_model_state_dict(broadcast_from_rank0) loads it into a zero model";
   s.info.seed_test = std::string(kSeedFile) + "test_rank0_offload_full_state_dict";
   s.info.params = StateDictModelParams();
   s.info.observations
       .Add(ObservationKey::Integer("rank0_only_size",
                                    "entries of get_model_state_dict(full_state_dict, cpu_offload)"))
+      .Add(ObservationKey::Integer("offloaded_size",
+                                   "entries of get_model_state_dict(cpu_offload) (sharded)"))
       .AddTensors({"full/{fqn}", "float32", "the full shape",
                    "get_model_state_dict(full_state_dict=True) on every rank"})
+      .AddTensors({"offloaded/{fqn}", "float32", "the rank's piece",
+                   "get_model_state_dict(cpu_offload=True) without full_state_dict: the sharded "
+                   "dict on every rank (PyTorch offloads it to the CPU, rank 0 only is for full "
+                   "state dicts)"})
       .AddTensors({"loaded/{fqn}", "float32", "the rank's piece",
                    "a zero model's state dict after set_model_state_dict(full, "
                    "broadcast_from_rank0=True), rank 0 alone passing the dict"});
   s.info.default_world = 2;
   s.info.max_world = 8;
+  // World 4 splits out_proj's 5 rows 2, 2, 1, 0: the full dict gathers a one-row piece and an
+  // empty one (world 2 gives every rank at least two rows of every parameter).
+  s.info.extra_default_runs = {{4, {}}};
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
   s.info.inputs = StateDictModelInputsDoc();
   s.inputs = StateDictModelInputs;
@@ -237,6 +256,11 @@ Scenario FullStateDict() {
     rank0.cpu_offload = true;
     nlohmann::json obs;
     obs[kTensors] = StateDictPiecesJson(checkpoint::get_model_state_dict(*model, full), "full/");
+    checkpoint::StateDictOptions offload;
+    offload.cpu_offload = true;
+    const nn::StateDict offloaded = checkpoint::get_model_state_dict(*model, offload);
+    obs["offloaded_size"] = offloaded.size();
+    obs[kTensors].update(StateDictPiecesJson(offloaded, "offloaded/"));
     const nn::StateDict on_rank0 = checkpoint::get_model_state_dict(*model, rank0);
     obs["rank0_only_size"] = on_rank0.size();
     nn::ModulePtr other = BuildShardedStateDictModel(env, /*zero_weights=*/true);
@@ -252,7 +276,9 @@ Scenario FullStateDict() {
     for (int r = 0; r < world; ++r) {
       nlohmann::json obs;
       obs["rank0_only_size"] = r == 0 ? weights.size() : 0;
+      obs["offloaded_size"] = weights.size();
       obs[kTensors] = ExpectedPieces(weights, 0, 1, "full/", p);
+      obs[kTensors].update(ExpectedPieces(weights, r, world, "offloaded/", p));
       obs[kTensors].update(ExpectedPieces(weights, r, world, "loaded/", p));
       out.push_back(obs);
     }
@@ -260,7 +286,9 @@ Scenario FullStateDict() {
   };
   s.judge = [expect = s.expect](const CaseParams& p, int world,
                                 const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
-    JudgeAgainst(expect, p, world, per_rank, checks, {{"rank0_only_size", "rank-0-only entries"}});
+    JudgeAgainst(expect, p, world, per_rank, checks,
+                 {{"rank0_only_size", "rank-0-only entries"},
+                  {"offloaded_size", "entries of the cpu_offload sharded dict"}});
   };
   return s;
 }
@@ -416,6 +444,7 @@ void RegisterFullyShardStateDictScenarios(ScenarioRegistry& registry) {
   registry.Add(FullStateDict());
   registry.Add(StrictLoad());
   registry.Add(OptimizerStateDictScenario());
+  registry.Add(OptimizerStateDictSharedWeightScenario());
 }
 
 }  // namespace fsdp::conformance

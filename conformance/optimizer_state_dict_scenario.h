@@ -5,10 +5,16 @@
 //     oracle optimizer's state after the same steps: keys "state.<fqn>.<name>" and
 //     "param_groups.<fqn>.lr", each sharded value torch.chunk's rows of the oracle's tensor
 //     with its global shape and offsets;
-//   * a fresh model and optimizer load both dicts (set_model_state_dict,
-//     set_optimizer_state_dict) and take the next step: their parameters must equal the saver's
+//   * a model and optimizer that took one step of their own (the optimizer has state) load
+//     both dicts (set_model_state_dict, set_optimizer_state_dict: the loaded state replaces
+//     theirs) and take the next step: their parameters must equal the saver's
 //     own next step bit for bit (a lost step count, a swapped moment or a mis-sharded buffer
 //     changes them).
+// `fully_shard_state_dict/optimizer_state_dict_shared_weight` runs the same on the zoo's
+// Transformer, whose output.weight is tok_embeddings.weight (test_state_dict.py's
+// test_shared_weight): the model dict reports the tied parameter under both keys, sharded
+// alike, and the optimizer dict keys its state by the first FQN. Both report the model dict's
+// sharding (global shape and offsets per key) besides the optimizer's.
 // Thread-safety: the scenario's functions are stateless.
 #pragma once
 
@@ -17,5 +23,6 @@
 namespace fsdp::conformance {
 
 Scenario OptimizerStateDictScenario();
+Scenario OptimizerStateDictSharedWeightScenario();
 
 }  // namespace fsdp::conformance

@@ -15,9 +15,13 @@ over the whole world (conformance/state_dict_model.h):
                       test_reset_sharded_param_in_lazy_init)
   load_and_continue   the state dict after one SGD(lr=0.1) step on out.sum() loads with
                       load_state_dict(strict=True, assign=...) into the same model built with
-                      zero parameters; both then take the same second step
-  full_state_dict     get_model_state_dict(full_state_dict=True) on every rank; with
-                      cpu_offload=True (rank 0 only) its size; set_model_state_dict(
+                      zero parameters, after a no_grad forward of it (lazy init done: with
+                      assign=True the load's post-hook must adopt the new parameters); both then
+                      take the same second step
+  full_state_dict     get_model_state_dict(full_state_dict=True) on every rank;
+                      get_model_state_dict(cpu_offload=True) alone (sharded, every rank: its
+                      size and local tensors); with full_state_dict and cpu_offload (rank 0
+                      only) its size; set_model_state_dict(
                       broadcast_from_rank0=True) of that dict into a zero model
   strict_load         set_model_state_dict of the state dict plus "abc" (strict: its error),
                       without its first parameter's key into a zero model (strict=False: the
@@ -29,8 +33,12 @@ over the whole world (conformance/state_dict_model.h):
   optimizer_state_dict  the zoo's MLP sharded as parity/fsdp shards it, trained `steps` steps
                       (parity.py's model, optimizer and loss): get_optimizer_state_dict(
                       full_state_dict=...) observed under flattened keys ("state.<fqn>.<name>",
-                      "param_groups.<fqn>.lr") and, after a fresh model and optimizer load
-                      both dicts, one more step of each
+                      "param_groups.<fqn>.lr") and, after a model and optimizer that took one
+                      step of their own at twice the lr load both dicts, one more step of each
+                      and the dtypes of the loader's optimizer state dict then; the model
+                      dict's DTensor sharding per key
+  optimizer_state_dict_shared_weight  the same on the zoo's Transformer, whose output.weight
+                      is tok_embeddings.weight (test_state_dict.py's test_shared_weight)
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -137,6 +145,7 @@ def load_and_continue(request):
     _sgd_step_on_sum(model, inputs.step_input(request, 0))
     saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
     other = _model(request, zero_weights=True)
+    _forward_without_grad(other, request)  # lazy init first: the load's post-hook must adopt
     other.load_state_dict(saved, strict=True, assign=request.param("assign") == "True")
     x = inputs.step_input(request, 1)
     _sgd_step_on_sum(model, x)
@@ -153,13 +162,15 @@ def full_state_dict(request):
     model = _model(request)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     tensors = _pieces(full, "full/")
+    offloaded = get_model_state_dict(model, options=StateDictOptions(cpu_offload=True))
+    tensors.update(_pieces(offloaded, "offloaded/"))
     on_rank0 = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     other = _model(request, zero_weights=True)
     set_model_state_dict(other, on_rank0, options=StateDictOptions(
         full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True))
     tensors.update(_pieces(other.state_dict(), "loaded/"))
-    return {"rank0_only_size": len(on_rank0)}, tensors
+    return {"rank0_only_size": len(on_rank0), "offloaded_size": len(offloaded)}, tensors
 
 
 def _error_of(load):
@@ -202,7 +213,7 @@ def strict_load(request):
     return obs, tensors
 
 
-def optimizer_state_dict(request):
+def optimizer_state_dict(request, kind="mlp"):
     import torch
     from torch.distributed.checkpoint.state_dict import (StateDictOptions,
                                                          get_model_state_dict,
@@ -214,7 +225,7 @@ def optimizer_state_dict(request):
     from fsdp_conform_driver.pytorch.parity import _build, _children_to_shard, _loss, _optimizer
 
     def build():
-        model, _ = _build("mlp", request)
+        model, _ = _build(kind, request)
         for child in _children_to_shard(model):
             fully_shard(child)
         fully_shard(model)
@@ -246,18 +257,36 @@ def optimizer_state_dict(request):
     # state, which its next step then updates in place.
     flat = {f"state.{fqn}.{name}": value
             for fqn, state in optim_sd["state"].items() for name, value in state.items()}
-    obs = {"optim_sharding": {k: dtensor_sharding(v) for k, v in flat.items()}}
+    obs = {"model_sharding": {k: dtensor_sharding(v) for k, v in model_sd.items()},
+           "optim_sharding": {k: dtensor_sharding(v) for k, v in flat.items()}}
     tensors = {f"optim/{k}": _local(v).detach().clone() for k, v in flat.items()}
     for group in optim_sd["param_groups"]:
         for fqn in group["params"]:
             tensors[f"optim/param_groups.{fqn}.lr"] = torch.tensor(float(group["lr"]),
                                                                    dtype=torch.float64)
     loader, loader_optim = build()
+    for group in loader_optim.param_groups:
+        group["lr"] *= 2  # another lr than the saver's: only the loaded param_groups restore it
+    step(loader, loader_optim, 0)  # its own state first: the load replaces it
     set_model_state_dict(loader, model_sd, options=options)
     set_optimizer_state_dict(loader, loader_optim, optim_sd, options=options)
     step(saver, saver_optim, steps)
     step(loader, loader_optim, steps)
+    # The dtypes the loaded optimizer keeps (its load keeps Adam's step a float32 tensor).
+    loaded_sd = get_optimizer_state_dict(loader, loader_optim, options=options)
+    obs["loaded_state_dtypes"] = {
+        f"state.{fqn}.{name}": str(value.dtype).removeprefix("torch.")
+        for fqn, state in loaded_sd["state"].items() for name, value in state.items()}
+    for group in loaded_sd["param_groups"]:
+        for fqn in group["params"]:
+            obs["loaded_state_dtypes"][f"param_groups.{fqn}.lr"] = "float64"
     for prefix, model in (("continued/", saver), ("loaded/", loader)):
         for name, p in model.named_parameters():
             tensors[f"{prefix}{name}"] = _local(p).detach().clone()
     return obs, tensors
+
+
+def optimizer_state_dict_shared_weight(request):
+    """optimizer_state_dict on the zoo's Transformer (weight_tying: output.weight is
+    tok_embeddings.weight), as test_state_dict.py's test_shared_weight."""
+    return optimizer_state_dict(request, kind="transformer")

@@ -191,6 +191,8 @@ SCENARIOS = {
     "fully_shard_state_dict/full_state_dict": fully_shard_state_dict.full_state_dict,
     "fully_shard_state_dict/strict_load": fully_shard_state_dict.strict_load,
     "fully_shard_state_dict/optimizer_state_dict": fully_shard_state_dict.optimizer_state_dict,
+    "fully_shard_state_dict/optimizer_state_dict_shared_weight":
+        fully_shard_state_dict.optimizer_state_dict_shared_weight,
     **fsdp_state_dict.SCENARIOS,
     "checkpoint/round_trip": checkpoint_layout,
     "checkpoint/faults": checkpoint_layout,
