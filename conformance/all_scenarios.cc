@@ -33,6 +33,7 @@ void RegisterFullyShardOverlapScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardRegisteredParamsScenarios(ScenarioRegistry& registry);
 void RegisterFsdpPrefetchScenarios(ScenarioRegistry& registry);
 void RegisterFsdpWrapScenarios(ScenarioRegistry& registry);
+void RegisterFsdpMixedPrecisionScenarios(ScenarioRegistry& registry);
 void RegisterDtensorScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
@@ -62,6 +63,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardRegisteredParamsScenarios(registry);
   RegisterFsdpPrefetchScenarios(registry);
   RegisterFsdpWrapScenarios(registry);
+  RegisterFsdpMixedPrecisionScenarios(registry);
   RegisterDtensorScenarios(registry);
 }
 
