@@ -34,6 +34,7 @@ void RegisterFullyShardOverlapScenarios(ScenarioRegistry& registry);
 void RegisterFullyShardRegisteredParamsScenarios(ScenarioRegistry& registry);
 void RegisterFsdpPrefetchScenarios(ScenarioRegistry& registry);
 void RegisterFsdpWrapScenarios(ScenarioRegistry& registry);
+void RegisterFsdpMixedPrecisionScenarios(ScenarioRegistry& registry);
 void RegisterDtensorScenarios(ScenarioRegistry& registry);
 
 void RegisterAllScenarios(ScenarioRegistry& registry) {
@@ -64,6 +65,7 @@ void RegisterAllScenarios(ScenarioRegistry& registry) {
   RegisterFullyShardRegisteredParamsScenarios(registry);
   RegisterFsdpPrefetchScenarios(registry);
   RegisterFsdpWrapScenarios(registry);
+  RegisterFsdpMixedPrecisionScenarios(registry);
   RegisterDtensorScenarios(registry);
 }
 

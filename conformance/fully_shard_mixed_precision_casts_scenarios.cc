@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "conformance/forward_inputs_models.h"
 #include "conformance/fsdp_params.h"
 #include "conformance/observations.h"
 #include "conformance/rank_checks.h"
@@ -35,7 +36,6 @@
 #include "engine/fsdp/fully_shard.h"
 #include "engine/functional/functional.h"
 #include "engine/nn/init.h"
-#include "engine/nn/layers.h"
 
 namespace fsdp::conformance {
 
@@ -43,119 +43,6 @@ namespace {
 
 constexpr const char* kCasts =
     "test_fully_shard_mixed_precision.py::TestFullyShardMixedPrecisionCasts::";
-constexpr const char* kInputDtypes = "forward_input_dtypes";
-constexpr const char* kOutputDtype = "output_dtype";
-
-// What forward saw, by the test's forward_inputs key; shared by one rank's modules.
-using ForwardInputs = std::map<std::string, std::string>;
-
-// common_distributed.py's SaveForwardInputsModule: l = Linear(dim, dim); forward saves x under
-// `key`, then l(x), casting x to l.weight's dtype first when `cast_forward_inputs`.
-class SaveForwardInputsModule : public nn::Cloneable<SaveForwardInputsModule> {
- public:
-  SaveForwardInputsModule(std::shared_ptr<ForwardInputs> forward_inputs, std::string key,
-                          int64_t dim, bool cast_forward_inputs)
-      : nn::Cloneable<SaveForwardInputsModule>("SaveForwardInputsModule"),
-        forward_inputs_(std::move(forward_inputs)),
-        key_(std::move(key)),
-        cast_forward_inputs_(cast_forward_inputs) {
-    register_module("l", std::make_shared<nn::Linear>(dim, dim));
-  }
-  nn::Value forward(const nn::Value& input) override {
-    Tensor x = input.tensor();
-    (*forward_inputs_)[key_] = DTypeName(x.dtype());
-    if (cast_forward_inputs_) x = fsdp::to(x, child("l")->parameter("weight").dtype());
-    return call_child("l", nn::Value(x));
-  }
-
- private:
-  std::shared_ptr<ForwardInputs> forward_inputs_;
-  std::string key_;
-  bool cast_forward_inputs_;
-};
-
-// common_distributed.py's SaveForwardInputsModel: c1, c2 (SaveForwardInputsModule); forward
-// saves x under "" and returns c2(c1(x)).
-class SaveForwardInputsModel : public nn::Cloneable<SaveForwardInputsModel> {
- public:
-  SaveForwardInputsModel(std::shared_ptr<ForwardInputs> forward_inputs, int64_t dim,
-                         bool cast_forward_inputs)
-      : nn::Cloneable<SaveForwardInputsModel>("SaveForwardInputsModel"),
-        forward_inputs_(forward_inputs) {
-    for (const char* name : {"c1", "c2"}) {
-      register_module(name, std::make_shared<SaveForwardInputsModule>(forward_inputs, name, dim,
-                                                                      cast_forward_inputs));
-    }
-  }
-  nn::Value forward(const nn::Value& x) override {
-    (*forward_inputs_)[""] = DTypeName(x.tensor().dtype());
-    return call_child("c2", call_child("c1", x));
-  }
-
- private:
-  std::shared_ptr<ForwardInputs> forward_inputs_;
-};
-
-// The test's ToyModule: l = Linear(dim, dim); forward(x, y) saves both and returns l(x).
-// Takes y positionally or as the keyword argument y.
-class ToyModule : public nn::Cloneable<ToyModule> {
- public:
-  ToyModule(std::shared_ptr<ForwardInputs> forward_inputs, int64_t dim)
-      : nn::Cloneable<ToyModule>("ToyModule"), forward_inputs_(std::move(forward_inputs)) {
-    register_module("l", std::make_shared<nn::Linear>(dim, dim));
-  }
-  nn::Value forward(const nn::Value& args) override {
-    FSDP_CHECK(args.is_tuple() && args.size() == 2, "ToyModule.forward takes (x, y); got ",
-               args.str());
-    return Forward(args[0].tensor(), args[1].tensor());
-  }
-  nn::Value forward_with_kwargs(const nn::Value& args, const nn::Value& kwargs) override {
-    if (kwargs.is_dict() && kwargs.contains("y")) {
-      FSDP_CHECK(args.is_tuple() && args.size() == 1 && kwargs.size() == 1,
-                 "ToyModule.forward takes (x, y=...); got args ", args.str(), " and kwargs ",
-                 kwargs.str());
-      return Forward(args[0].tensor(), kwargs.at("y").tensor());
-    }
-    return nn::Module::forward_with_kwargs(args, kwargs);
-  }
-
- private:
-  nn::Value Forward(const Tensor& x, const Tensor& y) {
-    (*forward_inputs_)["l2_input_x"] = DTypeName(x.dtype());
-    (*forward_inputs_)["l2_input_y"] = DTypeName(y.dtype());
-    return call_child("l", nn::Value(x));
-  }
-  std::shared_ptr<ForwardInputs> forward_inputs_;
-};
-
-// The test's ToyModel: l1 = Linear(dim, dim), l2 = ToyModule; forward(x) saves x and returns
-// l2(l1(x), y) with y = ones(2, dim) in float32 made inside forward (the external input).
-class ToyModel : public nn::Cloneable<ToyModel> {
- public:
-  ToyModel(std::shared_ptr<ForwardInputs> forward_inputs, int64_t dim, bool y_by_keyword)
-      : nn::Cloneable<ToyModel>("ToyModel"),
-        forward_inputs_(forward_inputs),
-        dim_(dim),
-        y_by_keyword_(y_by_keyword) {
-    register_module("l1", std::make_shared<nn::Linear>(dim, dim));
-    register_module("l2", std::make_shared<ToyModule>(forward_inputs, dim));
-  }
-  nn::Value forward(const nn::Value& input) override {
-    const Tensor& x = input.tensor();
-    (*forward_inputs_)["model_input_x"] = DTypeName(x.dtype());
-    Tensor y = Tensor::ones({2, dim_}, DType::kFloat32, x.device());
-    nn::Value h = call_child("l1", input);
-    nn::Module& l2 = *child("l2");
-    if (y_by_keyword_)
-      return l2.call(nn::Value::Tuple({h}), nn::Value::Dict({{"y", nn::Value(y)}}));
-    return l2(nn::Value::Tuple({h, nn::Value(y)}));
-  }
-
- private:
-  std::shared_ptr<ForwardInputs> forward_inputs_;
-  int64_t dim_;
-  bool y_by_keyword_;
-};
 
 // One subtest's configuration: the policies of the fully_shard calls by module FQN ("" the
 // root, always sharded), and whether SaveForwardInputsModule casts its input itself.
@@ -245,18 +132,18 @@ nlohmann::json ExpectForwardInputCasts(const CastCase& c) {
     seen[child] = DTypeName(h);
     h = AfterForward(c, child);
   }
-  return {{kInputDtypes, seen}, {kOutputDtype, DTypeName(RootOutput(c, h))}};
+  return {{kForwardInputDtypes, seen}, {kForwardOutputDtype, DTypeName(RootOutput(c, h))}};
 }
 
 // The rules' forward inputs and output dtype of ToyModel under `c`.
 nlohmann::json ExpectExternalInputs(const CastCase& c) {
   const DType x = AfterPreForward(c, "", DType::kFloat32);
   const DType l1_out = GroupPolicy(c, "l1").param_dtype.value_or(DType::kFloat32);
-  return {{kInputDtypes,
+  return {{kForwardInputDtypes,
            {{"model_input_x", DTypeName(x)},
             {"l2_input_x", DTypeName(AfterPreForward(c, "l2", l1_out))},
             {"l2_input_y", DTypeName(AfterPreForward(c, "l2", DType::kFloat32))}}},
-          {kOutputDtype, DTypeName(RootOutput(c, AfterForward(c, "l2")))}};
+          {kForwardOutputDtype, DTypeName(RootOutput(c, AfterForward(c, "l2")))}};
 }
 
 // fully_shard on every configured module but the root, then on the root; forward on
@@ -278,16 +165,7 @@ nlohmann::json RunCastCase(const nn::ModulePtr& model, const CastCase& c,
   Tensor out = (*model)(Tensor::zeros({2, dim}, DType::kFloat32, env.device)).tensor();
   fsdp::sum(out).backward();
   nlohmann::json seen(*forward_inputs);
-  return {{kInputDtypes, seen}, {kOutputDtype, DTypeName(out.dtype())}};
-}
-
-ObservationSchema CastSchema(const std::string& keys) {
-  ObservationSchema schema;
-  schema.Add(ObservationKey::Custom(
-      kInputDtypes, {{"type", "object"}, {"additionalProperties", {{"type", "string"}}}},
-      "{" + keys + "}: the dtype name of the tensor each module's forward received"));
-  schema.Add(ObservationKey::String(kOutputDtype, "the model output's dtype name"));
-  return schema;
+  return {{kForwardInputDtypes, seen}, {kForwardOutputDtype, DTypeName(out.dtype())}};
 }
 
 ParamSpec LowDtype() {
@@ -317,7 +195,7 @@ Scenario CastScenario(const std::string& test, const std::string& seed_test,
   s.info.description = description;
   s.info.seed_test = std::string(kCasts) + seed_test;
   s.info.params = std::move(params);
-  s.info.observations = CastSchema(keys);
+  s.info.observations = ForwardInputsSchema(keys);
   s.info.deterministic = true;
   s.info.default_world = 2;
   s.info.min_world = 1;
@@ -337,8 +215,8 @@ Scenario CastScenario(const std::string& test, const std::string& seed_test,
                              const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
     const nlohmann::json expected = expect(decode(p));
     CheckEveryRank(checks, per_rank, world,
-                   {{kInputDtypes, "dtypes forward received", expected[kInputDtypes]},
-                    {kOutputDtype, "output dtype", expected[kOutputDtype]}});
+                   {{kForwardInputDtypes, "dtypes forward received", expected[kForwardInputDtypes]},
+                    {kForwardOutputDtype, "output dtype", expected[kForwardOutputDtype]}});
   };
   return s;
 }

@@ -1,6 +1,7 @@
 """fully_shard_mixed_precision's forward-cast scenarios in PyTorch
 (TestFullyShardMixedPrecisionCasts; the suite's side: conformance/
-fully_shard_mixed_precision_casts_scenarios.cc):
+fully_shard_mixed_precision_casts_scenarios.cc), and the tests' models, which FSDP1's
+(fsdp_mp_casts.py) share:
 
   forward_input_casts              test_float16_on_one_submodule's three subtests, and a root
                                    without parameters of its own that casts the input
@@ -21,6 +22,72 @@ def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def observations(forward_inputs, out):
+    """forward_input_dtypes and output_dtype of a forward that saved `forward_inputs`."""
+    return {"forward_input_dtypes": {key: _dtype_name(t.dtype)
+                                     for key, t in forward_inputs.items()},
+            "output_dtype": _dtype_name(out.dtype)}
+
+
+def save_forward_inputs_model(dim, forward_inputs, cast_forward_inputs):
+    """common_distributed.py's SaveForwardInputsModel (c1, c2), saving each module's input under
+    the suite's keys ("", "c1", "c2"), with Linear(dim, dim) layers."""
+    import torch.nn as nn
+
+    class SaveForwardInputsModule(nn.Module):
+        def __init__(self, key):
+            super().__init__()
+            self.l = nn.Linear(dim, dim)
+            self.key = key
+
+        def forward(self, x):
+            forward_inputs[self.key] = x
+            return self.l(x.to(self.l.weight.dtype) if cast_forward_inputs else x)
+
+    class SaveForwardInputsModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = SaveForwardInputsModule("c1")
+            self.c2 = SaveForwardInputsModule("c2")
+
+        def forward(self, x):
+            forward_inputs[""] = x
+            return self.c2(self.c1(x))
+
+    return SaveForwardInputsModel()
+
+
+def toy_model(dim, forward_inputs, y_by_keyword):
+    """test_submodules_with_external_inputs' ToyModel: l2(l1(x), y) with y = ones(2, dim) in
+    float32 made in forward, passed positionally or (`y_by_keyword`) as y=y."""
+    import torch
+    import torch.nn as nn
+
+    class ToyModule(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(dim, dim)
+
+        def forward(self, x, y):
+            forward_inputs["l2_input_x"] = x
+            forward_inputs["l2_input_y"] = y
+            return self.l(x)
+
+    class ToyModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1 = nn.Linear(dim, dim)
+            self.l2 = ToyModule()
+
+        def forward(self, x):
+            forward_inputs["model_input_x"] = x
+            y = torch.ones(2, dim, dtype=torch.float32)  # the external input
+            h = self.l1(x)
+            return self.l2(h, y=y) if y_by_keyword else self.l2(h, y)
+
+    return ToyModel()
+
+
 def _run(model, policies, dim, forward_inputs):
     """fully_shard on every module of `policies` (FQN -> MixedPrecisionPolicy kwargs) but the
     root, then on the root ("" in `policies`); forward, backward; the observations."""
@@ -34,43 +101,15 @@ def _run(model, policies, dim, forward_inputs):
     fully_shard(model, mp_policy=MixedPrecisionPolicy(**policies.get("", {})))
     out = model(torch.zeros(2, dim))
     out.sum().backward()
-    return {"forward_input_dtypes": {key: _dtype_name(t.dtype)
-                                     for key, t in forward_inputs.items()},
-            "output_dtype": _dtype_name(out.dtype)}, None
+    return observations(forward_inputs, out), None
 
 
 def forward_input_casts(request):
     import torch
-    import torch.nn as nn
 
     dim = request.int_param("dim")
     low = getattr(torch, request.param("param_dtype"))
     subtest = request.param("subtest")
-
-    class SaveForwardInputsModule(nn.Module):
-        """common_distributed.py's, saving its input under `key`."""
-
-        def __init__(self, forward_inputs, key, cast_forward_inputs):
-            super().__init__()
-            self.l = nn.Linear(dim, dim)
-            self.forward_inputs, self.key = forward_inputs, key
-            self.cast_forward_inputs = cast_forward_inputs
-
-        def forward(self, x):
-            self.forward_inputs[self.key] = x
-            return self.l(x.to(self.l.weight.dtype) if self.cast_forward_inputs else x)
-
-    class SaveForwardInputsModel(nn.Module):
-        def __init__(self, forward_inputs, cast_forward_inputs):
-            super().__init__()
-            self.c1 = SaveForwardInputsModule(forward_inputs, "c1", cast_forward_inputs)
-            self.c2 = SaveForwardInputsModule(forward_inputs, "c2", cast_forward_inputs)
-            self.forward_inputs = forward_inputs
-
-        def forward(self, x):
-            self.forward_inputs[""] = x
-            return self.c2(self.c1(x))
-
     policies = {
         "c2_param_dtype": {"c2": {"param_dtype": low}},
         "c2_param_dtype_module_casts": {"c2": {"param_dtype": low, "cast_forward_inputs": False}},
@@ -84,43 +123,16 @@ def forward_input_casts(request):
     }[subtest]
     forward_inputs = {}
     torch.manual_seed(0)
-    model = SaveForwardInputsModel(forward_inputs,
-                                   cast_forward_inputs=subtest == "c2_param_dtype_module_casts")
+    model = save_forward_inputs_model(
+        dim, forward_inputs, cast_forward_inputs=subtest == "c2_param_dtype_module_casts")
     return _run(model, policies, dim, forward_inputs)
 
 
 def submodules_with_external_inputs(request):
     import torch
-    import torch.nn as nn
 
     dim = request.int_param("dim")
     low = getattr(torch, request.param("param_dtype"))
-    y_by_keyword = request.param("y_by_keyword") == "True"
-
-    class ToyModule(nn.Module):
-        def __init__(self, forward_inputs):
-            super().__init__()
-            self.l = nn.Linear(dim, dim)
-            self.forward_inputs = forward_inputs
-
-        def forward(self, x, y):
-            self.forward_inputs["l2_input_x"] = x
-            self.forward_inputs["l2_input_y"] = y
-            return self.l(x)
-
-    class ToyModel(nn.Module):
-        def __init__(self, forward_inputs):
-            super().__init__()
-            self.l1 = nn.Linear(dim, dim)
-            self.l2 = ToyModule(forward_inputs)
-            self.forward_inputs = forward_inputs
-
-        def forward(self, x):
-            self.forward_inputs["model_input_x"] = x
-            y = torch.ones(2, dim, dtype=torch.float32)  # the external input
-            h = self.l1(x)
-            return self.l2(h, y=y) if y_by_keyword else self.l2(h, y)
-
     forward_inputs = {}
     torch.manual_seed(0)
     policies = {
@@ -128,7 +140,8 @@ def submodules_with_external_inputs(request):
                "cast_forward_inputs": request.param("enable_submodule_cast") == "True"},
         "": {"param_dtype": low},
     }
-    return _run(ToyModel(forward_inputs), policies, dim, forward_inputs)
+    model = toy_model(dim, forward_inputs, request.param("y_by_keyword") == "True")
+    return _run(model, policies, dim, forward_inputs)
 
 
 SCENARIOS = {

@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 
 from fsdp_conform_driver import ScenarioSkipped, inputs
-from fsdp_conform_driver.pytorch import (collectives, dtensor_scenarios, fsdp_prefetch,
+from fsdp_conform_driver.pytorch import (collectives, dtensor_scenarios, fsdp_mp_casts,
+                                        fsdp_prefetch,
                                         fsdp_state_dict, fsdp_wrap, fully_shard_autograd,
                                         fully_shard_collective_ops,
                                         fully_shard_events, fully_shard_mixed_precision,
@@ -202,6 +203,7 @@ SCENARIOS = {
     **unshard_params.SCENARIOS,
     **fsdp_prefetch.SCENARIOS,
     **fsdp_wrap.SCENARIOS,
+    **fsdp_mp_casts.SCENARIOS,
     **fully_shard_training.SCENARIOS,
     **fully_shard_collective_ops.SCENARIOS,
     **fully_shard_mixed_precision.SCENARIOS,
