@@ -1089,7 +1089,7 @@ std::vector<nlohmann::json> ExpectRespectsReshard(const CaseParams& params, int 
   if (Sharded(c, world)) {
     for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
       ++forward;
-      if (mixed || (fsdp1::ReshardsAfterForward(c.strategy) && !unit.root)) ++backward;
+      if (mixed || (Fsdp1ReshardsAfterForwardRule(c.strategy) && !unit.root)) ++backward;
     }
   }
   return std::vector<nlohmann::json>(
