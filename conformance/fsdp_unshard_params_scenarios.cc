@@ -931,16 +931,27 @@ Scenario MakeBackwardWithInputs() {
 // of _validate_unshard_params_args apart).
 struct UnshardMisuse {
   std::string call;
+  std::string message;  // PyTorch's text (what `expect` reports)
   std::vector<std::string> phrases;
 };
 
 const std::vector<UnshardMisuse>& UnshardMisuses() {
   static const std::vector<UnshardMisuse> misuses = {
-      {"rank0_only_writeback", {"writeback=True and rank0_only=True", "is not supported"}},
-      {"offload_to_cpu_no_shard", {"offload_to_cpu=True and NO_SHARD", "is not supported"}},
-      {"with_grads_offload_to_cpu", {"with_grads=True", "offload_to_cpu=True", "is not supported"}},
-      {"with_grads_flat_params", {"with_grads=True", "use_orig_params=False", "is not supported"}},
-      {"from_backward", {"Cannot manually unshard parameters during forward/backward"}},
+      {"rank0_only_writeback",
+       "writeback=True and rank0_only=True is not supported yet",
+       {"writeback=True and rank0_only=True", "is not supported"}},
+      {"offload_to_cpu_no_shard",
+       "offload_to_cpu=True and NO_SHARD is not supported yet",
+       {"offload_to_cpu=True and NO_SHARD", "is not supported"}},
+      {"with_grads_offload_to_cpu",
+       "with_grads=True, use_orig_params=True, offload_to_cpu=True is not supported yet",
+       {"with_grads=True", "offload_to_cpu=True", "is not supported"}},
+      {"with_grads_flat_params",
+       "with_grads=True, use_orig_params=False, offload_to_cpu=False is not supported yet",
+       {"with_grads=True", "use_orig_params=False", "is not supported"}},
+      {"from_backward",
+       "Cannot manually unshard parameters during forward/backward",
+       {"Cannot manually unshard parameters during forward/backward"}},
   };
   return misuses;
 }
@@ -1015,7 +1026,7 @@ Scenario MakeUnshardParamsErrors() {
   s.run_rank = RunUnshardParamsErrorsRank;
   s.expect = [](const CaseParams& p, int world) {
     return std::vector<nlohmann::json>(static_cast<size_t>(world),
-                                       {{"error_phrases", MisuseOf(p).phrases}});
+                                       {{"error_message", MisuseOf(p).message}});
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
