@@ -115,6 +115,16 @@ fsdp1::FullyShardedDataParallelOptions Fsdp1CaseOptions(
   return options;
 }
 
+bool Fsdp1HybridRule(fsdp1::ShardingStrategy strategy) {
+  return strategy == fsdp1::ShardingStrategy::kHybridShard ||
+         strategy == fsdp1::ShardingStrategy::kHybridShardZero2;
+}
+
+bool Fsdp1ReshardsAfterForwardRule(fsdp1::ShardingStrategy strategy) {
+  return strategy == fsdp1::ShardingStrategy::kFullShard ||
+         strategy == fsdp1::ShardingStrategy::kHybridShard;
+}
+
 nlohmann::json MergeFlatParamAllGathers(nlohmann::json phase) {
   if (!phase.is_object()) return phase;
   int64_t n = 0;

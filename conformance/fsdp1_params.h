@@ -54,6 +54,14 @@ std::optional<fsdp1::BackwardPrefetch> ParseBackwardPrefetch(const std::string& 
 fsdp1::FullyShardedDataParallelOptions Fsdp1CaseOptions(
     const CaseParams& params, std::shared_ptr<distributed::ProcessGroup> pg);
 
+// FSDP1's strategy rules as the judges state them, never through the engine's fsdp1::
+// IsHybridStrategy / ReshardsAfterForward, so that a wrong rule in the engine cannot move an
+// expectation with it: the hybrid strategies (HYBRID_SHARD, _HYBRID_SHARD_ZERO2) shard within
+// the shard group and all-reduce across replicas; FULL_SHARD and HYBRID_SHARD free the
+// unsharded flat parameter after forward (the others keep it until backward).
+bool Fsdp1HybridRule(fsdp1::ShardingStrategy strategy);
+bool Fsdp1ReshardsAfterForwardRule(fsdp1::ShardingStrategy strategy);
+
 // FSDP1 all-gathers a flat parameter with all_gather_into_tensor (`c10d._allgather_base_`) on
 // an accelerator and with the list all_gather (`c10d.allgather_`) on the CPU: judges count both
 // under kFlatParamAllGather.

@@ -378,7 +378,7 @@ nlohmann::json ExpectedCounts(fsdp1::ShardingStrategy strategy, int64_t instance
   nlohmann::json forward = nlohmann::json::object();
   nlohmann::json backward = nlohmann::json::object();
   const bool sharded = fsdp1::UsesShardedStrategy(strategy);
-  const bool reshards_after_forward = fsdp1::ReshardsAfterForward(strategy);
+  const bool reshards_after_forward = Fsdp1ReshardsAfterForwardRule(strategy);
   const bool freed = reshards_after_forward || (sharded && previous_backward_synced);
   if (freed) forward[kAllGather] = instances;
   if (reshards_after_forward) backward[kAllGather] = instances - 1;
@@ -386,7 +386,7 @@ nlohmann::json ExpectedCounts(fsdp1::ShardingStrategy strategy, int64_t instance
     backward[sharded ? kReduceScatter : kAllReduce] = instances;
     // Hybrid: the reduce-scatter within the shard group, then an all-reduce of the shard across
     // the replicate group.
-    if (fsdp1::IsHybridStrategy(strategy)) backward[kAllReduce] = instances;
+    if (Fsdp1HybridRule(strategy)) backward[kAllReduce] = instances;
   }
   return {{"forward", forward}, {"backward", backward}};
 }

@@ -1247,10 +1247,10 @@ Scenario SaveAndLoadAfterForward() {
   return s;
 }
 
-
 // test_state_dict_with_ignored_modules: the seed's Model, inner = FSDP(inner) (itself ignored
-// with ignore_inner, float16 mixed precision or not), the root FSDP(model,
-// ignored_modules=[outer]). The state dict (under an optional "foo." prefix) holds the
+// with ignore_inner, float16 mixed precision or not; with wrap_inner=False inner is left to the
+// root, which then has parameters of its own beside the ignored module's buffer), the root
+// FSDP(model, ignored_modules=[outer]). The state dict (under an optional "foo." prefix) holds the
 // ignored parameters and every buffer without copying them (same data as the live tensors,
 // again on a second call), buffers in float32 (ignored ones never cast), and loads into the
 // plain model (prefix stripped) as the weights.
@@ -1265,6 +1265,10 @@ Scenario StateDictWithIgnoredModules() {
                    BoolAxis("prefix", "state_dict(prefix=\"foo.\") or no prefix"),
                    BoolAxis("ignore_inner", "inner's FSDP ignores inner itself"),
                    BoolAxis("mixed_precision", "MixedPrecision(float16 x 3)"),
+                   ParamSpec::SizeBool("wrap_inner",
+                                       "the seed's wrap_fsdp: inner gets its own FSDP instance "
+                                       "(False: the root manages inner; ignore_inner is moot)",
+                                       true),
                    ParamSpec::SizeString("model", "the seed's model", "model"),
                    ParamSpec::SizeInt("seed", "seed of the weights", 0)};
   s.info.observations.Add(ObservationKey::StringList("saved_keys", "the state dict's keys"));
@@ -1286,11 +1290,15 @@ Scenario StateDictWithIgnoredModules() {
   s.info.max_world = 8;
   s.info.requirements.devices = {DeviceType::kCPU};
   s.info.test_runs = {{3, {{"mixed_precision", "True"}}}};
+  // The root with parameters of its own (inner's) and an ignored buffer (outer's): under buffer
+  // mixed precision its post-state-dict hook casts and copies its buffers but the ignored ones.
+  s.info.extra_default_runs = {{2, {{"wrap_inner", "False"}, {"ignore_inner", "False"}}}};
   s.inputs = StateDictInputs;
   s.run_rank = [](RankEnv& env) {
     const fsdp1::StateDictType type = ParseStateDictType(env.params.GetString("state_dict_type"));
     const std::string prefix = env.params.GetBool("prefix") ? "foo." : "";
-    const bool ignore_inner = env.params.GetBool("ignore_inner");
+    const bool wrap_inner = env.params.GetBool("wrap_inner");
+    const bool ignore_inner = wrap_inner && env.params.GetBool("ignore_inner");
     const bool mixed_precision = env.params.GetBool("mixed_precision");
     nn::ModulePtr plain = BuildPlainStateDictModel("model");
     plain->load_state_dict(env.Inputs().weights());
@@ -1305,7 +1313,10 @@ Scenario StateDictWithIgnoredModules() {
     nn::ModulePtr outer = plain->child("outer");
     fsdp1::FullyShardedDataParallelOptions inner_options = options;
     if (ignore_inner) inner_options.ignored_modules = {inner};
-    plain->register_module("inner", std::make_shared<fsdp1::FullyShardedDataParallel>(inner, inner_options));
+    if (wrap_inner) {
+      plain->register_module(
+          "inner", std::make_shared<fsdp1::FullyShardedDataParallel>(inner, inner_options));
+    }
     fsdp1::FullyShardedDataParallelOptions root_options = options;
     root_options.ignored_modules = {outer};
     auto fsdp_model = std::make_shared<fsdp1::FullyShardedDataParallel>(plain, root_options);
@@ -1353,7 +1364,8 @@ Scenario StateDictWithIgnoredModules() {
   };
   s.expect = [](const CaseParams& p, int world) {
     const std::string prefix = p.GetBool("prefix") ? "foo." : "";
-    const bool ignore_inner = p.GetBool("ignore_inner");
+    // inner's parameters and buffer are ignored only by its own instance's ignored_modules.
+    const bool ignore_inner = p.GetBool("wrap_inner") && p.GetBool("ignore_inner");
     const bool mixed_precision = p.GetBool("mixed_precision");
     const nn::StateDict plain = BuildPlainStateDictModel("model")->state_dict();
     nlohmann::json e{{"saved_keys", nlohmann::json::array()},

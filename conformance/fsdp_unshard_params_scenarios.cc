@@ -78,6 +78,23 @@
 //                          gradient, as does pos_embeddings' (its output leads to no root
 //                          parameter, so its hook never runs). The root's flat parameter has a
 //                          gradient in every case.
+//   unshard_params_errors  TestUnshardParamsErrors and test_with_grads_core's unsupported
+//                          configurations: call. summon_full_params(rank0_only=True,
+//                          writeback=True), offload_to_cpu=True under NO_SHARD, with_grads=True
+//                          with offload_to_cpu=True or use_orig_params=False, and
+//                          summon_full_params entered from a hook on the output during backward
+//                          must raise PyTorch's errors (_validate_unshard_params_args, "Cannot
+//                          manually unshard parameters during forward/backward") on every rank.
+//   unshard_params_respects_reshard  TestUnshardParams.test_unshard_params_respects_reshard:
+//                          sharding_strategy x mixed_precision x rank0_only (offload_to_cpu and
+//                          use_orig_params in an extra run). An empty summon_full_params between
+//                          a forward and its backward must leave unsharded what FSDP kept
+//                          unsharded after forward (it frees on exit only what it gathered),
+//                          except under parameter mixed precision, where it forces full
+//                          precision and frees the low-precision unsharded copy; one after
+//                          backward must free what it gathered. The seed reads the unsharded
+//                          storage sizes; the suite counts what they cause: the flat-parameter
+//                          all-gathers of that backward and of the next forward.
 //
 // Each rank loads the zoo's Transformer (the seed's TransformerWithSharedParams family; tied
 // output and embedding weights by default) from the case's runner-owned weights and wraps it as
@@ -104,6 +121,9 @@
 #include "conformance/sharded_parity.h"
 #include "engine/autograd/engine.h"
 #include "engine/autograd/grad_mode.h"
+#include "engine/autograd/variable.h"
+#include "engine/core/error.h"
+#include "engine/distributed/comm_debug_mode.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
 #include "engine/fsdp1/tensor_data.h"
 #include "engine/fsdp1/unshard_params.h"
@@ -169,10 +189,12 @@ CaseInputs UnshardInputs(const CaseParams& params, int world) {
 // use_orig_params (True unless said otherwise).
 std::shared_ptr<fsdp1::FullyShardedDataParallel> BuildWrapped(
     const UnshardCase& c, RankEnv& env, bool use_orig_params = true,
-    const std::vector<std::string>& ignored_modules = {}) {
+    const std::vector<std::string>& ignored_modules = {},
+    const fsdp1::MixedPrecision& mixed_precision = {}) {
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), DType::kFloat32);
   module->to(env.device);
   fsdp1::FullyShardedDataParallelOptions options;
+  options.mixed_precision = mixed_precision;
   for (const std::string& fqn : ignored_modules) {
     options.ignored_modules.push_back(module->get_submodule(fqn));
   }
@@ -901,6 +923,236 @@ Scenario MakeBackwardWithInputs() {
   return s;
 }
 
+// ---- unshard_params_errors -------------------------------------------------------------------
+
+// The summon_full_params calls PyTorch refuses, by the `call` axis, each with the phrases its
+// error must contain (the seeds match "is not supported" and "Cannot manually unshard
+// parameters during forward/backward"; the configuration named in the text tells the checks
+// of _validate_unshard_params_args apart).
+struct UnshardMisuse {
+  std::string call;
+  std::string message;  // PyTorch's text (what `expect` reports)
+  std::vector<std::string> phrases;
+};
+
+const std::vector<UnshardMisuse>& UnshardMisuses() {
+  static const std::vector<UnshardMisuse> misuses = {
+      {"rank0_only_writeback",
+       "writeback=True and rank0_only=True is not supported yet",
+       {"writeback=True and rank0_only=True", "is not supported"}},
+      {"offload_to_cpu_no_shard",
+       "offload_to_cpu=True and NO_SHARD is not supported yet",
+       {"offload_to_cpu=True and NO_SHARD", "is not supported"}},
+      {"with_grads_offload_to_cpu",
+       "with_grads=True, use_orig_params=True, offload_to_cpu=True is not supported yet",
+       {"with_grads=True", "offload_to_cpu=True", "is not supported"}},
+      {"with_grads_flat_params",
+       "with_grads=True, use_orig_params=False, offload_to_cpu=False is not supported yet",
+       {"with_grads=True", "use_orig_params=False", "is not supported"}},
+      {"from_backward",
+       "Cannot manually unshard parameters during forward/backward",
+       {"Cannot manually unshard parameters during forward/backward"}},
+  };
+  return misuses;
+}
+
+const UnshardMisuse& MisuseOf(const CaseParams& params) {
+  const std::string call = params.GetString("call");
+  for (const UnshardMisuse& m : UnshardMisuses()) {
+    if (m.call == call) return m;
+  }
+  FSDP_THROW(ErrorCode::kInvalidArgument, "unknown call '", call, "'");
+}
+
+// unshard_params_errors: the case's misuse on a freshly wrapped Transformer (NO_SHARD for
+// offload_to_cpu_no_shard, use_orig_params=False for with_grads_flat_params, else the case's
+// strategy and use_orig_params=True); the message of what it raised ("" when nothing).
+nlohmann::json RunUnshardParamsErrorsRank(RankEnv& env) {
+  UnshardCase c = DecodeCase(env.params);
+  const std::string call = MisuseOf(env.params).call;
+  if (call == "offload_to_cpu_no_shard") c.strategy = fsdp1::ShardingStrategy::kNoShard;
+  auto model = BuildWrapped(c, env, /*use_orig_params=*/call != "with_grads_flat_params");
+  std::string message;
+  try {
+    if (call == "from_backward") {
+      // test_unshard_params_from_backward_raises: a hook registered on the model's output
+      // after FSDP's own pre-backward hook enters summon_full_params while the backward runs.
+      const Tensor input = env.Inputs().Get(StepInputName(0)).to(env.device);
+      const std::vector<Tensor> outputs = c.model.Forward(*model, input);
+      autograd::register_hook(outputs.front(), [&model](const Tensor&) {
+        fsdp1::SummonFullParams full(model->shared_from_this());
+      });
+      ZooModel::Loss(outputs, c.model.LossAt(0)).backward();
+    } else {
+      fsdp1::SummonFullParamsOptions options;
+      options.rank0_only = call == "rank0_only_writeback";
+      options.offload_to_cpu =
+          call == "offload_to_cpu_no_shard" || call == "with_grads_offload_to_cpu";
+      options.with_grads = call.rfind("with_grads", 0) == 0;
+      fsdp1::SummonFullParams full(model->shared_from_this(), options);
+    }
+  } catch (const Error& e) {
+    message = e.message();
+  }
+  return nlohmann::json{{"error_message", message}};
+}
+
+Scenario MakeUnshardParamsErrors() {
+  std::vector<std::string> calls;
+  for (const UnshardMisuse& m : UnshardMisuses()) calls.push_back(m.call);
+  Scenario s = MakeUnshardScenario(
+      "unshard_params_errors",
+      "summon_full_params used as PyTorch refuses (rank0_only with writeback, offload_to_cpu "
+      "under NO_SHARD, with_grads with offload_to_cpu or without use_orig_params, entered during "
+      "backward): PyTorch's error on every rank",
+      ParamSpec::Axis("call",
+                      "the misuse: rank0_only_writeback, offload_to_cpu_no_shard, "
+                      "with_grads_offload_to_cpu, with_grads_flat_params, from_backward",
+                      calls));
+  // The strategy only matters to offload_to_cpu_no_shard, which fixes it.
+  s.info.params.front() =
+      ParamSpec::SizeString("sharding_strategy",
+                            "FullyShardedDataParallel sharding_strategy (NO_SHARD for "
+                            "offload_to_cpu_no_shard)",
+                            "FULL_SHARD");
+  s.info.extra_default_runs.clear();
+  s.info.deterministic = false;
+  s.info.seed_test =
+      "test_fsdp_unshard_params.py::TestUnshardParamsErrors (test_rank0_only_with_writeback_"
+      "raises, test_offload_to_cpu_no_shard_raises, test_unshard_params_from_backward_raises) and "
+      "TestUnshardParams.test_with_grads_core's unsupported configurations";
+  s.info.observations.Add(ObservationKey::String(
+      "error_message", "the message of the error the call raised (\"\" when it raised none)"));
+  s.run_rank = RunUnshardParamsErrorsRank;
+  s.expect = [](const CaseParams& p, int world) {
+    return std::vector<nlohmann::json>(static_cast<size_t>(world),
+                                       {{"error_message", MisuseOf(p).message}});
+  };
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    for (int r = 0; r < world; ++r) {
+      const nlohmann::json& got = RankObservation(per_rank, r, "error_message");
+      const std::string message = got.is_string() ? got.get<std::string>() : "";
+      for (const std::string& phrase : MisuseOf(p).phrases) {
+        checks.CheckTrue(RankName(r) + " error names \"" + phrase + "\"",
+                         message.find(phrase) != std::string::npos, "got \"" + message + "\"");
+      }
+    }
+  };
+  return s;
+}
+
+// ---- unshard_params_respects_reshard ---------------------------------------------------------
+
+// The summon_full_params options of unshard_params_respects_reshard (the seed's
+// writeback=not rank0_only).
+fsdp1::SummonFullParamsOptions RespectsReshardOptions(const CaseParams& params) {
+  fsdp1::SummonFullParamsOptions options;
+  options.rank0_only = params.GetBool("rank0_only");
+  options.writeback = !options.rank0_only;
+  options.offload_to_cpu = params.GetBool("offload_to_cpu");
+  return options;
+}
+
+// unshard_params_respects_reshard: after a warm-up forward and backward, a forward, an empty
+// summon_full_params, the backward (its all-gathers counted), another empty summon_full_params
+// and a forward (counted).
+nlohmann::json RunRespectsReshardRank(RankEnv& env) {
+  const UnshardCase c = DecodeCase(env.params);
+  const fsdp1::SummonFullParamsOptions options = RespectsReshardOptions(env.params);
+  auto model = BuildWrapped(c, env, env.params.GetBool("use_orig_params"), {},
+                            ParseMixedPrecision(env.params.GetString("mixed_precision")));
+  StepLoss(c, *model, env, 0).backward();
+  const Tensor loss = StepLoss(c, *model, env, 1);
+  { fsdp1::SummonFullParams full(model->shared_from_this(), options); }
+  distributed::CommDebugMode backward_mode;
+  loss.backward();
+  backward_mode.exit();
+  { fsdp1::SummonFullParams full(model->shared_from_this(), options); }
+  distributed::CommDebugMode forward_mode;
+  const Tensor pending = StepLoss(c, *model, env, 0);
+  forward_mode.exit();
+  const nlohmann::json counts =
+      PhaseCommCountsJson(forward_mode.get_comm_counts(), backward_mode.get_comm_counts());
+  nlohmann::json all_gathers = nlohmann::json::object();
+  for (const char* phase : {"backward", "forward"}) {
+    const nlohmann::json merged = MergeFlatParamAllGathers(counts[phase]);
+    all_gathers[phase] = merged.value(kFlatParamAllGather, 0);
+  }
+  return nlohmann::json{{"all_gathers", all_gathers}};
+}
+
+// FSDP1's reshard rules around summon_full_params (_unshard_fsdp_state_params frees on exit
+// only what it had to unshard, handle.needs_unshard() on entering): a flat parameter that was
+// unsharded before the scope (the root's between forward and backward: FSDP1's root never
+// frees after forward; every instance's under SHARD_GRAD_OP) stays unsharded, so the backward
+// all-gathers only the instances freed after forward (FULL_SHARD's non-roots). Under
+// parameter mixed precision the scope forces full precision and frees the low-precision
+// unsharded copy (_get_padded_unsharded_flat_param), so the backward all-gathers every
+// instance again. After backward everything is resharded and the scope frees what it
+// gathered: the next forward all-gathers every instance. Without sharding nothing is gathered.
+std::vector<nlohmann::json> ExpectRespectsReshard(const CaseParams& params, int world) {
+  const UnshardCase c = DecodeCase(params);
+  const bool mixed =
+      ParseMixedPrecision(params.GetString("mixed_precision")).param_dtype.has_value();
+  int64_t backward = 0;
+  int64_t forward = 0;
+  if (Sharded(c, world)) {
+    for (const Fsdp1FlatParamFqns& unit : Fsdp1FlatParamsOf(c.model)) {
+      ++forward;
+      if (mixed || (Fsdp1ReshardsAfterForwardRule(c.strategy) && !unit.root)) ++backward;
+    }
+  }
+  return std::vector<nlohmann::json>(
+      static_cast<size_t>(world),
+      {{"all_gathers", {{"backward", backward}, {"forward", forward}}}});
+}
+
+Scenario MakeUnshardParamsRespectsReshard() {
+  Scenario s = MakeUnshardScenario(
+      "unshard_params_respects_reshard",
+      "the zoo Transformer under FullyShardedDataParallel: summon_full_params between forward "
+      "and backward leaves the flat parameters FSDP kept unsharded after forward unsharded "
+      "(but under parameter mixed precision), and after backward frees what it gathered: the "
+      "all-gathers of the following backward and forward",
+      ParamSpec::Axis("mixed_precision", "MixedPrecision: None, or float16 (param, reduce, buffer)",
+                      {"None", "float16"}));
+  s.info.params.push_back(ParamSpec::Axis(
+      "rank0_only", "summon_full_params rank0_only (writeback=not rank0_only)", {"False", "True"}));
+  s.info.params.push_back(
+      ParamSpec::SizeBool("offload_to_cpu", "summon_full_params offload_to_cpu", false));
+  s.info.params.push_back(
+      ParamSpec::SizeBool("use_orig_params", "FullyShardedDataParallel use_orig_params", true));
+  s.info.extra_default_runs = {
+      {2, {{"offload_to_cpu", "True"}, {"use_orig_params", "False"}, {"rank0_only", "False"}}}};
+  s.info.deterministic = false;
+  s.info.observations.Add(ObservationKey::IntegerMap(
+      "all_gathers",
+      "the flat-parameter all-gathers (all_gather_into_tensor or the list all_gather) of "
+      "\"backward\": the backward after an empty summon_full_params between its forward and it; "
+      "\"forward\": the forward after another empty summon_full_params that followed that "
+      "backward"));
+  s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
+    if (p.GetBool("offload_to_cpu") && !Sharded(DecodeCase(p), world)) {
+      return "summon_full_params(offload_to_cpu=True) without sharding: PyTorch raises "
+             "\"offload_to_cpu=True and NO_SHARD is not supported yet\"";
+    }
+    return std::nullopt;
+  };
+  s.run_rank = RunRespectsReshardRank;
+  s.expect = ExpectRespectsReshard;
+  s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    const std::vector<nlohmann::json> expected = ExpectRespectsReshard(p, world);
+    for (int r = 0; r < world; ++r) {
+      checks.CheckEqual(RankName(r) + " all-gathers after summon_full_params",
+                        RankObservation(expected, r, "all_gathers"),
+                        RankObservation(per_rank, r, "all_gathers"));
+    }
+  };
+  return s;
+}
+
 }  // namespace
 
 void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry) {
@@ -911,6 +1163,8 @@ void RegisterFsdpUnshardParamsScenarios(ScenarioRegistry& registry) {
   registry.Add(MakeWithGradsRank0Only());
   registry.Add(MakeClipGradNormIgnoredModules());
   registry.Add(MakeBackwardWithInputs());
+  registry.Add(MakeUnshardParamsErrors());
+  registry.Add(MakeUnshardParamsRespectsReshard());
 }
 
 }  // namespace fsdp::conformance

@@ -433,8 +433,8 @@ def save_and_load_after_forward_state_dict(request):
 
 
 def state_dict_with_ignored_modules(request):
-    """The seed's Model(wrap_fsdp=True, register_buffers=True, ignore_inner, mixed_precision)
-    under FSDP(ignored_modules=[model.outer])."""
+    """The seed's Model(wrap_fsdp=wrap_inner, register_buffers=True, ignore_inner,
+    mixed_precision) under FSDP(ignored_modules=[model.outer])."""
     import torch
     import torch.distributed as dist
     from torch.distributed._state_dict_utils import _gather_state_dict
@@ -443,13 +443,16 @@ def state_dict_with_ignored_modules(request):
     models = _models()
     type_name = request.param("state_dict_type")
     prefix = "foo." if request.param("prefix") == "True" else ""
-    ignore_inner = request.param("ignore_inner") == "True"
+    wrap_inner = request.params.get("wrap_inner", "True") == "True"
+    # inner's own FSDP ignoring inner (without wrap_inner, the root manages inner).
+    ignore_inner = wrap_inner and request.param("ignore_inner") == "True"
     mixed_precision = request.param("mixed_precision") == "True"
     options = models.Options(mixed_precision=mixed_precision)
     model = _loaded_plain("model", request)
     inner, outer = model.inner, model.outer
-    model.inner = models.fsdp(inner, dist.group.WORLD, options,
-                              ignored_modules=[inner] if ignore_inner else [])
+    if wrap_inner:
+        model.inner = models.fsdp(inner, dist.group.WORLD, options,
+                                  ignored_modules=[inner] if ignore_inner else [])
     fsdp_model = models.fsdp(model, dist.group.WORLD, options, ignored_modules=[outer])
     live = [("outer.weight", outer.weight), ("outer.bias", outer.bias)]
     if ignore_inner:

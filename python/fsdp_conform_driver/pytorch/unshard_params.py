@@ -31,6 +31,12 @@ docs/observations.md lists them:
   backward_with_inputs   use_orig_params=False; after a full backward, the next loss
                          backpropagated with inputs=[the root's flat parameter]; whether each
                          instance's flat parameter (FSDP.fsdp_modules order) has a .grad
+  unshard_params_errors  the `call` misuse of summon_full_params (error_message)
+  unshard_params_respects_reshard
+                         the case's mixed_precision; an empty summon_full_params(rank0_only,
+                         writeback=not rank0_only, offload_to_cpu) between a forward and its
+                         backward, another after it: the flat-parameter all-gathers of that
+                         backward and of the next forward (all_gathers)
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -43,19 +49,23 @@ _KIND = "transformer"
 _WRITEBACK_FACTOR = 2
 
 
-def _wrapped(request, use_orig_params=True, ignored_modules=()):
+def _wrapped(request, use_orig_params=True, ignored_modules=(), mixed_precision="None",
+             sharding_strategy=None):
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
 
-    from fsdp_conform_driver.pytorch.fsdp1_api import nest_where
+    from fsdp_conform_driver.pytorch import fsdp1_api
     from fsdp_conform_driver.pytorch.parity import _build, _children_to_shard
 
     model, _ = _build(_KIND, request)
     nested = {id(m) for m in _children_to_shard(model)}
+    strategy = sharding_strategy or request.param("sharding_strategy")
     return FullyShardedDataParallel(
-        model, sharding_strategy=ShardingStrategy[request.param("sharding_strategy")],
-        use_orig_params=use_orig_params, auto_wrap_policy=nest_where(lambda m: id(m) in nested),
+        model, sharding_strategy=ShardingStrategy[strategy],
+        use_orig_params=use_orig_params,
+        auto_wrap_policy=fsdp1_api.nest_where(lambda m: id(m) in nested),
         ignored_modules=[model.get_submodule(fqn) for fqn in ignored_modules] or None,
+        mixed_precision=fsdp1_api.mixed_precision(mixed_precision),
         device_id=torch.device("cpu"))
 
 
@@ -198,6 +208,70 @@ def backward_with_inputs(request):
     return {"flat_grad_defined": defined}, {}
 
 
+def unshard_params_errors(request):
+    """The case's misuse of summon_full_params; the message of what it raised."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    call = request.param("call")
+    model = _wrapped(request, use_orig_params=call != "with_grads_flat_params",
+                     sharding_strategy="NO_SHARD" if call == "offload_to_cpu_no_shard" else None)
+    try:
+        if call == "from_backward":
+            # A hook on the model's output, registered after FSDP's pre-backward hook.
+            from fsdp_conform_driver.pytorch.parity import _loss as loss_of
+
+            out = model(inputs.step_input(request, 0))
+
+            def summon_in_backward(grad):
+                with FSDP.summon_full_params(model):
+                    pass
+
+            (out[0] if isinstance(out, tuple) else out).register_hook(summon_in_backward)
+            loss_of(request, 0, out).backward()
+        else:
+            with FSDP.summon_full_params(
+                    model, rank0_only=call == "rank0_only_writeback",
+                    offload_to_cpu=call in ("offload_to_cpu_no_shard", "with_grads_offload_to_cpu"),
+                    with_grads=call.startswith("with_grads")):
+                pass
+    except Exception as e:  # noqa: BLE001 - the message is the observation
+        return {"error_message": str(e)}, {}
+    return {"error_message": ""}, {}
+
+
+def unshard_params_respects_reshard(request):
+    """Warm-up forward and backward; a forward, an empty summon_full_params, the backward
+    (counted); another empty summon_full_params, a forward (counted)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from fsdp_conform_driver.recorders import CommCounts
+
+    if request.param("offload_to_cpu") == "True":
+        _check_cpu_offload_to_cpu()
+    model = _wrapped(request, use_orig_params=request.param("use_orig_params") == "True",
+                     mixed_precision=request.param("mixed_precision"))
+    rank0_only = request.param("rank0_only") == "True"
+    options = {"rank0_only": rank0_only, "writeback": not rank0_only,
+               "offload_to_cpu": request.param("offload_to_cpu") == "True"}
+    _loss(request, model, 0).backward()
+    loss = _loss(request, model, 1)
+    with FSDP.summon_full_params(model, **options):
+        pass
+    counts = CommCounts(track_modules=False)
+    with counts.phase("backward"):
+        loss.backward()
+    with FSDP.summon_full_params(model, **options):
+        pass
+    with counts.phase("forward"):
+        pending = _loss(request, model, 0)
+    del pending
+    all_gathers = {}
+    for phase, ops in counts.by_phase("backward", "forward").items():
+        all_gathers[phase] = sum(n for op, n in ops.items()
+                                 if op in ("c10d._allgather_base_", "c10d.allgather_"))
+    return {"all_gathers": all_gathers}, {}
+
+
 SCENARIOS = {
     "fsdp_unshard_params/with_grads_core": with_grads_core,
     "fsdp_unshard_params/with_grads_none_grads": with_grads_none_grads,
@@ -206,4 +280,6 @@ SCENARIOS = {
     "fsdp_unshard_params/with_grads_rank0_only": with_grads_rank0_only,
     "fsdp_unshard_params/clip_grad_norm_ignored_modules": clip_grad_norm_ignored_modules,
     "fsdp_unshard_params/backward_with_inputs": backward_with_inputs,
+    "fsdp_unshard_params/unshard_params_errors": unshard_params_errors,
+    "fsdp_unshard_params/unshard_params_respects_reshard": unshard_params_respects_reshard,
 }
