@@ -35,6 +35,7 @@ conform: build
 # processes, the collective watchdog, the launchers; the rest of engine_tests is single-threaded
 # kernels and modules) and conformance_tests' multi-rank parts (TSAN_CONFORMANCE_TESTS: every
 # scenario family's threaded conformance run, the collective data at every world, the runner,
+# cases run at once (RunOrdered, ConcurrentCases),
 # the process launcher and external drivers), minus the four FSDP1 and gradient-accumulation
 # transformer runs that take over 5 s each uninstrumented (ten times that under TSan; their
 # families run here in their other scenarios), and the process-launcher test whose case
@@ -43,7 +44,7 @@ conform: build
 # thread of the uninstrumented libgloo finishing a transfer on a buffer whose destruction Gloo
 # orders by a reference count TSan cannot see (a failed or aborted collective).
 TSAN_ENGINE_TESTS ?= CollectiveWatchdogTest.*:LauncherDeathWatchTest.*:ProcessLauncherTest.*:*StoreTest.*:TcpStore*:AllStores/*:GlooProcessGroupTest.*:Worlds/GlooCollectivesTest.*:GlooProcessTest.*:LaunchTest.*
-TSAN_CONFORMANCE_TESTS ?= Scenarios/EngineConformance.*:Worlds/CollectiveDataTest.*:Runner.*:ProcessLauncher.*:ExternalDriver.*:OfflineCase.*:-*parity__fsdp1__transformer:*parity__fsdp1__double_linear:*parity__fsdp1__mlp:*fsdp_grad_acc__grad_acc:ProcessLauncher.StoppedRanksLeaveTheirFlightRecorderNamedInTheReport
+TSAN_CONFORMANCE_TESTS ?= Scenarios/EngineConformance.*:Worlds/CollectiveDataTest.*:Runner.*:RunOrdered.*:ConcurrentCases.*:ProcessLauncher.*:ExternalDriver.*:OfflineCase.*:-*parity__fsdp1__transformer:*parity__fsdp1__double_linear:*parity__fsdp1__mlp:*fsdp_grad_acc__grad_acc:ProcessLauncher.StoppedRanksLeaveTheirFlightRecorderNamedInTheReport
 tsan: export TSAN_OPTIONS = suppressions=$(CURDIR)/scripts/tsan_suppressions.txt
 tsan: setup
 	cmake --preset tsan >/dev/null

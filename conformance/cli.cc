@@ -7,10 +7,13 @@
 #include <iostream>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "conformance/driver_protocol.h"
 #include "conformance/interrupt.h"
+#include "conformance/observations.h"
 #include "conformance/offline_case.h"
+#include "conformance/ordered_jobs.h"
 #include "conformance/report.h"
 #include "conformance/runner.h"
 #include "conformance/schema_doc.h"
@@ -71,6 +74,10 @@ run options:
   --determinism WHICH  which cases of the scenarios that train run twice, their observations
                        required to be bit-identical: first (default: the first case of each
                        scenario at each world), all, or none
+  --jobs N             cases run at once (default: the machine's cores); only where ranks
+                       are threads of this process (the engine, or a registered subject
+                       that supports concurrent cases, on the threaded backend): other runs
+                       take one case at a time. The table keeps the plan's order
   --no-check-collectives
                        process ranks skip the cross-rank fingerprint check of every
                        collective (on by default: FSDP_CHECK_COLLECTIVES=1 in their
@@ -380,10 +387,11 @@ int CheckCommand(const std::vector<std::string>& args, const Catalog& catalog, s
 
 int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostream& out,
         std::ostream& err) {
-  FlagParser flags("run",
-                   {"--backend", "--world", "--json", "--timeout", "--subject", "--driver",
-                    "--semantics", "--determinism", "--driver-sessions", "--max-driver-ranks"},
-                   {"--param"}, {"--no-check-collectives"});
+  FlagParser flags(
+      "run",
+      {"--backend", "--world", "--json", "--timeout", "--subject", "--driver", "--semantics",
+       "--determinism", "--driver-sessions", "--max-driver-ranks", "--jobs"},
+      {"--param"}, {"--no-check-collectives"});
   flags.Parse(args, 1);
   RunOptions options;
   options.check_collectives = !flags.Has("--no-check-collectives");
@@ -429,6 +437,13 @@ int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostre
                "run: --max-driver-ranks expects an integer in [0, 4096], got '", *m, "'");
     options.max_driver_ranks = static_cast<int>(*v);
   }
+  int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (auto j = flags.Value("--jobs")) {
+    auto v = ParseInt(*j);
+    FSDP_CHECK(v.has_value() && *v >= 1 && *v <= 256,
+               "run: --jobs expects an integer in [1, 256], got '", *j, "'");
+    jobs = static_cast<int>(*v);
+  }
   const std::optional<std::string> json_path = flags.Value("--json");
   if (json_path) FSDP_CHECK(!json_path->empty(), "run: --json needs a FILE or '-'");
   // An unwritable report path is a usage error found before any case runs.
@@ -445,14 +460,23 @@ int Run(const std::vector<std::string>& args, const Catalog& catalog, std::ostre
   // the partial report is written, then the process ends as the signal would have.
   RunInterrupt interrupt;
   std::vector<std::string> not_run;
-  for (const PlannedCase& pc : plan) {
-    if (RunInterrupt::received() != 0) {
-      not_run.push_back(pc.scenario->info.name + " (" + pc.params.Label() + ")");
-      continue;
-    }
-    results.push_back(runner.RunCase(pc));
-    writer.Row(results.back());
-  }
+  RunOrdered<CaseResult>(
+      plan.size(), runner.cases_may_run_concurrently() ? jobs : 1,
+      [&](size_t i) -> std::optional<CaseResult> {
+        if (RunInterrupt::received() != 0) return std::nullopt;
+        CaseResult result = runner.RunCase(plan[i]);
+        // Only what the report carries stays: a run keeps every result until its end.
+        for (nlohmann::json& o : result.observations) o = ReportedObservations(o);
+        return result;
+      },
+      [&](size_t i, std::optional<CaseResult> result) {
+        if (!result) {
+          not_run.push_back(plan[i].scenario->info.name + " (" + plan[i].params.Label() + ")");
+          return;
+        }
+        results.push_back(std::move(*result));
+        writer.Row(results.back());
+      });
   // The driver's session ends while the run's signal handling is still in place.
   runner.EndSessions();
   const Tally tally = CountResults(results);

@@ -132,6 +132,21 @@ TEST(Cli, RunRecordsTheSemanticsProfile) {
   EXPECT_EQ(unknown.out, "");
 }
 
+// Cases run at once keep the plan's order in the table and the report, and judge the same.
+TEST(Cli, RunWithSeveralJobsReportsWhatOneJobDoes) {
+  auto report = [](const std::string& jobs) {
+    const CliResult r = Cli({"run", "toy/*", "--json", "-", "--jobs", jobs});
+    nlohmann::json j = nlohmann::json::parse(r.out);
+    for (auto& c : j["cases"]) c.erase("seconds");
+    return std::make_pair(r.code, j);
+  };
+  const auto [code1, one] = report("1");
+  const auto [code4, four] = report("4");
+  EXPECT_EQ(code1, code4);
+  EXPECT_GT(one["cases"].size(), 5u);
+  EXPECT_EQ(one, four);
+}
+
 TEST(Cli, RunFailureExitsNonZeroWithDetails) {
   const CliResult r =
       Cli({"run", "toy/sum", "--param", "bias=2", "--param=mode=plain", "--world=2"});
@@ -214,6 +229,7 @@ TEST(Cli, UsageErrorsNameTheProblem) {
            {{"run", "toy/sum", "--world", "0"}, "--world expects an integer"},
            {{"run", "toy/sum", "--world", "2", "--world", "3"}, "--world given twice"},
            {{"run", "toy/sum", "--timeout", "soon"}, "--timeout expects seconds"},
+           {{"run", "toy/sum", "--jobs", "0"}, "--jobs expects an integer in [1, 256], got '0'"},
            {{"run", "toy/sum", "--colour"}, "unknown option '--colour'"},
            {{"run", "toy/sum", "--json"}, "--json needs a value"},
            {{"run", "toy/sum", "--subject", "external"}, "needs --driver PATH"},

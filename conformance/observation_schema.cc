@@ -57,11 +57,6 @@ bool HasType(const json& v, const std::string& type) {
   FSDP_THROW(ErrorCode::kDataLoss, where, ": ", what);
 }
 
-std::string Child(const std::string& where, const std::string& key) { return where + "." + key; }
-std::string Item(const std::string& where, size_t i) {
-  return where + "[" + std::to_string(i) + "]";
-}
-
 }  // namespace
 
 ObservationKey ObservationKey::CommCounts(const std::string& meaning) {
@@ -203,31 +198,59 @@ void ObservationSchema::Validate(const nlohmann::json& observations, const std::
   }
 }
 
-void ValidateJsonSchema(const nlohmann::json& schema, const nlohmann::json& value,
-                        const std::string& where) {
+namespace {
+
+// Where a value sits ("rank 1.tensors.w.data[3]"), rendered only for an error message: the
+// validator visits every item of every tensor and must not build a string for each.
+struct JsonPath {
+  const JsonPath* parent = nullptr;
+  const std::string* key = nullptr;  // the object key, or nullptr for an array index
+  size_t index = 0;
+  const std::string* root = nullptr;  // set on the root only
+
+  std::string Render() const {
+    if (parent == nullptr) return *root;
+    return parent->Render() + (key != nullptr ? "." + *key : "[" + std::to_string(index) + "]");
+  }
+};
+
+// The type of a schema that says nothing but its type (and a description), else nullptr.
+const std::string* OnlyType(const json& schema) {
+  if (!schema.is_object() || !schema.contains("type") || !schema["type"].is_string()) {
+    return nullptr;
+  }
+  for (auto it = schema.begin(); it != schema.end(); ++it) {
+    if (it.key() != "type" && it.key() != "description") return nullptr;
+  }
+  return schema["type"].get_ptr<const std::string*>();
+}
+
+void ValidateAt(const json& schema, const json& value, const JsonPath& at) {
   if (schema.contains("type")) {
     const json& type = schema["type"];
     bool ok = false;
-    std::string expected;
     if (type.is_string()) {
-      ok = HasType(value, type.get<std::string>());
-      expected = type.get<std::string>();
+      ok = HasType(value, type.get_ref<const std::string&>());
     } else {
-      for (const auto& t : type) {
-        ok = ok || HasType(value, t.get<std::string>());
+      for (const auto& t : type) ok = ok || HasType(value, t.get_ref<const std::string&>());
+    }
+    if (!ok) {
+      std::string expected;
+      for (const auto& t : type.is_string() ? json::array({type}) : type) {
         expected += (expected.empty() ? "" : " or ") + t.get<std::string>();
       }
+      Invalid(at.Render(),
+              "expected " + expected + ", got " + TypeOf(value) + " " + value.dump().substr(0, 80));
     }
-    if (!ok) Invalid(where, "expected " + expected + ", got " + TypeOf(value) + " " + value.dump().substr(0, 80));
   }
   if (schema.contains("enum")) {
     bool ok = false;
     for (const auto& e : schema["enum"]) ok = ok || e == value;
-    if (!ok) Invalid(where, value.dump() + " is not one of " + schema["enum"].dump());
+    if (!ok) Invalid(at.Render(), value.dump() + " is not one of " + schema["enum"].dump());
   }
   if (schema.contains("minimum") && value.is_number() &&
       value.get<double>() < schema["minimum"].get<double>()) {
-    Invalid(where, value.dump() + " is below the minimum " + schema["minimum"].dump());
+    Invalid(at.Render(), value.dump() + " is below the minimum " + schema["minimum"].dump());
   }
   if (value.is_object()) {
     const json empty = json::object();
@@ -236,10 +259,11 @@ void ValidateJsonSchema(const nlohmann::json& schema, const nlohmann::json& valu
       for (const auto& r : schema["required"]) {
         const std::string key = r.get<std::string>();
         if (!value.contains(key)) {
-          Invalid(where, "missing required key '" + key + "'" +
-                             (properties.contains(key) && properties[key].contains("description")
-                                  ? " (" + properties[key]["description"].get<std::string>() + ")"
-                                  : ""));
+          Invalid(at.Render(),
+                  "missing required key '" + key + "'" +
+                      (properties.contains(key) && properties[key].contains("description")
+                           ? " (" + properties[key]["description"].get<std::string>() + ")"
+                           : ""));
         }
       }
     }
@@ -252,15 +276,15 @@ void ValidateJsonSchema(const nlohmann::json& schema, const nlohmann::json& valu
     }
     for (auto it = value.begin(); it != value.end(); ++it) {
       const std::string& key = it.key();
-      const std::string at = Child(where, key);
+      const JsonPath child{&at, &key, 0};
       if (properties.contains(key)) {
-        ValidateJsonSchema(properties[key], it.value(), at);
+        ValidateAt(properties[key], it.value(), child);
         continue;
       }
       bool matched = false;
       for (const auto& [re, sub] : patterns) {
         if (std::regex_match(key, re)) {
-          ValidateJsonSchema(*sub, it.value(), at);
+          ValidateAt(*sub, it.value(), child);
           matched = true;
           break;
         }
@@ -274,38 +298,50 @@ void ValidateJsonSchema(const nlohmann::json& schema, const nlohmann::json& valu
             for (auto p = properties.begin(); p != properties.end(); ++p) {
               declared += (declared.empty() ? "" : ", ") + p.key();
             }
-            Invalid(where, "undeclared key '" + key + "'" +
-                               (declared.empty() ? "" : " (declared: " + declared + ")"));
+            Invalid(at.Render(), "undeclared key '" + key + "'" +
+                                     (declared.empty() ? "" : " (declared: " + declared + ")"));
           }
         } else {
-          ValidateJsonSchema(extra, it.value(), at);
+          ValidateAt(extra, it.value(), child);
         }
       }
     }
   }
   if (value.is_array()) {
     if (schema.contains("minItems") && value.size() < schema["minItems"].get<size_t>()) {
-      Invalid(where, "has " + std::to_string(value.size()) + " items, fewer than " +
-                         schema["minItems"].dump());
+      Invalid(at.Render(), "has " + std::to_string(value.size()) + " items, fewer than " +
+                               schema["minItems"].dump());
     }
     if (schema.contains("maxItems") && value.size() > schema["maxItems"].get<size_t>()) {
-      Invalid(where, "has " + std::to_string(value.size()) + " items, more than " +
-                         schema["maxItems"].dump());
+      Invalid(at.Render(), "has " + std::to_string(value.size()) + " items, more than " +
+                               schema["maxItems"].dump());
     }
     size_t first = 0;
     if (schema.contains("prefixItems")) {
       const json& prefix = schema["prefixItems"];
       for (size_t i = 0; i < prefix.size() && i < value.size(); ++i) {
-        ValidateJsonSchema(prefix[i], value[i], Item(where, i));
+        ValidateAt(prefix[i], value[i], JsonPath{&at, nullptr, i});
       }
       first = prefix.size();
     }
     if (schema.contains("items")) {
+      const json& items = schema["items"];
+      // Tensor data: thousands of numbers checked by type alone, without a path per item; the
+      // first item that fails is validated again below for its message.
+      const std::string* only_type = OnlyType(items);
       for (size_t i = first; i < value.size(); ++i) {
-        ValidateJsonSchema(schema["items"], value[i], Item(where, i));
+        if (only_type != nullptr && HasType(value[i], *only_type)) continue;
+        ValidateAt(items, value[i], JsonPath{&at, nullptr, i});
       }
     }
   }
+}
+
+}  // namespace
+
+void ValidateJsonSchema(const nlohmann::json& schema, const nlohmann::json& value,
+                        const std::string& where) {
+  ValidateAt(schema, value, JsonPath{nullptr, nullptr, 0, &where});
 }
 
 }  // namespace fsdp::conformance

@@ -24,6 +24,39 @@ const nlohmann::json& TensorEntry(const std::vector<nlohmann::json>& per_rank, i
   return tensors.at(name);
 }
 
+// One entry of `tensors`: {shape, dtype, data} with a known dtype and as many data values as the
+// shape has elements.
+void ValidateTensorEntry(const std::string& name, const nlohmann::json& v, const std::string& who) {
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss,
+                  v.is_object() && v.contains("shape") && v["shape"].is_array() &&
+                      v.contains("dtype") && v["dtype"].is_string() && v.contains("data") &&
+                      v["data"].is_array(),
+                  who, ": tensors.", name, " must be {shape: [..], dtype: str, data: [..]}");
+  bool known_dtype = true;
+  try {
+    ParseDType(v["dtype"].get<std::string>());
+  } catch (const Error&) {
+    known_dtype = false;
+  }
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, known_dtype, who, ": tensors.", name, ".dtype ",
+                  v["dtype"].dump(), " is not float32, float64, float16, bfloat16 or int64");
+  int64_t numel = 1;
+  for (const auto& d : v["shape"]) {
+    FSDP_CHECK_CODE(ErrorCode::kDataLoss, d.is_number_integer() && d.get<int64_t>() >= 0, who,
+                    ": tensors.", name, ".shape must hold non-negative integers");
+    const int64_t dim = d.get<int64_t>();
+    // No element count above the data's length can be right; refuse it before it overflows.
+    FSDP_CHECK_CODE(ErrorCode::kDataLoss,
+                    dim == 0 || numel <= static_cast<int64_t>(v["data"].size()) / dim, who,
+                    ": tensors.", name, " has shape ", v["shape"].dump(), " but ", v["data"].size(),
+                    " data values");
+    numel *= dim;
+  }
+  FSDP_CHECK_CODE(ErrorCode::kDataLoss, numel == static_cast<int64_t>(v["data"].size()), who,
+                  ": tensors.", name, " has shape ", v["shape"].dump(), " (", numel,
+                  " elements) but ", v["data"].size(), " data values");
+}
+
 }  // namespace
 
 nlohmann::json TensorToJson(const Tensor& tensor) {
@@ -135,37 +168,7 @@ void ValidateObservations(const nlohmann::json& obs, const std::string& who) {
     const auto& t = obs[kTensors];
     FSDP_CHECK_CODE(ErrorCode::kDataLoss, t.is_object(), who,
                     ": tensors must be an object {name: {shape, dtype, data}}");
-    for (auto it = t.begin(); it != t.end(); ++it) {
-      const auto& v = *it;
-      FSDP_CHECK_CODE(
-          ErrorCode::kDataLoss,
-          v.is_object() && v.contains("shape") && v["shape"].is_array() && v.contains("dtype") &&
-              v["dtype"].is_string() && v.contains("data") && v["data"].is_array(),
-          who, ": tensors.", it.key(), " must be {shape: [..], dtype: str, data: [..]}");
-      bool known_dtype = true;
-      try {
-        ParseDType(v["dtype"].get<std::string>());
-      } catch (const Error&) {
-        known_dtype = false;
-      }
-      FSDP_CHECK_CODE(ErrorCode::kDataLoss, known_dtype, who, ": tensors.", it.key(), ".dtype ",
-                      v["dtype"].dump(), " is not float32, float64, float16, bfloat16 or int64");
-      int64_t numel = 1;
-      for (const auto& d : v["shape"]) {
-        FSDP_CHECK_CODE(ErrorCode::kDataLoss, d.is_number_integer() && d.get<int64_t>() >= 0, who,
-                        ": tensors.", it.key(), ".shape must hold non-negative integers");
-        const int64_t dim = d.get<int64_t>();
-        // No element count above the data's length can be right; refuse it before it overflows.
-        FSDP_CHECK_CODE(ErrorCode::kDataLoss,
-                        dim == 0 || numel <= static_cast<int64_t>(v["data"].size()) / dim, who,
-                        ": tensors.", it.key(), " has shape ", v["shape"].dump(), " but ",
-                        v["data"].size(), " data values");
-        numel *= dim;
-      }
-      FSDP_CHECK_CODE(ErrorCode::kDataLoss, numel == static_cast<int64_t>(v["data"].size()), who,
-                      ": tensors.", it.key(), " has shape ", v["shape"].dump(), " (", numel,
-                      " elements) but ", v["data"].size(), " data values");
-    }
+    for (auto it = t.begin(); it != t.end(); ++it) ValidateTensorEntry(it.key(), *it, who);
   }
 }
 
@@ -182,14 +185,14 @@ const nlohmann::json& RankObservation(const std::vector<nlohmann::json>& per_ran
 std::vector<double> TensorData(const std::vector<nlohmann::json>& per_rank, int rank,
                                const std::string& name) {
   const auto& entry = TensorEntry(per_rank, rank, name);
-  ValidateObservations(nlohmann::json{{kTensors, {{name, entry}}}}, "rank " + std::to_string(rank));
+  ValidateTensorEntry(name, entry, "rank " + std::to_string(rank));
   return entry["data"].get<std::vector<double>>();
 }
 
 std::vector<int64_t> TensorShape(const std::vector<nlohmann::json>& per_rank, int rank,
                                  const std::string& name) {
   const auto& entry = TensorEntry(per_rank, rank, name);
-  ValidateObservations(nlohmann::json{{kTensors, {{name, entry}}}}, "rank " + std::to_string(rank));
+  ValidateTensorEntry(name, entry, "rank " + std::to_string(rank));
   return entry["shape"].get<std::vector<int64_t>>();
 }
 

@@ -122,7 +122,7 @@ CaseResult CheckCase(const Catalog& catalog, const std::string& dir) {
   result.backend = request.value("backend", "");
   result.world = c.world;
   result.params = c.params;
-  JudgeOutcomes(*c.scenario, c.params, c.world, outcomes, result);
+  JudgeOutcomes(*c.scenario, c.params, c.world, std::move(outcomes), result);
   return result;
 }
 

@@ -270,6 +270,11 @@ std::vector<RankOutcome> Runner::Launch(const LaunchRequest& request) const {
   return driver_launcher_->Launch(request);
 }
 
+bool Runner::cases_may_run_concurrently() const {
+  return subject_ != nullptr && subject_->supports_concurrent_cases() &&
+         catalog_.backends.Get(backend_).capabilities.ranks == distributed::RankPlacement::kThreads;
+}
+
 std::unique_ptr<RankLauncher> Runner::MakeLauncher() const {
   if (!subject_)
     return std::make_unique<ProcessLauncher>(std::vector<std::string>{options_.driver});
@@ -334,7 +339,7 @@ CaseResult Runner::RunCase(const PlannedCase& planned) const {
     return finish(CaseStatus::kFailed);
   }
 
-  JudgeOutcomes(scenario, planned.params, planned.world, outcomes, result);
+  JudgeOutcomes(scenario, planned.params, planned.world, std::move(outcomes), result);
   if (planned.check_determinism && result.status == CaseStatus::kPassed) {
     CheckDeterminism(request, result);
   }
@@ -365,21 +370,21 @@ void Runner::CheckDeterminism(const LaunchRequest& request, CaseResult& result) 
 }
 
 void JudgeOutcomes(const Scenario& scenario, const CaseParams& params, int world,
-                   const std::vector<RankOutcome>& outcomes, CaseResult& result) {
+                   std::vector<RankOutcome> outcomes, CaseResult& result) {
   result.observations.assign(outcomes.size(), nullptr);
   std::string skipped;
   for (size_t r = 0; r < outcomes.size(); ++r) {
-    const RankOutcome& o = outcomes[r];
+    RankOutcome& o = outcomes[r];
     if (o.status == RankOutcome::Status::kError) {
       result.errors.push_back(o.Describe(static_cast<int>(r)));
     } else if (o.status == RankOutcome::Status::kSkipped) {
       if (skipped.empty()) skipped = "rank " + std::to_string(r) + ": " + o.message;
     } else {
-      result.observations[r] = o.observations;
+      result.observations[r] = std::move(o.observations);
       try {
-        ValidateObservations(o.observations, "rank " + std::to_string(r));
+        ValidateObservations(result.observations[r], "rank " + std::to_string(r));
         if (!scenario.info.observations.empty()) {
-          scenario.info.observations.Validate(o.observations, "rank " + std::to_string(r));
+          scenario.info.observations.Validate(result.observations[r], "rank " + std::to_string(r));
         }
       } catch (const Error& e) {
         result.errors.push_back(std::string(ErrorCodeName(e.code())) + ": " + e.message());

@@ -7,7 +7,8 @@
 // Every name error (pattern matching nothing, unknown backend, subject or parameter, invalid
 // value) is raised by Plan() before anything runs, with the valid choices listed.
 //
-// Ownership: borrows the catalog (must outlive the runner). Thread-safety: one thread.
+// Ownership: borrows the catalog (must outlive the runner). Thread-safety: one thread, except
+// RunCase (see cases_may_run_concurrently).
 #pragma once
 
 #include <chrono>
@@ -104,9 +105,10 @@ struct CaseResult {
 // The runner's verdict on a case's rank outcomes (however they were obtained: launched now, or
 // read from a driver's files by `fsdp-conform check`): rank errors and skips, observations
 // validated by the conventions and strictly by the scenario's schema, then the judge. Fills
-// result.observations, errors, checks, skip_reason and status (never throws).
+// result.observations (moved out of `outcomes`), errors, checks, skip_reason and status (never
+// throws).
 void JudgeOutcomes(const Scenario& scenario, const CaseParams& params, int world,
-                   const std::vector<RankOutcome>& outcomes, CaseResult& result);
+                   std::vector<RankOutcome> outcomes, CaseResult& result);
 
 class Runner {
  public:
@@ -117,7 +119,13 @@ class Runner {
   // product order). Throws InvalidArgument / NotFound with the valid choices listed.
   std::vector<PlannedCase> Plan();
   // Runs one planned case (Plan() must have succeeded). Never throws for subject failures.
+  // Callable from several threads at once when cases_may_run_concurrently().
   CaseResult RunCase(const PlannedCase& planned) const;
+  // Whether RunCase may run on several threads at once: an in-process subject that supports
+  // concurrent cases, on a backend whose ranks are threads (each case launches its own ranks
+  // and process group). The external driver's launcher and process ranks take one case at a
+  // time. Valid after Plan().
+  bool cases_may_run_concurrently() const;
   // Plan() then RunCase() for each; `on_result` sees each result as it completes.
   std::vector<CaseResult> RunAll(const std::function<void(const CaseResult&)>& on_result = {});
 

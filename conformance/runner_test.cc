@@ -334,6 +334,31 @@ TEST(Runner, TableSubjectRunsItsBodiesAndSkipsTheRest) {
   EXPECT_EQ(results[1].skip_reason, "subject thirdparty does not implement toy/sum");
 }
 
+// Cases run at once only where the subject says it can and every rank is a thread: the engine
+// on the threaded backend; a third party's subject when it declares so; never process ranks.
+TEST(Runner, CasesRunAtOnceOnlyForSubjectsThatSupportItOnThreadedRanks) {
+  std::unique_ptr<Catalog> catalog = testing::MakeToyCatalog();
+  for (bool declared : {false, true}) {
+    catalog->subjects.Add("thirdparty" + std::to_string(declared), [declared] {
+      auto s = std::make_shared<TableSubject>("thirdparty");
+      s->set_supports_concurrent_cases(declared);
+      return s;
+    });
+  }
+  auto concurrent = [&](const std::string& subject, const std::string& backend) {
+    RunOptions o = Options({"toy/sum"});
+    o.subject = subject;
+    o.backend = backend;
+    Runner runner(*catalog, o);
+    runner.Plan();
+    return runner.cases_may_run_concurrently();
+  };
+  EXPECT_TRUE(concurrent(kEngineSubject, "threaded"));
+  EXPECT_FALSE(concurrent(kEngineSubject, "gloo"));
+  EXPECT_FALSE(concurrent("thirdparty0", "threaded"));
+  EXPECT_TRUE(concurrent("thirdparty1", "threaded"));
+}
+
 // A run without --world adds each scenario's extra default runs (an uneven world, with the axes
 // they fix); --param values win over those; --world replaces them all.
 TEST(Runner, ExtraDefaultRunsJoinARunWithoutWorld) {

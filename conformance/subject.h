@@ -8,7 +8,8 @@
 //
 // Ownership: SubjectRegistry owns factories; a created subject is shared (std::shared_ptr) by
 // the ranks of a run. Thread-safety: Subject::RunRank is called concurrently for the ranks of
-// a case (threaded backend) and must be thread-safe; the registry is filled before use.
+// a case (threaded backend) and must be thread-safe (for the ranks of several cases at once
+// where supports_concurrent_cases()); the registry is filled before use.
 #pragma once
 
 #include <functional>
@@ -37,6 +38,10 @@ class Subject {
   // Runs one rank of a case on the calling thread and returns its observations. May throw
   // fsdp::Error (reported as the rank's error) or CaseSkipped.
   virtual nlohmann::json RunRank(const Scenario& scenario, RankEnv& env) const = 0;
+  // Whether the ranks of different cases may run at the same time (fsdp-conform run --jobs):
+  // true only for a subject that keeps no state across the ranks of different cases. Default
+  // false: the runner takes one case at a time.
+  virtual bool supports_concurrent_cases() const { return false; }
 };
 
 // Our engine: runs the scenario's own body.
@@ -44,6 +49,8 @@ class EngineSubject final : public Subject {
  public:
   std::string name() const override { return kEngineSubject; }
   nlohmann::json RunRank(const Scenario& scenario, RankEnv& env) const override;
+  // The engine's state lives in each rank's modules, process group and RankContext.
+  bool supports_concurrent_cases() const override { return true; }
 };
 
 // A subject assembled from per-scenario bodies: the easy way for a third party to join in
@@ -54,14 +61,22 @@ class TableSubject final : public Subject {
   // Adds the body that runs `scenario_name` on this subject; replaces an earlier one.
   TableSubject& Add(const std::string& scenario_name, RankBody body);
 
+  // Declares that the bodies keep no state across cases (see Subject); default false.
+  TableSubject& set_supports_concurrent_cases(bool supports) {
+    concurrent_cases_ = supports;
+    return *this;
+  }
+
   std::string name() const override { return name_; }
   std::optional<std::string> Unsupported(const Scenario& scenario, const CaseParams& params,
                                          const std::string& backend) const override;
   nlohmann::json RunRank(const Scenario& scenario, RankEnv& env) const override;
+  bool supports_concurrent_cases() const override { return concurrent_cases_; }
 
  private:
   std::string name_;
   std::map<std::string, RankBody> bodies_;
+  bool concurrent_cases_ = false;
 };
 
 using SubjectFactory = std::function<std::shared_ptr<Subject>()>;
