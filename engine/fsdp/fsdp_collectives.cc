@@ -92,8 +92,7 @@ std::shared_ptr<AllGatherResult> foreach_all_gather(
   }
   FSDP_CHECK(dtypes.size() <= 1, "FSDP all-gather of parameters with different all-gather dtypes ",
              DTypeSetStr(dtypes),
-             " is not supported by this engine (PyTorch all-gathers them "
-             "as uint8 bytes)");
+             " is not supported by this engine (PyTorch all-gathers them as uint8 bytes)");
   const DType dtype = dtypes.empty() ? DType::kFloat32 : *dtypes.begin();
   int64_t per_rank_numel = 0;
   for (int64_t n : result->all_gather_input_split_sizes) per_rank_numel += n;
