@@ -168,6 +168,10 @@ Scenario ComputeDtypeTokenIds() {
       OverrideParam(std::move(s.info.params),
                     ParamSpec::SizeInt("steps", "optimizer steps (mixed precision: 1)", 1, 1));
   s.info.params.push_back(SemanticsParam());
+  // ctest under torch-2.15 too; no extra default run (the profiles' reduce rules are the other
+  // scenarios' point, the input cast is the same under every profile).
+  s.info.test_runs.push_back(
+      {2, {{kSemanticsParam, fsdp2::SemanticsName(fsdp2::Semantics::kTorch2_15)}}});
   return s;
 }
 
