@@ -78,8 +78,11 @@ fsdp2::ShardPlacementFn ShardPlacementFnOf(const CaseParams& params, int shard_w
       params.GetString(kShardPlacementParam) != "largest_dim") {
     return nullptr;
   }
+  // A dim after 0 given from the end (Shard(dim - ndim), a user's Shard(-1)): fully_shard
+  // normalizes negative dims (FSDPParam._init_sharded_param), and every report says Shard(dim).
   return [params, shard_world](const Tensor& param) -> std::optional<tensor_parallel::Placement> {
-    return tensor_parallel::Placement::Shard(ShardDimOf(params, param.sizes(), shard_world));
+    const int64_t dim = ShardDimOf(params, param.sizes(), shard_world);
+    return tensor_parallel::Placement::Shard(dim == 0 ? 0 : dim - param.dim());
   };
 }
 

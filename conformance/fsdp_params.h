@@ -13,7 +13,8 @@
 //                          shard_placement_fn, none (every parameter Shard(0)) or every
 //                          parameter on its largest dim that shards evenly
 //                          (fsdp2::LargestEvenShardDim; dim 0 when none does), so no case
-//                          skips.
+//                          skips; a dim after 0 is returned from the end (Shard(dim - ndim)),
+//                          which fully_shard normalizes.
 //
 // Stateless; thread-safe.
 #pragma once

@@ -30,6 +30,8 @@
 //   low_precision_blocks_kwargs  the same shape on the Transformer, whose blocks are called as
 //                                layer(x=h) (block_kwargs, default True): FSDP2 casts keyword
 //                                inputs too (_apply_to_tensors over args and kwargs)
+//   compute_dtype_token_ids      test_compute_dtype's policy on every fully_shard call of the
+//                                Transformer: the root's int64 token ids are not cast
 #include <optional>
 #include <string>
 #include <vector>
@@ -142,6 +144,37 @@ Scenario LowPrecisionSubmodules(const std::string& name, const std::string& kind
   return s;
 }
 
+// test_compute_dtype's policy on the Transformer (every block, then the root), whose root takes
+// int64 token ids: FSDP2's forward-input cast (_cast_fp_tensor) casts floating-point tensors
+// only, so the ids reach the embeddings as they are while every group computes in param_dtype.
+Scenario ComputeDtypeTokenIds() {
+  Scenario s = MakePlanScenario(
+      "fully_shard_mixed_precision/compute_dtype_token_ids",
+      "Transformer (int64 token ids) with param_dtype bfloat16 on every fully_shard call, "
+      "cast_forward_inputs: the ids left uncast, every group's collectives in its dtype, values "
+      "vs the oracle",
+      std::string(kSeed) + "test_compute_dtype", "transformer", "float32",
+      {ParamSpec::SizeString("param_dtype", "MixedPrecisionPolicy.param_dtype", "bfloat16")},
+      [](const CaseParams& p, int) {
+        FullyShardPlan plan = DecodePlanBase("transformer", p);
+        plan.groups.clear();
+        for (int64_t i = 0; i < p.GetInt("n_layers"); ++i) {
+          plan.groups.push_back("layers." + std::to_string(i));
+        }
+        plan.mp_policy.param_dtype = ParseDType(p.GetString("param_dtype"));
+        return plan;
+      });
+  s.info.params =
+      OverrideParam(std::move(s.info.params),
+                    ParamSpec::SizeInt("steps", "optimizer steps (mixed precision: 1)", 1, 1));
+  s.info.params.push_back(SemanticsParam());
+  // ctest under torch-2.15 too; no extra default run (the profiles' reduce rules are the other
+  // scenarios' point, the input cast is the same under every profile).
+  s.info.test_runs.push_back(
+      {2, {{kSemanticsParam, fsdp2::SemanticsName(fsdp2::Semantics::kTorch2_15)}}});
+  return s;
+}
+
 }  // namespace
 
 void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry) {
@@ -208,6 +241,7 @@ void RegisterFullyShardMixedPrecisionScenarios(ScenarioRegistry& registry) {
     }
   }
   registry.Add(std::move(blocks));
+  registry.Add(ComputeDtypeTokenIds());
 }
 
 }  // namespace fsdp::conformance

@@ -125,20 +125,34 @@ std::vector<std::string> GroupFqns(const FullyShardPlan& plan) {
 // from the parameters' dtype: its weight as FSDP all-gathers it, the initial weight cast to
 // param_dtype (round-to-nearest-even: FSDPParam's all-gather input is `param.to(param_dtype)`),
 // as observations "compute/{fqn}.weight". Judged exactly: a cast that truncates or rounds ties
-// away shows here, where the training values' mixed-precision tolerance hides it.
+// away shows here, where the training values' mixed-precision tolerance hides it. A Linear
+// whose weight is tied to an earlier parameter (the Transformer's output and tok_embeddings)
+// computes with that parameter, which its group manages under the earlier name.
 nlohmann::json ExpectedComputeWeights(const FullyShardPlan& plan, const ZooModel& model,
                                       const reference::RefTensorMap& initial) {
-  std::set<std::string> linear_weights;
-  for (const auto& [name, m] : model.BuildEngine()->named_modules()) {
-    if (dynamic_cast<nn::Linear*>(m.get()) != nullptr) linear_weights.insert(name + ".weight");
+  const nn::ModulePtr engine = model.BuildEngine();
+  std::map<const TensorImpl*, std::string> managed_names;  // tied parameters: the first name
+  for (const auto& [name, param] : engine->named_parameters()) {
+    managed_names.emplace(param.impl(), name);
+  }
+  std::map<std::string, std::vector<std::string>> linears_by_weight;  // managed name -> Linears
+  for (const auto& [name, m] : engine->named_modules()) {
+    if (auto* linear = dynamic_cast<nn::Linear*>(m.get()); linear != nullptr) {
+      linears_by_weight[managed_names.at(linear->parameter("weight").impl())].push_back(name +
+                                                                                        ".weight");
+    }
   }
   nlohmann::json out = nlohmann::json::object();
   for (const PlanGroup& g : GroupsOf(plan, model)) {
     const DType dtype = AllGatherDType(plan, g.fqn);
     if (dtype == plan.dtype) continue;
     for (const std::string& name : g.params) {
-      if (!linear_weights.count(name)) continue;
-      out.update(MapToJson({{name, RoundTo(initial.at(name), dtype)}}, DTypeName(dtype), kCompute));
+      const auto it = linears_by_weight.find(name);
+      if (it == linears_by_weight.end()) continue;
+      for (const std::string& key : it->second) {
+        out.update(
+            MapToJson({{key, RoundTo(initial.at(name), dtype)}}, DTypeName(dtype), kCompute));
+      }
     }
   }
   return out;
@@ -150,12 +164,10 @@ bool Syncs(const FullyShardPlan& plan, const PlanGroup& g, int64_t i) {
   return !plan.recurse && !g.is_root();
 }
 
-// Whether group `g` reshards in the post-backward of micro-batch i.
+// Whether group `g` reshards in the post-backward of micro-batch i (the plan's
+// set_reshard_after_backward, with or without the gradient sync switch).
 bool ReshardsAfterBackward(const FullyShardPlan& plan, const PlanGroup& g, int64_t i) {
-  if (!plan.accumulate_without_sync || !plan.no_reshard_after_backward ||
-      i + 1 == plan.micro_batches) {
-    return true;
-  }
+  if (!plan.no_reshard_after_backward || i + 1 == plan.micro_batches) return true;
   return !plan.recurse && !g.is_root();
 }
 
@@ -180,6 +192,8 @@ nlohmann::json ExpectedMicroGradDTypes(const FullyShardPlan& plan, const ZooMode
       std::string grad = "None";  // frozen, moved into the accumulator, or not yet reduced
       if (!plan.Trains(name, k)) {
         // frozen: no gradient
+      } else if (!ReshardsAfterBackward(plan, g, i) && Syncs(plan, g, i)) {
+        // the post-backward took the unsharded gradient to reduce it (None)
       } else if (!ReshardsAfterBackward(plan, g, i)) {
         const DType reduce = ReduceDType(plan, g.fqn);
         if (ProfileKeepsUnshardedGradInReduceDtype(plan.semantics)) {
@@ -591,8 +605,10 @@ nlohmann::json RunPlanRank(const FullyShardPlan& plan, RankEnv& env) {
       const bool set_switches = !plan.switches_on_change || i == 0 || last;
       if (plan.accumulate_without_sync && set_switches) {
         root.set_requires_gradient_sync(last, plan.recurse);
-        if (plan.no_reshard_after_backward) root.set_reshard_after_backward(last, plan.recurse);
         root.set_is_last_backward(last);
+      }
+      if (plan.no_reshard_after_backward && set_switches) {
+        root.set_reshard_after_backward(last, plan.recurse);
       }
       if (plan.defer_all_reduce && set_switches) {
         if (last && plan.resume_all_reduce_with_gradient_sync) {

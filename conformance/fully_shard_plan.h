@@ -82,12 +82,14 @@ struct FullyShardPlan {
   int64_t micro_batches = 1;      // backwards per optimizer step (>= 1)
   double lr = 1e-2;               // plain SGD (no momentum)
   // Gradient accumulation as test_gradient_accumulation: every micro-batch but the last of a
-  // step runs with set_requires_gradient_sync(False, recurse) and, when
-  // `no_reshard_after_backward`, set_reshard_after_backward(False, recurse), and
-  // set_is_last_backward(False), all called on the root. Default: off (every backward syncs).
+  // step runs with set_requires_gradient_sync(False, recurse) and set_is_last_backward(False),
+  // called on the root. Default: off (every backward syncs).
   bool accumulate_without_sync = false;
-  bool recurse = true;                     // the switches' recurse argument
-  bool no_reshard_after_backward = false;  // see accumulate_without_sync
+  bool recurse = true;  // the switches' recurse argument
+  // Every micro-batch but the last of a step runs with set_reshard_after_backward(False,
+  // recurse), with or without accumulate_without_sync (without it: the unsharded parameters
+  // kept between backwards that each reduce). Default: off.
+  bool no_reshard_after_backward = false;
   // set_gradient_divide_factor(factor) on every FSDP module. Default: unset (the world size).
   std::optional<double> divide_factor;
   // divide_factor: set_gradient_divide_factor on the root only. FSDPModule's setter is not

@@ -9,7 +9,10 @@
 //                                optionally set_reshard_after_backward(False, recurse), and
 //                                set_is_last_backward(False) but the last of a step (before
 //                                every micro-batch, or only where a value changes); mode "sync"
-//                                reduces in every backward (several backwards before one step)
+//                                reduces in every backward (several backwards before one step),
+//                                with reshard_after_backward=False keeping the unsharded
+//                                parameters between those backwards (no all-gather in the
+//                                next forward)
 //   train_parity_hsdp            TestFullyShardHSDPTraining.test_train_parity_hsdp: the 2-D
 //                                (replicate, shard) mesh, reduce-scatter then all-reduce;
 //                                optionally set_requires_all_reduce(False) but for the last
@@ -83,7 +86,8 @@ Scenario GradientAccumulation() {
                        "recurse=False (the root's group only)",
                        {"sync", "all", "root_only"}),
        ParamSpec::Axis("reshard_after_backward",
-                       "False: set_reshard_after_backward(False) with the sync switch",
+                       "False: set_reshard_after_backward(False) but for the last "
+                       "micro-batch of a step (with the sync switch, or in mode sync alone)",
                        {"True", "False"}),
        SwitchesOnChange(), MicroBatches(3)},
       [](const CaseParams& p, int) {
@@ -95,12 +99,6 @@ Scenario GradientAccumulation() {
         plan.switches_on_change = p.GetBool("switches_on_change");
         return plan;
       });
-  s.excluded = [](const CaseParams& p, int) -> std::optional<std::string> {
-    if (p.GetString("mode") == "sync" && !p.GetBool("reshard_after_backward")) {
-      return "mode sync sets no switch";
-    }
-    return std::nullopt;
-  };
   // The test sets the switches before every micro-batch; user code often sets them once per
   // change. The switches must persist: a set_requires_gradient_sync(False) (or
   // set_reshard_after_backward(False)) that lasts one backward only passes the test's loop,

@@ -40,7 +40,8 @@ def shard_placement_kwargs(request, shard_world):
     """fully_shard's shard_placement_fn for the case's shard_placement: none for dim0 (Shard(0),
     fully_shard's default) or a case without the parameter; for largest_dim, Shard of each
     parameter's largest dim that `shard_world` divides evenly (the first of equal sizes; dim 0
-    when no later dim qualifies), as the suite's expectations assume. Skips the case on a torch
+    when no later dim qualifies), as the suite's expectations assume, a dim after 0 given from the
+    end (Shard(dim - ndim), which fully_shard normalizes). Skips the case on a torch
     whose fully_shard has no shard_placement_fn (before 2.6)."""
     if request.params.get("shard_placement", "dim0") != "largest_dim":
         return {}
@@ -52,5 +53,5 @@ def shard_placement_kwargs(request, shard_world):
         for d in range(1, param.dim()):
             if param.shape[d] % shard_world == 0 and param.shape[d] > param.shape[best]:
                 best = d
-        return Shard(best)
+        return Shard(best - param.dim() if best else 0)
     return {"shard_placement_fn": largest_even_dim}

@@ -10,6 +10,8 @@ scenario's C++ decoder (conformance/fully_shard_mixed_precision_scenarios.cc) bu
                               cast_forward_inputs; the root without mixed precision
   low_precision_blocks_kwargs the same policies on every block of the Transformer, which calls
                               its blocks as layer(x=h) (block_kwargs)
+  compute_dtype_token_ids     param_dtype on every call of the Transformer (each block, the
+                              root), whose root takes int64 token ids
 
 Thread-safety: one case at a time per process, on the main thread.
 """
@@ -76,6 +78,13 @@ def low_precision_blocks_kwargs(request):
     return _low_precision_groups(request, plan)
 
 
+def compute_dtype_token_ids(request):
+    plan = fully_shard_plan.plan_base(request, "transformer")
+    plan.groups = [f"layers.{i}" for i in range(request.int_param("n_layers"))]
+    plan.mp_policy = _policy(request, "param_dtype")
+    return fully_shard_plan.run(request, plan)
+
+
 SCENARIOS = {
     "fully_shard_mixed_precision/compute_dtype": compute_dtype,
     "fully_shard_mixed_precision/reduce_dtype": reduce_dtype,
@@ -83,4 +92,5 @@ SCENARIOS = {
     "fully_shard_mixed_precision/output_dtype": output_dtype,
     "fully_shard_mixed_precision/float16_on_one_submodule": float16_on_one_submodule,
     "fully_shard_mixed_precision/low_precision_blocks_kwargs": low_precision_blocks_kwargs,
+    "fully_shard_mixed_precision/compute_dtype_token_ids": compute_dtype_token_ids,
 }

@@ -289,9 +289,9 @@ def run(request, plan: Plan):
             set_switches = not plan.switches_on_change or i == 0 or last
             if plan.accumulate_without_sync and set_switches:
                 model.set_requires_gradient_sync(last, recurse=plan.recurse)
-                if plan.no_reshard_after_backward:
-                    model.set_reshard_after_backward(last, recurse=plan.recurse)
                 model.set_is_last_backward(last)
+            if plan.no_reshard_after_backward and set_switches:
+                model.set_reshard_after_backward(last, recurse=plan.recurse)
             if plan.defer_all_reduce and set_switches:
                 if last and plan.resume_all_reduce_with_gradient_sync:
                     model.set_requires_gradient_sync(True)

@@ -7,7 +7,9 @@ conformance/fully_shard_frozen_scenarios.cc decode it, then run by fully_shard_p
                             set_requires_gradient_sync(False, recurse=True / False) (and
                             set_reshard_after_backward(False, ...) with
                             reshard_after_backward=False) and set_is_last_backward(False) but
-                            for the last micro-batch; "sync": every backward reduces
+                            for the last micro-batch; "sync": every backward reduces (with
+                            reshard_after_backward=False, set_reshard_after_backward(False)
+                            but for the last micro-batch, without the sync switch)
   train_parity_hsdp         MLPStack on init_device_mesh("cpu", (replicate, shard)) (the
                             case's shard_size, e.g. the seed's (2, 1) at world 2);
                             set_requires_all_reduce(False) but for the last micro-batch
