@@ -274,12 +274,16 @@ nlohmann::json OptimParityRank(RankEnv& env) {
   std::vector<double> losses;
   std::vector<double> ref_lrs;
   std::vector<double> lrs;
+  std::vector<double> ref_grads_kept;
   nlohmann::json tensors = nlohmann::json::object();
   for (int64_t k = 0; k < p.GetInt("iterations"); ++k) {
     Tensor ref_loss = sum((*ref_model)(inp).tensor());
     ref_loss.backward();
     ref_optim.step();
     ref_optim.zero_grad();
+    int64_t kept = 0;
+    for (const Tensor& param : ref_model->parameters()) kept += param.grad().defined() ? 1 : 0;
+    ref_grads_kept.push_back(static_cast<double>(kept));
     ref_scheduler.step();
     Tensor loss = sum((*model)(inp).tensor());
     loss.backward();
@@ -299,6 +303,7 @@ nlohmann::json OptimParityRank(RankEnv& env) {
   obs[kLosses] = losses;
   obs["ref_lrs"] = ref_lrs;
   obs["lrs"] = lrs;
+  obs["ref_grads_after_zero_grad"] = ref_grads_kept;
   const optim::AdamOptions& ref_options = ref_optim.options();
   obs["ref_defaults"] = {ref_options.beta1, ref_options.beta2, ref_options.eps,
                          ref_options.weight_decay};
@@ -352,6 +357,10 @@ Scenario PostAccGradHookOptimParity() {
           "per iteration: the first parameter's hook-stepped optimizer's "
           "param_groups[0][\"lr\"] after its StepLR step"))
       .Add(ObservationKey::NumberList(
+          "ref_grads_after_zero_grad",
+          "per iteration: how many of the reference's parameters still have a .grad (not "
+          "None) right after its ref_optim.zero_grad() (the default set_to_none=True)"))
+      .Add(ObservationKey::NumberList(
           "ref_defaults",
           "the reference AdamW (built with lr alone)'s param_groups[0] betas[0], betas[1], eps "
           "and weight_decay"))
@@ -394,6 +403,13 @@ Scenario PostAccGradHookOptimParity() {
                         std::vector<double>{0.9, 0.999, 1e-8, 1e-2},
                         RankObservation(per_rank, r, "ref_defaults").get<std::vector<double>>(),
                         Tolerance{0, 1e-12});
+      // Optimizer.zero_grad()'s default set_to_none=True: every .grad becomes None (zeroed
+      // gradients give the same values, so only the gradients' presence shows it).
+      checks.CheckClose(
+          who + " ref_grads_after_zero_grad (default set_to_none=True)",
+          std::vector<double>(static_cast<size_t>(iterations), 0.0),
+          RankObservation(per_rank, r, "ref_grads_after_zero_grad").get<std::vector<double>>(),
+          Tolerance{0, 0});
       for (const char* key : {"ref_lrs", "lrs"}) {
         checks.CheckClose(who + " " + key + " vs StepLR(gamma=0.1)'s schedule", expected_lrs,
                           RankObservation(per_rank, r, key).get<std::vector<double>>(),

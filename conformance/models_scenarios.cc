@@ -392,13 +392,34 @@ Scenario MakeModelScenario(const ZooModelKind& kind) {
 // The judge requires every element within the bound; the weight's largest magnitude above
 // 0.9 of it (512 draws all below: probability 0.9^512, about 4e-24); the weight's mean and mean
 // square within 6 standard deviations of U(-b, b)'s (0 and b^2 / 3).
-// Observations (rank 0): tensors "weight" [out, in], "bias" [out] as float64.
+// Beside it, nn.LayerNorm(out_features) and nn.BatchNorm1d(out_features), whose defaults are
+// constants (weight ones, bias zeros; running_mean zeros, running_var ones), judged exactly.
+// Observations (rank 0): tensors "weight" [out, in], "bias" [out] and NormInitTensors() as
+// float64.
+
+// The constant-initialised tensors of the fresh norms and each one's default value.
+const std::vector<std::pair<std::string, double>>& NormInitTensors() {
+  static const std::vector<std::pair<std::string, double>> kTensors = {
+      {"layer_norm.weight", 1.0},       {"layer_norm.bias", 0.0},
+      {"batch_norm.weight", 1.0},       {"batch_norm.bias", 0.0},
+      {"batch_norm.running_mean", 0.0}, {"batch_norm.running_var", 1.0}};
+  return kTensors;
+}
+
 nlohmann::json RunLinearInitRank(RankEnv& env) {
   nn::ManualSeed(1);
   nn::Linear linear(env.params.GetInt("in_features"), env.params.GetInt("out_features"));
   nlohmann::json tensors;
   tensors["weight"] = TensorToJson(linear.weight().detach().to(DType::kFloat64));
   tensors["bias"] = TensorToJson(linear.bias().detach().to(DType::kFloat64));
+  const int64_t out = env.params.GetInt("out_features");
+  auto norms = std::make_shared<nn::Sequential>();
+  norms->register_module("layer_norm", std::make_shared<nn::LayerNorm>(out));
+  norms->register_module("batch_norm", std::make_shared<nn::BatchNorm1d>(out));
+  const nn::StateDict state = norms->state_dict();
+  for (const auto& [name, value] : NormInitTensors()) {
+    tensors[name] = TensorToJson(state.at(name).detach().to(DType::kFloat64));
+  }
   nlohmann::json obs;
   obs[kTensors] = tensors;
   return obs;
@@ -444,6 +465,11 @@ void JudgeLinearInit(const CaseParams& params, const std::vector<nlohmann::json>
                    std::abs(sum_sq / n - bound * bound / 3.0) <= 6.0 * sq_sd,
                    std::to_string(sum_sq / n) + " vs " + std::to_string(bound * bound / 3.0));
   checks.SetFigure("max_abs_over_bound", max_abs / bound);
+  for (const auto& [name, value] : NormInitTensors()) {
+    checks.CheckClose(name + " of a fresh norm vs its default",
+                      std::vector<double>(static_cast<size_t>(out), value),
+                      TensorData(per_rank, 0, name), Tolerance{0, 0});
+  }
 }
 
 Scenario MakeLinearInitScenario() {
@@ -452,7 +478,9 @@ Scenario MakeLinearInitScenario() {
   s.info.description =
       "nn.Linear(in_features, out_features)'s default initialisation (kaiming_uniform_(a=sqrt(5)) "
       "weight and uniform bias, both U(-1/sqrt(in_features), 1/sqrt(in_features))), judged by "
-      "rule: bounds, the largest magnitude near the bound, mean and mean square";
+      "rule: bounds, the largest magnitude near the bound, mean and mean square; beside it a fresh "
+      "nn.LayerNorm's and nn.BatchNorm1d's constant defaults (weight ones, bias zeros, "
+      "running_mean zeros, running_var ones), exactly";
   s.info.seed_test = "none (torch.nn.Linear.reset_parameters as documented)";
   s.info.params = {
       ParamSpec::SizeInt("in_features", "nn.Linear in_features (the fan-in)", 64, /*minimum=*/1),
@@ -465,6 +493,12 @@ Scenario MakeLinearInitScenario() {
       .AddTensors({"weight", "float64", "[out_features, in_features]",
                    "a freshly constructed nn.Linear's weight (after torch.manual_seed(1))"})
       .AddTensors({"bias", "float64", "[out_features]", "its bias"});
+  for (const auto& [name, value] : NormInitTensors()) {
+    s.info.observations.AddTensors(
+        {name, "float64", "[out_features]",
+         "a freshly constructed nn.LayerNorm(out_features) / nn.BatchNorm1d(out_features)'s " +
+             name.substr(name.find('.') + 1)});
+  }
   s.run_rank = [](RankEnv& env) { return RunLinearInitRank(env); };
   s.judge = [](const CaseParams& p, int, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) { JudgeLinearInit(p, per_rank, checks); };

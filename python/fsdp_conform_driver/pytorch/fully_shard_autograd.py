@@ -71,13 +71,15 @@ def post_acc_grad_hook_optim_parity(request):
         param.register_post_accumulate_grad_hook(optim_hook)
     first_optim = optims[next(iter(model.parameters()))]
     inp = inputs.step_input(request, 0)
-    obs = {"ref_losses": [], "losses": [], "ref_lrs": [], "lrs": []}
+    obs = {"ref_losses": [], "losses": [], "ref_lrs": [], "lrs": [], "ref_grads_after_zero_grad": []}
     tensors = {}
     for k in range(request.int_param("iterations")):
         ref_loss = ref_model(inp).sum()
         ref_loss.backward()
         ref_optim.step()
         ref_optim.zero_grad()
+        obs["ref_grads_after_zero_grad"].append(
+            sum(p.grad is not None for p in ref_model.parameters()))
         ref_scheduler.step()
         loss = model(inp).sum()
         loss.backward()

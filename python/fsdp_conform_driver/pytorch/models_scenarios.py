@@ -169,9 +169,17 @@ def linear_init(request):
     import torch
 
     torch.manual_seed(1)
-    linear = torch.nn.Linear(request.int_param("in_features"), request.int_param("out_features"))
-    return {}, {"weight": linear.weight.detach().to(torch.float64),
-                "bias": linear.bias.detach().to(torch.float64)}
+    out_features = request.int_param("out_features")
+    linear = torch.nn.Linear(request.int_param("in_features"), out_features)
+    tensors = {"weight": linear.weight.detach().to(torch.float64),
+               "bias": linear.bias.detach().to(torch.float64)}
+    # A fresh nn.LayerNorm's and nn.BatchNorm1d's constant defaults.
+    norms = torch.nn.ModuleDict({"layer_norm": torch.nn.LayerNorm(out_features),
+                                 "batch_norm": torch.nn.BatchNorm1d(out_features)})
+    for name in ("layer_norm.weight", "layer_norm.bias", "batch_norm.weight", "batch_norm.bias",
+                 "batch_norm.running_mean", "batch_norm.running_var"):
+        tensors[name] = norms.state_dict()[name].detach().to(torch.float64)
+    return {}, tensors
 
 
 def shared_buffer(request):
