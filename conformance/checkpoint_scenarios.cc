@@ -392,7 +392,7 @@ constexpr Fault kFaults[] = {
     {"wrong_dtype", "InvalidArgument"}, {"wrong_shape", "InvalidArgument"},
     {"missing_key", "NotFound"},        {"unexpected_key", "NotFound"},
     {"overlapping_pieces", "DataLoss"}, {"wrong_shape_on_last_rank", "InvalidArgument"},
-    {"wide_offsets", "DataLoss"}};
+    {"wide_offsets", "DataLoss"},       {"trailing_bytes", "DataLoss"}};
 
 // wrong_shape_on_last_rank: only the last rank's dict disagrees (its own load fails with
 // InvalidArgument); every other rank reads its part fine and must still fail, Aborted, as
@@ -403,7 +403,8 @@ constexpr const char* kOtherRanksCode = "Aborted";
 // Whether `fault` breaks rank 0's copy of the checkpoint (the others load into a changed dict).
 bool IsBrokenCopy(const std::string& fault) {
   return fault == "truncated" || fault == "truncated_tail" || fault == "corrupt_header" ||
-         fault == "missing_shard" || fault == "overlapping_pieces" || fault == "wide_offsets";
+         fault == "missing_shard" || fault == "overlapping_pieces" || fault == "wide_offsets" ||
+         fault == "trailing_bytes";
 }
 
 // The key an error of `fault` must name.
@@ -415,7 +416,7 @@ std::string FaultKey(const std::string& fault) {
 
 bool IsFileFault(const std::string& fault) {
   return fault == "truncated" || fault == "truncated_tail" || fault == "corrupt_header" ||
-         fault == "missing_shard" || fault == "wide_offsets";
+         fault == "missing_shard" || fault == "wide_offsets" || fault == "trailing_bytes";
 }
 
 // The last rank's file of the sharded checkpoint in `dir`.
@@ -462,6 +463,10 @@ std::string WidenedOffsets(const std::string& bytes, const std::string& key, uin
 // wide_offsets: the last rank's file rewritten with in_proj.weight's data_offsets 4 bytes wider
 // than its dtype and shape need (4 zero bytes inserted after its bytes, the later tensors moved
 // by 4), so that the tensors still tile the buffer and only the per-tensor size check refuses it.
+// trailing_bytes: 8 zero bytes appended to the last rank's file, after its last tensor's bytes:
+// the header and every tensor still read, and only a reader that checks that the tensors end
+// where the file ends (the format's rule: safetensors refuses it as MetadataIncompleteBuffer)
+// refuses it.
 // overlapping_pieces: the index places in_proj.weight's last piece one row early, so that its
 // pieces overlap by one row and its last row is in none; the rows still add up to the global
 // shape, so only a check that the pieces tile the rows (each starting where the previous ended)
@@ -487,6 +492,7 @@ void Break(const std::string& dir, const std::string& fault, int world) {
   if (fault == "truncated_tail") bytes.resize(bytes.size() - 4);
   if (fault == "wide_offsets") bytes = WidenedOffsets(bytes, "in_proj.weight", 4);
   if (fault == "corrupt_header") bytes[8] = '#';
+  if (fault == "trailing_bytes") bytes.append(8, '\0');
   if (fault == "missing_shard") {
     fs::remove(path);
     return;
@@ -585,7 +591,8 @@ Scenario Faults() {
   s.info.name = "checkpoint/faults";
   s.info.description =
       "loads of a broken checkpoint (truncated in the header or in the tensor bytes, corrupt "
-      "header, a tensor's data_offsets wider than its shape, missing rank file, an index whose "
+      "header, a tensor's data_offsets wider than its shape, bytes after the last tensor's, "
+      "missing rank file, an index whose "
       "pieces overlap) or into a "
       "disagreeing dict (dtype, shape, missing or unexpected key; a wider tensor on the last "
       "rank only) fail on every rank, naming the file and the key (the other ranks of a one-rank "
