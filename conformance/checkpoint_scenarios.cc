@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -392,7 +393,8 @@ constexpr Fault kFaults[] = {
     {"wrong_dtype", "InvalidArgument"}, {"wrong_shape", "InvalidArgument"},
     {"missing_key", "NotFound"},        {"unexpected_key", "NotFound"},
     {"overlapping_pieces", "DataLoss"}, {"wrong_shape_on_last_rank", "InvalidArgument"},
-    {"wide_offsets", "DataLoss"}};
+    {"wide_offsets", "DataLoss"},       {"trailing_bytes", "DataLoss"},
+    {"dtype_unlike_index", "DataLoss"}};
 
 // wrong_shape_on_last_rank: only the last rank's dict disagrees (its own load fails with
 // InvalidArgument); every other rank reads its part fine and must still fail, Aborted, as
@@ -403,7 +405,8 @@ constexpr const char* kOtherRanksCode = "Aborted";
 // Whether `fault` breaks rank 0's copy of the checkpoint (the others load into a changed dict).
 bool IsBrokenCopy(const std::string& fault) {
   return fault == "truncated" || fault == "truncated_tail" || fault == "corrupt_header" ||
-         fault == "missing_shard" || fault == "overlapping_pieces" || fault == "wide_offsets";
+         fault == "missing_shard" || fault == "overlapping_pieces" || fault == "wide_offsets" ||
+         fault == "trailing_bytes" || fault == "dtype_unlike_index";
 }
 
 // The key an error of `fault` must name.
@@ -415,7 +418,8 @@ std::string FaultKey(const std::string& fault) {
 
 bool IsFileFault(const std::string& fault) {
   return fault == "truncated" || fault == "truncated_tail" || fault == "corrupt_header" ||
-         fault == "missing_shard" || fault == "wide_offsets";
+         fault == "missing_shard" || fault == "wide_offsets" || fault == "trailing_bytes" ||
+         fault == "dtype_unlike_index";
 }
 
 // The last rank's file of the sharded checkpoint in `dir`.
@@ -428,30 +432,41 @@ std::string LastRankFile(const std::string& dir, int world) {
   FSDP_THROW(ErrorCode::kNotFound, "no file ", prefix, "* in ", dir);
 }
 
-// The safetensors file `bytes` rewritten with `key`'s data_offsets `extra` bytes wider: `extra`
-// zero bytes inserted after its bytes, every tensor after it moved by `extra`, the header
-// re-padded to 8-byte alignment (the format's rule, read raw as RawSafetensorsHeader does).
-std::string WidenedOffsets(const std::string& bytes, const std::string& key, uint64_t extra) {
+// The safetensors file `bytes` with its JSON header changed by `edit` and re-padded to 8-byte
+// alignment (the format's rule, read raw as RawSafetensorsHeader does); `edit` may also change
+// the tensors' byte buffer it is given.
+std::string RewrittenHeader(
+    const std::string& bytes,
+    const std::function<void(nlohmann::ordered_json& header, std::string& data)>& edit) {
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
   nlohmann::ordered_json header = nlohmann::ordered_json::parse(bytes.substr(8, n));
-  const uint64_t end = header.at(key).at("data_offsets").at(1).get<uint64_t>();
-  for (auto& item : header.items()) {
-    if (item.key() == "__metadata__") continue;
-    auto& offsets = item.value()["data_offsets"];
-    if (item.key() == key) {
-      offsets[1] = end + extra;
-    } else if (offsets[0].get<uint64_t>() >= end) {
-      offsets[0] = offsets[0].get<uint64_t>() + extra;
-      offsets[1] = offsets[1].get<uint64_t>() + extra;
-    }
-  }
+  std::string data = bytes.substr(8 + n);
+  edit(header, data);
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   std::string out;
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((text.size() >> (8 * i)) & 0xff));
-  const std::string data = bytes.substr(8 + n);
-  return out + text + data.substr(0, end) + std::string(extra, '\0') + data.substr(end);
+  return out + text + data;
+}
+
+// The safetensors file `bytes` rewritten with `key`'s data_offsets `extra` bytes wider: `extra`
+// zero bytes inserted after its bytes, every tensor after it moved by `extra`.
+std::string WidenedOffsets(const std::string& bytes, const std::string& key, uint64_t extra) {
+  return RewrittenHeader(bytes, [&](nlohmann::ordered_json& header, std::string& data) {
+    const uint64_t end = header.at(key).at("data_offsets").at(1).get<uint64_t>();
+    for (auto& item : header.items()) {
+      if (item.key() == "__metadata__") continue;
+      auto& offsets = item.value()["data_offsets"];
+      if (item.key() == key) {
+        offsets[1] = end + extra;
+      } else if (offsets[0].get<uint64_t>() >= end) {
+        offsets[0] = offsets[0].get<uint64_t>() + extra;
+        offsets[1] = offsets[1].get<uint64_t>() + extra;
+      }
+    }
+    data.insert(end, std::string(extra, '\0'));
+  });
 }
 
 // Rank 0 breaks its copy `dir` of the checkpoint as `fault` says (IsBrokenCopy faults only).
@@ -462,6 +477,13 @@ std::string WidenedOffsets(const std::string& bytes, const std::string& key, uin
 // wide_offsets: the last rank's file rewritten with in_proj.weight's data_offsets 4 bytes wider
 // than its dtype and shape need (4 zero bytes inserted after its bytes, the later tensors moved
 // by 4), so that the tensors still tile the buffer and only the per-tensor size check refuses it.
+// dtype_unlike_index: the last rank's file relabels in_proj.weight from F32 to I32, a dtype of
+// the same size, so that the file is valid on its own and its bytes read back the same; only a
+// reader that checks each file's dtypes against the index's refuses it.
+// trailing_bytes: 8 zero bytes appended to the last rank's file, after its last tensor's bytes:
+// the header and every tensor still read, and only a reader that checks that the tensors end
+// where the file ends (the format's rule: safetensors refuses it as MetadataIncompleteBuffer)
+// refuses it.
 // overlapping_pieces: the index places in_proj.weight's last piece one row early, so that its
 // pieces overlap by one row and its last row is in none; the rows still add up to the global
 // shape, so only a check that the pieces tile the rows (each starting where the previous ended)
@@ -487,6 +509,12 @@ void Break(const std::string& dir, const std::string& fault, int world) {
   if (fault == "truncated_tail") bytes.resize(bytes.size() - 4);
   if (fault == "wide_offsets") bytes = WidenedOffsets(bytes, "in_proj.weight", 4);
   if (fault == "corrupt_header") bytes[8] = '#';
+  if (fault == "trailing_bytes") bytes.append(8, '\0');
+  if (fault == "dtype_unlike_index") {
+    bytes = RewrittenHeader(bytes, [](nlohmann::ordered_json& header, std::string&) {
+      header.at("in_proj.weight")["dtype"] = "I32";
+    });
+  }
   if (fault == "missing_shard") {
     fs::remove(path);
     return;
@@ -585,7 +613,9 @@ Scenario Faults() {
   s.info.name = "checkpoint/faults";
   s.info.description =
       "loads of a broken checkpoint (truncated in the header or in the tensor bytes, corrupt "
-      "header, a tensor's data_offsets wider than its shape, missing rank file, an index whose "
+      "header, a tensor's data_offsets wider than its shape, bytes after the last tensor's, a "
+      "rank file's dtype unlike the index's, "
+      "missing rank file, an index whose "
       "pieces overlap) or into a "
       "disagreeing dict (dtype, shape, missing or unexpected key; a wider tensor on the last "
       "rank only) fail on every rank, naming the file and the key (the other ranks of a one-rank "

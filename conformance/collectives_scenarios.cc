@@ -6,6 +6,9 @@
 //   all_reduce               allreduce_             dtype x op x async_op x api (c10d or
 //                                                   the functional all_reduce)
 //   broadcast                broadcast_             dtype x async_op, root a size
+//   broadcast_group          new_group, broadcast_  a group of every rank but 0 listed unsorted:
+//                                                   its ranks' order, get_rank / get_world_size
+//                                                   (-1 outside it), a broadcast from each member
 //   all_gather               allgather_ (a list)    dtype x counts x in_place x async_op
 //   barrier                  barrier                nobody leaves before the last one entered;
 //                                                   under a CommDebugMode, with one all_reduce
@@ -34,6 +37,7 @@
 //     (SUM) a fresh copy of its input, reported as "after_rejection", whose result the judge
 //     checks. The failure itself is the suite's choice (docs/scenarios.md, "Where the suite
 //     chooses").
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -571,6 +575,115 @@ Scenario Broadcast() {
   return s;
 }
 
+// ---- broadcast_group ------------------------------------------------------------------------
+
+// The group of broadcast_group as the case passes it to new_group: every rank but 0, listed
+// from the last down ([world - 1, ..., 1]).
+std::vector<int> ListedGroupRanks(int world) {
+  std::vector<int> ranks;
+  for (int r = world - 1; r >= 1; --r) ranks.push_back(r);
+  return ranks;
+}
+
+// The int64 tensor global rank `rank` broadcasts in broadcast_group: 100 * rank + i, 3 elements.
+std::vector<int64_t> GroupBroadcastValues(int rank) {
+  return {100 * rank, 100 * rank + 1, 100 * rank + 2};
+}
+
+// c10d's rules: new_group sorts its ranks, so the group's rank r is its r-th smallest global
+// rank; a non-member gets no group (dist.get_rank / get_world_size answer -1); a member's
+// broadcast from global rank `src` leaves `src`'s tensor on every member.
+nlohmann::json ExpectedBroadcastGroup(int world, int rank) {
+  std::vector<int> sorted = ListedGroupRanks(world);
+  std::sort(sorted.begin(), sorted.end());
+  const auto it = std::find(sorted.begin(), sorted.end(), rank);
+  nlohmann::json e;
+  if (it == sorted.end()) {
+    e["group_rank"] = -1;
+    e["group_size"] = -1;
+    e["group_ranks"] = nullptr;
+    e["gathered"] = nullptr;
+    e["broadcasts"] = nullptr;
+    return e;
+  }
+  e["group_rank"] = it - sorted.begin();
+  e["group_size"] = sorted.size();
+  e["group_ranks"] = sorted;
+  e["gathered"] = sorted;
+  e["broadcasts"] = nlohmann::json::array();
+  for (int src : ListedGroupRanks(world)) e["broadcasts"].push_back(GroupBroadcastValues(src));
+  return e;
+}
+
+Scenario BroadcastGroup() {
+  Scenario s;
+  s.info = CollectiveInfo(
+      "broadcast_group",
+      "new_group over every rank but 0, its ranks listed from the last down ([world - 1, ..., "
+      "1]): every rank's dist.get_rank(group) and get_world_size(group) (-1 outside it), and on "
+      "the members get_process_group_ranks(group), an all-gather of the global rank over it and "
+      "a broadcast(tensor, src=g, group) from every member g, in the listed order, of int64 "
+      "[100 g, 100 g + 1, 100 g + 2] (every member starts from its own)",
+      "distributed_test.py::DistributedTest::test_broadcast_group (with "
+      "test_get_rank_size_group), the group's ranks listed unsorted",
+      {});
+  s.info.min_world = 2;
+  s.info.test_runs = {{2, {}}, {3, {}}, {8, {}}};
+  s.info.observations.Add(ObservationKey::Integer("group_rank", "dist.get_rank(group)"))
+      .Add(ObservationKey::Integer("group_size", "dist.get_world_size(group)"))
+      .Add(ObservationKey::Custom(
+          "group_ranks", {{"type", {"array", "null"}}},
+          "dist.get_process_group_ranks(group) on a member (the global ranks in group-rank "
+          "order), null elsewhere"))
+      .Add(ObservationKey::Custom(
+          "gathered", {{"type", {"array", "null"}}},
+          "on a member: all_gather_into_tensor over the group of this rank's global rank "
+          "(int64, one element per member); null elsewhere"))
+      .Add(ObservationKey::Custom(
+          "broadcasts", {{"type", {"array", "null"}}},
+          "on a member: for every src of the listed ranks, in that order, the tensor after "
+          "broadcast(tensor, src=src, group=group); null elsewhere"));
+  s.run_rank = [](RankEnv& env) {
+    auto group = env.group().new_group(ListedGroupRanks(env.world));
+    nlohmann::json obs;
+    obs["group_rank"] = group == nullptr ? -1 : group->rank();
+    obs["group_size"] = group == nullptr ? -1 : group->size();
+    obs["group_ranks"] = nullptr;
+    obs["gathered"] = nullptr;
+    obs["broadcasts"] = nullptr;
+    if (group == nullptr) return obs;
+    obs["group_ranks"] = group->global_ranks();
+    const Tensor mine = Tensor::from_int64s({env.rank}, {1}).to(group->default_device());
+    Tensor all = Tensor::empty({group->size()}, DType::kInt64, group->default_device());
+    group->all_gather_into_tensor(all, mine)->wait();
+    obs["gathered"] = all.to(Device::CPU()).to_int64s();
+    obs["broadcasts"] = nlohmann::json::array();
+    for (int src : ListedGroupRanks(env.world)) {
+      Tensor t =
+          Tensor::from_int64s(GroupBroadcastValues(env.rank), {3}).to(group->default_device());
+      group->broadcast(t, group->group_rank(src))->wait();
+      obs["broadcasts"].push_back(t.to(Device::CPU()).to_int64s());
+    }
+    return obs;
+  };
+  s.expect = [](const CaseParams&, int world) {
+    std::vector<nlohmann::json> out;
+    for (int r = 0; r < world; ++r) out.push_back(ExpectedBroadcastGroup(world, r));
+    return out;
+  };
+  s.judge = [](const CaseParams&, int world, const std::vector<nlohmann::json>& per_rank,
+               CheckList& checks) {
+    for (int r = 0; r < world; ++r) {
+      const nlohmann::json expected = ExpectedBroadcastGroup(world, r);
+      for (const char* key :
+           {"group_rank", "group_size", "group_ranks", "gathered", "broadcasts"}) {
+        CheckRankEqual(checks, per_rank, r, {key, key, expected.at(key)});
+      }
+    }
+  };
+  return s;
+}
+
 // all_gather's per-rank input count: `count`, or count + (rank mod 3) for uneven counts.
 int64_t ListCount(const CaseParams& p, int rank) {
   const int64_t count = p.GetInt("count");
@@ -942,6 +1055,7 @@ void RegisterCollectivesScenarios(ScenarioRegistry& registry) {
   registry.Add(ReduceScatterTensor());
   registry.Add(AllReduce());
   registry.Add(Broadcast());
+  registry.Add(BroadcastGroup());
   registry.Add(AllGather());
   registry.Add(Barrier());
   registry.Add(DeviceMeshScenario());

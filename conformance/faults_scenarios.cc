@@ -532,6 +532,9 @@ Scenario MismatchedDtypeOrReduceOp() {
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) { JudgeMismatch(checks, p, world, per_rank); };
+  // A default run whose faulty rank is neither rank 0 nor the last: a checker that compares
+  // rank 0 with some ranks only (the last, or every rank from 2 on) misses it.
+  s.info.extra_default_runs = {{4, {{"mismatch", "reduce_op"}, {"faulty_rank", "1"}}}};
   return s;
 }
 

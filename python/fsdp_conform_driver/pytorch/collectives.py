@@ -11,6 +11,9 @@ test_c10d_nccl.py and distributed_test.py), on the suite's exact per-rank data
                           torch.distributed._functional_collectives.all_reduce(input, op, group)
                           (api=functional), which returns a new tensor
   broadcast               dist.broadcast(tensor, src=root)
+  broadcast_group         dist.new_group(ranks) over every rank but 0, listed from the last
+                          down: get_rank / get_world_size, the group's ranks, an all-gather
+                          and a broadcast from every member over it
   all_gather              dist.all_gather(outputs, input) into a list (equal or uneven counts;
                           in place: outputs[rank] is the input itself)
   barrier                 dist.barrier() in rounds, one rank entering delay_ms late, under a
@@ -217,6 +220,32 @@ def broadcast(request):
     return {"work": _finish(work, _async(request))}, {"tensor": tensor}
 
 
+def broadcast_group(request):
+    """test_broadcast_group (with test_get_rank_size_group) on a group of every rank but 0,
+    its ranks listed from the last down: get_rank / get_world_size (-1 outside it), and on the
+    members the group's ranks, an all-gather of the global rank over it and a broadcast from
+    every member, in the listed order, of int64 [100 src, 100 src + 1, 100 src + 2]."""
+    import torch
+    import torch.distributed as dist
+
+    listed = list(range(request.world - 1, 0, -1))
+    group = dist.new_group(listed)
+    obs = {"group_rank": dist.get_rank(group), "group_size": dist.get_world_size(group),
+           "group_ranks": None, "gathered": None, "broadcasts": None}
+    if request.rank not in listed:
+        return obs, None
+    obs["group_ranks"] = dist.get_process_group_ranks(group)
+    gathered = torch.empty(dist.get_world_size(group), dtype=torch.int64)
+    dist.all_gather_into_tensor(gathered, torch.tensor([request.rank]), group=group)
+    obs["gathered"] = gathered.tolist()
+    obs["broadcasts"] = []
+    for src in listed:
+        tensor = torch.tensor([100 * request.rank + i for i in range(3)], dtype=torch.int64)
+        dist.broadcast(tensor, src=src, group=group)
+        obs["broadcasts"].append(tensor.tolist())
+    return obs, None
+
+
 def all_gather(request):
     """test_allgather: outputs[q] = rank q's input (count, + q mod 3 for counts=uneven)."""
     import torch
@@ -306,6 +335,7 @@ SCENARIOS = {
     "collectives/reduce_scatter_tensor": reduce_scatter_tensor,
     "collectives/all_reduce": all_reduce,
     "collectives/broadcast": broadcast,
+    "collectives/broadcast_group": broadcast_group,
     "collectives/all_gather": all_gather,
     "collectives/barrier": barrier,
     "collectives/device_mesh": device_mesh,
