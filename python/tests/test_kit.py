@@ -318,6 +318,16 @@ class KnownDefectsTest(unittest.TestCase):
         self.assertIn("set_reduce_scatter_divide_factor", self.defect(
             {"name": "fully_shard_comm/set_reduce_scatter_divide_factor", "params": {}}, "2.5.1"))
 
+    def test_int_reshard_after_forward_blames_reassembly_only_off_dim0(self):
+        def case(**params):
+            return {"name": "parity/fsdp/mlp", "params": dict(optim="sgd", **params)}
+        self.assertIn("_reassemble_all_gather_outputs", self.defect(
+            case(reshard_after_forward="2", shard_placement="largest_dim"), "2.15.0"))
+        self.assertIsNone(self.defect(
+            case(reshard_after_forward="2", shard_placement="dim0"), "2.15.0"))
+        self.assertIsNone(self.defect(
+            case(reshard_after_forward="True", shard_placement="largest_dim"), "2.15.0"))
+
     def test_collectives_blame_gloo_reduce_scatter_only_for_ops_other_than_sum(self):
         def case(op):
             return {"name": "collectives/reduce_scatter_tensor",

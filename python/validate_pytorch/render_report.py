@@ -42,11 +42,26 @@ _GLOO_HSDP_ALL_REDUCE_AVG = (
     "a CPU", "pytorch/pytorch torch/distributed/_composable/fsdp/_fsdp_collectives.py "
     "foreach_reduce")
 
+def _int_reshard_after_forward_off_dim0(params: dict) -> bool:
+    """An int reshard_after_forward (not True/False) with shard_placement_fn sharding a
+    parameter on a later dim (largest_dim)."""
+    return (params.get("shard_placement") == "largest_dim"
+            and params.get("reshard_after_forward") not in (None, "True", "False"))
+
+
 # PyTorch defects a case can fail by: (scenario globs, the case parameters they need
 # ({name: value or predicate of the value}, {} for any case, or a predicate of all the case's
 # parameters), releases it affects (prefix of torch.__version__), what is wrong, where it is
 # tracked). The first entry that matches wins.
 KNOWN_DEFECTS = [
+    (("parity/fsdp/*", "fully_shard_*"), _int_reshard_after_forward_off_dim0, ("2.",),
+     "an int reshard_after_forward with a parameter sharded on a dim other than 0 "
+     "(shard_placement_fn): _to_sharded_post_forward keeps a flat 1-D slice of the all-gather "
+     "output, and the next all-gather over the post-forward group reassembles it with "
+     "_reassemble_all_gather_outputs, which indexes that 1-D size by the shard dim "
+     "(\"IndexError: list index out of range\")",
+     "pytorch/pytorch torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py "
+     "_reassemble_all_gather_outputs"),
     (("parity/tp/mlp_stack",), _uneven_mlp_stack_tp, ("2.",),
      "parallelize_module with an uneven tensor-parallel shard: ColwiseParallel returns its local "
      "output (use_local_output=True) and RowwiseParallel re-wraps it with DTensor.from_local "
