@@ -13,9 +13,10 @@
 //   barrier                  barrier                nobody leaves before the last one entered;
 //                                                   under a CommDebugMode, with one all_reduce
 //                                                   after the rounds, only the all_reduce counts
-//   device_mesh              init_device_mesh       coordinates, local ranks, each dim's group
-//                                                   (its ranks, and an all-gather over it), the
-//                                                   sub-meshes of single and adjacent dims
+//   device_mesh              init_device_mesh,      coordinates, local ranks, each dim's group
+//                            DeviceMesh(ranks)      (its ranks, and an all-gather over it), the
+//                                                   sub-meshes of single and adjacent dims; a
+//                                                   mesh over a subset of the world (mesh_ranks)
 //
 // Inputs and expected results follow [Note: exact collective data] (collective_data.h): small
 // integers from (rank, index, world) that tell every reduce op apart and expose a lost,
@@ -911,25 +912,54 @@ std::string SubMeshKey(const std::vector<std::string>& names, const std::vector<
   return key;
 }
 
-// init_device_mesh's rule: the mesh is arange(world).reshape(mesh_shape) (row-major), a rank's
-// coordinate is its index unravelled; the sub-mesh over `dims` holds, in row-major order over
-// those dims, the ranks whose coordinate equals this rank's on every other dim; a dim's group
-// is the sub-mesh of that dim alone, in group-rank order.
-nlohmann::json ExpectedDeviceMesh(const std::vector<int64_t>& shape, int rank) {
+// mesh_ranks "0,2" -> {0, 2}; "all" -> arange(world) (init_device_mesh).
+std::vector<int> MeshRanks(const CaseParams& p, int world) {
+  std::vector<int> ranks;
+  const std::string spec = p.GetString("mesh_ranks");
+  if (spec == "all") {
+    for (int r = 0; r < world; ++r) ranks.push_back(r);
+    return ranks;
+  }
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto n = ParseInt(item);
+    FSDP_CHECK(n && *n >= 0, "mesh_ranks: '", item, "' is not a global rank");
+    ranks.push_back(static_cast<int>(*n));
+  }
+  return ranks;
+}
+
+// The mesh is `ranks` laid out row-major in `shape` (init_device_mesh: arange(world)); a member's
+// coordinate is its index in `ranks` unravelled; the sub-mesh over `dims` holds, in row-major
+// order over those dims, the ranks whose coordinate equals this rank's on every other dim; a
+// dim's group is the sub-mesh of that dim alone, in group-rank order (c10d's new_group sorts a
+// group's ranks; `ranks` ascend, so every line of the mesh does too). A rank outside the mesh
+// has no coordinate and reads nothing of it: every key null.
+nlohmann::json ExpectedDeviceMesh(const std::vector<int64_t>& shape, const std::vector<int>& ranks,
+                                  int rank) {
+  const auto at = std::find(ranks.begin(), ranks.end(), rank);
+  if (at == ranks.end()) {
+    return {{"coordinate", nullptr},
+            {"local_ranks", nullptr},
+            {"group_ranks", nullptr},
+            {"gathered", nullptr},
+            {"sub_meshes", nullptr}};
+  }
   const size_t ndim = shape.size();
   std::vector<int64_t> coord(ndim);
-  int64_t rest = rank;
+  int64_t rest = at - ranks.begin();
   for (size_t d = ndim; d-- > 0;) {
     coord[d] = rest % shape[d];
     rest /= shape[d];
   }
-  auto flat = [&](const std::vector<int64_t>& c) {
+  auto rank_at = [&](const std::vector<int64_t>& c) {
     int64_t f = 0;
     for (size_t d = 0; d < ndim; ++d) f = f * shape[d] + c[d];
-    return f;
+    return ranks[static_cast<size_t>(f)];
   };
   auto sub_ranks = [&](const std::vector<size_t>& dims) {
-    nlohmann::json ranks = nlohmann::json::array();
+    nlohmann::json out = nlohmann::json::array();
     std::vector<int64_t> sub_shape;
     for (size_t d : dims) sub_shape.push_back(shape[d]);
     for (int64_t i = 0; i < MeshSize(sub_shape); ++i) {
@@ -939,9 +969,9 @@ nlohmann::json ExpectedDeviceMesh(const std::vector<int64_t>& shape, int rank) {
         c[dims[k]] = r % sub_shape[k];
         r /= sub_shape[k];
       }
-      ranks.push_back(flat(c));
+      out.push_back(rank_at(c));
     }
-    return ranks;
+    return out;
   };
   const std::vector<std::string> names = MeshDimNames(ndim);
   nlohmann::json obs;
@@ -960,54 +990,102 @@ nlohmann::json ExpectedDeviceMesh(const std::vector<int64_t>& shape, int rank) {
   return obs;
 }
 
+// Why the case cannot run (mesh_shape and mesh_ranks against the world), or nullopt.
+std::optional<std::string> DeviceMeshSkip(const CaseParams& p, int world) {
+  const std::vector<int64_t> shape = MeshShape(p);
+  const int64_t n = MeshSize(shape);
+  if (p.GetString("mesh_ranks") == "all") {
+    if (n == world) return std::nullopt;
+    return "mesh_shape " + p.GetString("mesh_shape") + " has " + std::to_string(n) +
+           " ranks, not the world size " + std::to_string(world);
+  }
+  const std::vector<int> ranks = MeshRanks(p, world);
+  if (static_cast<int64_t>(ranks.size()) != n) {
+    return "mesh_ranks " + p.GetString("mesh_ranks") + " are not the " + std::to_string(n) +
+           " ranks of mesh_shape " + p.GetString("mesh_shape");
+  }
+  if (ranks.back() >= world) {
+    return "mesh_ranks " + p.GetString("mesh_ranks") + " name a rank outside the world of " +
+           std::to_string(world);
+  }
+  if (!std::is_sorted(ranks.begin(), ranks.end()) ||
+      std::adjacent_find(ranks.begin(), ranks.end()) != ranks.end()) {
+    // PyTorch's get_local_rank is the rank within the dim's group, whose ranks new_group sorts,
+    // so for an unsorted line it differs from the coordinate; the suite takes ascending lists.
+    return "mesh_ranks " + p.GetString("mesh_ranks") + " do not ascend";
+  }
+  return std::nullopt;
+}
+
 Scenario DeviceMeshScenario() {
   Scenario s;
   s.info = CollectiveInfo(
       "device_mesh",
-      "init_device_mesh(mesh_shape, mesh_dim_names=(dim0, dim1, ...)) over the world: every "
-      "rank's coordinate and local rank per dim, each dim's group (its ranks, and an all-gather "
-      "of the global rank over it), and the sub-meshes of single and adjacent dims (their ranks "
-      "and coordinate), against arange(world).reshape(mesh_shape)",
+      "init_device_mesh(mesh_shape, mesh_dim_names=(dim0, dim1, ...)) over the world, or "
+      "DeviceMesh(device, mesh_ranks reshaped to mesh_shape) over a subset of it: every rank's "
+      "coordinate and local rank per dim, each dim's group (its ranks, and an all-gather of the "
+      "global rank over it), and the sub-meshes of single and adjacent dims (their ranks and "
+      "coordinate), against the ranks laid out row-major; a rank outside the mesh reads nothing",
       "test_device_mesh.py::TestDeviceMeshGetItem::test_get_item_3d (and "
-      "TestDeviceMesh::test_get_local_rank_3d, test_get_group_and_get_all_groups)",
+      "TestDeviceMesh::test_get_local_rank_3d, test_get_group_and_get_all_groups); "
+      "test_dtensor.py::DTensorTest::test_redistribute_sub_mesh (DeviceMesh(device, [0, 2]) at "
+      "world 4)",
       {ParamSpec::SizeString("mesh_shape",
                              "comma-separated dim sizes; their product must be the world size "
                              "(dims of different sizes tell a transposed layout apart)",
-                             "2,3,2")});
+                             "2,3,2"),
+       ParamSpec::SizeString("mesh_ranks",
+                             "comma-separated ascending global ranks, row-major in mesh_shape: "
+                             "DeviceMesh(device, tensor(mesh_ranks).reshape(mesh_shape)), whose "
+                             "ranks may be a subset of the world; all: init_device_mesh over "
+                             "the world",
+                             "all")});
   s.info.default_world = 12;
+  // A 1-D mesh over half the world (test_redistribute_sub_mesh's): its group must be a new
+  // group of its ranks, not the world's, which only a mesh over the whole world may reuse.
+  s.info.extra_default_runs = {{4, {{"mesh_shape", "2"}, {"mesh_ranks", "0,2"}}}};
   s.info.test_runs = {{8, {{"mesh_shape", "2,2,2"}}},
                       {6, {{"mesh_shape", "3,2"}}},
                       {4, {{"mesh_shape", "4"}}},
-                      {6, {{"mesh_shape", "1,2,3"}}}};
-  s.info.observations.Add(ObservationKey::IntegerList("coordinate", "mesh.get_coordinate()"))
-      .Add(ObservationKey::IntegerList("local_ranks",
-                                       "mesh.get_local_rank(name) for every dim name, in order"))
+                      {6, {{"mesh_shape", "1,2,3"}}},
+                      {8, {{"mesh_shape", "2,2"}, {"mesh_ranks", "1,3,5,7"}}}};
+  const nlohmann::json array_or_null = {{"type", {"array", "null"}}};
+  s.info.observations
+      .Add(ObservationKey::Custom("coordinate", array_or_null,
+                                  "mesh.get_coordinate() (null outside the mesh)"))
       .Add(ObservationKey::Custom(
-          "group_ranks", {{"type", "array"}, {"items", {{"type", "array"}}}},
+          "local_ranks", array_or_null,
+          "mesh.get_local_rank(name) for every dim name, in order (null outside the mesh)"))
+      .Add(ObservationKey::Custom(
+          "group_ranks", {{"type", {"array", "null"}}, {"items", {{"type", "array"}}}},
           "for every dim name, in order: the global ranks of mesh.get_group(name) in group-rank "
-          "order (dist.get_process_group_ranks)"))
+          "order (dist.get_process_group_ranks); null outside the mesh"))
       .Add(ObservationKey::Custom(
-          "gathered", {{"type", "array"}, {"items", {{"type", "array"}}}},
+          "gathered", {{"type", {"array", "null"}}, {"items", {{"type", {"array", "null"}}}}},
           "for every dim name, in order: all_gather_into_tensor over mesh.get_group(name) of "
-          "this rank's global rank (int64, one element per rank)"))
+          "this rank's global rank (int64, one element per rank); null for a group whose ranks "
+          "are not the mesh's line through this rank (a collective over it would wait for "
+          "ranks that never join); null outside the mesh"))
       .Add(ObservationKey::Custom(
-          "sub_meshes", {{"type", "object"}},
+          "sub_meshes", {{"type", {"object", "null"}}},
           "for every single dim and every two adjacent dims (key: the names joined by \",\"): "
           "{\"ranks\": mesh[names].mesh flattened row-major, \"coordinate\": "
-          "mesh[names].get_coordinate()}"));
-  s.skip = [](const CaseParams& p, int world) -> std::optional<std::string> {
-    const int64_t n = MeshSize(MeshShape(p));
-    if (n == world) return std::nullopt;
-    return "mesh_shape " + p.GetString("mesh_shape") + " has " + std::to_string(n) +
-           " ranks, not the world size " + std::to_string(world);
-  };
+          "mesh[names].get_coordinate()}; null outside the mesh"));
+  s.skip = DeviceMeshSkip;
   s.run_rank = [](RankEnv& env) {
     const std::vector<int64_t> shape = MeshShape(env.params);
     const std::vector<std::string> names = MeshDimNames(shape.size());
-    auto mesh =
-        distributed::DeviceMesh::Init(env.pg, env.device.is_cuda() ? "cuda" : "cpu", shape, names);
+    const std::string device = env.device.is_cuda() ? "cuda" : "cpu";
+    auto mesh = env.params.GetString("mesh_ranks") == "all"
+                    ? distributed::DeviceMesh::Init(env.pg, device, shape, names)
+                    : distributed::DeviceMesh::Create(env.pg, device, shape,
+                                                      MeshRanks(env.params, env.world), names);
+    const auto coordinate = mesh->get_coordinate();
+    if (!coordinate.has_value()) {
+      return ExpectedDeviceMesh(shape, {}, env.rank);  // outside the mesh: every key null
+    }
     nlohmann::json obs;
-    obs["coordinate"] = *mesh->get_coordinate();
+    obs["coordinate"] = *coordinate;
     obs["local_ranks"] = nlohmann::json::array();
     obs["group_ranks"] = nlohmann::json::array();
     obs["gathered"] = nlohmann::json::array();
@@ -1015,6 +1093,12 @@ Scenario DeviceMeshScenario() {
       obs["local_ranks"].push_back(mesh->get_local_rank(name));
       distributed::ProcessGroup& group = *mesh->get_group(name);
       obs["group_ranks"].push_back(group.global_ranks());
+      std::vector<int> line = mesh->slice({name})->mesh();
+      std::sort(line.begin(), line.end());
+      if (group.global_ranks() != line) {
+        obs["gathered"].push_back(nullptr);
+        continue;
+      }
       const Tensor mine = Tensor::from_int64s({env.rank}, {1}).to(group.default_device());
       Tensor all = Tensor::empty({group.size()}, DType::kInt64, group.default_device());
       group.all_gather_into_tensor(all, mine)->wait();
@@ -1032,7 +1116,9 @@ Scenario DeviceMeshScenario() {
   };
   s.expect = [](const CaseParams& p, int world) {
     std::vector<nlohmann::json> out;
-    for (int r = 0; r < world; ++r) out.push_back(ExpectedDeviceMesh(MeshShape(p), r));
+    for (int r = 0; r < world; ++r) {
+      out.push_back(ExpectedDeviceMesh(MeshShape(p), MeshRanks(p, world), r));
+    }
     return out;
   };
   s.judge = [expect = s.expect](const CaseParams& p, int world,

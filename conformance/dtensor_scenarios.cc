@@ -85,18 +85,22 @@ Matrix NormRow(const Matrix& base, int rank) {
   return Scaled(ChunkOf(base, 0, static_cast<int>(base.rows), 0), rank + 1);
 }
 
-// m · mᵀ (rows x rows).
-Matrix GramOf(const Matrix& m) {
-  Matrix out{m.rows, m.rows, {}};
-  for (int64_t i = 0; i < m.rows; ++i) {
-    for (int64_t j = 0; j < m.rows; ++j) {
+// a · bᵀ (a.rows x b.rows; a.cols == b.cols): nn.Linear's output for input a and weight b.
+Matrix TimesTransposed(const Matrix& a, const Matrix& b) {
+  Matrix out{a.rows, b.rows, {}};
+  for (int64_t i = 0; i < a.rows; ++i) {
+    for (int64_t j = 0; j < b.rows; ++j) {
       double v = 0;
-      for (int64_t k = 0; k < m.cols; ++k) v += m.at(i, k) * m.at(j, k);
+      for (int64_t k = 0; k < a.cols; ++k) v += a.at(i, k) * b.at(j, k);
       out.data.push_back(v);
     }
   }
   return out;
 }
+
+// The batch RowwiseParallel(input_layouts=Shard(0)) is fed: two rows per rank, numbered like B
+// (Base(2 * world, cols)), so from_local's inferred global shape (local rows x world) is right.
+Matrix RowwiseBatch(int world, int64_t cols) { return Base(2 * world, cols); }
 
 nlohmann::json MatrixJson(const Matrix& m) {
   return TensorJson({m.rows, m.cols}, "float64", m.data);
@@ -212,6 +216,42 @@ nlohmann::json RunRedistributeRank(RankEnv& env) {
     t["colwise_replicate_output"] = TensorToJson((*linear)(b).tensor());
   }
   {
+    // RowwiseParallel(input_layouts=Shard(0)) on Linear(cols, rows, bias=False) with weight B,
+    // fed the rank's rows of the batch: its input redistributed from Shard(0) to Shard(-1)
+    // (the global shape inferred along dim 0, the features' full size kept), its Partial
+    // output all-reduced into the full batch · Bᵀ.
+    auto linear = std::make_shared<nn::Linear>(cols, rows, /*bias=*/false, DType::kFloat64);
+    linear->to(env.device);
+    linear->weight().copy_(b);
+    tensor_parallel::ParallelStyleOptions shard0_input;
+    shard0_input.input_layouts = Placement::Shard(0);
+    tensor_parallel::parallelize_module(
+        *linear, mesh, {{"", std::make_shared<tensor_parallel::RowwiseParallel>(shard0_input)}});
+    const Matrix batch = ChunkOf(RowwiseBatch(env.world, cols), 0, env.world, env.rank);
+    t["rowwise_shard0_input"] = TensorToJson((*linear)(MatrixTensor(batch, env.device)).tensor());
+  }
+  {
+    // distribute_module(Linear(cols, rows, bias=False) with weight B, mesh, input_fn, output_fn)
+    // (test_distribute_module_input_fn_output_fn): input_fn takes the rank's rows of the batch
+    // as Shard(0), output_fn gathers the output with full_tensor(). The output's rows stay
+    // where the input's are (Shard(0)), so the gather yields the full batch · Bᵀ.
+    auto linear = std::make_shared<nn::Linear>(cols, rows, /*bias=*/false, DType::kFloat64);
+    linear->to(env.device);
+    linear->weight().copy_(b);
+    tensor_parallel::distribute_module(
+        *linear, mesh, nullptr,
+        [](nn::Module&, const nn::Value& inputs,
+           const std::shared_ptr<distributed::DeviceMesh>& m) {
+          return DTensor::from_local(inputs.tensor(), m, {Placement::Shard(0)});
+        },
+        [](nn::Module&, const DTensor& outputs, const std::shared_ptr<distributed::DeviceMesh>&) {
+          return nn::Value(outputs.full_tensor());
+        });
+    const Matrix batch = ChunkOf(RowwiseBatch(env.world, cols), 0, env.world, env.rank);
+    t["distribute_module_gathered_output"] =
+        TensorToJson((*linear)(MatrixTensor(batch, env.device)).tensor());
+  }
+  {
     // SequenceParallel's _replicate_module_fn: DTensor.from_local(param, [Replicate()]) over
     // the rank's own values, no broadcast: a LayerNorm(cols) whose weight is row 0 of X_r and
     // whose bias is its negation keeps them on every rank.
@@ -282,7 +322,9 @@ std::vector<nlohmann::json> ExpectRedistribute(const CaseParams& p, int world) {
     t["distribute_module_weight"] = MatrixJson(base);
     t["distribute_module_buffer"] = MatrixJson(base);
     t["distribute_module_child_buffer"] = MatrixJson(base);
-    t["colwise_replicate_output"] = MatrixJson(GramOf(base));
+    t["colwise_replicate_output"] = MatrixJson(TimesTransposed(base, base));
+    t["rowwise_shard0_input"] = MatrixJson(TimesTransposed(RowwiseBatch(world, cols), base));
+    t["distribute_module_gathered_output"] = t["rowwise_shard0_input"];
     const Matrix own_row = NormRow(base, r);
     t["sequence_parallel_weight"] = TensorJson({cols}, "float64", own_row.data);
     t["sequence_parallel_bias"] = TensorJson({cols}, "float64", Scaled(own_row, -1).data);
@@ -340,6 +382,12 @@ Scenario Redistribute() {
        "non-persistent buffer \"buf\"): stats.buf.to_local(); colwise_replicate_output: "
        "parallelize_module(Linear(cols, rows, bias=False) with weight B, mesh, "
        "ColwiseParallel(output_layouts=Replicate()))(B), the full B Bᵀ on every rank; "
+       "rowwise_shard0_input: parallelize_module(Linear(cols, rows, bias=False) with weight B, "
+       "mesh, RowwiseParallel(input_layouts=Shard(0))) fed chunk r along dim 0 of A (2 x world "
+       "rows, A[i][j] = i * cols + j - 17), the full A Bᵀ on every rank; "
+       "distribute_module_gathered_output: distribute_module(Linear(cols, rows, bias=False) with "
+       "weight B, mesh, input_fn=from_local(chunk r along dim 0 of A, [Shard(0)]), "
+       "output_fn=outputs.full_tensor()) fed that chunk, the full A Bᵀ on every rank; "
        "sequence_parallel_weight / "
        "sequence_parallel_bias: parallelize_module(LayerNorm(cols), mesh, SequenceParallel()) "
        "with row 0 of the rank's X_r as its weight and its negation as its bias (replicated "

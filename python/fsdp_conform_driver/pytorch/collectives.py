@@ -18,7 +18,8 @@ test_c10d_nccl.py and distributed_test.py), on the suite's exact per-rank data
                           in place: outputs[rank] is the input itself)
   barrier                 dist.barrier() in rounds, one rank entering delay_ms late, under a
                           CommDebugMode with one all_reduce after them (comm_counts)
-  device_mesh             init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dim0", ...)):
+  device_mesh             init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dim0", ...)), or
+                          DeviceMesh("cpu", mesh_ranks reshaped) over a subset of the world:
                           coordinate, local ranks, each dim's group (its ranks, an all-gather
                           of the global rank over it), sub-meshes of single and adjacent dims
 
@@ -304,21 +305,36 @@ def barrier(request):
 
 def device_mesh(request):
     """test_device_mesh.py's TestDeviceMeshGetItem.test_get_item_3d (with test_get_local_rank_3d
-    and test_get_group_and_get_all_groups): one mesh over the world, everything a rank can read
-    of it, and one all-gather over each dim's group."""
+    and test_get_group_and_get_all_groups): one mesh, init_device_mesh over the world
+    (mesh_ranks=all) or DeviceMesh("cpu", tensor(mesh_ranks).reshape(mesh_shape)) over a subset
+    of it (test_dtensor.py's test_redistribute_sub_mesh), everything a rank can read of it, and
+    one all-gather over each dim's group when its ranks are the mesh's line through the rank. A
+    rank outside the mesh reports every key null."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     shape = tuple(int(s) for s in request.param("mesh_shape").split(","))
     names = tuple(f"dim{d}" for d in range(len(shape)))
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    spec = request.param("mesh_ranks")
+    if spec == "all":
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    else:
+        ranks = torch.tensor([int(r) for r in spec.split(",")]).reshape(shape)
+        mesh = DeviceMesh("cpu", ranks, mesh_dim_names=names)
+    if mesh.get_coordinate() is None:
+        return {key: None for key in
+                ("coordinate", "local_ranks", "group_ranks", "gathered", "sub_meshes")}, None
     obs = {"coordinate": list(mesh.get_coordinate()), "local_ranks": [], "group_ranks": [],
            "gathered": [], "sub_meshes": {}}
     for name in names:
         obs["local_ranks"].append(mesh.get_local_rank(name))
         group = mesh.get_group(name)
-        obs["group_ranks"].append(dist.get_process_group_ranks(group))
+        group_ranks = dist.get_process_group_ranks(group)
+        obs["group_ranks"].append(group_ranks)
+        if group_ranks != sorted(mesh[name].mesh.flatten().tolist()):
+            obs["gathered"].append(None)
+            continue
         gathered = torch.empty(dist.get_world_size(group), dtype=torch.int64)
         dist.all_gather_into_tensor(gathered, torch.tensor([dist.get_rank()]), group=group)
         obs["gathered"].append(gathered.tolist())

@@ -54,8 +54,8 @@ def redistribute(request):
     from torch.distributed.tensor import (DTensor, Replicate, Shard, distribute_module,
                                           distribute_tensor)
 
-    from torch.distributed.tensor.parallel import (ColwiseParallel, SequenceParallel,
-                                                   parallelize_module)
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
 
     partial, kwargs = _placements(request)
     rows, cols = request.int_param("rows"), request.int_param("cols")
@@ -113,6 +113,25 @@ def redistribute(request):
         colwise.weight.copy_(base)
     parallelize_module(colwise, mesh, ColwiseParallel(output_layouts=Replicate()))
     t["colwise_replicate_output"] = colwise(base)
+    # RowwiseParallel(input_layouts=Shard(0)) on a Linear(cols, rows) with weight B, fed the
+    # rank's two rows of A (2 x world rows, numbered like B): the input redistributed from
+    # Shard(0) to Shard(-1), the Partial output all-reduced into A @ B.T.
+    rowwise = torch.nn.Linear(cols, rows, bias=False, dtype=torch.float64)
+    with torch.no_grad():
+        rowwise.weight.copy_(base)
+    parallelize_module(rowwise, mesh, RowwiseParallel(input_layouts=Shard(0)))
+    batch = (torch.arange(2 * world * cols, dtype=torch.float64) - 17).reshape(2 * world, cols)
+    t["rowwise_shard0_input"] = rowwise(_chunk(batch, world, 0, rank))
+    # distribute_module with an input_fn taking the rank's rows as Shard(0) and an output_fn
+    # gathering the output (test_distribute_module_input_fn_output_fn): A @ B.T on every rank.
+    gathered = torch.nn.Linear(cols, rows, bias=False, dtype=torch.float64)
+    with torch.no_grad():
+        gathered.weight.copy_(base)
+    distribute_module(
+        gathered, mesh,
+        input_fn=lambda mod, inputs, m: DTensor.from_local(inputs[0], m, [Shard(0)]),
+        output_fn=lambda mod, outputs, m: outputs.full_tensor())
+    t["distribute_module_gathered_output"] = gathered(_chunk(batch, world, 0, rank))
     # SequenceParallel replicates a norm's parameters from each rank's own values
     # (DTensor.from_local(param, [Replicate()]), no broadcast): row 0 of X_r as the weight, its
     # negation as the bias.
