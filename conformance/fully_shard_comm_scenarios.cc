@@ -7,6 +7,8 @@
 //   _test_backward_prefetch_forward_backward backward_prefetch_multi_forward
 //   TestFullyShardPrefetch, _test_backward_prefetch_multi_forward
 //   backward_prefetch_unused_in_backward _test_backward_prefetch_unused_in_backward (mistargeted)
+//   backward_prefetch_reused_module      a module used twice in one forward (a, b, a): each
+//                                        pre-backward pops its group's last post-forward index
 //   unshard_no_param_group, unshard_without_lazy_init   TestFullyShardUnshardMultiThread
 // Each rank shards Transformer(ModelArgs(n_layers)) block by block and then the root, runs one
 // forward under a CommDebugMode and one `loss.sum().backward()` under another, and reports the
@@ -772,6 +774,116 @@ Scenario BackwardPrefetchUnusedInBackward() {
   return s;
 }
 
+// The model of backward_prefetch_reused_module: Sequential(a, b, a, out) of Linear(dim, dim),
+// `a` called twice in one forward.
+std::shared_ptr<nn::Sequential> ReusedModuleModel(int64_t dim) {
+  auto a = std::make_shared<nn::Linear>(dim, dim);
+  auto b = std::make_shared<nn::Linear>(dim, dim);
+  auto out = std::make_shared<nn::Linear>(dim, dim);
+  return std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{a, b, a, out});
+}
+
+Scenario BackwardPrefetchReusedModule() {
+  Scenario s;
+  s.info = CommonInfo("fully_shard_backward_prefetch",
+                      "Sequential(a, b, a, out) of Linear(dim, dim), a and b then the root "
+                      "sharded: a runs twice in one forward; the implicit backward prefetch of "
+                      "a's second use targets b, its first use's targets nothing");
+  s.info.name = "fully_shard_comm/backward_prefetch_reused_module";
+  s.info.seed_test =
+      "test_fully_shard_training.py::TestFullyShard1DTrainingCore::test_multi_forward_module "
+      "(a module used twice per forward) with test_fully_shard_comm.py's event order";
+  s.info.params = {
+      ReshardAfterForwardAxis(), ParamSpec::SizeInt("dim", "every Linear's dim", 8, /*minimum=*/1),
+      ParamSpec::SizeInt("seed", "seed of the weights and the input batch", 0), SemanticsParam()};
+  s.info.extra_default_runs = LaterProfileRuns(4, {{"reshard_after_forward", "True"}});
+  s.skip = SkipIntNotAFactor;
+  s.info.inputs.weights =
+      "every key of Sequential(a, b, a, out).state_dict() (0.*, 1.*, 2.* (a again), 3.*), "
+      "float32";
+  s.info.inputs.rank_tensors = {
+      {"step0/input", "float32", "[4, dim]", "the input batch (the same on every rank)"}};
+  s.inputs = [](const CaseParams& params, int world) {
+    const int64_t dim = params.GetInt("dim");
+    const auto seed = static_cast<uint64_t>(params.GetInt("seed"));
+    nn::ManualSeed(seed);
+    auto model = ReusedModuleModel(dim);
+    CaseInputs inputs;
+    inputs.weights = WeightsOf(*model);
+    Generator generator(seed);
+    inputs.ranks.assign(static_cast<size_t>(world),
+                        {{StepInputName(0), Tensor::randn({4, dim}, DType::kFloat32, &generator)}});
+    return inputs;
+  };
+  s.info.observations.Add(EventsKey("forward_events", "during forward"))
+      .Add(EventsKey("backward_events", "during out.sum().backward()"))
+      .Add(EventsKey("events", "the two lists concatenated (for the report)").Optional());
+  s.run_rank = [](RankEnv& env) {
+    auto model = ReusedModuleModel(env.params.GetInt("dim"));
+    model->load_state_dict(env.Inputs().weights());
+    model->to(env.device);
+    fsdp2::FullyShardOptions options;
+    options.process_group = env.pg;
+    options.semantics = SemanticsOf(env.params);
+    options.reshard_after_forward = ReshardAfterForwardOf(env.params);
+    fsdp2::fully_shard((*model)[0], options);
+    fsdp2::fully_shard((*model)[1], options);
+    fsdp2::fully_shard(model, options);
+    const Tensor inp = env.Inputs().Get(StepInputName(0)).to(env.device);
+    fsdp2::RecordingObserver observer;
+    fsdp2::ScopedObserver install(observer);
+    const std::set<fsdp2::EventKind> kinds = {fsdp2::EventKind::kUnshard,
+                                              fsdp2::EventKind::kPostBackward};
+    nlohmann::json obs;
+    const Tensor out = (*model)(inp).tensor();
+    obs["forward_events"] = EventsJson(observer.events(kinds));
+    observer.clear();
+    sum(out).backward();
+    obs["backward_events"] = EventsJson(observer.events(kinds));
+    obs[kEvents] = obs["forward_events"];
+    for (const auto& e : obs["backward_events"]) obs[kEvents].push_back(e);
+    return obs;
+  };
+  // docs/fsdp-behaviour.md, "Backward prefetch": post_forward_order is [0, 1, 0, root] (a group
+  // records one index per use), so a's indices are [0, 2]. Forward unshards the root, a, b,
+  // then a again only if a was resharded after its first use. Backward: the root unshards
+  // first if it was resharded (per the profile) and pops its index 3, prefetching
+  // post_forward_order[2] = a; a's pre-backward (its second use, the first in backward) pops
+  // its LAST index, 2, and prefetches b; a's post_backward (registered on its second use's
+  // input, b's output) reshards it; b's pre-backward prefetches post_forward_order[0] = a
+  // again, then b's post_backward; a's pre-backward runs again for its first use (its state
+  // is POST_BACKWARD), finds it unsharded and pops 0: no prefetch. a's first use took the
+  // input batch, which requires no gradient, so its post_backward comes from the
+  // end-of-backward callback, after the root's. A prefetch of a group already unsharded
+  // (never resharded after forward) issues no unshard.
+  s.expect = SameOnEveryRank([](const CaseParams& params) {
+    const bool r = ReshardsAfterForward(params, /*is_root=*/false);
+    const bool root_resharded = ReshardsAfterForward(params, /*is_root=*/true);
+    auto unshard = [](const char* fqn, const char* state) {
+      return EventJson("unshard", fqn, state);
+    };
+    auto post_backward = [](const char* fqn) {
+      return EventJson("post_backward", fqn, "POST_BACKWARD");
+    };
+    nlohmann::json fwd = {unshard("", "FORWARD"), unshard("0", "FORWARD"), unshard("1", "FORWARD")};
+    if (r) fwd.push_back(unshard("0", "FORWARD"));
+    nlohmann::json bwd = RootBackwardUnshard(root_resharded);
+    if (r) {
+      bwd.push_back(unshard("0", "PRE_BACKWARD"));  // the root's prefetch
+      bwd.push_back(unshard("1", "PRE_BACKWARD"));  // a's (second use) prefetch
+    }
+    bwd.push_back(post_backward("0"));
+    bwd.push_back(unshard("0", "PRE_BACKWARD"));  // b's prefetch of a's first use
+    bwd.push_back(post_backward("1"));
+    bwd.push_back(post_backward(""));
+    bwd.push_back(post_backward("0"));
+    return nlohmann::json{{"forward_events", fwd}, {"backward_events", bwd}};
+  });
+  s.judge = JudgeKeysAgainst(
+      s.expect, {{"forward_events", "forward events"}, {"backward_events", "backward events"}});
+  return s;
+}
+
 ScenarioInfo UnshardInfo(const std::string& case_name, const std::string& description) {
   ScenarioInfo info;
   info.name = "fully_shard_comm/" + case_name;
@@ -926,6 +1038,7 @@ void RegisterFullyShardCommScenarios(ScenarioRegistry& registry) {
   registry.Add(BackwardPrefetchForwardBackward());
   registry.Add(BackwardPrefetchMultiForward());
   registry.Add(BackwardPrefetchUnusedInBackward());
+  registry.Add(BackwardPrefetchReusedModule());
   registry.Add(UnshardNoParamGroup());
   registry.Add(UnshardWithoutLazyInit());
 }
