@@ -10,10 +10,10 @@ test_fully_shard_comm.py's TestFullyShardPrefetch), in PyTorch:
   backward_prefetch_unused_in_backward Sequential(Linear, DoubleLinear), 0, 1.lin1, 1.lin2 and
                                        the root sharded: a backward through lin2's output after
                                        set_is_last_backward(False), then one through lin1's
-  backward_prefetch_reused_module      Sequential(a, b, a, out) of Linear(dim, dim), a, b and
-                                       the root sharded: a runs twice in one forward; the
-                                       unshard and post_backward events of forward and of
-                                       out.sum().backward()
+  backward_prefetch_reused_module      Sequential(a, b, a, out) of Linear(dim, dim), a, b, out
+                                       and the parameter-less root sharded: a runs twice in one
+                                       forward; per iteration the unshard and post_backward
+                                       events of forward and of out.sum().backward()
   set_modules_to_forward_prefetch,     the zoo Transformer trained as sharded parity
   set_modules_to_backward_prefetch     (parity.train_sharded), block i prefetching the next /
                                        previous num_to_prefetch blocks, prefetch_stride apart;
@@ -144,8 +144,8 @@ def unused_in_backward(request):
 
 def reused_module(request):
     """A module used twice in one forward (test_multi_forward_module's reuse, in sequence):
-    Sequential(a, b, a, out); fully_shard(a), fully_shard(b), fully_shard(root); the events of
-    the forward and of out.sum().backward()."""
+    Sequential(a, b, a, out); fully_shard on a, b, out, then the parameter-less root;
+    `iterations` x (forward, out.sum().backward()): the events of each forward and backward."""
     import torch
 
     from fsdp_conform_driver.pytorch.fsdp_api import fully_shard, reshard_after_forward_of
@@ -155,17 +155,18 @@ def reused_module(request):
     a, b, out = (torch.nn.Linear(dim, dim) for _ in range(3))
     model = torch.nn.Sequential(a, b, a, out)
     model.load_state_dict(inputs.weights(request), strict=True)
-    for module in (a, b, model):
+    for module in (a, b, out, model):
         fully_shard(module, reshard_after_forward=raf)
     inp = inputs.step_input(request, 0)
-    obs = {}
+    forward, backward = [], []
     with FsdpEvents(_UNSHARD_POST_BACKWARD) as events:
-        loss = model(inp).sum()
-        obs["forward_events"] = events.take()
-        loss.backward()
-        obs["backward_events"] = events.take()
-    obs["events"] = obs["forward_events"] + obs["backward_events"]
-    return obs, None
+        for _ in range(request.int_param("iterations")):
+            loss = model(inp).sum()
+            forward.append(events.take())
+            loss.backward()
+            backward.append(events.take())
+    every = [e for f, b_ in zip(forward, backward) for e in f + b_]
+    return {"forward_events": forward, "backward_events": backward, "events": every}, None
 
 
 def _prefetch_plan(direction: str, num: int, stride: int):
