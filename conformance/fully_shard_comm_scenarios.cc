@@ -7,6 +7,9 @@
 //   _test_backward_prefetch_forward_backward backward_prefetch_multi_forward
 //   TestFullyShardPrefetch, _test_backward_prefetch_multi_forward
 //   backward_prefetch_unused_in_backward _test_backward_prefetch_unused_in_backward (mistargeted)
+//   backward_prefetch_reused_module      a module used twice in one forward (a, b, a, out), two
+//                                        iterations: each pre-backward pops its group's last
+//                                        post-forward index, from this iteration's order
 //   unshard_no_param_group, unshard_without_lazy_init   TestFullyShardUnshardMultiThread
 // Each rank shards Transformer(ModelArgs(n_layers)) block by block and then the root, runs one
 // forward under a CommDebugMode and one `loss.sum().backward()` under another, and reports the
@@ -772,6 +775,149 @@ Scenario BackwardPrefetchUnusedInBackward() {
   return s;
 }
 
+// The model of backward_prefetch_reused_module: Sequential(a, b, a, out) of Linear(dim, dim),
+// `a` called twice in one forward.
+std::shared_ptr<nn::Sequential> ReusedModuleModel(int64_t dim) {
+  auto a = std::make_shared<nn::Linear>(dim, dim);
+  auto b = std::make_shared<nn::Linear>(dim, dim);
+  auto out = std::make_shared<nn::Linear>(dim, dim);
+  return std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{a, b, a, out});
+}
+
+Scenario BackwardPrefetchReusedModule() {
+  Scenario s;
+  s.info = CommonInfo("fully_shard_backward_prefetch",
+                      "Sequential(a, b, a, out) of Linear(dim, dim), a, b, out and the "
+                      "parameter-less root sharded, `iterations` x (forward, backward): a runs "
+                      "twice per forward; the implicit backward prefetch of a's second use "
+                      "targets b, its first use's nothing, in every iteration");
+  s.info.name = "fully_shard_comm/backward_prefetch_reused_module";
+  s.info.seed_test =
+      "test_fully_shard_training.py::TestFullyShard1DTrainingCore::test_multi_forward_module "
+      "(a module used twice per forward) with test_fully_shard_comm.py's event order";
+  s.info.params = {
+      ReshardAfterForwardAxis(), ParamSpec::SizeInt("dim", "every Linear's dim", 8, /*minimum=*/1),
+      ParamSpec::SizeInt("iterations", "forward/backward iterations", 2, /*minimum=*/1),
+      ParamSpec::SizeInt("seed", "seed of the weights and the input batch", 0), SemanticsParam()};
+  s.info.extra_default_runs = LaterProfileRuns(4, {{"reshard_after_forward", "True"}});
+  s.skip = SkipIntNotAFactor;
+  s.info.inputs.weights =
+      "every key of Sequential(a, b, a, out).state_dict() (0.*, 1.*, 2.* (a again), 3.*), "
+      "float32";
+  s.info.inputs.rank_tensors = {
+      {"step0/input", "float32", "[4, dim]", "the input batch (the same on every rank)"}};
+  s.inputs = [](const CaseParams& params, int world) {
+    const int64_t dim = params.GetInt("dim");
+    const auto seed = static_cast<uint64_t>(params.GetInt("seed"));
+    nn::ManualSeed(seed);
+    auto model = ReusedModuleModel(dim);
+    CaseInputs inputs;
+    inputs.weights = WeightsOf(*model);
+    Generator generator(seed);
+    inputs.ranks.assign(static_cast<size_t>(world),
+                        {{StepInputName(0), Tensor::randn({4, dim}, DType::kFloat32, &generator)}});
+    return inputs;
+  };
+  s.info.observations
+      .Add(ObservationKey::Custom(
+          "forward_events", {{"type", "array"}, {"items", EventsKey("x", "").schema}},
+          "per iteration, the FSDP events of kinds unshard and post_backward during forward, "
+          "as [kind, module FQN (root \"\"), training state]"))
+      .Add(ObservationKey::Custom("backward_events",
+                                  {{"type", "array"}, {"items", EventsKey("x", "").schema}},
+                                  "per iteration, the same during out.sum().backward()"))
+      .Add(EventsKey("events", "every iteration's forward then backward events (for the report)")
+               .Optional());
+  s.run_rank = [](RankEnv& env) {
+    auto model = ReusedModuleModel(env.params.GetInt("dim"));
+    model->load_state_dict(env.Inputs().weights());
+    model->to(env.device);
+    fsdp2::FullyShardOptions options;
+    options.process_group = env.pg;
+    options.semantics = SemanticsOf(env.params);
+    options.reshard_after_forward = ReshardAfterForwardOf(env.params);
+    for (int64_t i : {0, 1, 3}) fsdp2::fully_shard((*model)[i], options);
+    fsdp2::fully_shard(model, options);
+    const Tensor inp = env.Inputs().Get(StepInputName(0)).to(env.device);
+    fsdp2::RecordingObserver observer;
+    fsdp2::ScopedObserver install(observer);
+    const std::set<fsdp2::EventKind> kinds = {fsdp2::EventKind::kUnshard,
+                                              fsdp2::EventKind::kPostBackward};
+    nlohmann::json forward = nlohmann::json::array();
+    nlohmann::json backward = nlohmann::json::array();
+    nlohmann::json all = nlohmann::json::array();
+    for (int64_t iter = 0; iter < env.params.GetInt("iterations"); ++iter) {
+      const Tensor out = (*model)(inp).tensor();
+      forward.push_back(EventsJson(observer.events(kinds)));
+      observer.clear();
+      sum(out).backward();
+      backward.push_back(EventsJson(observer.events(kinds)));
+      observer.clear();
+      for (const auto& e : forward.back()) all.push_back(e);
+      for (const auto& e : backward.back()) all.push_back(e);
+    }
+    nlohmann::json obs;
+    obs["forward_events"] = forward;
+    obs["backward_events"] = backward;
+    obs[kEvents] = all;
+    return obs;
+  };
+  // docs/fsdp-behaviour.md, "Backward prefetch": post_forward_order is [0, 1, 0, 3] (a group
+  // records one index per use; the root has no parameters, so no entry), a's indices [0, 2].
+  // Forward unshards a, b, a again only if a was resharded after its first use, then out.
+  // Backward: out unshards itself (if resharded), pops 3 and prefetches post_forward_order[2] =
+  // a; post_backward out; a's pre-backward (its second use, the first in backward) pops its
+  // LAST index, 2, and prefetches b; a's post_backward (registered on its second use's input,
+  // b's output) reshards it; b pops 1 and prefetches a again, then b's post_backward; a's
+  // pre-backward runs again for its first use (its state is POST_BACKWARD), finds it
+  // unsharded and pops 0: no prefetch. a's first use took the input batch, which requires no
+  // gradient, so its post_backward comes from the end-of-backward callback. A prefetch of a
+  // group that is still unsharded issues no unshard. The last backward clears the post-forward
+  // order, so every iteration repeats the first (a stale order would make a's first use
+  // prefetch the previous iteration's out, resharded by then).
+  s.expect = SameOnEveryRank([](const CaseParams& params) {
+    const bool r = ReshardsAfterForward(params, /*is_root=*/false);
+    auto unshard = [](const char* fqn, const char* state) {
+      return EventJson("unshard", fqn, state);
+    };
+    auto post_backward = [](const char* fqn) {
+      return EventJson("post_backward", fqn, "POST_BACKWARD");
+    };
+    nlohmann::json fwd = {unshard("0", "FORWARD"), unshard("1", "FORWARD")};
+    if (r) fwd.push_back(unshard("0", "FORWARD"));
+    fwd.push_back(unshard("3", "FORWARD"));
+    nlohmann::json bwd = nlohmann::json::array();
+    if (r) {
+      bwd.push_back(unshard("3", "PRE_BACKWARD"));  // out's own
+      bwd.push_back(unshard("0", "PRE_BACKWARD"));  // out's prefetch of a's second use
+    }
+    bwd.push_back(post_backward("3"));
+    if (r) bwd.push_back(unshard("1", "PRE_BACKWARD"));  // a's (second use) prefetch
+    bwd.push_back(post_backward("0"));
+    bwd.push_back(unshard("0", "PRE_BACKWARD"));  // b's prefetch of a's first use
+    bwd.push_back(post_backward("1"));
+    bwd.push_back(post_backward("0"));
+    const auto iterations = static_cast<size_t>(params.GetInt("iterations"));
+    return nlohmann::json{{"forward_events", std::vector<nlohmann::json>(iterations, fwd)},
+                          {"backward_events", std::vector<nlohmann::json>(iterations, bwd)}};
+  });
+  s.judge = [expect = s.expect](const CaseParams& params, int world,
+                                const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
+    const nlohmann::json expected = expect(params, world).front();
+    std::vector<RankCheck> rank_checks;
+    for (size_t it = 0; it < expected["forward_events"].size(); ++it) {
+      const std::string iteration = "iteration " + std::to_string(it);
+      const std::string element = "/" + std::to_string(it);
+      rank_checks.push_back({"forward_events", iteration + " forward events",
+                             expected["forward_events"][it], element});
+      rank_checks.push_back({"backward_events", iteration + " backward events",
+                             expected["backward_events"][it], element});
+    }
+    CheckEveryRank(checks, per_rank, world, rank_checks);
+  };
+  return s;
+}
+
 ScenarioInfo UnshardInfo(const std::string& case_name, const std::string& description) {
   ScenarioInfo info;
   info.name = "fully_shard_comm/" + case_name;
@@ -926,6 +1072,7 @@ void RegisterFullyShardCommScenarios(ScenarioRegistry& registry) {
   registry.Add(BackwardPrefetchForwardBackward());
   registry.Add(BackwardPrefetchMultiForward());
   registry.Add(BackwardPrefetchUnusedInBackward());
+  registry.Add(BackwardPrefetchReusedModule());
   registry.Add(UnshardNoParamGroup());
   registry.Add(UnshardWithoutLazyInit());
 }

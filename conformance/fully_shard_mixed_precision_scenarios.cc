@@ -1,9 +1,10 @@
 // Family `fully_shard_mixed_precision` (test_fully_shard_mixed_precision.py): MixedPrecisionPolicy
 // as training plans (conformance/fully_shard_plan.h) on the zoo's MLPStack in float32, as the
 // seed's nn.Sequential of three MLPs: fully_shard on blocks 0 and 1, then the root. Every
-// case runs one optimizer step; gradients, parameters and losses are judged against the
-// float64 oracle within the bound derived from finfo(dtype).eps and the model's size
-// (PlanMixedPrecisionRtol), and the collectives exactly: all-gathers carry param_dtype bytes,
+// case runs one optimizer step (grad_acc_with_reduce_dtype two); gradients, parameters and
+// losses are judged against the float64 oracle within the bound derived from finfo(dtype).eps
+// and the model's size (PlanMixedPrecisionRtol; the parameters' bound summed over the steps),
+// and the collectives exactly: all-gathers carry param_dtype bytes,
 // reduce-scatters reduce_dtype bytes (else param_dtype's, or the parameters' under torch-2.15),
 // the gradients come back in the parameters' dtype, and the model's output has output_dtype
 // (else param_dtype). Each scenario has a `semantics` parameter: with param_dtype set and
@@ -18,9 +19,12 @@
 //   grad_acc_with_reduce_dtype   TestFullyShardMixedPrecisionTraining
 //                                .test_grad_acc_with_reduce_dtype: micro-batches without
 //                                gradient sync, then a synced one, under param_dtype bfloat16
-//                                and reduce_dtype float32; reshard_after_forward False also
-//                                keeps the unsharded parameters (and their reduce_dtype
-//                                accumulators) registered between micro-batches
+//                                and reduce_dtype float32, over two optimizer steps (as the
+//                                seed's several iterations: the synced backward must leave no
+//                                reduce_dtype accumulator behind for the next step's first
+//                                backward); reshard_after_forward False also keeps the
+//                                unsharded parameters (and their reduce_dtype accumulators)
+//                                registered between micro-batches
 //   output_dtype                 MixedPrecisionPolicy(output_dtype) on the root: the model's
 //                                output cast
 //   float16_on_one_submodule     TestFullyShardMixedPrecisionCasts
@@ -71,13 +75,12 @@ FullyShardPlan MixedPrecisionPlan(const CaseParams& p) {
   return plan;
 }
 
-// What every scenario of the family shares: mixed precision is judged over one optimizer step
-// (`steps` defaults to 1); the reduce dtype depends on the semantics profile (a `semantics`
-// parameter, and a ctest run under torch-2.15, whose rule differs).
-void FinishMixedPrecision(Scenario& s) {
-  s.info.params =
-      OverrideParam(std::move(s.info.params),
-                    ParamSpec::SizeInt("steps", "optimizer steps (mixed precision: 1)", 1, 1));
+// What every scenario of the family shares: `steps` defaults to `default_steps` (one optimizer
+// step but for gradient accumulation); the reduce dtype depends on the semantics profile (a
+// `semantics` parameter, and a ctest run under torch-2.15, whose rule differs).
+void FinishMixedPrecision(Scenario& s, int64_t default_steps = 1) {
+  s.info.params = OverrideParam(std::move(s.info.params),
+                                ParamSpec::SizeInt("steps", "optimizer steps", default_steps, 1));
   s.info.params.push_back(SemanticsParam());
   s.info.test_runs.push_back(
       {2, {{kSemanticsParam, fsdp2::SemanticsName(fsdp2::Semantics::kTorch2_15)}}});
@@ -105,7 +108,9 @@ Scenario Make(const std::string& test, const std::string& description,
         plan.no_reshard_after_backward = accumulate && !plan.reshard_after_forward;
         return plan;
       });
-  FinishMixedPrecision(s);
+  // Accumulation over two steps: the second step's first backward shows what the first
+  // step's synced backward left behind.
+  FinishMixedPrecision(s, accumulate ? 2 : 1);
   return s;
 }
 
@@ -165,8 +170,7 @@ Scenario ComputeDtypeTokenIds() {
         return plan;
       });
   s.info.params =
-      OverrideParam(std::move(s.info.params),
-                    ParamSpec::SizeInt("steps", "optimizer steps (mixed precision: 1)", 1, 1));
+      OverrideParam(std::move(s.info.params), ParamSpec::SizeInt("steps", "optimizer steps", 1, 1));
   s.info.params.push_back(SemanticsParam());
   // ctest under torch-2.15 too; no extra default run (the profiles' reduce rules are the other
   // scenarios' point, the input cast is the same under every profile).

@@ -193,7 +193,10 @@ void JudgePlan(const FullyShardPlan& plan, const CaseParams& params, int world,
 // random walk over the model's N parameters, u * sqrt(N); a reduce_dtype below the gradient's
 // adds u_r * (1 + ceil(log2(W))) (the cast, then one rounding per stage of the reduction tree).
 // With per-group policies the coarsest group's terms apply. 0 without mixed precision.
-// Mixed precision plans run one optimizer step (the bound holds at the oracle's parameters).
+// The bound holds at the oracle's parameters; over several optimizer steps the engine's
+// parameters drift from the oracle's by lr times the earlier steps' gradient bounds (JudgePlan
+// sums them for the parameters), a move whose effect on the next gradient is lr times smaller
+// than the bound itself.
 double PlanMixedPrecisionRtol(const FullyShardPlan& plan, const CaseParams& params, int world);
 
 // Builds a Scenario of a plan family: name, description, seed test, parameters (PlanParams plus

@@ -10,6 +10,10 @@ test_fully_shard_comm.py's TestFullyShardPrefetch), in PyTorch:
   backward_prefetch_unused_in_backward Sequential(Linear, DoubleLinear), 0, 1.lin1, 1.lin2 and
                                        the root sharded: a backward through lin2's output after
                                        set_is_last_backward(False), then one through lin1's
+  backward_prefetch_reused_module      Sequential(a, b, a, out) of Linear(dim, dim), a, b, out
+                                       and the parameter-less root sharded: a runs twice in one
+                                       forward; per iteration the unshard and post_backward
+                                       events of forward and of out.sum().backward()
   set_modules_to_forward_prefetch,     the zoo Transformer trained as sharded parity
   set_modules_to_backward_prefetch     (parity.train_sharded), block i prefetching the next /
                                        previous num_to_prefetch blocks, prefetch_stride apart;
@@ -138,6 +142,33 @@ def unused_in_backward(request):
     return obs, None
 
 
+def reused_module(request):
+    """A module used twice in one forward (test_multi_forward_module's reuse, in sequence):
+    Sequential(a, b, a, out); fully_shard on a, b, out, then the parameter-less root;
+    `iterations` x (forward, out.sum().backward()): the events of each forward and backward."""
+    import torch
+
+    from fsdp_conform_driver.pytorch.fsdp_api import fully_shard, reshard_after_forward_of
+
+    raf = reshard_after_forward_of(request)
+    dim = request.int_param("dim")
+    a, b, out = (torch.nn.Linear(dim, dim) for _ in range(3))
+    model = torch.nn.Sequential(a, b, a, out)
+    model.load_state_dict(inputs.weights(request), strict=True)
+    for module in (a, b, out, model):
+        fully_shard(module, reshard_after_forward=raf)
+    inp = inputs.step_input(request, 0)
+    forward, backward = [], []
+    with FsdpEvents(_UNSHARD_POST_BACKWARD) as events:
+        for _ in range(request.int_param("iterations")):
+            loss = model(inp).sum()
+            forward.append(events.take())
+            loss.backward()
+            backward.append(events.take())
+    every = [e for f, b_ in zip(forward, backward) for e in f + b_]
+    return {"forward_events": forward, "backward_events": backward, "events": every}, None
+
+
 def _prefetch_plan(direction: str, num: int, stride: int):
     """A sharded-parity plan: every block, then the root, fully_shard-ed; block i's
     set_modules_to_{direction}_prefetch targets are the next (forward) or previous (backward)
@@ -197,6 +228,7 @@ SCENARIOS = {
     "fully_shard_comm/backward_prefetch_forward_backward": forward_backward,
     "fully_shard_comm/backward_prefetch_multi_forward": multi_forward,
     "fully_shard_comm/backward_prefetch_unused_in_backward": unused_in_backward,
+    "fully_shard_comm/backward_prefetch_reused_module": reused_module,
     "fully_shard_comm/set_modules_to_forward_prefetch": explicit_prefetch("forward"),
     "fully_shard_comm/set_modules_to_backward_prefetch": explicit_prefetch("backward"),
     "fully_shard_comm/backward_misprefetch": backward_misprefetch,
