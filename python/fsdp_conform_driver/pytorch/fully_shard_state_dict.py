@@ -34,9 +34,12 @@ over the whole world (conformance/state_dict_model.h):
                       (parity.py's model, optimizer and loss): get_optimizer_state_dict(
                       full_state_dict=...) observed under flattened keys ("state.<fqn>.<name>",
                       "param_groups.<fqn>.lr") and, after a model and optimizer that took one
-                      step of their own at twice the lr load both dicts, one more step of each
-                      and the dtypes of the loader's optimizer state dict then; the model
-                      dict's DTensor sharding per key
+                      step of their own at twice the lr load both dicts, the loader's param
+                      group lrs, one more step of each and the dtypes of the loader's optimizer
+                      state dict then; the model dict's DTensor sharding per key. With
+                      param_groups=True the second half of the parameters form a second group
+                      of twice the lr (test_multi_param_groups); with frozen=True the last
+                      parameter has requires_grad=False
   optimizer_state_dict_shared_weight  the same on the zoo's Transformer, whose output.weight
                       is tok_embeddings.weight (test_state_dict.py's test_shared_weight)
 
@@ -224,12 +227,26 @@ def optimizer_state_dict(request, kind="mlp"):
     from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
     from fsdp_conform_driver.pytorch.parity import _build, _children_to_shard, _loss, _optimizer
 
+    names = [name for name, _ in _build(kind, request)[0].named_parameters()]
+    # param_groups=True (test_multi_param_groups): the second half of the parameters in a second
+    # group with twice the lr; frozen=True: the last parameter requires_grad=False.
+    second = set(names[len(names) // 2:]) if request.params.get("param_groups") == "True" else set()
+    frozen = {names[-1]} if request.params.get("frozen") == "True" else set()
+
     def build():
         model, _ = _build(kind, request)
+        for name, p in model.named_parameters():
+            if name in frozen:
+                p.requires_grad_(False)
         for child in _children_to_shard(model):
             fully_shard(child)
         fully_shard(model)
-        return model, _optimizer(request, model.parameters())
+        named = list(model.named_parameters())
+        optim = _optimizer(request, [p for name, p in named if name not in second])
+        if second:
+            optim.add_param_group({"params": [p for name, p in named if name in second],
+                                   "lr": 2 * optim.param_groups[0]["lr"]})
+        return model, optim
 
     rank_inputs = inputs.rank_tensors(request)
 
@@ -270,6 +287,7 @@ def optimizer_state_dict(request, kind="mlp"):
     step(loader, loader_optim, 0)  # its own state first: the load replaces it
     set_model_state_dict(loader, model_sd, options=options)
     set_optimizer_state_dict(loader, loader_optim, optim_sd, options=options)
+    obs["loaded_lrs"] = [float(group["lr"]) for group in loader_optim.param_groups]
     step(saver, saver_optim, steps)
     step(loader, loader_optim, steps)
     # The dtypes the loaded optimizer keeps (its load keeps Adam's step a float32 tensor).
