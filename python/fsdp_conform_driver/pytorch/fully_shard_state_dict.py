@@ -22,14 +22,18 @@ over the whole world (conformance/state_dict_model.h):
                       get_model_state_dict(cpu_offload=True) alone (sharded, every rank: its
                       size and local tensors); with full_state_dict and cpu_offload (rank 0
                       only) its size; set_model_state_dict(
-                      broadcast_from_rank0=True) of that dict into a zero model
+                      broadcast_from_rank0=True) of that dict into a zero model, and of that
+                      dict in float64 divided by 3 into another; with replicate > 1 every
+                      model is fully_shard-ed over a (replicate, shard) mesh (HSDP)
   strict_load         set_model_state_dict of the state dict plus "abc" (strict: its error),
                       without its first parameter's key into a zero model (strict=False: the
                       returned keys and the loaded values), and without both (strict: its error);
                       then set_model_state_dict(full_state_dict, broadcast_from_rank0,
                       strict=False) into the model of rank 0's full dict (cpu_offload) negated
                       and without the first parameter's key: the returned missing_keys and the
-                      values (_broadcast_state_dict keeps the model's own value for that key)
+                      values (_broadcast_state_dict keeps the model's own value for that key);
+                      the error of set_model_state_dict(full_state_dict, strict=False) of a
+                      full dict whose first parameter has one extra row
   optimizer_state_dict  the zoo's MLP sharded as parity/fsdp shards it, trained `steps` steps
                       (parity.py's model, optimizer and loss): get_optimizer_state_dict(
                       full_state_dict=...) observed under flattened keys ("state.<fqn>.<name>",
@@ -65,6 +69,12 @@ def _model(request, zero_weights=False, reshard_after_forward=True):
             for p in model.parameters():
                 p.zero_()
     kwargs = shard_placement_kwargs(request, request.world)
+    replicate = int(request.params.get("replicate", "1"))
+    if replicate > 1:  # HSDP: a (replicate, shard) mesh (state_dict_model.h)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        kwargs["mesh"] = init_device_mesh("cpu", (replicate, request.world // replicate),
+                                          mesh_dim_names=("replicate", "shard"))
     if not reshard_after_forward:
         kwargs["reshard_after_forward"] = False
     fully_shard(model.in_proj, **kwargs)
@@ -169,10 +179,19 @@ def full_state_dict(request):
     tensors.update(_pieces(offloaded, "offloaded/"))
     on_rank0 = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # Rank 0's dict in float64, each value / 3 (made before the load below, which updates the
+    # dict it is given in place with the model's own values).
+    on_rank0_f64 = {k: v.double() / 3 for k, v in on_rank0.items()}
     other = _model(request, zero_weights=True)
     set_model_state_dict(other, on_rank0, options=StateDictOptions(
         full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True))
     tensors.update(_pieces(other.state_dict(), "loaded/"))
+    # The load keeps the model's float32.
+    other_f64 = _model(request, zero_weights=True)
+    set_model_state_dict(other_f64, on_rank0_f64,
+                         options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                  broadcast_from_rank0=True))
+    tensors.update(_pieces(other_f64.state_dict(), "loaded_from_float64/"))
     return {"rank0_only_size": len(on_rank0), "offloaded_size": len(offloaded)}, tensors
 
 
@@ -213,6 +232,12 @@ def strict_load(request):
         full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True, strict=False))
     obs["broadcast_missing_keys"] = list(keys.missing_keys)
     tensors.update(_pieces(model.state_dict(), "broadcast_loaded/"))
+    # A full dict whose first parameter has one extra row: strict=False still raises.
+    non_strict_full = StateDictOptions(full_state_dict=True, strict=False)
+    extra_rows = {k: torch.cat([v, torch.ones_like(v[:1])]) if k == first else v.clone()
+                  for k, v in get_model_state_dict(other, options=non_strict_full).items()}
+    obs["extra_rows_error"] = _error_of(
+        lambda: set_model_state_dict(other, extra_rows, options=non_strict_full))
     return obs, tensors
 
 
