@@ -25,7 +25,8 @@
 //                       unexpected key raises, strict=False returns the missing and unexpected
 //                       keys and loads the rest, a missing key raises; broadcast_from_rank0 with
 //                       strict=False from a rank-0 full dict that lacks a key: the key keeps the
-//                       model's value and is not missing (_broadcast_state_dict fills it in); a
+//                       model's value and is not missing (_broadcast_state_dict fills it in), as
+//                       with full_state_dict=True alone (an unexpected key then reported); a
 //                       full dict with an extra row on dim 0 raises its size mismatch under
 //                       strict=False too
 //   optimizer_state_dict, optimizer_state_dict_shared_weight  get/set_optimizer_state_dict
@@ -368,6 +369,13 @@ Scenario StrictLoad() {
           "ranks pass {}): missing_keys"))
       .AddTensors({"broadcast_loaded/{fqn}", "float32", "the rank's piece",
                    "the model's state dict after that load"})
+      .Add(ObservationKey::StringList(
+          "full_missing_keys",
+          "set_model_state_dict(full_state_dict=True, strict=False) into the model of its full "
+          "dict negated, without the first parameter's key and with \"abc\": missing_keys"))
+      .Add(ObservationKey::StringList("full_unexpected_keys", "the same call's unexpected_keys"))
+      .AddTensors({"full_loaded/{fqn}", "float32", "the rank's piece",
+                   "the model's state dict after that load"})
       .Add(ObservationKey::String(
           "extra_rows_error",
           "the error of set_model_state_dict(full_state_dict=True, strict=False) of the full "
@@ -428,10 +436,22 @@ Scenario StrictLoad() {
     obs["broadcast_missing_keys"] =
         checkpoint::set_model_state_dict(*model, negated_without_first, broadcast).missing_keys;
     obs[kTensors].update(StateDictPiecesJson(model->state_dict(), "broadcast_loaded/"));
-    // A full dict with one row too many: the global shapes differ, strict or not.
+    // A full dict without the first parameter's key and with an unexpected one (every rank):
+    // PyTorch fills the missing key from the model's own dict and keeps the unexpected one.
     checkpoint::StateDictOptions full_non_strict;
     full_non_strict.full_state_dict = true;
     full_non_strict.strict = false;
+    nn::StateDict full_without_first;
+    for (const auto& [key, value] : checkpoint::get_model_state_dict(*model, full_non_strict)) {
+      if (key != first) full_without_first.insert(key, ops::kernels::Neg(value));
+    }
+    full_without_first.insert(kUnexpectedKey, Tensor::zeros({10}, DType::kFloat32));
+    const nn::IncompatibleKeys full_keys =
+        checkpoint::set_model_state_dict(*model, full_without_first, full_non_strict);
+    obs["full_missing_keys"] = full_keys.missing_keys;
+    obs["full_unexpected_keys"] = full_keys.unexpected_keys;
+    obs[kTensors].update(StateDictPiecesJson(model->state_dict(), "full_loaded/"));
+    // A full dict with one row too many: the global shapes differ, strict or not.
     nn::StateDict extra_rows;
     for (const auto& [key, value] : checkpoint::get_model_state_dict(*other, full_non_strict)) {
       Shape row = value.sizes();
@@ -453,6 +473,14 @@ Scenario StrictLoad() {
     for (auto& [key, t] : broadcast) {
       if (first_seen || !IsShardedKey(key)) t = ops::kernels::Neg(t);
       first_seen = first_seen || IsShardedKey(key);
+    }
+    // The full strict=False load after it: every value of that model negated again but the
+    // first parameter's, which keeps its value.
+    NamedTensors full_loaded = broadcast;
+    bool first_kept = false;
+    for (auto& [key, t] : full_loaded) {
+      if (first_kept || !IsShardedKey(key)) t = ops::kernels::Neg(t);
+      first_kept = first_kept || IsShardedKey(key);
     }
     // The first parameter is not loaded: the zero model keeps zeros there.
     auto missing = std::find_if(weights.begin(), weights.end(),
@@ -481,6 +509,15 @@ Scenario StrictLoad() {
                       nlohmann::json::array()});
       CheckRankTensorsExact(checks, per_rank, r,
                             ExpectedPieces(broadcast, r, world, "broadcast_loaded/", p));
+      CheckRankEqual(checks, per_rank, r,
+                     {"full_missing_keys", "full_state_dict strict=False missing_keys",
+                      nlohmann::json::array()});
+      CheckRankEqual(checks, per_rank, r,
+                     {"full_unexpected_keys", "full_state_dict strict=False unexpected_keys",
+                      nlohmann::json({kUnexpectedKey})});
+      // Negated twice but the first parameter, negated once by the broadcast load before.
+      CheckRankTensorsExact(checks, per_rank, r,
+                            ExpectedPieces(full_loaded, r, world, "full_loaded/", p));
       const std::string extra_rows_error =
           RankObservation(per_rank, r, "extra_rows_error").get<std::string>();
       checks.CheckTrue(who +

@@ -32,6 +32,8 @@ over the whole world (conformance/state_dict_model.h):
                       strict=False) into the model of rank 0's full dict (cpu_offload) negated
                       and without the first parameter's key: the returned missing_keys and the
                       values (_broadcast_state_dict keeps the model's own value for that key);
+                      the same with full_state_dict=True alone (every rank passes the dict, plus
+                      "abc"): the returned keys and the values;
                       the error of set_model_state_dict(full_state_dict, strict=False) of a
                       full dict whose first parameter has one extra row
   optimizer_state_dict  the zoo's MLP sharded as parity/fsdp shards it, trained `steps` steps
@@ -232,8 +234,18 @@ def strict_load(request):
         full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True, strict=False))
     obs["broadcast_missing_keys"] = list(keys.missing_keys)
     tensors.update(_pieces(model.state_dict(), "broadcast_loaded/"))
-    # A full dict whose first parameter has one extra row: strict=False still raises.
+    # The model's full dict negated, without the first parameter's key and with "abc", every
+    # rank: the missing key keeps the model's value, "abc" is unexpected.
     non_strict_full = StateDictOptions(full_state_dict=True, strict=False)
+    full_without_first = {k: -v for k, v in
+                          get_model_state_dict(model, options=non_strict_full).items()
+                          if k != first}
+    full_without_first["abc"] = torch.zeros(10)
+    keys = set_model_state_dict(model, full_without_first, options=non_strict_full)
+    obs["full_missing_keys"] = list(keys.missing_keys)
+    obs["full_unexpected_keys"] = list(keys.unexpected_keys)
+    tensors.update(_pieces(model.state_dict(), "full_loaded/"))
+    # A full dict whose first parameter has one extra row: strict=False still raises.
     extra_rows = {k: torch.cat([v, torch.ones_like(v[:1])]) if k == first else v.clone()
                   for k, v in get_model_state_dict(other, options=non_strict_full).items()}
     obs["extra_rows_error"] = _error_of(
