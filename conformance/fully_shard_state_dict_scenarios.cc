@@ -18,12 +18,17 @@
 //   full_state_dict     get_model_state_dict(full_state_dict) equals the weights on every rank,
 //                       with cpu_offload only rank 0 holds it (cpu_offload alone keeps the
 //                       sharded dict on every rank), and set_model_state_dict with
-//                       broadcast_from_rank0 loads it into a zero model (rank 0 alone passes it)
+//                       broadcast_from_rank0 loads it into a zero model (rank 0 alone passes it),
+//                       also from rank 0's dict in float64 (cast to the model's dtype); with
+//                       replicate=2 (an extra default run at world 4) over an HSDP mesh
 //   strict_load         set_model_state_dict's strict (test_state_dict.py's test_strict): an
 //                       unexpected key raises, strict=False returns the missing and unexpected
 //                       keys and loads the rest, a missing key raises; broadcast_from_rank0 with
 //                       strict=False from a rank-0 full dict that lacks a key: the key keeps the
-//                       model's value and is not missing (_broadcast_state_dict fills it in)
+//                       model's value and is not missing (_broadcast_state_dict fills it in), as
+//                       with full_state_dict=True alone (an unexpected key then reported); a
+//                       full dict with an extra row on dim 0 raises its size mismatch under
+//                       strict=False too
 //   optimizer_state_dict, optimizer_state_dict_shared_weight  get/set_optimizer_state_dict
 //   (conformance/optimizer_state_dict_scenario.h)
 // Model and rules: conformance/state_dict_model.h (dim 5: uneven dim 0 at every world > 1).
@@ -43,6 +48,7 @@
 #include "engine/checkpoint/state_dict.h"
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/ops/elementwise.h"
+#include "engine/ops/shape_ops.h"
 
 namespace fsdp::conformance {
 
@@ -226,6 +232,7 @@ Scenario FullStateDict() {
       "set_model_state_dict(broadcast_from_rank0) loads it into a zero model";
   s.info.seed_test = std::string(kSeedFile) + "test_rank0_offload_full_state_dict";
   s.info.params = StateDictModelParams();
+  s.info.params.push_back(ReplicateParam());
   s.info.observations
       .Add(ObservationKey::Integer("rank0_only_size",
                                    "entries of get_model_state_dict(full_state_dict, cpu_offload)"))
@@ -239,12 +246,21 @@ Scenario FullStateDict() {
                    "state dicts)"})
       .AddTensors({"loaded/{fqn}", "float32", "the rank's piece",
                    "a zero model's state dict after set_model_state_dict(full, "
-                   "broadcast_from_rank0=True), rank 0 alone passing the dict"});
+                   "broadcast_from_rank0=True), rank 0 alone passing the dict"})
+      .AddTensors({"loaded_from_float64/{fqn}", "float32", "the rank's piece",
+                   "a zero model's state dict after the same load of rank 0's full dict in "
+                   "float64, every value divided by 3: the model keeps its dtype, each value "
+                   "float32(float64(w) / 3)"});
   s.info.default_world = 2;
   s.info.max_world = 8;
   // World 4 splits out_proj's 5 rows 2, 2, 1, 0: the full dict gathers a one-row piece and an
-  // empty one (world 2 gives every rank at least two rows of every parameter).
-  s.info.extra_default_runs = {{4, {}}};
+  // empty one (world 2 gives every rank at least two rows of every parameter). HSDP at world 4
+  // (a 2 x 2 mesh): the gather runs over the shard group, where global rank 2 is shard rank 0.
+  s.info.extra_default_runs = {{4, {}}, {4, {{"replicate", "2"}}}};
+  s.excluded = [](const CaseParams& p, int world) -> std::optional<std::string> {
+    if (world % p.GetInt("replicate") != 0) return "replicate must divide the world size";
+    return std::nullopt;
+  };
   s.info.test_runs = {{1, {}}, {3, {}}, {4, {}}, {8, {}}};
   s.info.inputs = StateDictModelInputsDoc();
   s.inputs = StateDictModelInputs;
@@ -268,18 +284,34 @@ Scenario FullStateDict() {
     broadcast.broadcast_from_rank0 = true;
     checkpoint::set_model_state_dict(*other, on_rank0, broadcast);
     obs[kTensors].update(StateDictPiecesJson(other->state_dict(), "loaded/"));
+    // Rank 0's dict in another dtype than the model's: the load casts it (PyTorch broadcasts
+    // rank 0's dtype, then copy_ into the model's tensors).
+    nn::StateDict on_rank0_f64;
+    for (const auto& [key, value] : on_rank0) {
+      on_rank0_f64.insert(key, ops::kernels::DivScalar(value.to(DType::kFloat64), 3.0));
+    }
+    nn::ModulePtr other_f64 = BuildShardedStateDictModel(env, /*zero_weights=*/true);
+    checkpoint::set_model_state_dict(*other_f64, on_rank0_f64, broadcast);
+    obs[kTensors].update(StateDictPiecesJson(other_f64->state_dict(), "loaded_from_float64/"));
     return obs;
   };
   s.expect = [](const CaseParams& p, int world) {
     const NamedTensors weights = StateDictModelInputs(p, world).weights;
+    NamedTensors thirds = weights;
+    for (auto& [key, t] : thirds) {
+      t = ops::kernels::DivScalar(t.to(DType::kFloat64), 3.0).to(t.dtype());
+    }
+    const int shard = ShardSizeOf(p, world);
     std::vector<nlohmann::json> out;
     for (int r = 0; r < world; ++r) {
+      const int shard_rank = ShardRankOf(p, r, world);
       nlohmann::json obs;
       obs["rank0_only_size"] = r == 0 ? weights.size() : 0;
       obs["offloaded_size"] = weights.size();
       obs[kTensors] = ExpectedPieces(weights, 0, 1, "full/", p);
-      obs[kTensors].update(ExpectedPieces(weights, r, world, "offloaded/", p));
-      obs[kTensors].update(ExpectedPieces(weights, r, world, "loaded/", p));
+      obs[kTensors].update(ExpectedPieces(weights, shard_rank, shard, "offloaded/", p));
+      obs[kTensors].update(ExpectedPieces(weights, shard_rank, shard, "loaded/", p));
+      obs[kTensors].update(ExpectedPieces(thirds, shard_rank, shard, "loaded_from_float64/", p));
       out.push_back(obs);
     }
     return out;
@@ -336,7 +368,19 @@ Scenario StrictLoad() {
           "model of rank 0's full dict negated and without the first parameter's key (the other "
           "ranks pass {}): missing_keys"))
       .AddTensors({"broadcast_loaded/{fqn}", "float32", "the rank's piece",
-                   "the model's state dict after that load"});
+                   "the model's state dict after that load"})
+      .Add(ObservationKey::StringList(
+          "full_missing_keys",
+          "set_model_state_dict(full_state_dict=True, strict=False) into the model of its full "
+          "dict negated, without the first parameter's key and with \"abc\": missing_keys"))
+      .Add(ObservationKey::StringList("full_unexpected_keys", "the same call's unexpected_keys"))
+      .AddTensors({"full_loaded/{fqn}", "float32", "the rank's piece",
+                   "the model's state dict after that load"})
+      .Add(ObservationKey::String(
+          "extra_rows_error",
+          "the error of set_model_state_dict(full_state_dict=True, strict=False) of the full "
+          "dict (every rank) whose first parameter has one extra row of ones on dim 0 (empty "
+          "when it loads): strict=False keeps the size-mismatch errors"));
   s.info.default_world = 2;
   s.info.max_world = 8;
   s.info.test_runs = {{1, {}}, {3, {}}};
@@ -392,6 +436,32 @@ Scenario StrictLoad() {
     obs["broadcast_missing_keys"] =
         checkpoint::set_model_state_dict(*model, negated_without_first, broadcast).missing_keys;
     obs[kTensors].update(StateDictPiecesJson(model->state_dict(), "broadcast_loaded/"));
+    // A full dict without the first parameter's key and with an unexpected one (every rank):
+    // PyTorch fills the missing key from the model's own dict and keeps the unexpected one.
+    checkpoint::StateDictOptions full_non_strict;
+    full_non_strict.full_state_dict = true;
+    full_non_strict.strict = false;
+    nn::StateDict full_without_first;
+    for (const auto& [key, value] : checkpoint::get_model_state_dict(*model, full_non_strict)) {
+      if (key != first) full_without_first.insert(key, ops::kernels::Neg(value));
+    }
+    full_without_first.insert(kUnexpectedKey, Tensor::zeros({10}, DType::kFloat32));
+    const nn::IncompatibleKeys full_keys =
+        checkpoint::set_model_state_dict(*model, full_without_first, full_non_strict);
+    obs["full_missing_keys"] = full_keys.missing_keys;
+    obs["full_unexpected_keys"] = full_keys.unexpected_keys;
+    obs[kTensors].update(StateDictPiecesJson(model->state_dict(), "full_loaded/"));
+    // A full dict with one row too many: the global shapes differ, strict or not.
+    nn::StateDict extra_rows;
+    for (const auto& [key, value] : checkpoint::get_model_state_dict(*other, full_non_strict)) {
+      Shape row = value.sizes();
+      row[0] = 1;
+      extra_rows.insert(key, key == first
+                                 ? ops::kernels::Cat({value, Tensor::ones(row, value.dtype())})
+                                 : value.clone());
+    }
+    obs["extra_rows_error"] =
+        ErrorOf([&] { checkpoint::set_model_state_dict(*other, extra_rows, full_non_strict); });
     return obs;
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
@@ -403,6 +473,14 @@ Scenario StrictLoad() {
     for (auto& [key, t] : broadcast) {
       if (first_seen || !IsShardedKey(key)) t = ops::kernels::Neg(t);
       first_seen = first_seen || IsShardedKey(key);
+    }
+    // The full strict=False load after it: every value of that model negated again but the
+    // first parameter's, which keeps its value.
+    NamedTensors full_loaded = broadcast;
+    bool first_kept = false;
+    for (auto& [key, t] : full_loaded) {
+      if (first_kept || !IsShardedKey(key)) t = ops::kernels::Neg(t);
+      first_kept = first_kept || IsShardedKey(key);
     }
     // The first parameter is not loaded: the zero model keeps zeros there.
     auto missing = std::find_if(weights.begin(), weights.end(),
@@ -431,6 +509,23 @@ Scenario StrictLoad() {
                       nlohmann::json::array()});
       CheckRankTensorsExact(checks, per_rank, r,
                             ExpectedPieces(broadcast, r, world, "broadcast_loaded/", p));
+      CheckRankEqual(checks, per_rank, r,
+                     {"full_missing_keys", "full_state_dict strict=False missing_keys",
+                      nlohmann::json::array()});
+      CheckRankEqual(checks, per_rank, r,
+                     {"full_unexpected_keys", "full_state_dict strict=False unexpected_keys",
+                      nlohmann::json({kUnexpectedKey})});
+      // Negated twice but the first parameter, negated once by the broadcast load before.
+      CheckRankTensorsExact(checks, per_rank, r,
+                            ExpectedPieces(full_loaded, r, world, "full_loaded/", p));
+      const std::string extra_rows_error =
+          RankObservation(per_rank, r, "extra_rows_error").get<std::string>();
+      checks.CheckTrue(who +
+                           " strict=False load of a full dict with an extra row raises \"size "
+                           "mismatch for " +
+                           first + "\"",
+                       extra_rows_error.find("size mismatch for " + first) != std::string::npos,
+                       extra_rows_error);
     }
   };
   return s;

@@ -1,5 +1,6 @@
 #include "conformance/optimizer_state_dict_scenario.h"
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -22,15 +23,46 @@ namespace {
 constexpr const char* kStatePrefix = "state.";
 constexpr const char* kGroupsPrefix = "param_groups.";
 
+// test_multi_param_groups's layout (param_groups=True): the second half of the model's
+// parameters, in registration order, form a second param group with twice the lr
+// (optimizer.add_param_group); empty otherwise.
+std::vector<std::string> SecondGroupFqns(const ParityCase& c, const CaseParams& params) {
+  if (!params.GetBool("param_groups")) return {};
+  const std::vector<std::string> names = c.model.ParameterNames();
+  return {names.begin() + static_cast<std::ptrdiff_t>(names.size() / 2), names.end()};
+}
+
+// frozen=True: the model's last parameter has requires_grad=False (set before fully_shard), so
+// it never gets a gradient or optimizer state but stays in its param group.
+std::vector<std::string> FrozenFqns(const ParityCase& c, const CaseParams& params) {
+  if (!params.GetBool("frozen")) return {};
+  return {c.model.ParameterNames().back()};
+}
+
+bool Contains(const std::vector<std::string>& fqns, const std::string& fqn) {
+  return std::find(fqns.begin(), fqns.end(), fqn) != fqns.end();
+}
+
+// The lr of every param group, in order: the case's lr, then twice it for the second group.
+std::vector<double> GroupLrs(const ParityCase& c, const CaseParams& params) {
+  std::vector<double> lrs = {c.optim.lr};
+  if (!SecondGroupFqns(c, params).empty()) lrs.push_back(2 * c.optim.lr);
+  return lrs;
+}
+
 // The optimizer state of `steps` steps of the oracle's data-parallel run (the same inputs and
 // weights as the engine's), flattened as get_optimizer_state_dict names it, full tensors:
-// "state.<fqn>.momentum_buffer" (SGD) or ".step", ".exp_avg", ".exp_avg_sq" (Adam), and
-// "param_groups.<fqn>.lr".
-reference::RefTensorMap OracleOptimizerState(const ParityCase& c, int world) {
+// "state.<fqn>.momentum_buffer" (SGD) or ".step", ".exp_avg", ".exp_avg_sq" (Adam) of every
+// parameter that had a gradient, and "param_groups.<fqn>.lr" of every parameter (its group's).
+reference::RefTensorMap OracleOptimizerState(const ParityCase& c, const CaseParams& params,
+                                             int world) {
   std::unique_ptr<reference::Optimizer<double>> optimizer = MakeOracleOptimizer(c.optim);
-  const auto records = TrainOracleWith(c.model, *optimizer, c.seed, c.steps, c.dtype, world);
+  const std::vector<std::string> second = SecondGroupFqns(c, params);
+  if (!second.empty()) optimizer->AddParamGroup(second, GroupLrs(c, params).back());
+  const auto records = TrainOracleWith(c.model, *optimizer, c.seed, c.steps, c.dtype, world, {},
+                                       std::nullopt, nullptr, FrozenFqns(c, params));
   reference::RefTensorMap state;
-  const reference::RefTensorMap& params = records.back().params;
+  const reference::RefTensorMap& final_params = records.back().params;
   if (auto* sgd = dynamic_cast<reference::Sgd<double>*>(optimizer.get())) {
     for (const auto& [fqn, buffer] : sgd->momentum_buffers()) {
       state[kStatePrefix + fqn + ".momentum_buffer"] = buffer;
@@ -44,8 +76,9 @@ reference::RefTensorMap OracleOptimizerState(const ParityCase& c, int world) {
   } else {
     FSDP_THROW(ErrorCode::kInternal, "optimizer_state_dict: no oracle state for ", c.optim.kind);
   }
-  for (const auto& [fqn, p] : params) {
-    state[kGroupsPrefix + fqn + ".lr"] = reference::RefTensor({}, {c.optim.lr});
+  for (const auto& [fqn, p] : final_params) {
+    // Every parameter of a group, with state or not (a frozen one included).
+    state[kGroupsPrefix + fqn + ".lr"] = reference::RefTensor({}, {optimizer->LrOf(fqn)});
   }
   return state;
 }
@@ -143,8 +176,32 @@ nlohmann::json StateShardingJson(const nn::StateDict& sd) {
 nn::ModulePtr BuildSharded(const ParityCase& c, RankEnv& env) {
   nn::ModulePtr module = c.model.BuildEngineFromInputs(env.Inputs(), c.dtype);
   module->to(env.device);
+  const std::vector<std::string> frozen = FrozenFqns(c, env.params);
+  for (auto& [fqn, p] : module->named_parameters()) {
+    if (Contains(frozen, fqn)) p.set_requires_grad(false);
+  }
   ShardChildrenThenRoot(module, ShardOptionsOf(env));
   return module;
+}
+
+// The case's optimizer over `module`: one group of the case's lr, and with param_groups a second
+// one added with its own lr (SecondGroupFqns).
+std::unique_ptr<optim::Optimizer> BuildOptimizer(const ParityCase& c, const CaseParams& params,
+                                                 nn::Module& module) {
+  const std::vector<std::string> second = SecondGroupFqns(c, params);
+  std::vector<std::pair<std::string, Tensor>> first_params;
+  std::vector<Tensor> second_params;
+  for (auto& [fqn, p] : module.named_parameters()) {
+    if (Contains(second, fqn)) {
+      second_params.push_back(p);
+    } else {
+      first_params.emplace_back(fqn, p);
+    }
+  }
+  std::unique_ptr<optim::Optimizer> optimizer = MakeEngineOptimizer(c.optim, first_params);
+  if (!second.empty())
+    optimizer->add_param_group(second_params, GroupLrs(c, params).back(), second);
+  return optimizer;
 }
 
 nlohmann::json RunRank(const std::string& kind, RankEnv& env) {
@@ -153,7 +210,7 @@ nlohmann::json RunRank(const std::string& kind, RankEnv& env) {
   options.full_state_dict = env.params.GetBool("full_state_dict");
 
   nn::ModulePtr saver = BuildSharded(c, env);
-  auto saver_optim = MakeEngineOptimizer(c.optim, saver->named_parameters());
+  auto saver_optim = BuildOptimizer(c, env.params, *saver);
   TrainEngineSteps(c.model, *saver, *saver_optim, env.Inputs(), 0, c.steps);
   const nn::StateDict model_sd = ClonedStateDict(checkpoint::get_model_state_dict(*saver, options));
   const nn::StateDict optim_sd =
@@ -162,12 +219,15 @@ nlohmann::json RunRank(const std::string& kind, RankEnv& env) {
   // A model and optimizer built from the case's initial weights take one step of their own
   // (the optimizer has state then), then load both dicts: the loaded state replaces theirs.
   nn::ModulePtr loader = BuildSharded(c, env);
-  auto loader_optim = MakeEngineOptimizer(c.optim, loader->named_parameters());
+  auto loader_optim = BuildOptimizer(c, env.params, *loader);
   // Another learning rate than the saver's: only the loaded param_groups give it back.
   for (optim::ParamGroup& group : loader_optim->param_groups()) group.lr *= 2;
   TrainEngineSteps(c.model, *loader, *loader_optim, env.Inputs(), 0, 1);
   checkpoint::set_model_state_dict(*loader, model_sd, options);
   checkpoint::set_optimizer_state_dict(*loader, *loader_optim, optim_sd, options);
+  std::vector<double> loaded_lrs;
+  for (const optim::ParamGroup& group : loader_optim->param_groups())
+    loaded_lrs.push_back(group.lr);
 
   const EngineTrainingRecord continued = TrainEngineSteps(
       c.model, *saver, *saver_optim, env.Inputs(), c.steps, 1, LocalParameterShards);
@@ -182,6 +242,7 @@ nlohmann::json RunRank(const std::string& kind, RankEnv& env) {
 
   nlohmann::json obs;
   obs["loaded_state_dtypes"] = loaded_dtypes;
+  obs["loaded_lrs"] = loaded_lrs;
   obs["model_sharding"] = StateDictShardingJson(model_sd);
   obs["optim_sharding"] = StateShardingJson(optim_sd);
   obs[kTensors] = StateDictPiecesJson(optim_sd, "optim/");
@@ -195,7 +256,7 @@ void Judge(const std::string& kind, const CaseParams& params, int world,
            const std::vector<nlohmann::json>& per_rank, CheckList& checks) {
   const ParityCase c = DecodeParityCase(kind, params);
   const bool full = params.GetBool("full_state_dict");
-  const reference::RefTensorMap state = OracleOptimizerState(c, world);
+  const reference::RefTensorMap state = OracleOptimizerState(c, params, world);
   const Tolerance tol = c.ToleranceFor(c.dtype);
   // Each state tensor judged at atol x max(1, its largest magnitude), as the parity families
   // judge gradients: a momentum element that cancels to near zero carries the rounding of the
@@ -219,6 +280,9 @@ void Judge(const std::string& kind, const CaseParams& params, int world,
         checks, per_rank, r,
         {"loaded_state_dtypes", "the loaded optimizer's state dict dtypes after its step",
          ExpectedStateDTypes(state, c.dtype)});
+    CheckRankEqual(checks, per_rank, r,
+                   {"loaded_lrs", "the loading optimizer's param_groups lr after the load",
+                    GroupLrs(c, params)});
     err.Merge(CheckMapsClose(checks, who + " optimizer state dict vs oracle",
                              RankPieces(state, r, world, full),
                              MapFromObservations(per_rank, r, "optim/"), tol, &scales));
@@ -245,6 +309,16 @@ Scenario MakeScenario(const std::string& kind_name, const std::string& name,
   for (ParamSpec& p : s.info.params) {
     if (p.name == "steps") p = ParamSpec::SizeInt("steps", "training steps before the save", 3, 1);
   }
+  s.info.params.push_back(ParamSpec::SizeBool(
+      "param_groups",
+      "True: the second half of the parameters (registration order) in a second param group "
+      "added with twice the lr (test_multi_param_groups)",
+      false));
+  s.info.params.push_back(ParamSpec::SizeBool(
+      "frozen",
+      "True: the last parameter requires_grad=False before fully_shard (in its group, never a "
+      "gradient or state)",
+      false));
   s.info.params.push_back(ParamSpec::Axis(
       "full_state_dict", "StateDictOptions.full_state_dict of the get and set calls",
       {"False", "True"}));
@@ -258,6 +332,10 @@ Scenario MakeScenario(const std::string& kind_name, const std::string& name,
           "loaded_state_dtypes", {{"type", "object"}},
           "per key of get_optimizer_state_dict of the loading optimizer after its next step: the "
           "value's dtype (the lr, a Python float: float64)"))
+      .Add(ObservationKey::Custom("loaded_lrs",
+                                  {{"type", "array"}, {"items", {{"type", "number"}}}},
+                                  "the lr of each param group of the loading optimizer right after "
+                                  "set_optimizer_state_dict, in group order"))
       .Add(ObservationKey::Custom(
           "optim_sharding", {{"type", "object"}},
           "per \"state.<fqn>.<name>\" key of get_optimizer_state_dict: {\"global_shape\", "
@@ -298,7 +376,11 @@ Scenario OptimizerStateDictScenario() {
       "set_optimizer_state_dict of a fully_shard-ed model, save then load then train)");
   // Adam's step counter in float32 beside float64 parameters and moments (an extra default run:
   // in a float32 case a counter kept in the parameters' dtype looks right).
-  s.info.extra_default_runs = {{2, {{"dtype", "float64"}, {"optim", "adam"}}}};
+  // test_multi_param_groups: two param groups of their own lr, and a frozen parameter that keeps
+  // its param_groups entry without state.
+  s.info.extra_default_runs = {
+      {2, {{"dtype", "float64"}, {"optim", "adam"}}},
+      {2, {{"optim", "adam"}, {"param_groups", "True"}, {"frozen", "True"}}}};
   return s;
 }
 

@@ -9,7 +9,10 @@
 //     both dicts (set_model_state_dict, set_optimizer_state_dict: the loaded state replaces
 //     theirs) and take the next step: their parameters must equal the saver's
 //     own next step bit for bit (a lost step count, a swapped moment or a mis-sharded buffer
-//     changes them).
+//     changes them). The loader's param_groups lrs right after the load are observed too.
+//   With param_groups=True (test_multi_param_groups) the second half of the parameters form a
+//   second param group of twice the lr, stepped so by the oracle; with frozen=True the last
+//   parameter has requires_grad=False: it keeps its param_groups.<fqn>.lr entry without state.
 // `fully_shard_state_dict/optimizer_state_dict_shared_weight` runs the same on the zoo's
 // Transformer, whose output.weight is tok_embeddings.weight (test_state_dict.py's
 // test_shared_weight): the model dict reports the tied parameter under both keys, sharded

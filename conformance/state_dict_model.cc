@@ -3,6 +3,7 @@
 #include "conformance/fsdp_params.h"
 #include "conformance/observations.h"
 #include "conformance/rank_checks.h"
+#include "engine/distributed/device_mesh.h"
 #include "engine/fsdp/fully_shard.h"
 #include "engine/fsdp/shard_layout.h"
 #include "engine/functional/functional.h"
@@ -60,6 +61,25 @@ InputsDoc StateDictModelInputsDoc() {
   return doc;
 }
 
+ParamSpec ReplicateParam() {
+  return ParamSpec::SizeInt(
+      "replicate",
+      "HSDP when > 1: fully_shard over a (replicate, world / replicate) mesh, the pieces "
+      "torch.chunk's over the shard dim",
+      1, 1);
+}
+
+int ShardSizeOf(const CaseParams& params, int world) {
+  const int replicate = params.has("replicate") ? static_cast<int>(params.GetInt("replicate")) : 1;
+  FSDP_CHECK(replicate >= 1 && world % replicate == 0, "replicate ", replicate,
+             " does not divide world ", world);
+  return world / replicate;
+}
+
+int ShardRankOf(const CaseParams& params, int rank, int world) {
+  return rank % ShardSizeOf(params, world);
+}
+
 nn::ModulePtr BuildShardedStateDictModel(RankEnv& env, bool zero_weights,
                                          bool reshard_after_forward) {
   auto model = MakeModel(Dim(env.params));
@@ -69,7 +89,14 @@ nn::ModulePtr BuildShardedStateDictModel(RankEnv& env, bool zero_weights,
   }
   model->to(env.device);
   fsdp2::FullyShardOptions options;
-  options.process_group = env.pg;
+  const int shard = ShardSizeOf(env.params, env.world);
+  if (shard == env.world) {
+    options.process_group = env.pg;
+  } else {
+    options.mesh =
+        distributed::DeviceMesh::Init(env.pg, env.device.is_cuda() ? "cuda" : "cpu",
+                                      {env.world / shard, shard}, {"replicate", "shard"});
+  }
   options.shard_placement_fn = ShardPlacementFnOf(env.params, env.pg->size());
   if (!reshard_after_forward) options.reshard_after_forward = false;
   fsdp2::fully_shard(model->child("in_proj"), options);

@@ -28,11 +28,20 @@ std::vector<ParamSpec> StateDictModelParams();
 CaseInputs StateDictModelInputs(const CaseParams& params, int world);
 InputsDoc StateDictModelInputsDoc();
 
-// The MLP with the case's weights on env.device, fully_shard-ed over env.pg as above (with the
-// case's shard_placement_fn where the scenario has a shard_placement parameter,
-// conformance/fsdp_params.h). With `zero_weights`, every parameter is zero instead (a model
-// that has not loaded anything yet); with `reshard_after_forward` false, both fully_shard calls
-// pass reshard_after_forward=False (the parameters stay unsharded after a forward).
+// HSDP (a scenario with the "replicate" parameter, ReplicateParam): fully_shard over
+// init_device_mesh((replicate, world / replicate), ("replicate", "shard")), so rank r holds
+// torch.chunk's piece r % shard of shard = world / replicate. ShardSizeOf / ShardRankOf give
+// that layout (world and r without the parameter or with replicate 1).
+ParamSpec ReplicateParam();
+int ShardSizeOf(const CaseParams& params, int world);
+int ShardRankOf(const CaseParams& params, int rank, int world);
+
+// The MLP with the case's weights on env.device, fully_shard-ed over env.pg as above, or over
+// the HSDP mesh with a replicate parameter > 1 (with the case's shard_placement_fn where the
+// scenario has a shard_placement parameter, conformance/fsdp_params.h). With `zero_weights`, every
+// parameter is zero instead (a model that has not loaded anything yet); with
+// `reshard_after_forward` false, both fully_shard calls pass reshard_after_forward=False (the
+// parameters stay unsharded after a forward).
 nn::ModulePtr BuildShardedStateDictModel(RankEnv& env, bool zero_weights = false,
                                          bool reshard_after_forward = true);
 

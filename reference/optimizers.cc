@@ -30,6 +30,32 @@ T Lerp(T start, T end, T weight) {
 
 }  // namespace
 
+// ---- Param groups ------------------------------------------------------------------------------
+
+template <typename T>
+void Optimizer<T>::AddParamGroup(const std::vector<std::string>& fqns, double lr) {
+  if (lr < 0) throw std::invalid_argument("optimizer: invalid learning rate of a param group");
+  for (const std::string& fqn : fqns) {
+    if (group_of_.count(fqn) != 0) {
+      throw std::invalid_argument("optimizer: '" + fqn + "' is in more than one param group");
+    }
+    group_of_[fqn] = group_lrs_.size();
+  }
+  group_lrs_.push_back(lr);
+}
+
+template <typename T>
+double Optimizer<T>::LrOf(const std::string& fqn) const {
+  auto it = group_of_.find(fqn);
+  return it == group_of_.end() ? lr() : group_lrs_[it->second];
+}
+
+template <typename T>
+void Optimizer<T>::ScaleLrs(double factor) {
+  set_lr(lr() * factor);
+  for (double& lr : group_lrs_) lr *= factor;
+}
+
 // ---- SGD ---------------------------------------------------------------------------------------
 
 template <typename T>
@@ -47,6 +73,7 @@ void Sgd<T>::Step(TensorMap<T>* params, const TensorMap<T>& grads) {
   const SgdOptions& o = options_;
   for (const auto& [name, grad] : grads) {
     BasicRefTensor<T>& p = ParamFor(params, name, grad);
+    const double lr = this->LrOf(name);
     BasicRefTensor<T> g = grad;
     if (o.maximize) {
       for (int64_t i = 0; i < g.numel(); ++i) g[i] = -g[i];
@@ -69,7 +96,7 @@ void Sgd<T>::Step(TensorMap<T>* params, const TensorMap<T>& grads) {
         g[i] = o.nesterov ? g[i] + T(o.momentum) * buf[i] : buf[i];
       }
     }
-    for (int64_t i = 0; i < p.numel(); ++i) p[i] = p[i] + T(-o.lr) * g[i];
+    for (int64_t i = 0; i < p.numel(); ++i) p[i] = p[i] + T(-lr) * g[i];
   }
 }
 
@@ -99,6 +126,7 @@ void Adam<T>::Step(TensorMap<T>* params, const TensorMap<T>& grads) {
   const AdamOptions& o = options_;
   for (const auto& [name, grad] : grads) {
     BasicRefTensor<T>& p = ParamFor(params, name, grad);
+    const double lr = this->LrOf(name);
     auto m_it = exp_avg_.find(name);
     if (m_it == exp_avg_.end()) {  // lazy state init: step 0, zero moments
       steps_[name] = 0;
@@ -116,7 +144,7 @@ void Adam<T>::Step(TensorMap<T>* params, const TensorMap<T>& grads) {
     }
     if (o.weight_decay != 0) {
       if (decoupled_) {
-        for (int64_t i = 0; i < p.numel(); ++i) p[i] = p[i] * T(1 - o.lr * o.weight_decay);
+        for (int64_t i = 0; i < p.numel(); ++i) p[i] = p[i] * T(1 - lr * o.weight_decay);
       } else {
         for (int64_t i = 0; i < g.numel(); ++i) g[i] = g[i] + T(o.weight_decay) * p[i];
       }
@@ -127,7 +155,7 @@ void Adam<T>::Step(TensorMap<T>* params, const TensorMap<T>& grads) {
     }
     const double bias_correction1 = 1 - std::pow(o.beta1, static_cast<double>(t));
     const double bias_correction2 = 1 - std::pow(o.beta2, static_cast<double>(t));
-    const double step_size = o.lr / bias_correction1;
+    const double step_size = lr / bias_correction1;
     const double bias_correction2_sqrt = std::sqrt(bias_correction2);
     BasicRefTensor<T>* vmax = o.amsgrad ? &max_exp_avg_sq_.at(name) : nullptr;
     for (int64_t i = 0; i < p.numel(); ++i) {
@@ -151,7 +179,7 @@ StepLr<T>::StepLr(Optimizer<T>* optimizer, int64_t step_size, double gamma)
 template <typename T>
 void StepLr<T>::Step() {
   ++last_epoch_;
-  if (last_epoch_ % step_size_ == 0) optimizer_->set_lr(optimizer_->lr() * gamma_);
+  if (last_epoch_ % step_size_ == 0) optimizer_->ScaleLrs(gamma_);
 }
 
 // ---- Gradient bookkeeping ----------------------------------------------------------------------
@@ -184,6 +212,8 @@ void AccumulateGrads(TensorMap<T>* grads, const TensorMap<T>& fresh) {
 
 template class Sgd<float>;
 template class Sgd<double>;
+template class Optimizer<float>;
+template class Optimizer<double>;
 template class Adam<float>;
 template class Adam<double>;
 template class StepLr<float>;

@@ -1,6 +1,10 @@
 // torch.optim's SGD, Adam and AdamW (the documented single-tensor, non-foreach algorithms,
 // with maximize) and lr_scheduler.StepLR, over FQN-keyed tensor maps.
 //
+// Param groups: every parameter belongs to the default group (lr()) unless AddParamGroup put its
+// FQN in a group of its own learning rate (torch's optimizer.add_param_group({"params": ...,
+// "lr": ...})); each parameter steps with its group's lr. StepLr scales every group's lr.
+//
 // Per step, as torch: a parameter whose gradient is absent from the gradient map (grad None) is
 // skipped entirely (no state created, Adam's step count not advanced). Hyper-parameters are
 // doubles (Python floats); with T = float the tensor arithmetic is done in float as torch does.
@@ -12,6 +16,7 @@
 //        step_size = lr / (1 - β1^t); denom = sqrt(v) / sqrt(1 - β2^t) + eps;
 //        p = p - step_size · m / denom. amsgrad: vmax = max(vmax, v) (state, from 0), used
 //        instead of v in denom.
+// (lr above: the parameter's group's.)
 // AdamW: p = p·(1 - lr·wd), then the Adam update without weight decay in g.
 //
 // Thread-safety: an optimizer is mutable state; use one per thread. Ownership: the optimizer
@@ -19,7 +24,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "reference/tensor.h"
 
@@ -33,8 +40,21 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // Updates every parameter of `params` that has an entry in `grads`.
   virtual void Step(TensorMap<T>* params, const TensorMap<T>& grads) = 0;
+  // The default group's learning rate (the one the optimizer was built with).
   virtual double lr() const = 0;
   virtual void set_lr(double lr) = 0;
+
+  // A param group of its own learning rate `lr` holding `fqns` (none of them in another group
+  // added before). Throws std::invalid_argument on a negative lr or an FQN already grouped.
+  void AddParamGroup(const std::vector<std::string>& fqns, double lr);
+  // The learning rate parameter `fqn` steps with: its group's, else lr().
+  double LrOf(const std::string& fqn) const;
+  // Multiplies every group's learning rate, the default group's included, by `factor`.
+  void ScaleLrs(double factor);
+
+ private:
+  std::map<std::string, size_t> group_of_;  // FQN -> index into group_lrs_
+  std::vector<double> group_lrs_;           // the learning rates of the added groups
 };
 
 struct SgdOptions {

@@ -170,6 +170,34 @@ TEST(StepLrTest, DecaysEveryStepSize) {
   EXPECT_EQ(sched.last_lr(), 0.25);
 }
 
+TEST(ParamGroupTest, EachParameterStepsWithItsGroupsLr) {
+  RefTensorMap p = {{"a", RefTensor({1}, {1.0})}, {"b", RefTensor({1}, {1.0})}};
+  const RefTensorMap g = {{"a", RefTensor({1}, {1.0})}, {"b", RefTensor({1}, {1.0})}};
+  SgdOptions o;
+  o.lr = 0.1;
+  Sgd<double> sgd(o);
+  sgd.AddParamGroup({"b"}, 0.5);
+  EXPECT_THROW(sgd.AddParamGroup({"b"}, 0.2), std::invalid_argument);
+  EXPECT_THROW(sgd.AddParamGroup({"c"}, -1.0), std::invalid_argument);
+  sgd.Step(&p, g);
+  EXPECT_DOUBLE_EQ(p["a"][0], 0.9);
+  EXPECT_DOUBLE_EQ(p["b"][0], 0.5);
+  // StepLR scales every group.
+  StepLr<double> sched(&sgd, /*step_size=*/1, /*gamma=*/0.5);
+  sched.Step();
+  EXPECT_DOUBLE_EQ(sgd.LrOf("a"), 0.05);
+  EXPECT_DOUBLE_EQ(sgd.LrOf("b"), 0.25);
+  // Adam's step size is the group's lr on the first step (|m̂ / sqrt(v̂)| = 1).
+  AdamOptions ao;
+  ao.lr = 0.1;
+  Adam<double> adam(ao);
+  adam.AddParamGroup({"b"}, 0.3);
+  RefTensorMap q = {{"a", RefTensor({1}, {0.0})}, {"b", RefTensor({1}, {0.0})}};
+  adam.Step(&q, g);
+  EXPECT_NEAR(q["a"][0], -0.1, 1e-7);
+  EXPECT_NEAR(q["b"][0], -0.3, 1e-7);
+}
+
 TEST(GradBookkeepingTest, ZeroGradAndAccumulate) {
   RefTensorMap g = {{"a", RefTensor({2}, {1, 2})}};
   AccumulateGrads(&g, {{"a", RefTensor({2}, {10, 20})}, {"b", RefTensor({1}, {5})}});

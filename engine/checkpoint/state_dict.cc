@@ -163,11 +163,17 @@ nn::StateDict ToLocal(const nn::StateDict& like, const nn::StateDict& sd,
   const std::string error = Mismatch(like, sd, options.full_state_dict, options.strict);
   FSDP_CHECK(error.empty(), "Error(s) in loading state_dict for ", what, ":\n\t", error);
   if (!options.full_state_dict) return sd;
+  // PyTorch's _load_model_state_dict updates the dict it loads with the model's own dict, each
+  // value the rank's piece of the given one: under strict=False a key the dict lacks keeps the
+  // model's value (not reported missing), and a key the model lacks stays (reported unexpected).
   nn::StateDict local;
-  for (const auto& [key, value] : sd) {
-    if (like.find(key) == nullptr) continue;  // non-strict: unexpected keys are ignored
-    local.insert(key, LocalPiece(key, value, like));
+  for (const auto& [key, value] : like) {
+    const Tensor* given = sd.find(key);
+    local.insert(key, given != nullptr ? LocalPiece(key, *given, like) : value.clone());
     if (const nn::ShardedEntry* entry = like.sharding(key)) local.sharded.insert(key, *entry);
+  }
+  for (const auto& [key, value] : sd) {
+    if (like.find(key) == nullptr) local.insert(key, value);
   }
   return local;
 }

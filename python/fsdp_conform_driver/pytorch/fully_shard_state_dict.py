@@ -22,21 +22,30 @@ over the whole world (conformance/state_dict_model.h):
                       get_model_state_dict(cpu_offload=True) alone (sharded, every rank: its
                       size and local tensors); with full_state_dict and cpu_offload (rank 0
                       only) its size; set_model_state_dict(
-                      broadcast_from_rank0=True) of that dict into a zero model
+                      broadcast_from_rank0=True) of that dict into a zero model, and of that
+                      dict in float64 divided by 3 into another; with replicate > 1 every
+                      model is fully_shard-ed over a (replicate, shard) mesh (HSDP)
   strict_load         set_model_state_dict of the state dict plus "abc" (strict: its error),
                       without its first parameter's key into a zero model (strict=False: the
                       returned keys and the loaded values), and without both (strict: its error);
                       then set_model_state_dict(full_state_dict, broadcast_from_rank0,
                       strict=False) into the model of rank 0's full dict (cpu_offload) negated
                       and without the first parameter's key: the returned missing_keys and the
-                      values (_broadcast_state_dict keeps the model's own value for that key)
+                      values (_broadcast_state_dict keeps the model's own value for that key);
+                      the same with full_state_dict=True alone (every rank passes the dict, plus
+                      "abc"): the returned keys and the values;
+                      the error of set_model_state_dict(full_state_dict, strict=False) of a
+                      full dict whose first parameter has one extra row
   optimizer_state_dict  the zoo's MLP sharded as parity/fsdp shards it, trained `steps` steps
                       (parity.py's model, optimizer and loss): get_optimizer_state_dict(
                       full_state_dict=...) observed under flattened keys ("state.<fqn>.<name>",
                       "param_groups.<fqn>.lr") and, after a model and optimizer that took one
-                      step of their own at twice the lr load both dicts, one more step of each
-                      and the dtypes of the loader's optimizer state dict then; the model
-                      dict's DTensor sharding per key
+                      step of their own at twice the lr load both dicts, the loader's param
+                      group lrs, one more step of each and the dtypes of the loader's optimizer
+                      state dict then; the model dict's DTensor sharding per key. With
+                      param_groups=True the second half of the parameters form a second group
+                      of twice the lr (test_multi_param_groups); with frozen=True the last
+                      parameter has requires_grad=False
   optimizer_state_dict_shared_weight  the same on the zoo's Transformer, whose output.weight
                       is tok_embeddings.weight (test_state_dict.py's test_shared_weight)
 
@@ -62,6 +71,12 @@ def _model(request, zero_weights=False, reshard_after_forward=True):
             for p in model.parameters():
                 p.zero_()
     kwargs = shard_placement_kwargs(request, request.world)
+    replicate = int(request.params.get("replicate", "1"))
+    if replicate > 1:  # HSDP: a (replicate, shard) mesh (state_dict_model.h)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        kwargs["mesh"] = init_device_mesh("cpu", (replicate, request.world // replicate),
+                                          mesh_dim_names=("replicate", "shard"))
     if not reshard_after_forward:
         kwargs["reshard_after_forward"] = False
     fully_shard(model.in_proj, **kwargs)
@@ -166,10 +181,19 @@ def full_state_dict(request):
     tensors.update(_pieces(offloaded, "offloaded/"))
     on_rank0 = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # Rank 0's dict in float64, each value / 3 (made before the load below, which updates the
+    # dict it is given in place with the model's own values).
+    on_rank0_f64 = {k: v.double() / 3 for k, v in on_rank0.items()}
     other = _model(request, zero_weights=True)
     set_model_state_dict(other, on_rank0, options=StateDictOptions(
         full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True))
     tensors.update(_pieces(other.state_dict(), "loaded/"))
+    # The load keeps the model's float32.
+    other_f64 = _model(request, zero_weights=True)
+    set_model_state_dict(other_f64, on_rank0_f64,
+                         options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                  broadcast_from_rank0=True))
+    tensors.update(_pieces(other_f64.state_dict(), "loaded_from_float64/"))
     return {"rank0_only_size": len(on_rank0), "offloaded_size": len(offloaded)}, tensors
 
 
@@ -210,6 +234,22 @@ def strict_load(request):
         full_state_dict=True, cpu_offload=True, broadcast_from_rank0=True, strict=False))
     obs["broadcast_missing_keys"] = list(keys.missing_keys)
     tensors.update(_pieces(model.state_dict(), "broadcast_loaded/"))
+    # The model's full dict negated, without the first parameter's key and with "abc", every
+    # rank: the missing key keeps the model's value, "abc" is unexpected.
+    non_strict_full = StateDictOptions(full_state_dict=True, strict=False)
+    full_without_first = {k: -v for k, v in
+                          get_model_state_dict(model, options=non_strict_full).items()
+                          if k != first}
+    full_without_first["abc"] = torch.zeros(10)
+    keys = set_model_state_dict(model, full_without_first, options=non_strict_full)
+    obs["full_missing_keys"] = list(keys.missing_keys)
+    obs["full_unexpected_keys"] = list(keys.unexpected_keys)
+    tensors.update(_pieces(model.state_dict(), "full_loaded/"))
+    # A full dict whose first parameter has one extra row: strict=False still raises.
+    extra_rows = {k: torch.cat([v, torch.ones_like(v[:1])]) if k == first else v.clone()
+                  for k, v in get_model_state_dict(other, options=non_strict_full).items()}
+    obs["extra_rows_error"] = _error_of(
+        lambda: set_model_state_dict(other, extra_rows, options=non_strict_full))
     return obs, tensors
 
 
@@ -224,12 +264,26 @@ def optimizer_state_dict(request, kind="mlp"):
     from fsdp_conform_driver.pytorch.fsdp_api import fully_shard
     from fsdp_conform_driver.pytorch.parity import _build, _children_to_shard, _loss, _optimizer
 
+    names = [name for name, _ in _build(kind, request)[0].named_parameters()]
+    # param_groups=True (test_multi_param_groups): the second half of the parameters in a second
+    # group with twice the lr; frozen=True: the last parameter requires_grad=False.
+    second = set(names[len(names) // 2:]) if request.params.get("param_groups") == "True" else set()
+    frozen = {names[-1]} if request.params.get("frozen") == "True" else set()
+
     def build():
         model, _ = _build(kind, request)
+        for name, p in model.named_parameters():
+            if name in frozen:
+                p.requires_grad_(False)
         for child in _children_to_shard(model):
             fully_shard(child)
         fully_shard(model)
-        return model, _optimizer(request, model.parameters())
+        named = list(model.named_parameters())
+        optim = _optimizer(request, [p for name, p in named if name not in second])
+        if second:
+            optim.add_param_group({"params": [p for name, p in named if name in second],
+                                   "lr": 2 * optim.param_groups[0]["lr"]})
+        return model, optim
 
     rank_inputs = inputs.rank_tensors(request)
 
@@ -270,6 +324,7 @@ def optimizer_state_dict(request, kind="mlp"):
     step(loader, loader_optim, 0)  # its own state first: the load replaces it
     set_model_state_dict(loader, model_sd, options=options)
     set_optimizer_state_dict(loader, loader_optim, optim_sd, options=options)
+    obs["loaded_lrs"] = [float(group["lr"]) for group in loader_optim.param_groups]
     step(saver, saver_optim, steps)
     step(loader, loader_optim, steps)
     # The dtypes the loaded optimizer keeps (its load keeps Adam's step a float32 tensor).
