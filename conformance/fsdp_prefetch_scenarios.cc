@@ -50,6 +50,7 @@
 // ExpectedStep plays these rules hook by hook over each flat parameter's state.
 // Stateless; thread-safe.
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -63,6 +64,7 @@
 #include "conformance/parity_common.h"
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
+#include "engine/autograd/variable.h"
 #include "engine/distributed/comm_debug_mode.h"
 #include "engine/fsdp/observer.h"
 #include "engine/fsdp1/fully_sharded_data_parallel.h"
@@ -550,24 +552,53 @@ Scenario MakeScenario(bool forward_prefetch) {
 // parameter is sharded at that call: FULL_SHARD frees after each forward (3 per forward: a,
 // b, a again), SHARD_GRAD_OP keeps it until the post-backward (2: a, b), NO_SHARD never
 // gathers (0). A prefetch that ignores `_needs_pre_forward_unshard` gathers b a second time.
+//
+// Backward (test_fsdp_backward_prefetch.py's view of `_get_handle_to_prefetch`): the post-forward
+// order of one forward is a, b, a. `_ExecOrderData.record_post_forward` tests a recorded index
+// for truthiness, so a's first index, 0, counts as unrecorded and its second call records a
+// again at index 2. The backward starts with a's pre-backward (the output's gradient), which
+// unshards a where its flat parameter is sharded (FULL_SHARD freed it after its second call)
+// and, under BACKWARD_PRE, prefetches the flat parameter before a's index, b (its pre-backward
+// not yet run). A tensor hook on a clone of b's output, which a's second call consumes, runs
+// after a's backward and before b's pre-backward: the backward's all-gathers counted there are
+// FULL_SHARD 1 + (BACKWARD_PRE ? 1 : 0), SHARD_GRAD_OP and NO_SHARD 0 (nothing was freed).
+// An index 0 taken as recorded leaves a at 0, with nothing before it to prefetch.
 
 constexpr const char* kReusedForwardAllGathers = "forward_all_gathers";
+constexpr const char* kReusedBackwardAllGathersAtB = "backward_all_gathers_at_b_output";
 
-// The root of forward_prefetch_reused_module: a and b, forward a(b(a(x))).
+// The root of forward_prefetch_reused_module: a and b, forward a(b(a(x))), b's output cloned
+// before a's second call and `probe` run by a hook on the clone (when its gradient is ready).
 class ReusedChildModel : public nn::Cloneable<ReusedChildModel> {
  public:
-  explicit ReusedChildModel(int64_t dim) : nn::Cloneable<ReusedChildModel>("ReusedChildModel") {
+  ReusedChildModel(int64_t dim, std::function<void()> probe)
+      : nn::Cloneable<ReusedChildModel>("ReusedChildModel"), probe_(std::move(probe)) {
     register_module("a", std::make_shared<nn::Linear>(dim, dim));
     register_module("b", std::make_shared<nn::Linear>(dim, dim));
   }
   nn::Value forward(const nn::Value& args) override {
     nn::Value out = call_child("a", args);
-    out = call_child("b", out);
-    return call_child("a", out);
+    const Tensor b_output = clone(call_child("b", out).tensor());
+    if (probe_ && b_output.requires_grad()) {
+      autograd::register_hook(b_output, [probe = probe_](const Tensor& /*grad*/) { probe(); });
+    }
+    return call_child("a", b_output);
   }
+
+ private:
+  std::function<void()> probe_;
 };
 
 constexpr int64_t kReusedDim = 4;
+
+// The flat-parameter all-gathers of one backward up to b's output's gradient (the rule above).
+int64_t ExpectedReusedBackwardAllGathersAtB(const CaseParams& p) {
+  if (ParseShardingStrategy(p.GetString("sharding_strategy")) !=
+      fsdp1::ShardingStrategy::kFullShard) {
+    return 0;
+  }
+  return p.GetString("backward_prefetch") == "BACKWARD_PRE" ? 2 : 1;
+}
 
 // The flat-parameter all-gathers of one forward (the rule above).
 int64_t ExpectedReusedForwardAllGathers(const CaseParams& p) {
@@ -582,7 +613,14 @@ int64_t ExpectedReusedForwardAllGathers(const CaseParams& p) {
 }
 
 nlohmann::json RunReusedModuleRank(RankEnv& env) {
-  auto module = std::make_shared<ReusedChildModel>(kReusedDim);
+  // The backward's CommDebugMode while one is active; the probe reads its all-gathers.
+  distributed::CommDebugMode* backward_mode = nullptr;
+  std::vector<int64_t> at_b_output;
+  auto module = std::make_shared<ReusedChildModel>(kReusedDim, [&backward_mode, &at_b_output] {
+    if (backward_mode == nullptr) return;
+    at_b_output.push_back(backward_mode->get_count(kFlatParamAllGather) +
+                          backward_mode->get_count(kFlatParamAllGatherList));
+  });
   module->to(env.device);
   fsdp1::FullyShardedDataParallelOptions options = Fsdp1CaseOptions(env.params, env.pg);
   options.auto_wrap_policy = nullptr;
@@ -598,9 +636,13 @@ nlohmann::json RunReusedModuleRank(RankEnv& env) {
     forward_mode.exit();
     counts.push_back(forward_mode.get_count(kFlatParamAllGather) +
                      forward_mode.get_count(kFlatParamAllGatherList));
+    distributed::CommDebugMode mode;
+    backward_mode = &mode;
     fsdp::sum(out).backward();
+    backward_mode = nullptr;
+    mode.exit();
   }
-  return {{kReusedForwardAllGathers, counts}};
+  return {{kReusedForwardAllGathers, counts}, {kReusedBackwardAllGathersAtB, at_b_output}};
 }
 
 Scenario MakeReusedModuleScenario() {
@@ -623,6 +665,11 @@ Scenario MakeReusedModuleScenario() {
   s.info.observations.Add(ObservationKey::Custom(
       kReusedForwardAllGathers, {{"type", "array"}, {"items", {{"type", "integer"}}}},
       "every iteration's count of flat-parameter all-gathers during forward"));
+  s.info.observations.Add(ObservationKey::Custom(
+      kReusedBackwardAllGathersAtB, {{"type", "array"}, {"items", {{"type", "integer"}}}},
+      "every iteration's count of flat-parameter all-gathers the backward issued before the "
+      "gradient of b's output is ready (a tensor hook on the clone of b's output that a's second "
+      "call consumes: after a's pre-backward, before b's)"));
   s.info.deterministic = true;
   s.info.default_world = 2;
   s.info.min_world = 2;
@@ -640,11 +687,14 @@ Scenario MakeReusedModuleScenario() {
   s.run_rank = [](RankEnv& env) { return RunReusedModuleRank(env); };
   s.expect = [](const CaseParams& p, int world) {
     nlohmann::json counts = nlohmann::json::array();
+    nlohmann::json at_b_output = nlohmann::json::array();
     for (int64_t k = 0; k < p.GetInt("steps"); ++k) {
       counts.push_back(ExpectedReusedForwardAllGathers(p));
+      at_b_output.push_back(ExpectedReusedBackwardAllGathersAtB(p));
     }
-    return std::vector<nlohmann::json>(static_cast<size_t>(world),
-                                       {{kReusedForwardAllGathers, counts}});
+    return std::vector<nlohmann::json>(
+        static_cast<size_t>(world),
+        {{kReusedForwardAllGathers, counts}, {kReusedBackwardAllGathersAtB, at_b_output}});
   };
   s.judge = [](const CaseParams& p, int world, const std::vector<nlohmann::json>& per_rank,
                CheckList& checks) {
@@ -657,6 +707,17 @@ Scenario MakeReusedModuleScenario() {
         checks.CheckEqual(RankName(r) + " iteration " + std::to_string(k) +
                               " forward all-gathers (one per call of a sharded instance)",
                           want, got[k].get<int64_t>());
+      }
+      const int64_t want_at_b = ExpectedReusedBackwardAllGathersAtB(p);
+      const nlohmann::json& at_b = RankObservation(per_rank, r, kReusedBackwardAllGathersAtB);
+      checks.CheckEqual(RankName(r) + " iterations reported (backward)", p.GetInt("steps"),
+                        static_cast<int64_t>(at_b.size()));
+      for (size_t k = 0; k < at_b.size(); ++k) {
+        checks.CheckEqual(RankName(r) + " iteration " + std::to_string(k) +
+                              " backward all-gathers when b's output gradient is ready (a's "
+                              "pre-backward: a, and under BACKWARD_PRE b, the flat parameter "
+                              "before a's last post-forward index)",
+                          want_at_b, at_b[k].get<int64_t>());
       }
     }
   };

@@ -201,6 +201,7 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   }
   const std::optional<reference::GradClip> clip = ClipOf(env.params);
   std::vector<double> grad_norms;
+  std::vector<std::string> grad_norm_dtypes;
   std::set<std::string> grad_dtypes;
   // use_orig_params: the numels named_parameters() lists between the last backward and its
   // optimizer step (the sharded views: every flat parameter resharded by its post-backward or by
@@ -216,7 +217,9 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
       if (p.grad().defined()) grad_dtypes.insert(DTypeName(p.grad().dtype()));
     }
     if (clip) {
-      grad_norms.push_back(fsdp_model->clip_grad_norm_(clip->max_norm, clip->norm_type).item());
+      const Tensor total_norm = fsdp_model->clip_grad_norm_(clip->max_norm, clip->norm_type);
+      grad_norms.push_back(total_norm.item());
+      grad_norm_dtypes.push_back(DTypeName(total_norm.dtype()));
     }
   };
   distributed::CommDebugMode comm_mode;
@@ -233,6 +236,7 @@ nlohmann::json RunFsdp1ParityRank(const std::string& kind, RankEnv& env) {
   }
   nlohmann::json obs = TrainingObservations(record, c.dtype);
   obs["grad_norms"] = grad_norms;
+  obs["grad_norm_dtypes"] = grad_norm_dtypes;
   obs["local_numels"] = std::move(local_numels);
   obs["numels_before_step"] = std::move(numels_before_step);
   obs["grad_dtypes"] = grad_dtypes;
@@ -405,6 +409,7 @@ std::vector<nlohmann::json> ExpectFsdp1Parity(const std::string& kind, const Cas
     e["loss_dtype"] = DTypeName(ZooModel::Kind(kind).LossDType(ComputeDType(c, params)));
     e[kTensors] = nlohmann::json::object();
     e["grad_norms"] = nlohmann::json::array();
+    e["grad_norm_dtypes"] = nlohmann::json::array();
     e["local_numels"] = ExpectedLocalNumels(c, params, world, r, /*after_forward=*/false);
     e["numels_after_forward"] = ExpectedLocalNumels(c, params, world, r, /*after_forward=*/true);
     e["numels_before_step"] = ExpectedLocalNumels(c, params, world, r, /*after_forward=*/false);
@@ -421,12 +426,18 @@ std::vector<nlohmann::json> ExpectFsdp1Parity(const std::string& kind, const Cas
     // in param_dtype (_prepare_gradient_for_optim's cast_grad_to_param_dtype_if_needed; NO_SHARD
     // skips the cast back after its all-reduce), after reductions in FSDP1's reduce dtype.
     const fsdp1::MixedPrecision mp = ParseMixedPrecision(params.GetString("mixed_precision"));
-    e["grad_dtypes"] = {
-        DTypeName(mp.keep_low_precision_grads ? mp.param_dtype.value_or(c.dtype) : c.dtype)};
+    const std::string grad_dtype =
+        DTypeName(mp.keep_low_precision_grads ? mp.param_dtype.value_or(c.dtype) : c.dtype);
+    e["grad_dtypes"] = {grad_dtype};
     e["reduce_dtypes"] = {DTypeName(Fsdp1ReduceDType(mp, c.dtype))};
     for (int64_t k = 0; k < c.steps; ++k) {
       const auto& step = oracle[static_cast<size_t>(k)];
-      if (clipped) e["grad_norms"].push_back(step.grad_norm);
+      if (clipped) {
+        e["grad_norms"].push_back(step.grad_norm);
+        // Returned in the gradients' promoted dtype (computed in float32): bfloat16 under
+        // keep_low_precision_grads.
+        e["grad_norm_dtypes"].push_back(grad_dtype);
+      }
       e[kLosses].push_back(step.rank_losses.at(r));
       e[kTensors].update(MapToJson(step.params, DTypeName(c.dtype), StepPrefix(k)));
     }
@@ -512,6 +523,9 @@ void JudgeFsdp1Parity(const std::string& kind, const CaseParams& params, int wor
     checks.CheckEqual(who + " dtypes of the backward's reduce-scatters and all-reduces",
                       RankObservation(expected, r, "reduce_dtypes"),
                       RankObservation(per_rank, r, "reduce_dtypes"));
+    checks.CheckEqual(who + " clip_grad_norm_ total norm dtypes (the gradients' promoted dtype)",
+                      RankObservation(expected, r, "grad_norm_dtypes"),
+                      RankObservation(per_rank, r, "grad_norm_dtypes"));
     // clip_grad_norm_'s total norm: a sum over every gradient element, computed in the
     // gradients' dtype (plus mixed precision's error).
     checks.CheckClose(
@@ -566,6 +580,10 @@ Scenario MakeScenario(const ZooModelKind& kind) {
   s.info.observations.Add(ObservationKey::NumberList(
       "grad_norms",
       "the total norm clip_grad_norm_ returned at every step (empty without "
+      "clip_grad_norm)"));
+  s.info.observations.Add(ObservationKey::StringList(
+      "grad_norm_dtypes",
+      "the dtype of the total-norm tensor clip_grad_norm_ returned at every step (empty without "
       "clip_grad_norm)"));
   s.info.observations.Add(ObservationKey::IntegerMap(
       "local_numels",
@@ -652,9 +670,11 @@ Scenario MakeScenario(const ZooModelKind& kind) {
                                         {"cpu_offload", "False"}}});
   // keep_low_precision_grads=True: the optimizer gets bfloat16 gradients (every non-hybrid
   // strategy: the sharded ones cast in _prepare_gradient_for_optim, NO_SHARD keeps its
-  // all-reduced one).
+  // all-reduced one), and clip_grad_norm_ returns its total norm in their dtype (bfloat16,
+  // though computed in float32).
   s.info.extra_default_runs.push_back({2,
                                        {{"mixed_precision", "bfloat16_keep_low"},
+                                        {"clip_grad_norm", "0.5:2"},
                                         {"backward_prefetch", "BACKWARD_PRE"},
                                         {"use_orig_params", "False"},
                                         {"cpu_offload", "False"}}});

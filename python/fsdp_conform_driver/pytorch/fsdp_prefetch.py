@@ -124,14 +124,22 @@ _REUSED_DIM = 4
 def run_reused_module(request):
     """fsdp_prefetch/forward_prefetch_reused_module: a root without parameters of its own
     holding a and b (each a Linear(4, 4) in its own instance) whose forward calls a, b, then a
-    again; `steps` iterations of forward and out.sum().backward(), each forward's all-gathers
-    counted (the collectives `_recording` sees). `_get_handle_to_prefetch` skips b at a's
-    second pre-forward: b's `_needs_pre_forward_unshard` is already False."""
+    again on a clone of b's output; `steps` iterations of forward and out.sum().backward(), each
+    forward's all-gathers counted (the collectives `_recording` sees), and the backward's up to
+    the gradient of that clone (its tensor hook runs after a's pre-backward, before b's).
+    `_get_handle_to_prefetch` skips b at a's second pre-forward: b's
+    `_needs_pre_forward_unshard` is already False."""
     import torch
     from fsdp_conform_driver.pytorch.fsdp1_api import nest_where, wrap
 
+    events, counts, at_b_output = [], [], []
+
+    def count_backward_all_gathers(grad):
+        # The events were cleared after the forward: these are the backward's so far.
+        at_b_output.append(sum(1 for event in events if event == ["all_gather"]))
+
     class ReusedChildModel(torch.nn.Module):
-        """forward(x) = a(b(a(x)))."""
+        """forward(x) = a(b(a(x))), b's output cloned and hooked before a's second call."""
 
         def __init__(self):
             super().__init__()
@@ -139,19 +147,22 @@ def run_reused_module(request):
             self.b = torch.nn.Linear(_REUSED_DIM, _REUSED_DIM)
 
         def forward(self, x):
-            return self.a(self.b(self.a(x)))
+            b_output = self.b(self.a(x)).clone()
+            if b_output.requires_grad:
+                b_output.register_hook(count_backward_all_gathers)
+            return self.a(b_output)
 
     model = ReusedChildModel()
     children = {id(model.a), id(model.b)}
     fsdp_model = wrap(request, model, nest_where(lambda m: id(m) in children))
-    events, counts = [], []
     with _recording(fsdp_model, events):
         for _ in range(int(request.param("steps"))):
             events.clear()
             out = fsdp_model(torch.ones(2, _REUSED_DIM))
             counts.append(sum(1 for event in events if event == ["all_gather"]))
+            events.clear()
             out.sum().backward()
-    return {"forward_all_gathers": counts}, {}
+    return {"forward_all_gathers": counts, "backward_all_gathers_at_b_output": at_b_output}, {}
 
 
 SCENARIOS = {

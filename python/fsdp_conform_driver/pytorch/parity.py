@@ -370,6 +370,7 @@ def fsdp1(kind: str):
                               before_step=before_step,
                               backward_context=lambda: _recording_reduce_dtypes(reduce_dtypes))
         obs.setdefault("grad_norms", [])
+        obs.setdefault("grad_norm_dtypes", [])
         obs.setdefault("numels_before_step", {})
         obs["local_numels"] = local_numels
         obs["grad_dtypes"] = sorted(grad_dtypes)
@@ -482,6 +483,7 @@ def _clip_grad_norm(request):
     def clip(model, obs):
         total = model.clip_grad_norm_(float(max_norm), float(norm_type))
         obs.setdefault("grad_norms", []).append(total.item())
+        obs.setdefault("grad_norm_dtypes", []).append(_dtype_name(total))
     return clip
 
 
