@@ -16,7 +16,9 @@
 #include "engine/checkpoint/save_load.h"
 #include "engine/checkpoint/state_dict.h"
 #include "engine/distributed/process_group.h"
+#include "engine/fsdp/fsdp_param.h"
 #include "engine/fsdp/fully_shard.h"
+#include "engine/fsdp/shard_layout.h"
 #include "engine/functional/functional.h"
 #include "engine/nn/models.h"
 #include "engine/optim/adam.h"
@@ -105,6 +107,41 @@ TEST_P(ModelStateDict, FullStateDictsEqualThePlainModelAndLoadBack) {
       EXPECT_NE(e.message().find("Missing key(s) in state_dict: \"norm.weight\""), std::string::npos) << e.what();
     }
     EXPECT_EQ(Snap(fourth->state_dict()), before) << "a failed load changed the model";
+    return 0;
+  });
+  ASSERT_TRUE(results.all_ok()) << results.summary();
+}
+
+// shard_placement_fn: every parameter sharded on its largest dim that divides by the world
+// (PyTorch's largest-dim policy), so the Transformer's (16, 64) and (64, 16) weights shard on
+// dim 1 at worlds 2 and 4: full dicts gather and load those Shard(1) pieces too.
+TEST_P(ModelStateDict, FullStateDictsOfShardsOnLaterDimsEqualThePlainModelAndLoadBack) {
+  const int world = GetParam();
+  auto results = RunRanks(world, [world](RankEnv&) {
+    fsdp2::FullyShardOptions options;
+    options.shard_placement_fn = [world](const Tensor& param) {
+      return std::optional(
+          tensor_parallel::Placement::Shard(fsdp2::LargestEvenShardDim(param.sizes(), world)));
+    };
+    const auto sharded = [&options](std::shared_ptr<nn::Transformer> model) {
+      for (const auto& layer : model->layers()) fsdp2::fully_shard(layer, options);
+      fsdp2::fully_shard(model, options);
+      return model;
+    };
+    auto model = std::make_shared<nn::Transformer>(Args());
+    const Snapshot plain = Snap(model->deep_copy()->state_dict());
+    sharded(model);
+    int later_dims = 0;
+    for (const Tensor& p : model->parameters()) {
+      later_dims += fsdp2::LookupFsdpParam(p)->shard_info().shard_dim != 0;
+    }
+    if (world == 2 || world == 4) EXPECT_GT(later_dims, 0) << "no parameter sharded on a dim > 0";
+    EXPECT_EQ(Snap(checkpoint::get_model_state_dict(*model, Full())), plain);
+    auto other = sharded(std::make_shared<nn::Transformer>(Args()));
+    checkpoint::set_model_state_dict(*other, checkpoint::get_model_state_dict(*model, Full()),
+                                     Full());
+    EXPECT_EQ(Snap(checkpoint::get_model_state_dict(*other, Full())), plain);
+    EXPECT_EQ(Snap(other->state_dict()), Snap(model->state_dict())) << "the loaded shards differ";
     return 0;
   });
   ASSERT_TRUE(results.all_ok()) << results.summary();

@@ -7,6 +7,7 @@
 #include "engine/distributed/process_group.h"
 #include "engine/fsdp/fsdp_param.h"
 #include "engine/fsdp/shard_layout.h"
+#include "engine/ops/shape_ops.h"
 
 namespace fsdp::checkpoint {
 
@@ -34,10 +35,43 @@ distributed::ProcessGroup& ShardGroup(const fsdp2::FsdpParam& param) {
   return *param.mesh_info().shard_process_group;
 }
 
-// The full tensor of a dim-0 piece laid out by torch.chunk over `pg` (DTensor.full_tensor()
-// of a Shard(0) value): pad to the chunk rows, all-gather, trim.
+// The dim along which `local` is one rank's piece of `entry`'s global tensor: FSDP2 shards one
+// dim (Shard(0), or Shard(d) from shard_placement_fn), so the piece differs from the global
+// tensor in that dim only (in none on one rank: dim 0).
+int64_t ShardDim(const Tensor& local, const nn::ShardedEntry& entry) {
+  for (int64_t d = 0; d < local.dim(); ++d) {
+    if (entry.offsets[d] != 0 || local.size(d) != entry.global_shape[d]) return d;
+  }
+  return 0;
+}
+
+// The full tensor of a piece laid out by torch.chunk over `pg` (DTensor.full_tensor()): a
+// Shard(0) piece is padded to the chunk rows, all-gathered and trimmed; a Shard(d > 0) piece
+// (even by fully_shard's rule) is all-gathered along dim 0 and the ranks' pieces concatenated
+// along d.
 Tensor GatherFull(const std::string& key, const Tensor& local, const nn::ShardedEntry& entry,
                   distributed::ProcessGroup& pg) {
+  const int64_t d = ShardDim(local, entry);
+  if (d != 0) {
+    const int64_t c = local.size(d);
+    Shape piece_shape = entry.global_shape;
+    piece_shape[d] = c;
+    FSDP_CHECK(c * pg.size() == entry.global_shape[d] && entry.offsets[d] == c * pg.rank() &&
+                   local.sizes() == piece_shape,
+               key, ": the shard of shape ", ShapeStr(local.sizes()), " at offsets ",
+               ShapeStr(entry.offsets), " is not the Shard(", d, ") piece of rank ", pg.rank(),
+               " of ", pg.size(), " of a tensor of shape ", ShapeStr(entry.global_shape));
+    Shape gathered_shape = local.sizes();
+    gathered_shape[0] *= pg.size();
+    Tensor gathered = Tensor::empty(gathered_shape, local.dtype(), local.device());
+    pg.all_gather_into_tensor(gathered, local)->wait();
+    std::vector<Tensor> pieces;
+    pieces.reserve(pg.size());
+    for (int k = 0; k < pg.size(); ++k) {
+      pieces.push_back(ops::kernels::Narrow(gathered, 0, k * local.size(0), local.size(0)));
+    }
+    return ops::kernels::Cat(pieces, d);
+  }
   const fsdp2::ShardInfo info = fsdp2::ComputeShardInfo(entry.global_shape, pg.rank(), pg.size());
   FSDP_CHECK(info.row_begin == entry.offsets[0] && info.sharded_shape == local.sizes(), key,
              ": the shard of shape ", ShapeStr(local.sizes()), " at offsets ",
@@ -78,7 +112,9 @@ nn::StateDict Finish(nn::StateDict sd, const GroupOf& groups, const StateDictOpt
 Tensor LocalPiece(const std::string& key, const Tensor& full, const nn::StateDict& like) {
   const nn::ShardedEntry* entry = like.sharding(key);
   if (entry == nullptr) return full;
-  return full.narrow(0, entry->offsets[0], like.at(key).size(0)).clone();
+  const Tensor& local = like.at(key);
+  const int64_t d = ShardDim(local, *entry);
+  return ops::kernels::Narrow(full, d, entry->offsets[d], local.size(d));
 }
 
 // Why `sd` cannot load into a model whose own dict is `like` (empty when it can): missing and
