@@ -1,9 +1,10 @@
 // get/set_model_state_dict, get/set_optimizer_state_dict and checkpoint save/load on the
-// threaded process group: full state dicts equal the plain model's (rank 0 only with
-// cpu_offload, broadcast_from_rank0 loads), a load continues training bit-exactly, a
-// checkpoint saved at N ranks loads at M for every pair of {1, 2, 3, 4, 8} bit-exact (model
-// and optimizer state), and a corrupt file fails the load on every rank with nothing loaded.
-// Expected values come from the unsharded model (deep copies) or the saving run itself.
+// threaded process group: full state dicts equal the plain model's (parameters sharded on dim
+// 0 or, by a shard_placement_fn, on a later dim; rank 0 only with cpu_offload,
+// broadcast_from_rank0 loads), a load continues training bit-exactly, a checkpoint saved at N
+// ranks loads at M for every pair of {1, 2, 3, 4, 8} bit-exact (model and optimizer state),
+// and a corrupt file fails the load on every rank with nothing loaded. Expected values come
+// from the unsharded model (deep copies) or the saving run itself.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
