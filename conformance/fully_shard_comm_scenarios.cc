@@ -31,6 +31,7 @@
 #include "conformance/observations.h"
 #include "conformance/rank_checks.h"
 #include "conformance/scenario_registry.h"
+#include "conformance/sharded_parity.h"
 #include "conformance/sharded_transformer.h"
 #include "conformance/transformer_inputs.h"
 #include "engine/core/rng.h"
@@ -643,6 +644,21 @@ Scenario BackwardPrefetchForwardBackward() {
   return s;
 }
 
+// The inputs of the small event models: after nn::ManualSeed(seed) the weights of
+// make_model(dim), and one [4, dim] float32 batch from Generator(seed), the same on every rank.
+CaseInputs SeededModelInputs(const CaseParams& params, int world,
+                             const std::function<nn::ModulePtr(int64_t)>& make_model) {
+  const int64_t dim = params.GetInt("dim");
+  const auto seed = static_cast<uint64_t>(params.GetInt("seed"));
+  nn::ManualSeed(seed);
+  CaseInputs inputs;
+  inputs.weights = WeightsOf(*make_model(dim));
+  Generator generator(seed);
+  inputs.ranks.assign(static_cast<size_t>(world),
+                      {{StepInputName(0), Tensor::randn({4, dim}, DType::kFloat32, &generator)}});
+  return inputs;
+}
+
 Scenario BackwardPrefetchUnusedInBackward() {
   Scenario s;
   s.info = CommonInfo("fully_shard_backward_prefetch",
@@ -668,17 +684,10 @@ Scenario BackwardPrefetchUnusedInBackward() {
   s.info.inputs.rank_tensors = {
       {"step0/input", "float32", "[4, dim]", "the input batch (the same on every rank)"}};
   s.inputs = [](const CaseParams& params, int world) {
-    const int64_t dim = params.GetInt("dim");
-    const auto seed = static_cast<uint64_t>(params.GetInt("seed"));
-    nn::ManualSeed(seed);
-    nn::Sequential model(std::vector<nn::ModulePtr>{std::make_shared<nn::Linear>(dim, dim),
-                                                    std::make_shared<nn::DoubleLinear>(dim)});
-    CaseInputs inputs;
-    inputs.weights = WeightsOf(model);
-    Generator generator(seed);
-    inputs.ranks.assign(static_cast<size_t>(world),
-                        {{StepInputName(0), Tensor::randn({4, dim}, DType::kFloat32, &generator)}});
-    return inputs;
+    return SeededModelInputs(params, world, [](int64_t dim) {
+      return std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{
+          std::make_shared<nn::Linear>(dim, dim), std::make_shared<nn::DoubleLinear>(dim)});
+    });
   };
   s.info.observations.Add(EventsKey("forward_events", "during forward"))
       .Add(EventsKey("backward1_events",
@@ -696,10 +705,7 @@ Scenario BackwardPrefetchUnusedInBackward() {
         std::make_shared<nn::Sequential>(std::vector<nn::ModulePtr>{lin0, double_linear});
     model->load_state_dict(env.Inputs().weights());
     model->to(env.device);
-    fsdp2::FullyShardOptions options;
-    options.process_group = env.pg;
-    options.semantics = SemanticsOf(env.params);
-    options.reshard_after_forward = ReshardAfterForwardOf(env.params);
+    const fsdp2::FullyShardOptions options = ShardOptionsOf(env);
     fsdp2::fully_shard(lin0, options);
     fsdp2::fully_shard(double_linear->child("lin1"), options);
     fsdp2::fully_shard(double_linear->child("lin2"), options);
@@ -807,16 +813,7 @@ Scenario BackwardPrefetchReusedModule() {
   s.info.inputs.rank_tensors = {
       {"step0/input", "float32", "[4, dim]", "the input batch (the same on every rank)"}};
   s.inputs = [](const CaseParams& params, int world) {
-    const int64_t dim = params.GetInt("dim");
-    const auto seed = static_cast<uint64_t>(params.GetInt("seed"));
-    nn::ManualSeed(seed);
-    auto model = ReusedModuleModel(dim);
-    CaseInputs inputs;
-    inputs.weights = WeightsOf(*model);
-    Generator generator(seed);
-    inputs.ranks.assign(static_cast<size_t>(world),
-                        {{StepInputName(0), Tensor::randn({4, dim}, DType::kFloat32, &generator)}});
-    return inputs;
+    return SeededModelInputs(params, world, ReusedModuleModel);
   };
   s.info.observations
       .Add(ObservationKey::Custom(
@@ -832,10 +829,7 @@ Scenario BackwardPrefetchReusedModule() {
     auto model = ReusedModuleModel(env.params.GetInt("dim"));
     model->load_state_dict(env.Inputs().weights());
     model->to(env.device);
-    fsdp2::FullyShardOptions options;
-    options.process_group = env.pg;
-    options.semantics = SemanticsOf(env.params);
-    options.reshard_after_forward = ReshardAfterForwardOf(env.params);
+    const fsdp2::FullyShardOptions options = ShardOptionsOf(env);
     for (int64_t i : {0, 1, 3}) fsdp2::fully_shard((*model)[i], options);
     fsdp2::fully_shard(model, options);
     const Tensor inp = env.Inputs().Get(StepInputName(0)).to(env.device);
